@@ -1,0 +1,41 @@
+# Parley — developer entry points. Each target creates .venv on first use.
+#   make run    set up and start the app (a demo checkpoint is generated when no real one is configured)
+#   make test   set up everything the tests need and run them (what CI runs)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+RUN_STAMP := $(VENV)/.stamp-run
+TEST_STAMP := $(VENV)/.stamp-test
+
+.PHONY: run test lint bundle clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	packaging/system-deps.sh run
+	$(PIP) install -e .
+	touch $@
+
+$(TEST_STAMP): $(RUN_STAMP) tests/requirements-parity.txt tests/requirements-parity-deps.txt
+	packaging/system-deps.sh test
+	$(PIP) install -e ".[test,bundle]"
+	$(PIP) install --no-deps -r tests/requirements-parity.txt
+	$(PIP) install -r tests/requirements-parity-deps.txt
+	touch $@
+
+run: $(RUN_STAMP)
+	$(BIN)/parley
+
+test: $(TEST_STAMP)
+	$(BIN)/ruff check app engine ui tests
+	$(BIN)/python -m pytest
+
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check app engine ui tests
+	$(BIN)/ruff format --check app engine ui tests
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache
