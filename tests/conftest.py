@@ -13,7 +13,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from engine.random_checkpoint import make_checkpoint  # noqa: E402
+from engine.random_checkpoint import make_checkpoint
 
 CheckpointFactory = Callable[..., Path]
 
