@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -150,7 +151,7 @@ def test_sanitize_is_idempotent(tiny_q4):
 
 def test_converted_runtime_layout_folder_loads(tmp_path, tiny_bf16):
     """A folder already in runtime layout (converted once) verifies and loads to the same weights."""
-    files, weights, _ = read_runtime_weights(tiny_bf16)
+    _, weights, _ = read_runtime_weights(tiny_bf16)
     target = tmp_path / "converted"
     target.mkdir()
     for name in ("config.json", "tokenizer.json"):
@@ -172,7 +173,7 @@ def test_missing_folder(tmp_path):
 def test_missing_config(tmp_path, tiny_bf16):
     root = _copy(tiny_bf16, tmp_path)
     (root / "config.json").unlink()
-    with pytest.raises(ConfigError, match="config.json is missing"):
+    with pytest.raises(ConfigError, match=r"config\.json is missing"):
         open_checkpoint(root)
 
 
@@ -201,7 +202,7 @@ def test_missing_tokenizer(tmp_path, tiny_bf16):
 
 def test_corrupt_tokenizer(tmp_path, tiny_bf16):
     (tmp_path / "tokenizer.json").write_text('{"model": 3}')
-    with pytest.raises(TokenizerError, match="not a readable tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"not a readable tokenizer\.json"):
         TextTokenizer.from_file(tmp_path / "tokenizer.json")
 
 
@@ -209,7 +210,9 @@ def test_missing_shard(tmp_path, tiny_bf16):
     root = _copy(tiny_bf16, tmp_path)
     shard = _shard_with(root, "stt_model.lm_head.weight")
     shard.unlink()
-    with pytest.raises(ShardError, match=f"shard {shard.name} listed in model.safetensors.index.json is missing"):
+    with pytest.raises(
+        ShardError, match=re.escape(f"shard {shard.name} listed in model.safetensors.index.json is missing")
+    ):
         open_checkpoint(root)
 
 
@@ -226,10 +229,10 @@ def test_corrupt_shard_header(tmp_path, tiny_bf16):
     root = _copy(tiny_bf16, tmp_path)
     shard = _shard_with(root, "stt_model.lm_head.weight")
     data = bytearray(shard.read_bytes())
-    (header_len,) = struct.unpack("<Q", data[:8])
+    assert struct.unpack("<Q", data[:8])[0] > 10
     data[8 : 8 + 10] = b"\x00garbage!!"
     shard.write_bytes(bytes(data))
-    with pytest.raises(ShardError, match=f"{shard.name}: corrupt safetensors header"):
+    with pytest.raises(ShardError, match=re.escape(f"{shard.name}: corrupt safetensors header")):
         open_checkpoint(root)
 
 
@@ -237,7 +240,7 @@ def test_shard_that_is_not_safetensors(tmp_path, tiny_bf16):
     root = _copy(tiny_bf16, tmp_path)
     shard = _shard_with(root, "stt_model.lm_head.weight")
     shard.write_bytes(b"<html>404 Not Found</html>")
-    with pytest.raises(ShardError, match=shard.name):
+    with pytest.raises(ShardError, match=re.escape(shard.name)):
         open_checkpoint(root)
 
 
@@ -250,7 +253,7 @@ def test_missing_tensor(tmp_path, tiny_bf16):
     index = json.loads(index_path.read_text())
     del index["weight_map"][name]
     index_path.write_text(json.dumps(index))
-    with pytest.raises(TensorMismatchError, match=f"tensor '{name}' is missing"):
+    with pytest.raises(TensorMismatchError, match=re.escape(f"tensor '{name}' is missing")):
         verify_layout(open_checkpoint(root))
 
 
@@ -258,7 +261,7 @@ def test_extra_tensor(tmp_path, tiny_bf16):
     root = _copy(tiny_bf16, tmp_path)
     shard = _shard_with(root, "stt_model.lm_head.weight")
     _rewrite_shard(shard, lambda arrays: arrays.__setitem__("vision_tower.patch_embed.weight", mx.zeros((4, 4))))
-    with pytest.raises(TensorMismatchError, match="unexpected tensor 'vision_tower.patch_embed.weight'"):
+    with pytest.raises(TensorMismatchError, match=re.escape("unexpected tensor 'vision_tower.patch_embed.weight'")):
         verify_layout(open_checkpoint(root))
 
 
@@ -280,7 +283,7 @@ def test_wrong_dtype(tmp_path, tiny_q4):
         arrays[name] = arrays[name].astype(mx.float32)
 
     _rewrite_shard(shard, to_float)
-    with pytest.raises(TensorMismatchError, match=f"tensor '{name}' is stored as F32, expected U32"):
+    with pytest.raises(TensorMismatchError, match=re.escape(f"tensor '{name}' is stored as F32, expected U32")):
         verify_layout(open_checkpoint(root))
 
 

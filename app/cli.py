@@ -1,0 +1,87 @@
+"""The ``parley`` command line: every subcommand except the GUI itself.
+
+``parley`` with no subcommand opens the window (``ui.main`` handles that and hands
+everything else to :func:`run_command`), so nothing here imports Qt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _quantize_arg(value: str) -> int | None:
+    if value.lower() in ("none", "bf16", "0"):
+        return None
+    if value in ("4", "8"):
+        return int(value)
+    raise argparse.ArgumentTypeError("quantize must be none, 4 or 8")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parley",
+        description="Push-to-talk voice assistant running NemotronLabs VoiceChat 11B on MLX. "
+        "Without a command, opens the app window.",
+    )
+    parser.add_argument("--self-test", action="store_true", help="run the pipeline on the demo checkpoint and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    make = commands.add_parser(
+        "make-checkpoint",
+        help="write a random-weight checkpoint in the published layout",
+        description="Write a seeded random-weight VoiceChat checkpoint in the exact layout of "
+        "mlx-community/NemotronLabs-VoiceChat-11B-{bf16,8bit,4bit}.",
+    )
+    make.add_argument("out", type=Path, help="target folder (must be empty or absent)")
+    make.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    make.add_argument("--quantize", type=_quantize_arg, default=None, metavar="{none,4,8}")
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--overwrite", action="store_true", help="replace a non-empty target folder")
+    return parser
+
+
+def _make_checkpoint(args: argparse.Namespace) -> int:
+    from engine.random_checkpoint import make_checkpoint
+
+    path = make_checkpoint(
+        args.out,
+        size=args.size,
+        quantize=args.quantize,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=lambda message: print(message, flush=True),
+    )
+    total = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+    print(
+        f"{path}: {args.size} checkpoint, {'bf16' if args.quantize is None else f'{args.quantize}-bit'}, "
+        f"seed {args.seed}, {total / 1e9:.3f} GB of weights"
+    )
+    return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed non-GUI command; returns the process exit code."""
+    handlers = {"make-checkpoint": _make_checkpoint}
+    handler = handlers.get(args.command)
+    if handler is None:
+        raise SystemExit(f"parley: unknown command {args.command!r}")
+    try:
+        return handler(args)
+    except FileExistsError as exc:
+        print(f"parley: {exc} (use --overwrite to replace it)", file=sys.stderr)
+        return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 2
+    return run_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

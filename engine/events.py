@@ -1,0 +1,103 @@
+"""Typed events a streaming session emits, one small frozen dataclass per kind.
+
+Events hold only plain Python values and NumPy arrays, so they can cross from the
+engine thread to any other thread safely. Within one frame they come in this order:
+user transcript, assistant text, function channel (and tool calls), audio, timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UserTranscriptDelta:
+    """The RNN-T transcript of what the user said grew (or was revised)."""
+
+    frame_index: int
+    delta: str
+    text: str
+
+
+@dataclass(frozen=True)
+class AssistantTextDelta:
+    """The assistant's text channel produced a token with text."""
+
+    frame_index: int
+    token_id: int
+    delta: str
+    text: str
+
+
+@dataclass(frozen=True)
+class FunctionDelta:
+    """The function (tool-call) channel produced a token with text."""
+
+    frame_index: int
+    token_id: int
+    delta: str
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete call on the function channel, between the start and end markers.
+
+    ``arguments`` is the parsed JSON object when the call text is well formed;
+    otherwise ``error`` says why and ``raw`` keeps the text.
+    """
+
+    frame_index: int
+    raw: str
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class AudioChunk:
+    """80 ms of assistant speech: the codec output and the codes it decoded."""
+
+    frame_index: int
+    samples: np.ndarray  # float32, 1764 samples at sample_rate
+    codes: np.ndarray  # int32 (31,), sent to the codec (control codes replaced)
+    sample_rate: int = 22_050
+    codes_raw: np.ndarray | None = None  # int32 (31,), as the TTS produced them
+
+
+@dataclass(frozen=True)
+class FrameTiming:
+    """Where one frame's wall time went, in milliseconds."""
+
+    frame_index: int
+    start_ms: float  # since the session started; stages follow one another in the order below
+    perception_ms: float
+    rnnt_ms: float
+    language_ms: float
+    tts_ms: float
+    codec_ms: float
+    total_ms: float
+    host_syncs: int
+    sub_stages: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Done:
+    """The session was flushed; no more events follow."""
+
+    frame_index: int
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """The session was cancelled; no more events follow."""
+
+    frame_index: int
+
+
+Event = (
+    UserTranscriptDelta | AssistantTextDelta | FunctionDelta | ToolCall | AudioChunk | FrameTiming | Done | Cancelled
+)

@@ -1,0 +1,331 @@
+"""Nemotron-H: the hybrid Mamba-2 / attention / ReLU² language model of VoiceChat.
+
+The stack is given by ``LLMConfig.hybrid_override_pattern``, one character per block:
+``M`` Mamba-2 mixer, ``*`` causal self-attention (no positional encoding), ``-``
+ReLU² MLP. Every block is pre-norm residual, ``x + mixer(rms_norm(x))``, and the stack
+ends in ``norm_f``. The model takes input embeddings (VoiceChat fuses text, function
+and audio channels before the LLM) and returns the final hidden states; the
+vocabulary heads live with the caller.
+
+Streaming state is explicit: :meth:`NemotronH.make_cache` returns an :class:`LLMCache`
+holding one :class:`MambaCache` per Mamba block and one :class:`AttentionCache` per
+attention block. The caches reproduce the reference runtime's dtype behaviour
+exactly (see :class:`AttentionCache`), because the attention results depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import LLMConfig
+from .ssm import silu_gate, ssm_scan
+
+MAMBA: Literal["M"] = "M"
+ATTENTION: Literal["*"] = "*"
+MLP: Literal["-"] = "-"
+BLOCK_KINDS = (MAMBA, ATTENTION, MLP)
+
+AttentionMask = mx.array | Literal["causal"] | None
+
+
+# --------------------------------------------------------------------------- caches
+
+
+@dataclass(eq=False)
+class MambaCache:
+    """Recurrent state of one Mamba block.
+
+    ``conv_state`` (B, K-1, conv_dim): the last K-1 inputs of the causal depthwise
+    convolution. ``ssm_state`` (B, H, head_dim, N), float32: the scan state. Both are
+    ``None`` until the first call, which (like the reference) starts from zeros; the
+    convolution window then takes the dtype of the inputs it was last fed.
+    """
+
+    conv_state: mx.array | None = None
+    ssm_state: mx.array | None = None
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.conv_state, self.ssm_state) if a is not None]
+
+
+@dataclass(eq=False)
+class AttentionCache:
+    """Keys and values of one attention block, in a buffer that grows in 256-slot steps.
+
+    The behaviour is the reference ``KVCache``'s, which the attention results depend on:
+
+    * a buffer is allocated (zeros) in the dtype of the keys that need the space;
+    * later keys are cast into the existing buffer's dtype (bf16 prompt-prefill keys
+      make a bf16 buffer that also stores the following float32 steps rounded to bf16);
+    * growth concatenates the old buffer (cut to ``offset`` when it is not a multiple
+      of the step) with the new zeros, so an f32 step that triggers growth of a bf16
+      buffer promotes the whole buffer to f32;
+    * attention reads ``keys[..., :offset, :]``.
+
+    Any other store (e.g. a preallocated static buffer) must keep :meth:`append`'s
+    contract: return the keys/values for positions ``0 .. offset`` after appending.
+    """
+
+    keys: mx.array | None = None  # (B, kv_heads, capacity, head_dim)
+    values: mx.array | None = None
+    offset: int = 0
+
+    GROWTH_STEP: ClassVar[int] = 256
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store (B, kv_heads, L, head_dim) keys/values; return all stored positions."""
+        start = self.offset
+        new_positions = keys.shape[2]
+        if self.keys is None or self.values is None or start + new_positions > self.keys.shape[2]:
+            self._grow(keys, values)
+        assert self.keys is not None and self.values is not None
+        self.offset = start + new_positions
+        self.keys[..., start : self.offset, :] = keys
+        self.values[..., start : self.offset, :] = values
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def _grow(self, keys: mx.array, values: mx.array) -> None:
+        batch, kv_heads, new_positions, key_dim = keys.shape
+        steps = (self.GROWTH_STEP + new_positions - 1) // self.GROWTH_STEP
+        extra_keys = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, key_dim), keys.dtype)
+        extra_values = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, values.shape[3]), values.dtype)
+        if self.keys is None or self.values is None:
+            self.keys, self.values = extra_keys, extra_values
+            return
+        if self.offset % self.GROWTH_STEP != 0:
+            self.keys = self.keys[..., : self.offset, :]
+            self.values = self.values[..., : self.offset, :]
+        self.keys = mx.concatenate([self.keys, extra_keys], axis=2)
+        self.values = mx.concatenate([self.values, extra_values], axis=2)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.keys, self.values) if a is not None]
+
+
+LayerCache = MambaCache | AttentionCache | None
+
+
+@dataclass(eq=False)
+class LLMCache:
+    """All streaming state of :class:`NemotronH`: one entry per block (``None`` for MLP blocks)."""
+
+    layers: list[LayerCache] = field(default_factory=list)
+    position: int = 0  # positions consumed so far
+
+    def arrays(self) -> list[mx.array]:
+        """Every array the next call reads; evaluate these once per frame."""
+        return [array for layer in self.layers if layer is not None for array in layer.arrays()]
+
+
+# --------------------------------------------------------------------------- mixers
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """``weight * rms_norm_per_group(values * silu(gate))`` over ``n_groups`` equal slices."""
+
+    def __init__(self, width: int, group_width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = mx.ones((width,))
+        self.group_width = group_width
+        self.eps = eps
+
+    def __call__(self, values: mx.array, gate: mx.array) -> mx.array:
+        gated = silu_gate(gate, values)
+        grouped = mx.unflatten(gated, axis=-1, shape=(-1, self.group_width))
+        normalised = mx.fast.rms_norm(grouped, weight=None, eps=self.eps)
+        return self.weight * normalised.flatten(-2)
+
+
+class Mamba2Mixer(nn.Module):
+    """Mamba-2: in_proj → [gate | conv input | dt], causal depthwise conv + SiLU, selective scan, gated norm."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        super().__init__()
+        self.num_heads = config.mamba_num_heads
+        self.head_dim = config.mamba_head_dim
+        self.n_groups = config.n_groups
+        self.state_size = config.ssm_state_size
+        self.kernel_size = config.conv_kernel
+        self.inner_size = config.mamba_intermediate_size
+        self.conv_dim = config.mamba_conv_dim
+        # Two floats, not a tuple: tuples on an nn.Module would join its parameter tree.
+        self.dt_min = float(config.time_step_limit[0])
+        self.dt_max = float(config.time_step_limit[1])
+
+        self.in_proj = nn.Linear(config.hidden_size, config.mamba_projection_size, bias=config.mamba_proj_bias)
+        self.conv1d = nn.Conv1d(
+            self.conv_dim,
+            self.conv_dim,
+            kernel_size=self.kernel_size,
+            padding=0,
+            groups=self.conv_dim,
+            bias=config.use_conv_bias,
+        )
+        self.dt_bias = mx.ones((self.num_heads,))
+        self.A_log = mx.log(mx.arange(1, self.num_heads + 1, dtype=mx.float32))
+        self.D = mx.ones((self.num_heads,))
+        self.norm = GroupedGatedRMSNorm(
+            self.inner_size, self.inner_size // self.n_groups, eps=config.layer_norm_epsilon
+        )
+        self.out_proj = nn.Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
+
+    def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
+        keep = self.kernel_size - 1
+        if cache is None:
+            padded = mx.pad(conv_input, [(0, 0), (keep, 0), (0, 0)])
+        else:
+            history = cache.conv_state
+            if history is None:
+                history = mx.zeros((conv_input.shape[0], keep, self.conv_dim), dtype=conv_input.dtype)
+            padded = mx.concatenate([history, conv_input], axis=1)
+            cache.conv_state = padded[:, -keep:, :]
+        return nn.silu(self.conv1d(padded))
+
+    def __call__(self, x: mx.array, cache: MambaCache | None = None) -> mx.array:
+        batch, length, _ = x.shape
+        projected = self.in_proj(x)
+        conv_start = self.inner_size
+        dt_start = conv_start + self.conv_dim
+        gate = projected[..., :conv_start]
+        conv_input = projected[..., conv_start:dt_start]
+        dt_raw = projected[..., dt_start:]
+
+        mixed = self._causal_conv(conv_input, cache)
+        bc_width = self.n_groups * self.state_size
+        head_inputs, b_mat, c_mat = mx.split(mixed, [self.inner_size, self.inner_size + bc_width], axis=-1)
+
+        y, state = ssm_scan(
+            head_inputs.reshape(batch, length, self.num_heads, self.head_dim),
+            self.A_log,
+            b_mat.reshape(batch, length, self.n_groups, self.state_size),
+            c_mat.reshape(batch, length, self.n_groups, self.state_size),
+            self.D.astype(head_inputs.dtype),
+            dt_raw,
+            self.dt_bias,
+            None if cache is None else cache.ssm_state,
+            (self.dt_min, self.dt_max),
+        )
+        if cache is not None:
+            cache.ssm_state = state
+        y = self.norm(y.reshape(batch, length, self.inner_size), gate)
+        return self.out_proj(y)
+
+
+class CausalSelfAttention(nn.Module):
+    """Grouped-query attention without positional encoding (Nemotron-H's ``*`` blocks)."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.attention_head_dim
+        self.scale = self.head_dim**-0.5
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def _heads(self, projected: mx.array, count: int) -> mx.array:
+        batch, length, _ = projected.shape
+        return projected.reshape(batch, length, count, -1).transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: AttentionCache | None = None) -> mx.array:
+        batch, length, _ = x.shape
+        queries = self._heads(self.q_proj(x), self.num_heads)
+        keys = self._heads(self.k_proj(x), self.num_kv_heads)
+        values = self._heads(self.v_proj(x), self.num_kv_heads)
+        if cache is not None:
+            keys, values = cache.append(keys, values)
+        attended = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(attended.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+
+class ReLU2MLP(nn.Module):
+    """``down(relu(up(x))²)``, no gate."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        super().__init__()
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.relu2(self.up_proj(x)))
+
+
+class HybridBlock(nn.Module):
+    """Pre-norm residual block around one mixer of the given kind (``M``, ``*`` or ``-``)."""
+
+    def __init__(self, config: LLMConfig, kind: str) -> None:
+        super().__init__()
+        if kind not in BLOCK_KINDS:
+            raise ValueError(f"unsupported Nemotron-H block type {kind!r} (expected one of {BLOCK_KINDS})")
+        self.kind = kind
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.mixer: Mamba2Mixer | CausalSelfAttention | ReLU2MLP
+        if kind == MAMBA:
+            self.mixer = Mamba2Mixer(config)
+        elif kind == ATTENTION:
+            self.mixer = CausalSelfAttention(config)
+        else:
+            self.mixer = ReLU2MLP(config)
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
+        normed = self.norm(x)
+        if isinstance(self.mixer, Mamba2Mixer):
+            assert cache is None or isinstance(cache, MambaCache)
+            update = self.mixer(normed, cache)
+        elif isinstance(self.mixer, CausalSelfAttention):
+            assert cache is None or isinstance(cache, AttentionCache)
+            update = self.mixer(normed, mask, cache)
+        else:
+            update = self.mixer(normed)
+        return x + update
+
+
+# --------------------------------------------------------------------------- model
+
+
+class NemotronH(nn.Module):
+    """The VoiceChat LLM backbone (weights under ``stt_model.llm.``), embeddings in, hidden states out."""
+
+    def __init__(self, config: LLMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = [HybridBlock(config, kind) for kind in config.hybrid_override_pattern]
+        self.norm_f = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+    def make_cache(self) -> LLMCache:
+        """Fresh, empty streaming state for one sequence (any batch size)."""
+        layers: list[LayerCache] = []
+        for layer in self.layers:
+            if layer.kind == MAMBA:
+                layers.append(MambaCache())
+            elif layer.kind == ATTENTION:
+                layers.append(AttentionCache())
+            else:
+                layers.append(None)
+        return LLMCache(layers)
+
+    def __call__(self, inputs_embeds: mx.array, cache: LLMCache | None = None) -> mx.array:
+        """Hidden states (B, L, D) after ``norm_f`` for inputs (B, L, D); advances ``cache`` by L."""
+        length = inputs_embeds.shape[1]
+        if cache is not None and len(cache.layers) != len(self.layers):
+            raise ValueError(f"cache has {len(cache.layers)} layer entries, the model {len(self.layers)} layers")
+        # New positions attend causally among themselves and to every cached position;
+        # a single position needs no mask.
+        mask: AttentionMask = None if length == 1 else "causal"
+        hidden = inputs_embeds
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, mask, None if cache is None else cache.layers[index])
+        if cache is not None:
+            cache.position += length
+        return self.norm_f(hidden)

@@ -1,0 +1,166 @@
+"""The VoiceChat module tree and loading a checkpoint into it.
+
+The tree mirrors the checkpoint's key hierarchy (``stt_model.*``, ``tts_model.*``),
+so weights load by name, strictly. Each network lives in its own file; this module
+only assembles them and owns the load procedure.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .checkpoint import CheckpointFiles, load_arrays, load_into, open_checkpoint, sanitize, verify_layout
+from .codec import Codec
+from .config import VoiceChatConfig
+from .encoder import Perception
+from .errors import CheckpointMemoryError, TokenizerError
+from .layout import PROMPT_FRAMES
+from .llm import NemotronH
+from .rnnt import RNNTJoint, RNNTPredictor
+from .subword import CharacterTable
+from .tokenizer import RNNTVocabulary, TextTokenizer
+from .tts import EarTTS
+
+
+class DuplexSTT(nn.Module):
+    """Perception, the RNN-T head, the fused-input Nemotron-H and its two vocab heads."""
+
+    def __init__(self, config: VoiceChatConfig) -> None:
+        super().__init__()
+        text = config.text_config
+        self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)
+        self.llm = NemotronH(text)
+        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.function_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.perception = Perception(config.audio_config)
+        self.rnnt_decoder = RNNTPredictor(config.audio_config.decoder)
+        self.rnnt_joint = RNNTJoint(config.audio_config.joint)
+
+
+class SpeakerLatents(nn.Module):
+    """Built-in speaker prompts; the published checkpoints carry one voice, Aria."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.Aria = mx.zeros((1, PROMPT_FRAMES, hidden_size))
+
+
+class SpeechDecoder(nn.Module):
+    """EAR-TTS, the codec and the speech buffers (control codes, silence codes, speaker latent)."""
+
+    def __init__(self, config: VoiceChatConfig) -> None:
+        super().__init__()
+        tts = config.tts_config
+        self.audio_codec = Codec(config.codec_config)
+        self.tts_model = EarTTS(tts)
+        self.control_codes = mx.zeros((3,), dtype=mx.int32)
+        self.audio_prompt_latents = SpeakerLatents(tts.hidden_size)
+        self.codec_silence_tokens = mx.zeros((tts.num_quantizers,), dtype=mx.int32)
+
+
+class VoiceChatModel(nn.Module):
+    """The whole checkpoint: ``stt_model`` and ``tts_model``."""
+
+    def __init__(self, config: VoiceChatConfig) -> None:
+        super().__init__()
+        self.stt_model = DuplexSTT(config)
+        self.tts_model = SpeechDecoder(config)
+
+
+@dataclass
+class VoiceChat:
+    """A loaded checkpoint: the model, its config and tokenizers, ready to open sessions."""
+
+    model: VoiceChatModel
+    config: VoiceChatConfig
+    tokenizer: TextTokenizer
+    rnnt_vocabulary: RNNTVocabulary
+    characters: CharacterTable
+    files: CheckpointFiles
+    quantized: dict[str, tuple[int, int]]
+
+    @property
+    def name(self) -> str:
+        return self.files.root.name
+
+    @property
+    def quantization_bits(self) -> int | None:
+        bits = {bits for _, bits in self.quantized.values()}
+        return bits.pop() if len(bits) == 1 else None
+
+    def describe(self) -> dict[str, Any]:
+        """Identity of the checkpoint for profile logs and the UI."""
+        return {
+            "name": self.name,
+            "path": str(self.files.root),
+            "quantization_bits": self.quantization_bits,
+            "size_bytes": self.files.nbytes,
+        }
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(files: CheckpointFiles) -> None:
+    total = physical_memory_bytes()
+    needed = files.nbytes
+    # Weights plus the runtime's working set must fit; refuse clearly instead of swapping to death.
+    if total is not None and needed > 0.85 * total:
+        raise CheckpointMemoryError(
+            f"{files.root}: the checkpoint needs {needed / 1e9:.1f} GB of memory but this machine has "
+            f"{total / 1e9:.1f} GB; use a smaller quantization (4-bit) or a machine with more memory"
+        )
+
+
+def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
+    """Verify and load a checkpoint folder.
+
+    Raises a :class:`engine.errors.CheckpointError` subclass naming the file and
+    tensor for any problem with the folder, and :class:`CheckpointMemoryError`
+    when the machine cannot hold it.
+    """
+    files = open_checkpoint(path)
+    quantized = verify_layout(files)
+    _check_memory(files)
+    config = files.config
+    tokenizer = TextTokenizer.from_file(files.tokenizer_file)
+    if tokenizer.vocab_size > config.text_config.vocab_size:
+        raise TokenizerError(
+            f"{files.tokenizer_file}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+            f"has {config.text_config.vocab_size}; the tokenizer belongs to another model"
+        )
+    characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
+    model = VoiceChatModel(config)
+    weights = sanitize(load_arrays(files), config)
+    load_into(model, weights, quantized)
+    if not lazy:
+        try:
+            mx.eval(model.parameters())
+        except (MemoryError, RuntimeError) as exc:
+            if isinstance(exc, MemoryError) or "malloc" in str(exc).lower() or "memory" in str(exc).lower():
+                total = physical_memory_bytes()
+                have = f"{total / 1e9:.1f} GB" if total else "unknown"
+                raise CheckpointMemoryError(
+                    f"{files.root}: out of memory while loading {files.nbytes / 1e9:.1f} GB of weights "
+                    f"(machine memory: {have})"
+                ) from exc
+            raise
+    return VoiceChat(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        rnnt_vocabulary=RNNTVocabulary(config.rnnt_vocabulary),
+        characters=characters,
+        files=files,
+        quantized=quantized,
+    )

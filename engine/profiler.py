@@ -1,0 +1,130 @@
+"""Per-frame profiling: stage times, host synchronisations, optional sub-stage attribution.
+
+The pipeline calls :meth:`FrameProfiler.sync` wherever it must wait for the device
+(an ``mx.eval`` or a readback of an unevaluated value); those are counted as host
+syncs. Stage boundaries are recorded with :meth:`FrameProfiler.stage`. With
+``sub_stages=True`` every boundary also forces evaluation of the arrays it is given,
+so device time is billed to the stage that caused it; those extra evaluations are
+instrumentation and are not counted as pipeline syncs, but they do slow the frame,
+which is why sub-stage timing is off by default.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from .events import FrameTiming
+
+STAGES = ("perception", "rnnt", "language", "tts", "codec")
+FRAME_MS = 80.0
+DEFAULT_COLD_FRAMES = 5
+
+
+class FrameProfiler:
+    """Times the stages of one frame after another; the session owns one."""
+
+    def __init__(self, *, sub_stages: bool = False) -> None:
+        self.sub_stages_enabled = sub_stages
+        self._origin = time.perf_counter()
+        self._frame_start = 0.0
+        self._mark = 0.0
+        self._sub_mark = 0.0
+        self._frame_index = 0
+        self._stage_ms: dict[str, float] = {}
+        self._sub_ms: dict[str, float] = {}
+        self._syncs = 0
+
+    def begin_frame(self, frame_index: int) -> None:
+        now = time.perf_counter()
+        self._frame_index = frame_index
+        self._frame_start = self._mark = self._sub_mark = now
+        self._stage_ms = dict.fromkeys(STAGES, 0.0)
+        self._sub_ms = {}
+        self._syncs = 0
+
+    def sync(self, *arrays: Any) -> None:
+        """The pipeline's own wait for the device: evaluate ``arrays`` and count it."""
+        mx.eval(*arrays)
+        self._syncs += 1
+
+    def count_readback(self) -> None:
+        """Count a readback (``.item()``/``.tolist()``) of a value that was not yet evaluated."""
+        self._syncs += 1
+
+    def sub_stage(self, name: str, *arrays: Any) -> None:
+        """Close sub-stage ``name``; only active (and forcing evaluation) with ``sub_stages``."""
+        if not self.sub_stages_enabled:
+            return
+        if arrays:
+            mx.eval(*arrays)
+        now = time.perf_counter()
+        self._sub_ms[name] = self._sub_ms.get(name, 0.0) + (now - self._sub_mark) * 1000.0
+        self._sub_mark = now
+
+    def stage(self, name: str, *arrays: Any) -> None:
+        """Close stage ``name`` (one of :data:`STAGES`) at the current time."""
+        if self.sub_stages_enabled and arrays:
+            mx.eval(*arrays)
+        now = time.perf_counter()
+        self._stage_ms[name] += (now - self._mark) * 1000.0
+        self._mark = self._sub_mark = now
+
+    def end_frame(self) -> FrameTiming:
+        now = time.perf_counter()
+        return FrameTiming(
+            frame_index=self._frame_index,
+            start_ms=(self._frame_start - self._origin) * 1000.0,
+            perception_ms=self._stage_ms["perception"],
+            rnnt_ms=self._stage_ms["rnnt"],
+            language_ms=self._stage_ms["language"],
+            tts_ms=self._stage_ms["tts"],
+            codec_ms=self._stage_ms["codec"],
+            total_ms=(now - self._frame_start) * 1000.0,
+            host_syncs=self._syncs,
+            sub_stages=dict(self._sub_ms),
+        )
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Linear-interpolation percentile (the convention of the reference profiler)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * fraction
+    lower = math.floor(position)
+    upper = min(lower + 1, len(ordered) - 1)
+    return ordered[lower] + (position - lower) * (ordered[upper] - ordered[lower])
+
+
+def stage_stats(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "mean_ms": sum(values) / len(values) if values else 0.0,
+        "p50_ms": percentile(values, 0.5),
+        "p95_ms": percentile(values, 0.95),
+        "max_ms": max(values, default=0.0),
+    }
+
+
+def summarize(
+    frames: Sequence[FrameTiming], *, drop_first: int = DEFAULT_COLD_FRAMES, frame_ms: float = FRAME_MS
+) -> dict[str, Any]:
+    """Mean/p50/p95/max per stage, realtime factor and host syncs, after dropping cold frames."""
+    kept = list(frames[drop_first:])
+    stages = {name: stage_stats([getattr(f, f"{name}_ms") for f in kept]) for name in (*STAGES, "total")}
+    sub_names = sorted({name for f in kept for name in f.sub_stages})
+    mean_total = stages["total"]["mean_ms"]
+    return {
+        "frames": len(kept),
+        "dropped_cold_frames": min(drop_first, len(frames)),
+        "frame_duration_ms": frame_ms,
+        "realtime_factor": mean_total / frame_ms if frame_ms else 0.0,
+        "processing_frames_per_second": 1000.0 / mean_total if mean_total else 0.0,
+        "host_syncs_per_frame": sum(f.host_syncs for f in kept) / len(kept) if kept else 0.0,
+        "stages": stages,
+        "sub_stages": {name: stage_stats([f.sub_stages.get(name, 0.0) for f in kept]) for name in sub_names},
+    }

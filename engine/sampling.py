@@ -1,0 +1,52 @@
+"""Every random draw of the speech generator, in one place.
+
+Only EAR-TTS consumes randomness. Each MaskGIT iteration of a TTS step draws, in
+this order: one uniform tensor over the mixture components for a Gumbel-max choice
+(after a top-p mask), then one standard-normal latent for the Gaussian sample.
+Both come from MLX's global generator (no explicit key), so a session that seeds
+it with ``mx.random.seed`` reproduces the reference draw for draw.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+# Guards both logarithms of the Gumbel transform against log(0).
+_GUMBEL_EPS = 1e-8
+
+
+def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
+    """Set to -inf every logit outside the nucleus of probability mass ``top_p``.
+
+    Ranking components by probability, a component is kept while the mass of the
+    strictly more probable ones is still below ``top_p`` (so the most probable one
+    is always kept). ``top_p >= 1`` keeps everything.
+    """
+    if top_p >= 1.0:
+        return logits
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    probs = mx.softmax(logits.astype(mx.float32), axis=-1)
+    order = mx.stop_gradient(mx.argsort(probs, axis=-1))  # ascending probability
+    ranked = mx.take_along_axis(probs, order, axis=-1)
+    mass_above = mx.cumsum(ranked, axis=-1, reverse=True, inclusive=False)
+    keep_ranked = mass_above < top_p
+    keep = mx.put_along_axis(mx.zeros_like(keep_ranked), order, keep_ranked, axis=-1)
+    return mx.where(keep, logits, -float("inf"))
+
+
+def draw_component(logits: mx.array, top_p: float) -> mx.array:
+    """Sample a mixture component per row of ``logits`` (..., K): top-p, then Gumbel-max.
+
+    Draws one ``uniform(shape=logits.shape)``. Returns the component ids (...) as uint32.
+    """
+    nucleus = top_p_mask(logits, top_p)
+    uniform = mx.random.uniform(shape=nucleus.shape)
+    gumbel = -mx.log(-mx.log(uniform + _GUMBEL_EPS) + _GUMBEL_EPS)
+    log_probs = mx.log(mx.softmax(nucleus.astype(mx.float32), axis=-1))
+    return mx.argmax(log_probs + gumbel, axis=-1)
+
+
+def draw_latent_noise(shape: tuple[int, ...]) -> mx.array:
+    """Standard-normal float32 noise for the Gaussian latent sample."""
+    return mx.random.normal(shape)

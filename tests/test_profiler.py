@@ -1,0 +1,100 @@
+"""Profiler statistics and the session profile log (schema and writers)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+
+import mlx.core as mx
+import pytest
+
+from engine.events import FrameTiming
+from engine.profile_log import build_profile_log, validate_profile_log, write_profile_log
+from engine.profiler import FrameProfiler, percentile, summarize
+
+
+def _timing(index: int, total: float, syncs: int = 2) -> FrameTiming:
+    part = total / 5
+    return FrameTiming(index, index * 80.0, part, part, part, part, part, total, syncs, {"tts.backbone": part / 2})
+
+
+def test_percentile_interpolates_linearly():
+    values = [10.0, 20.0, 30.0, 40.0]
+    assert percentile(values, 0.5) == 25.0
+    assert percentile(values, 0.95) == pytest.approx(38.5)
+    assert percentile([], 0.5) == 0.0
+
+
+def test_summary_drops_cold_frames_and_reports_rtf_and_syncs():
+    frames = [_timing(i, 500.0 if i < 5 else 40.0, syncs=9 if i < 5 else 2) for i in range(25)]
+    summary = summarize(frames, drop_first=5)
+    assert summary["frames"] == 20 and summary["dropped_cold_frames"] == 5
+    assert summary["realtime_factor"] == pytest.approx(0.5)
+    assert summary["host_syncs_per_frame"] == 2.0
+    assert summary["stages"]["total"]["p95_ms"] == pytest.approx(40.0)
+    assert summary["stages"]["tts"]["mean_ms"] == pytest.approx(8.0)
+    assert summary["sub_stages"]["tts.backbone"]["mean_ms"] == pytest.approx(4.0)
+
+
+def test_frame_profiler_counts_syncs_and_times_stages():
+    profiler = FrameProfiler(sub_stages=True)
+    profiler.begin_frame(3)
+    x = mx.ones((64, 64))
+    time.sleep(0.01)
+    profiler.stage("perception", x @ x)
+    profiler.sync(x + 1)
+    profiler.count_readback()
+    profiler.sub_stage("tts.backbone", x * 2)
+    profiler.stage("tts")
+    timing = profiler.end_frame()
+    assert timing.frame_index == 3
+    assert timing.host_syncs == 2
+    assert timing.perception_ms >= 10.0
+    assert timing.total_ms >= timing.perception_ms + timing.tts_ms
+    assert "tts.backbone" in timing.sub_stages
+    assert timing.language_ms == 0.0
+
+
+def _log():
+    frames = [_timing(i, 30.0 + i) for i in range(12)]
+    return build_profile_log(
+        frames,
+        checkpoint={"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10},
+        settings={"seed": 0, "system_prompt": ""},
+    )
+
+
+def test_profile_log_validates_and_detects_problems():
+    log = _log()
+    assert validate_profile_log(log) == []
+    broken = json.loads(json.dumps(log))
+    del broken["summary"]["stages"]["tts"]
+    broken["frames"][2]["host_syncs"] = -1
+    broken["version"] = 99
+    problems = validate_profile_log(broken)
+    assert any("stages: missing 'tts'" in p for p in problems)
+    assert any("frames[2].host_syncs" in p for p in problems)
+    assert any("version" in p for p in problems)
+
+
+def test_profile_log_writers(tmp_path):
+    log = _log()
+    json_path = write_profile_log(log, tmp_path / "session.json")
+    assert validate_profile_log(json.loads(json_path.read_text())) == []
+    with write_profile_log(log, tmp_path / "s.csv").open() as stream:
+        rows = list(csv.DictReader(stream))
+    assert len(rows) == 12 and float(rows[3]["total_ms"]) == 33.0 and "tts.backbone" in rows[0]
+    trace = json.loads(write_profile_log(log, tmp_path / "s.trace.json").read_text())
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) == 12 * 6
+    frame0 = [e for e in slices if e["tid"] == 2 and e["ts"] == 0.0]
+    assert frame0 and frame0[0]["name"] == "perception"
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary files left behind"
+
+
+def test_atomic_write_failure_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "missing-folder" / "log.json"
+    with pytest.raises(FileNotFoundError):
+        write_profile_log(_log(), target)
+    assert not target.exists()
