@@ -40,6 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     make.add_argument("--quantize", type=_quantize_arg, default=None, metavar="{none,4,8}")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--overwrite", action="store_true", help="replace a non-empty target folder")
+
+    run = commands.add_parser(
+        "run",
+        help="stream an audio file through the model and print what it said",
+        description="Stream an audio file through a session in 80 ms frames, as the app does, and print the "
+        "user transcript, the assistant's text and tool calls.",
+    )
+    run.add_argument("--model", required=True, type=Path, help="checkpoint folder")
+    run.add_argument("--audio", required=True, type=Path, help="input audio (any rate/channels; resampled)")
+    run.add_argument("--system-prompt", default=None)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--extra-seconds", type=float, default=3.0, help="silence appended so the model can answer")
+    run.add_argument("--profile", action="store_true", help="print the profile summary as JSON")
+    run.add_argument("--profile-stages", action="store_true", help="time sub-stages too (forces extra evaluation)")
+    run.add_argument("--profile-json", type=Path, help="write the session profile log (JSON)")
+    run.add_argument("--output-audio", type=Path, help="write the 22.05 kHz answer as WAV")
+    run.add_argument("--dump", type=Path, help="write frame-aligned ids, codes, waveform and events to a folder")
     return parser
 
 
@@ -62,9 +79,21 @@ def _make_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from .run import run_command as run_file
+
+    if args.extra_seconds < 0:
+        raise ValueError("--extra-seconds must not be negative")
+    return run_file(args)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed non-GUI command; returns the process exit code."""
-    handlers = {"make-checkpoint": _make_checkpoint}
+    from engine.errors import EngineError
+
+    from .audio_files import AudioFileError
+
+    handlers = {"make-checkpoint": _make_checkpoint, "run": _run}
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")
@@ -72,6 +101,9 @@ def run_command(args: argparse.Namespace) -> int:
         return handler(args)
     except FileExistsError as exc:
         print(f"parley: {exc} (use --overwrite to replace it)", file=sys.stderr)
+        return 2
+    except (EngineError, AudioFileError, ValueError) as exc:
+        print(f"parley: {exc}", file=sys.stderr)
         return 2
 
 

@@ -45,11 +45,11 @@ def silu_gate(gate: mx.array, values: mx.array) -> mx.array:
 
 
 def pairwise_log_decay(log_decay: mx.array) -> mx.array:
-    """``out[..., i, j] = sum(log_decay[..., j+1 : i+1])`` for ``j <= i``, else ``-inf`` after ``exp``.
+    """``out[..., i, j] = sum(log_decay[..., j+1 : i+1])`` for ``j <= i`` (0 on the diagonal).
 
-    ``log_decay`` is (..., T). The strictly-lower triangle is summed down the rows so
-    that ``exp`` of the result is the decay from position ``j`` to position ``i``; the
-    upper triangle holds partial sums that callers mask away with ``tril``.
+    ``log_decay`` is (..., T); ``exp(out[..., i, j])`` is the decay from position ``j`` to
+    position ``i``. Entries above the diagonal are meaningless; callers mask them away
+    with ``tril`` after the ``exp``.
     """
     length = log_decay.shape[-1]
     # Row i of the square holds log_decay[i] in every column; zero on and above the diagonal.

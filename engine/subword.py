@@ -78,8 +78,13 @@ class CharacterTable:
         return self.num_characters
 
     @classmethod
-    def from_vocabulary(cls, vocabulary: Mapping[str, int], char_vocab_size: int) -> CharacterTable:
-        """Build the table; ``char_vocab_size`` counts the pad id (257 for 256 characters)."""
+    def from_vocabulary(cls, vocabulary: Mapping[str, int], encoder: CharEncoderConfig | int) -> CharacterTable:
+        """Build the table for a character encoder (its config, or its ``char_vocab_size``, pad id included).
+
+        Raises :class:`TokenizerError` unless the vocabulary has exactly ``char_vocab_size - 1``
+        single-character tokens (256 for the published checkpoints).
+        """
+        char_vocab_size = encoder if isinstance(encoder, int) else encoder.char_vocab_size
         single = sorted((token_id, token) for token, token_id in vocabulary.items() if len(token) == 1)
         alphabet = {token: dense for dense, (_, token) in enumerate(single)}
         if len(alphabet) != char_vocab_size - 1:

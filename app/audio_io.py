@@ -1,0 +1,776 @@
+"""Real audio: devices, PortAudio streams, rings, resampling, level meters and hot-plug.
+
+This is the only module that imports ``sounddevice``, and it does so lazily: ``app``
+imports on machines without PortAudio, and the first call that needs it raises
+``AudioUnavailable`` with a plain-words message instead of ``OSError``.
+
+Data path::
+
+    mic ─► input callback ─► input ring (device rate) ─► read_frame(): soxr ─► 1280 samples @ 16 kHz
+    play(22.05 kHz) : soxr ─► output ring (device rate) ─► output callback (jitter buffer, ducking) ─► speaker
+
+Both streams run at the device's native rate; all resampling happens on the engine
+worker's side, never in a callback.
+
+Concurrency contract
+    - PortAudio callback threads run the input and output callbacks. They never block
+      (the rings hold their locks only for a copy), never raise, allocate nothing but
+      NumPy views, and read ``talking`` / ``duck_while_talking`` once per block.
+    - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` /
+      ``clear_output()``). ``_in_lock`` / ``_out_lock`` guard the resamplers and the
+      rings' identity on that side, so a reopen at a new rate swaps them safely.
+    - One controller thread calls ``start()``, ``set_devices()``, ``poll_health()`` and
+      ``close()`` (serialised by a lock) and sets ``talking`` / ``duck_while_talking``.
+    - Any thread may read the levels, counters and backlogs: plain attribute reads.
+
+Hot-plug: the controller calls ``poll_health()`` periodically (every 0.25–1 s). A stream
+that PortAudio finished unexpectedly, that went inactive, or whose callbacks stopped is
+reopened on the chosen device, else on the default one; with nothing to open, audio is
+*paused* and retried on later polls until a device returns. What happened is reported
+as ``DeviceStatus`` messages in the list ``poll_health()`` returns (no callbacks).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+import soxr
+
+from app.messages import DeviceStatus
+from app.ring_buffer import RingBuffer
+
+log = logging.getLogger(__name__)
+
+# The engine's contract (engine.config: input_sample_rate, output_sample_rate, frame_samples);
+# repeated here as defaults so that importing app.audio_io does not import MLX.
+ENGINE_INPUT_RATE = 16_000
+ENGINE_OUTPUT_RATE = 22_050
+FRAME_SAMPLES = 1280
+
+NO_PORTAUDIO = (
+    "The PortAudio sound library is not installed, so Parley cannot use the microphone or speakers. "
+    "On Debian or Ubuntu install it with: sudo apt install libportaudio2"
+)
+NO_MICROPHONE = "No microphone found. Connect one or check the sound settings."
+NO_SPEAKER = "No speaker or headphones found. Connect them or check the sound settings."
+
+PEAK_RELEASE_S = 0.3  # level meters fall by 1/e every 300 ms, so short peaks stay visible between UI polls
+CLOSE_TIMEOUT_S = 2.0  # a stream that takes longer than this to stop is abandoned, never waited on
+
+Direction = Literal["input", "output"]
+
+
+class AudioUnavailable(RuntimeError):
+    """Audio cannot be used; ``str(error)`` is a plain-words message for the user."""
+
+
+class AudioState(enum.Enum):
+    """Where an ``AudioIO`` is in its life."""
+
+    STOPPED = "stopped"  # not started, or closed
+    RUNNING = "running"
+    PAUSED = "paused"  # started, but no usable device right now; poll_health() retries
+
+
+@functools.cache
+def _sounddevice() -> ModuleType:
+    """Import sounddevice on first use (a failed import is retried on the next call)."""
+    try:
+        import sounddevice
+    except OSError as error:  # "PortAudio library not found"
+        raise AudioUnavailable(NO_PORTAUDIO) from error
+    return sounddevice
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class AudioDevice:
+    """One PortAudio device, seen from one direction (input or output)."""
+
+    name: str
+    index: int  # PortAudio's index; only valid until the next refresh_devices()
+    hostapi: str
+    channels: int  # the most channels in this direction
+    default_samplerate: float
+    is_default: bool  # the system default for this direction
+
+
+@dataclass(frozen=True)
+class DeviceList:
+    """The devices of the default host API (ALSA, Core Audio, WASAPI...), so each appears once."""
+
+    inputs: tuple[AudioDevice, ...]
+    outputs: tuple[AudioDevice, ...]
+
+    @property
+    def default_input(self) -> AudioDevice | None:
+        return next((d for d in self.inputs if d.is_default), None)
+
+    @property
+    def default_output(self) -> AudioDevice | None:
+        return next((d for d in self.outputs if d.is_default), None)
+
+    def find_input(self, name: str) -> AudioDevice | None:
+        """The input called ``name``, or the only one whose name contains it (case-insensitive)."""
+        return _find(self.inputs, name)
+
+    def find_output(self, name: str) -> AudioDevice | None:
+        """The output called ``name``, or the only one whose name contains it (case-insensitive)."""
+        return _find(self.outputs, name)
+
+
+def _find(devices: Sequence[AudioDevice], name: str) -> AudioDevice | None:
+    for device in devices:
+        if device.name == name:
+            return device
+    matches = [d for d in devices if name.casefold() in d.name.casefold()]
+    return matches[0] if len(matches) == 1 else None
+
+
+def list_devices() -> DeviceList:
+    """The input and output devices PortAudio knows now (empty lists when there are none).
+
+    PortAudio enumerates devices once, when it starts; call ``refresh_devices()`` first to
+    see devices plugged in since.
+
+    Raises:
+        AudioUnavailable: PortAudio is not installed.
+    """
+    sd = _sounddevice()
+    try:
+        hostapi = sd.query_hostapis(sd.default.hostapi)
+        infos = [sd.query_devices(index) for index in hostapi["devices"]]
+    except sd.PortAudioError:
+        log.warning("PortAudio could not list devices", exc_info=True)
+        return DeviceList((), ())
+    inputs = [_device(info, hostapi, "input") for info in infos if info["max_input_channels"] > 0]
+    outputs = [_device(info, hostapi, "output") for info in infos if info["max_output_channels"] > 0]
+    return DeviceList(tuple(inputs), tuple(outputs))
+
+
+def _device(info: dict[str, Any], hostapi: dict[str, Any], direction: Direction) -> AudioDevice:
+    return AudioDevice(
+        name=info["name"],
+        index=info["index"],
+        hostapi=hostapi["name"],
+        channels=info[f"max_{direction}_channels"],
+        default_samplerate=float(info["default_samplerate"]),
+        is_default=info["index"] == hostapi[f"default_{direction}_device"],
+    )
+
+
+def refresh_devices() -> None:
+    """Re-initialise PortAudio so that devices plugged in (or out) since it started are seen.
+
+    This closes every PortAudio stream of the process: stop them first (``AudioIO`` does
+    this itself when it reopens its streams).
+
+    Raises:
+        AudioUnavailable: PortAudio is not installed or cannot start.
+    """
+    sd = _sounddevice()
+    # PortAudio only enumerates at initialisation; sounddevice has no public call for this.
+    try:
+        if sd._initialized:
+            sd._terminate()
+        sd._initialize()
+    except sd.PortAudioError as error:
+        raise AudioUnavailable(f"The sound system could not be started ({error}).") from error
+
+
+# --------------------------------------------------------------------------- streams
+
+
+@dataclass(eq=False)
+class _Endpoint:
+    """One open stream and what its callback needs; the callback is its only writer."""
+
+    direction: Direction
+    device: AudioDevice
+    rate: int
+    ring: RingBuffer
+    stream: Any = None  # sounddevice.InputStream / OutputStream
+    last_callback: float = field(default_factory=time.monotonic)
+    closing: bool = False  # set before we stop it, so finished() is not taken for a failure
+    failed: bool = False  # PortAudio finished the stream on its own
+    # Output only: jitter buffer and ducking state.
+    playing: bool = False
+    waited: int = 0  # samples played as silence while something short was queued
+    gain: float = 1.0
+    scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+
+    @property
+    def label(self) -> str:
+        return f"{'microphone' if self.direction == 'input' else 'speaker'} '{self.device.name}'"
+
+    def finished(self) -> None:
+        if not self.closing:
+            self.failed = True
+
+
+def _decayed_peak(block: np.ndarray, previous: float, frames: int, rate: int) -> float:
+    peak = max(float(block.max(initial=0.0)), -float(block.min(initial=0.0)))
+    held = previous * math.exp(-frames / (rate * PEAK_RELEASE_S))
+    return min(1.0, max(peak, held))
+
+
+class AudioIO:
+    """The app's microphone and speaker streams (one instance per app).
+
+    Args:
+        input_device: the microphone's name (exact, or a unique part of it); None for the system default.
+        output_device: the speaker's name, likewise.
+        input_ring_s: microphone audio buffered for the engine; beyond it the oldest is dropped.
+        output_ring_s: assistant audio that ``play()`` may queue ahead.
+        prefill_frames: engine frames (80 ms) buffered before playback starts or resumes (jitter buffer).
+        duck_gain: playback gain while the talk key is held, when ``duck_while_talking`` is set.
+        latency: PortAudio latency, "low", "high" or seconds.
+        retry_interval_s: while paused, how often ``poll_health()`` looks for a device again.
+        stall_timeout_s: a running stream whose callback has not run for this long counts as lost.
+
+    Attributes set by the controller (read once per audio block, no locks):
+        talking: True while the talk key is held; otherwise the engine receives silence.
+        duck_while_talking: attenuate playback by ``duck_gain`` while ``talking``.
+    """
+
+    def __init__(
+        self,
+        input_device: str | None = None,
+        output_device: str | None = None,
+        *,
+        input_ring_s: float = 3.0,
+        output_ring_s: float = 10.0,
+        prefill_frames: int = 2,
+        duck_while_talking: bool = False,
+        duck_gain: float = 0.2,
+        latency: str | float = "high",
+        retry_interval_s: float = 1.0,
+        stall_timeout_s: float = 3.0,
+        engine_input_rate: int = ENGINE_INPUT_RATE,
+        engine_output_rate: int = ENGINE_OUTPUT_RATE,
+        frame_samples: int = FRAME_SAMPLES,
+    ) -> None:
+        if not 0.0 <= duck_gain <= 1.0:
+            raise ValueError(f"duck_gain must be between 0 and 1, got {duck_gain}")
+        self.talking = False
+        self.duck_while_talking = duck_while_talking
+        self.duck_gain = duck_gain
+        self._input_pref = input_device
+        self._output_pref = output_device
+        self._input_ring_s = input_ring_s
+        self._output_ring_s = output_ring_s
+        self._prefill_s = prefill_frames * frame_samples / engine_input_rate
+        self._latency = latency
+        self._retry_interval_s = retry_interval_s
+        self._stall_timeout_s = stall_timeout_s
+        self._engine_in_rate = engine_input_rate
+        self._engine_out_rate = engine_output_rate
+        self._frame_samples = frame_samples
+
+        self._lifecycle = threading.RLock()
+        self._state = AudioState.STOPPED
+        self._input: _Endpoint | None = None
+        self._output: _Endpoint | None = None
+        self._statuses: list[DeviceStatus] = []
+        self._next_retry = 0.0
+        self._abandoned_streams = 0  # streams that would not stop; PortAudio is not re-initialised under them
+
+        # Reader side of the microphone: device-rate ring -> resampler -> 16 kHz pending samples.
+        self._in_lock = threading.Lock()
+        self._in_rate = engine_input_rate
+        self._in_ring = RingBuffer(round(input_ring_s * engine_input_rate))
+        self._in_resampler = soxr.ResampleStream(engine_input_rate, engine_input_rate, 1, dtype="float32")
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._input_ready = threading.Event()
+        # Writer side of the speaker: 22.05 kHz -> resampler -> device-rate ring.
+        self._out_lock = threading.Lock()
+        self._out_rate = engine_output_rate
+        self._out_ring = RingBuffer(round(output_ring_s * engine_output_rate))
+        self._out_resampler = soxr.ResampleStream(engine_output_rate, engine_output_rate, 1, dtype="float32")
+
+        # Written only by the callbacks; read by anyone.
+        self._input_peak = 0.0
+        self._output_peak = 0.0
+        self._input_device_overflows = 0
+        self._output_device_underflows = 0
+        # Counters of rings replaced after a sample-rate change.
+        self._retired_input_overflows = 0
+        self._retired_output_overflows = 0
+        self._retired_output_underruns = 0
+
+    # ------------------------------------------------------------------ lifecycle (controller thread)
+
+    def start(self) -> None:
+        """Open both streams (chosen devices, else the defaults) and start them.
+
+        A chosen device that is missing or fails falls back to the default, which is
+        reported by the next ``poll_health()``.
+
+        Raises:
+            AudioUnavailable: no usable microphone or speaker (the message says which), or no PortAudio.
+        """
+        with self._lifecycle:
+            if self._state is not AudioState.STOPPED:
+                return
+            notes = self._open_streams()
+            self._state = AudioState.RUNNING
+            if notes:
+                self._report(" ".join(notes))
+
+    def close(self) -> None:
+        """Stop and close both streams. Never hangs; safe to call more than once."""
+        with self._lifecycle:
+            self._close_streams()
+            self._state = AudioState.STOPPED
+
+    def set_devices(self, input_name: str | None, output_name: str | None) -> None:
+        """Choose the microphone and speaker by name (None = system default) and reopen the streams.
+
+        Devices plugged in since the last refresh are found. A device that cannot be
+        opened falls back to the default; with nothing usable audio pauses. Either way
+        the outcome is reported by the next ``poll_health()``.
+        """
+        with self._lifecycle:
+            self._input_pref, self._output_pref = input_name, output_name
+            if self._state is AudioState.STOPPED:
+                return
+            self._close_streams()
+            try:
+                notes = self._open_streams()
+            except AudioUnavailable as error:
+                self._pause(f"{error} Audio is paused and resumes when a device is available.")
+                return
+            self._state = AudioState.RUNNING
+            self._report(" ".join([*notes, f"Using the {self._input_label()} and the {self._output_label()}."]))
+
+    def poll_health(self) -> list[DeviceStatus]:
+        """Check the streams, recover from lost devices, and return what changed since the last call.
+
+        Call it periodically from the controller (every 0.25–1 s). It may block for a
+        fraction of a second while it reopens streams. Returns one ``DeviceStatus`` per
+        event (fallback, device lost, paused, resumed), oldest first; empty when all is well.
+        """
+        with self._lifecycle:
+            if self._state is AudioState.RUNNING:
+                lost = self._lost_endpoints()
+                if lost:
+                    self._recover(lost)
+            elif self._state is AudioState.PAUSED and time.monotonic() >= self._next_retry:
+                self._try_resume()
+            statuses, self._statuses = self._statuses, []
+            return statuses
+
+    def __enter__(self) -> AudioIO:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state for anyone
+
+    @property
+    def state(self) -> AudioState:
+        return self._state
+
+    @property
+    def paused(self) -> bool:
+        """Started, but waiting for a device to come back."""
+        return self._state is AudioState.PAUSED
+
+    @property
+    def input_device_name(self) -> str | None:
+        """The microphone in use, or None while stopped or paused."""
+        endpoint = self._input
+        return endpoint.device.name if endpoint else None
+
+    @property
+    def output_device_name(self) -> str | None:
+        """The speaker in use, or None while stopped or paused."""
+        endpoint = self._output
+        return endpoint.device.name if endpoint else None
+
+    @property
+    def input_rate(self) -> int:
+        """The microphone stream's sample rate (the device's native rate)."""
+        return self._in_rate
+
+    @property
+    def output_rate(self) -> int:
+        """The speaker stream's sample rate (the device's native rate)."""
+        return self._out_rate
+
+    @property
+    def input_peak(self) -> float:
+        """Recent microphone peak, 0..1, with a short release; the real microphone even while the key is up."""
+        return self._input_peak
+
+    @property
+    def output_peak(self) -> float:
+        """Recent playback peak, 0..1, after ducking."""
+        return self._output_peak
+
+    @property
+    def input_overflows(self) -> int:
+        """Microphone blocks that pushed out unread audio because the engine fell behind."""
+        return self._retired_input_overflows + self._in_ring.overflows
+
+    @property
+    def input_device_overflows(self) -> int:
+        """Blocks in which PortAudio reported microphone audio lost before it reached us."""
+        return self._input_device_overflows
+
+    @property
+    def output_underruns(self) -> int:
+        """Times playback ran out of queued audio and had to fill with silence."""
+        return self._retired_output_underruns + self._out_ring.underruns
+
+    @property
+    def output_overflows(self) -> int:
+        """``play()`` calls that dropped the oldest queued audio because more than ``output_ring_s`` was queued."""
+        return self._retired_output_overflows + self._out_ring.overflows
+
+    @property
+    def output_device_underflows(self) -> int:
+        """Blocks in which PortAudio reported the speaker starved (our callback came too late)."""
+        return self._output_device_underflows
+
+    @property
+    def input_backlog_frames(self) -> int:
+        """Whole engine frames of microphone audio waiting for ``read_frame()``."""
+        in_ring = self._in_ring.available * self._engine_in_rate / self._in_rate
+        return int((in_ring + len(self._pending)) // self._frame_samples)
+
+    @property
+    def output_backlog_s(self) -> float:
+        """Seconds of assistant audio queued and not yet played."""
+        return self._out_ring.available / self._out_rate
+
+    # ------------------------------------------------------------------ engine side
+
+    def read_frame(self, timeout: float = 0.0) -> np.ndarray | None:
+        """The next engine frame: exactly ``frame_samples`` (1280) float32 samples at 16 kHz.
+
+        Waits up to ``timeout`` seconds for enough audio; returns None if there is not.
+        While the talk key is up the frames are silence, so the timeline keeps running.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            self._input_ready.clear()
+            with self._in_lock:
+                frame = self._take_frame()
+            remaining = deadline - time.monotonic()
+            if frame is not None or remaining <= 0:
+                return frame
+            self._input_ready.wait(remaining)
+
+    def play(self, samples: np.ndarray) -> None:
+        """Queue assistant speech (mono, at the engine's 22.05 kHz) for playback; never blocks.
+
+        Non-finite values become silence and the rest is clipped to [-1, 1]. When more
+        than ``output_ring_s`` is queued the oldest audio is dropped (``output_overflows``).
+
+        Raises:
+            ValueError: ``samples`` is not one-dimensional.
+        """
+        data = np.asarray(samples, dtype=np.float32)
+        if data.ndim != 1:
+            raise ValueError(f"play() expects mono samples of shape (n,), got shape {data.shape}")
+        if not np.isfinite(data).all():
+            data = np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
+        data = np.clip(data, -1.0, 1.0)
+        with self._out_lock:
+            self._out_ring.write(self._out_resampler.resample_chunk(data))
+
+    def clear_input(self) -> None:
+        """Drop microphone audio not yet read (e.g. when a new conversation starts)."""
+        with self._in_lock:
+            self._in_ring.clear()
+            self._in_resampler.clear()
+            self._pending = np.zeros(0, dtype=np.float32)
+
+    def clear_output(self) -> None:
+        """Drop queued assistant audio that has not been played (e.g. on reset)."""
+        with self._out_lock:
+            self._out_ring.clear()
+            self._out_resampler.clear()
+
+    def _take_frame(self) -> np.ndarray | None:
+        """Resample just enough from the ring for one frame (caller holds ``_in_lock``)."""
+        frame_samples = self._frame_samples
+        while len(self._pending) < frame_samples:
+            available = self._in_ring.available
+            if available == 0:
+                return None
+            missing = frame_samples - len(self._pending)
+            # Pull only what this frame needs (plus a little for the resampler's delay), so a
+            # slow engine leaves the backlog in the bounded ring instead of growing it here.
+            wanted = min(available, math.ceil(missing * self._in_rate / self._engine_in_rate) + 64)
+            chunk = self._in_ring.read(wanted)
+            if chunk is None:  # only the writer could have removed samples: a full ring dropped them
+                continue
+            self._pending = np.concatenate((self._pending, self._in_resampler.resample_chunk(chunk)))
+        frame, self._pending = self._pending[:frame_samples].copy(), self._pending[frame_samples:]
+        return frame
+
+    # ------------------------------------------------------------------ opening and recovering
+
+    def _open_streams(self) -> list[str]:
+        """Refresh, open and start both streams; returns notes about fallbacks. Caller holds ``_lifecycle``."""
+        if self._abandoned_streams == 0:
+            refresh_devices()
+        devices = list_devices()
+        if not devices.inputs:
+            raise AudioUnavailable(NO_MICROPHONE)
+        if not devices.outputs:
+            raise AudioUnavailable(NO_SPEAKER)
+        notes: list[str] = []
+        self._input = self._open_first("input", devices.inputs, devices.find_input, self._input_pref, notes)
+        try:
+            self._output = self._open_first("output", devices.outputs, devices.find_output, self._output_pref, notes)
+        except AudioUnavailable:
+            self._close_streams()
+            raise
+        return notes
+
+    def _open_first(
+        self,
+        direction: Direction,
+        devices: Sequence[AudioDevice],
+        find: Callable[[str], AudioDevice | None],
+        preferred: str | None,
+        notes: list[str],
+    ) -> _Endpoint:
+        """Open the chosen device, else the default one (or the first, when there is no default)."""
+        kind = "microphone" if direction == "input" else "speaker"
+        chosen = find(preferred) if preferred is not None else None
+        fallback = next((d for d in devices if d.is_default), devices[0])
+        candidates = [chosen, fallback] if chosen is not None and chosen != fallback else [fallback]
+        errors = []
+        for device in candidates:
+            try:
+                endpoint = self._open_endpoint(direction, device)
+            except AudioUnavailable as error:
+                log.warning("Could not open the %s %r: %s", kind, device.name, error)
+                errors.append(str(error))
+                continue
+            if preferred is not None and device != chosen:
+                reason = "could not be opened" if chosen is not None else "is not connected"
+                notes.append(f"The {kind} '{preferred}' {reason}; using '{device.name}' instead.")
+            return endpoint
+        raise AudioUnavailable(" ".join(errors))
+
+    def _open_endpoint(self, direction: Direction, device: AudioDevice) -> _Endpoint:
+        """Open and start one stream at the device's native rate (mono, else its first channel)."""
+        sd = _sounddevice()
+        rate = round(device.default_samplerate)
+        if direction == "input":
+            ring = self._adopt_input_rate(rate)
+        else:
+            ring = self._adopt_output_rate(rate)
+        endpoint = _Endpoint(direction=direction, device=device, rate=rate, ring=ring)
+        stream_type = sd.InputStream if direction == "input" else sd.OutputStream
+        callback = self._input_callback(endpoint) if direction == "input" else self._output_callback(endpoint)
+        last_error: Exception | None = None
+        for channels in sorted({1, min(device.channels, 2)}):
+            try:
+                endpoint.stream = stream_type(
+                    device=device.index,
+                    samplerate=rate,
+                    channels=channels,
+                    dtype="float32",
+                    latency=self._latency,
+                    callback=callback,
+                    finished_callback=endpoint.finished,
+                )
+                break
+            except (sd.PortAudioError, ValueError) as error:
+                last_error = error
+        else:
+            kind = "microphone" if direction == "input" else "speaker"
+            raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({last_error}).")
+        endpoint.last_callback = time.monotonic()
+        try:
+            endpoint.stream.start()
+        except sd.PortAudioError as error:
+            self._shutdown(endpoint)
+            raise AudioUnavailable(f"The {endpoint.label} could not be started ({error}).") from error
+        return endpoint
+
+    def _adopt_input_rate(self, rate: int) -> RingBuffer:
+        """Prepare the microphone ring and resampler for ``rate``, keeping audio already captured."""
+        with self._in_lock:
+            if rate != self._in_rate:
+                rest = self._in_ring.read(self._in_ring.available)
+                assert rest is not None  # no writer while the streams are closed
+                self._pending = np.concatenate((self._pending, self._in_resampler.resample_chunk(rest, last=True)))
+                self._retired_input_overflows += self._in_ring.overflows
+                self._in_ring = RingBuffer(round(self._input_ring_s * rate))
+                self._in_resampler = soxr.ResampleStream(rate, self._engine_in_rate, 1, dtype="float32")
+                self._in_rate = rate
+            return self._in_ring
+
+    def _adopt_output_rate(self, rate: int) -> RingBuffer:
+        """Prepare the playback ring and resampler for ``rate``, converting audio still queued."""
+        with self._out_lock:
+            if rate != self._out_rate:
+                queued = self._out_ring.read(self._out_ring.available)
+                assert queued is not None  # the reader (output callback) is stopped
+                tail = self._out_resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+                old = np.concatenate((queued, tail))
+                self._retired_output_overflows += self._out_ring.overflows
+                self._retired_output_underruns += self._out_ring.underruns
+                self._out_ring = RingBuffer(round(self._output_ring_s * rate))
+                self._out_ring.write(soxr.resample(old, self._out_rate, rate).astype(np.float32))
+                self._out_resampler = soxr.ResampleStream(self._engine_out_rate, rate, 1, dtype="float32")
+                self._out_rate = rate
+            return self._out_ring
+
+    def _lost_endpoints(self) -> list[_Endpoint]:
+        now = time.monotonic()
+        lost = []
+        for endpoint in (self._input, self._output):
+            if endpoint is None:
+                continue
+            stalled = now - endpoint.last_callback > self._stall_timeout_s
+            if endpoint.failed or stalled or not endpoint.stream.active:
+                log.warning("Lost the %s (failed=%s, stalled=%s)", endpoint.label, endpoint.failed, stalled)
+                lost.append(endpoint)
+        return lost
+
+    def _recover(self, lost: list[_Endpoint]) -> None:
+        before = {endpoint.direction: endpoint.device.name for endpoint in lost}
+        what = " and the ".join(endpoint.label for endpoint in lost)
+        self._close_streams()
+        try:
+            notes = self._open_streams()
+        except AudioUnavailable as error:
+            log.warning("No audio device to fall back on: %s", error)
+            self._pause(f"The {what} stopped working. Audio is paused and resumes when a device is available.")
+            return
+        self._state = AudioState.RUNNING
+        now = {"input": self.input_device_name, "output": self.output_device_name}
+        if all(before[direction] == now[direction] for direction in before):
+            outcome = "It was reopened." if len(lost) == 1 else "They were reopened."
+        else:
+            outcome = f"Now using the {self._input_label()} and the {self._output_label()}."
+        self._report(" ".join([f"The {what} stopped working.", outcome, *notes]))
+
+    def _try_resume(self) -> None:
+        try:
+            notes = self._open_streams()
+        except AudioUnavailable as error:
+            log.info("Audio still paused: %s", error)
+            self._next_retry = time.monotonic() + self._retry_interval_s
+            return
+        self._state = AudioState.RUNNING
+        self._report(" ".join([f"Audio resumed on the {self._input_label()} and the {self._output_label()}.", *notes]))
+
+    def _pause(self, message: str) -> None:
+        self._state = AudioState.PAUSED
+        self._next_retry = time.monotonic() + self._retry_interval_s
+        self._report(message)
+
+    def _report(self, message: str) -> None:
+        self._statuses.append(DeviceStatus(self.input_device_name, self.output_device_name, message))
+
+    def _input_label(self) -> str:
+        return self._input.label if self._input else "no microphone"
+
+    def _output_label(self) -> str:
+        return self._output.label if self._output else "no speaker"
+
+    def _close_streams(self) -> None:
+        for endpoint in (self._input, self._output):
+            if endpoint is not None:
+                self._shutdown(endpoint)
+        self._input = self._output = None
+
+    def _shutdown(self, endpoint: _Endpoint) -> None:
+        """Abort and close a stream on a helper thread, giving up after ``CLOSE_TIMEOUT_S``."""
+        endpoint.closing = True
+        stream = endpoint.stream
+        if stream is None:
+            return
+        worker = threading.Thread(target=_abort_and_close, args=(stream,), name="parley-audio-close", daemon=True)
+        worker.start()
+        worker.join(CLOSE_TIMEOUT_S)
+        if worker.is_alive():
+            # PortAudio would hang on re-initialisation under this stream, so refreshing stops from now on.
+            self._abandoned_streams += 1
+            log.error("The %s did not stop within %.0f s; abandoning it", endpoint.label, CLOSE_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ callbacks (PortAudio threads)
+
+    def _input_callback(self, endpoint: _Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
+        ring, ready, rate = endpoint.ring, self._input_ready, endpoint.rate
+
+        def callback(indata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
+            endpoint.last_callback = time.monotonic()
+            if status.input_overflow:
+                self._input_device_overflows += 1
+            mono = indata[:, 0]
+            self._input_peak = _decayed_peak(mono, self._input_peak, frames, rate)
+            if self.talking:
+                ring.write(mono)
+            else:
+                ring.write_zeros(frames)
+            ready.set()
+
+        return callback
+
+    def _output_callback(self, endpoint: _Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
+        ring, rate = endpoint.ring, endpoint.rate
+        prefill = round(self._prefill_s * rate)
+
+        def callback(outdata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
+            endpoint.last_callback = time.monotonic()
+            if status.output_underflow:
+                self._output_device_underflows += 1
+            if outdata.shape[1] == 1:
+                mono = outdata[:, 0]
+            else:
+                if len(endpoint.scratch) < frames:
+                    endpoint.scratch = np.zeros(frames, dtype=np.float32)
+                mono = endpoint.scratch[:frames]
+            if not endpoint.playing:
+                # Jitter buffer: start once `prefill` is queued, or once a shorter clip has waited as long.
+                queued = ring.available
+                endpoint.waited = endpoint.waited + frames if queued else 0
+                endpoint.playing = queued >= prefill or endpoint.waited >= prefill
+            if endpoint.playing:
+                if ring.read_into(mono) < frames:
+                    endpoint.playing, endpoint.waited = False, 0
+            else:
+                mono.fill(0.0)
+            target = self.duck_gain if self.duck_while_talking and self.talking else 1.0
+            if endpoint.gain != target:
+                mono *= np.linspace(endpoint.gain, target, frames, dtype=np.float32)  # a ramp, not a click
+                endpoint.gain = target
+            elif target != 1.0:
+                mono *= target
+            if outdata.shape[1] != 1:
+                outdata[:] = mono[:, np.newaxis]
+            self._output_peak = _decayed_peak(mono, self._output_peak, frames, rate)
+
+        return callback
+
+
+def _abort_and_close(stream: Any) -> None:
+    try:
+        stream.abort(ignore_errors=True)
+        stream.close(ignore_errors=True)
+    except Exception:  # a dying device may fail in any way; the stream is gone either way
+        log.warning("Error while closing an audio stream", exc_info=True)

@@ -1,0 +1,240 @@
+"""User settings: one frozen dataclass, stored as JSON in the platform's user config folder.
+
+Loading never fails: a missing file gives the defaults; a corrupt or unreadable file is
+moved aside (``settings.json.corrupt``), the defaults are used and a warning is logged
+and returned so the window can show it. Unknown keys are ignored and missing keys take
+their defaults, so files written by older and newer versions both load. A value of the
+wrong type or outside its allowed set falls back to its default on its own, with a
+warning, and keeps the rest of the file.
+
+Saving writes a temporary file in the same folder and renames it over the old one, so
+a crash or a full disk never leaves a half-written file behind.
+
+``Settings`` is immutable, so one instance can be read from any thread; changes make a
+new instance (``dataclasses.replace`` or :meth:`Settings.with_changes`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+import platformdirs
+
+log = logging.getLogger(__name__)
+
+APP_NAME: Final = "Parley"
+SETTINGS_FILENAME: Final = "settings.json"
+SCHEMA_VERSION: Final = 1
+
+VARIANTS: Final = ("4bit", "8bit")
+TALK_MODES: Final = ("hold", "toggle")
+THEMES: Final = ("system", "light", "dark")
+
+# The published repositories for each variant, with their download sizes for the first-run screen.
+VARIANT_REPOS: Final = {
+    "4bit": "mlx-community/NemotronLabs-VoiceChat-11B-4bit",
+    "8bit": "mlx-community/NemotronLabs-VoiceChat-11B-8bit",
+}
+VARIANT_SIZES_GB: Final = {"4bit": 9.2, "8bit": 13.9}
+
+# The prompt NVIDIA's reference client uses (mlx-audio DEFAULT_SYSTEM_PROMPT); the model was tuned with it.
+DEFAULT_SYSTEM_PROMPT: Final = (
+    "You are an AI voice assistant developed by NVIDIA. Your name is NVIDIA Voice Chat. Answer in a spoken, "
+    "conversational style rather than a written one. Do not repeat the same sentence over and over again. "
+    "Start the conversation by greeting the user."
+)
+
+IDLE_PAUSE_MIN_S: Final = 5.0
+IDLE_PAUSE_MAX_S: Final = 600.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the user can configure. ``None`` device names mean the system default device."""
+
+    checkpoint_4bit: Path | None = None
+    checkpoint_8bit: Path | None = None
+    active_variant: str = "4bit"  # one of VARIANTS
+    input_device: str | None = None
+    output_device: str | None = None
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    talk_key: str = "Space"  # a single key in Qt's portable key-sequence text ("Space", "F5", "Ctrl+Space")
+    talk_mode: str = "hold"  # one of TALK_MODES
+    idle_pause: bool = True
+    idle_pause_delay_s: float = 30.0
+    ducking: bool = True  # lower the assistant's playback while the talk key is held
+    overlay: bool = True  # show the live frame-time overlay
+    theme: str = "system"  # one of THEMES
+    window_geometry: str | None = None  # opaque (base64 of Qt's saveGeometry), owned by the window
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("active_variant", VARIANTS), ("talk_mode", TALK_MODES), ("theme", THEMES)):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if not IDLE_PAUSE_MIN_S <= self.idle_pause_delay_s <= IDLE_PAUSE_MAX_S:
+            raise ValueError(
+                f"idle_pause_delay_s must be between {IDLE_PAUSE_MIN_S:g} and {IDLE_PAUSE_MAX_S:g} s; "
+                f"got {self.idle_pause_delay_s!r}"
+            )
+        if not self.talk_key.strip():
+            raise ValueError("talk_key must name a key; got an empty string")
+
+    @property
+    def active_checkpoint(self) -> Path | None:
+        """The checkpoint folder of the active variant, if one is configured."""
+        return self.checkpoint_for(self.active_variant)
+
+    def checkpoint_for(self, variant: str) -> Path | None:
+        """The configured folder for ``variant`` ("4bit" or "8bit")."""
+        if variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
+        return self.checkpoint_4bit if variant == "4bit" else self.checkpoint_8bit
+
+    def with_changes(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (validated like a new instance)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form: paths as strings, everything else as is."""
+        data: dict[str, Any] = {"version": SCHEMA_VERSION}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            data[item.name] = str(value) if isinstance(value, Path) else value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> tuple[Settings, list[str]]:
+        """Build settings from a loaded JSON object.
+
+        Returns the settings and one message per value that was invalid and replaced by
+        its default. Unknown keys are ignored; missing keys take their defaults.
+        """
+        defaults = cls()
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for item in dataclasses.fields(cls):
+            if item.name not in data:
+                continue
+            default = getattr(defaults, item.name)
+            try:
+                values[item.name] = _coerce(item.name, data[item.name])
+                dataclasses.replace(defaults, **{item.name: values[item.name]})  # validate this field alone
+            except (TypeError, ValueError) as exc:
+                values.pop(item.name, None)
+                problems.append(f"{item.name}: {exc}; using the default ({default!r})")
+        return cls(**values), problems
+
+
+class SettingsLoad(NamedTuple):
+    """What :func:`load_settings` found: the settings and, if something was wrong, a warning for the user."""
+
+    settings: Settings
+    warning: str | None
+
+
+def settings_dir() -> Path:
+    """The per-user config folder (``~/.config/Parley``, ``~/Library/Application Support/Parley``)."""
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+
+
+def default_settings_path() -> Path:
+    return settings_dir() / SETTINGS_FILENAME
+
+
+def default_models_dir() -> Path:
+    """Where downloaded checkpoints go unless the user picks another folder."""
+    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
+
+
+def load_settings(path: Path | None = None) -> SettingsLoad:
+    """Read the settings file (default: :func:`default_settings_path`), falling back to defaults.
+
+    A file that cannot be read or parsed is renamed to ``<name>.corrupt`` (replacing an
+    older one) so the next save does not destroy it; the warning says where it went.
+    """
+    path = default_settings_path() if path is None else path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return SettingsLoad(Settings(), None)
+    except (OSError, UnicodeDecodeError) as exc:
+        return SettingsLoad(Settings(), _set_aside(path, f"could not be read ({exc})"))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return SettingsLoad(Settings(), _set_aside(path, f"is not valid JSON ({exc})"))
+    if not isinstance(data, dict):
+        return SettingsLoad(Settings(), _set_aside(path, f"holds a JSON {type(data).__name__}, not an object"))
+    settings, problems = Settings.from_dict(data)
+    if not problems:
+        return SettingsLoad(settings, None)
+    warning = f"Some settings in {path} were invalid and were reset: " + "; ".join(problems)
+    log.warning(warning)
+    return SettingsLoad(settings, warning)
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    """Write ``settings`` atomically (temporary file + rename); returns the path written.
+
+    Raises ``OSError`` (with the path in the message) when the folder cannot be written.
+    """
+    path = default_settings_path() if path is None else path
+    text = json.dumps(settings.to_dict(), indent=2, ensure_ascii=False) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Turn a JSON value into the field's Python type, or raise ``TypeError``."""
+    if name in ("checkpoint_4bit", "checkpoint_8bit"):
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            raise TypeError(f"expected a folder path, got {type(value).__name__}")
+        return Path(value)
+    if name in ("input_device", "output_device", "window_geometry"):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"expected text or null, got {type(value).__name__}")
+        return value
+    if name in ("idle_pause", "ducking", "overlay"):
+        if not isinstance(value, bool):
+            raise TypeError(f"expected true or false, got {type(value).__name__}")
+        return value
+    if name == "idle_pause_delay_s":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"expected a number of seconds, got {type(value).__name__}")
+        return float(value)
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _set_aside(path: Path, problem: str) -> str:
+    """Move a bad settings file to ``<name>.corrupt``; returns the warning for the user."""
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        os.replace(path, aside)
+        kept = f"it was kept as {aside}"
+    except OSError as exc:
+        kept = f"it could not be moved aside ({exc}) and will be overwritten on the next save"
+    warning = f"The settings file {path} {problem}; the defaults are in use and {kept}."
+    log.warning(warning)
+    return warning

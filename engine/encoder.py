@@ -1,0 +1,455 @@
+"""Perception: cache-aware FastConformer encoder and the projection into the LLM width.
+
+One encoder frame covers 80 ms (8 mel frames). The network is NeMo's cache-aware
+FastConformer as configured for VoiceChat: causal depthwise-striding subsampling
+(8x, three stride-2 stages padded 2 before / 1 after on time and frequency), then
+``n_layers`` Conformer blocks (half-step FFN, relative-position self-attention with
+per-layer biases ``u``/``v``, causal convolution module, half-step FFN, LayerNorm).
+
+Two ways to run it, both in the reference port's exact op order:
+
+* offline, :meth:`Perception.__call__`: the whole mel spectrogram at once with the
+  ``chunked_limited`` attention mask (each frame sees itself and the 70 before it);
+* streaming, :meth:`Perception.step`: one 80 ms frame of audio in, one encoder frame
+  out. The subsampling stack is re-run over a short mel window (a cache of at most
+  23 earlier mel frames, aligned to the 8-frame grid) and only its newest output
+  frame is kept; every block attends to a cache of its last 70 attention inputs and
+  convolves over a cache of its last 8 GLU outputs, so no mask is needed.
+
+Both paths compute the same causal function. They differ by float rounding (other
+matmul shapes), by mel frame 0 (the streaming front end builds its reflected left
+edge one sample short, as the reference does) and by one extra offline frame at the
+end, which sees the right-edge reflect padding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import EncoderConfig, PerceptionConfig
+from .mel import MelCache, make_mel_cache, mel_step
+
+# Additive mask value for attention the chunked_limited context forbids.
+_BLOCKED = -1e30
+# Mel frames the streaming subsampling keeps beyond the newest grid point: at least
+# the causal receptive field of the three stride-2 stages.
+_SUBSAMPLING_MEL_CONTEXT = 16
+
+
+# --------------------------------------------------------------------------- positional table
+
+
+@functools.lru_cache(maxsize=2)  # the configured size, plus at most one grown table
+def _relative_position_table(d_model: int, max_len: int) -> mx.array:
+    """Sinusoids for relative positions ``max_len-1 .. -(max_len-1)``: ``(1, 2·max_len-1, d_model)`` float32.
+
+    Even channels hold ``sin(r·w_i)``, odd channels ``cos(r·w_i)`` with
+    ``w_i = exp(-2i·ln(10000)/d_model)``. Built once per shape at full size, like the
+    reference, so each value comes from the same elementwise kernel call.
+    """
+    offsets = mx.expand_dims(mx.arange(max_len - 1, -max_len, -1, dtype=mx.int32), axis=1).astype(mx.float32)
+    rates = mx.exp(mx.arange(0, d_model, 2, dtype=mx.float32) * -(math.log(10000.0) / d_model))
+    angles = offsets * rates
+    table = mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model)
+    # Lazy: the first forward evaluates it and the cached array keeps its data afterwards.
+    return mx.expand_dims(table, axis=0)
+
+
+def relative_positions(config: EncoderConfig, length: int, dtype: mx.Dtype) -> mx.array:
+    """Position rows for a key window of ``length`` frames: ``(1, 2·length-1, d_model)``.
+
+    Row r holds the relative offset ``length-1-r``. Tables longer than ``pos_emb_max_len``
+    are built on demand (``length + 1``), as the reference grows its table.
+    """
+    max_len = config.pos_emb_max_len if length <= config.pos_emb_max_len else length + 1
+    table = _relative_position_table(config.d_model, max_len)
+    centre = table.shape[1] // 2
+    return table[:, centre - (length - 1) : centre + length].astype(dtype)
+
+
+def chunked_limited_mask(length: int, left_context: int, right_context: int, dtype: mx.Dtype) -> mx.array:
+    """Additive ``(1, 1, T, T)`` mask: chunks of ``right+1`` frames, each seeing itself and ``left // chunk`` before."""
+    chunk = right_context + 1
+    chunks_back = left_context // chunk if left_context >= 0 else 10**8
+    chunk_of = mx.arange(length, dtype=mx.int32) // chunk
+    distance = mx.expand_dims(chunk_of, 1) - mx.expand_dims(chunk_of, 0)
+    visible = (distance >= 0) & (distance <= chunks_back)
+    mask = mx.where(visible, 0.0, _BLOCKED).astype(mx.float32)
+    return mask[None, None].astype(dtype)
+
+
+# --------------------------------------------------------------------------- subsampling
+
+
+class CausalStridingSubsampling(nn.Module):
+    """8x time (and frequency) reduction: three causal stride-2 3x3 stages, then a Linear to ``d_model``.
+
+    ``conv`` follows NeMo's indices so the checkpoint keys match: 0 full conv, 2/5
+    depthwise, 3/6 pointwise, and parameter-free ReLUs at 1/4/7.
+    """
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        channels = config.subsampling_conv_channels
+        self.stages = int(math.log(config.subsampling_factor, 2))
+        self.kernel, self.stride = 3, 2
+        # Causal padding: everything the kernel needs before, stride-1 after, on both axes.
+        self.pad_before, self.pad_after = self.kernel - 1, self.stride - 1
+
+        layers: list[nn.Module] = [nn.Conv2d(1, channels, kernel_size=3, stride=2, padding=0), nn.ReLU()]
+        for _ in range(self.stages - 1):
+            layers.append(nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=0, groups=channels))
+            layers.append(nn.Conv2d(channels, channels, kernel_size=1, stride=1, padding=0))
+            layers.append(nn.ReLU())
+        self.conv = layers
+        self._padded_layers = frozenset({0} | {2 + 3 * stage for stage in range(self.stages - 1)})
+
+        frequency = config.feat_in
+        for _ in range(self.stages):
+            frequency = self._reduce(frequency)
+        self.out = nn.Linear(channels * frequency, config.d_model)
+
+    def _reduce(self, size: int) -> int:
+        return (size + self.pad_before + self.pad_after - self.kernel) // self.stride + 1
+
+    def output_lengths(self, lengths: mx.array) -> mx.array:
+        """Frame counts after subsampling (``L -> L // 2 + 1`` per stage), computed on the device."""
+        for _ in range(self.stages):
+            lengths = (lengths + self.pad_before + self.pad_after - self.kernel) // self.stride + 1
+        return lengths.astype(mx.int32)
+
+    def __call__(self, mel: mx.array) -> mx.array:
+        """``(B, T, features)`` mel to ``(B, T', d_model)``."""
+        x = mx.expand_dims(mel, axis=-1)  # time = height, frequency = width, one channel
+        padding = ((0, 0), (self.pad_before, self.pad_after), (self.pad_before, self.pad_after), (0, 0))
+        for index, layer in enumerate(self.conv):
+            if index in self._padded_layers:
+                x = mx.pad(x, padding)
+            x = layer(x)
+        batch, frames, frequency, channels = x.shape
+        # Channel-major flattening (index c·F + f), as the checkpoint's Linear expects.
+        x = x.transpose(0, 1, 3, 2).reshape(batch, frames, channels * frequency)
+        return self.out(x)
+
+
+# --------------------------------------------------------------------------- block parts
+
+
+class FeedForward(nn.Module):
+    """Linear → SiLU → Linear (no biases in this model)."""
+
+    def __init__(self, d_model: int, hidden: int, bias: bool) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, hidden, bias=bias)
+        self.linear2 = nn.Linear(hidden, d_model, bias=bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.linear2(nn.silu(self.linear1(x)))
+
+
+class RelativePositionAttention(nn.Module):
+    """Transformer-XL style multi-head attention with learnt content (u) and position (v) biases.
+
+    ``score(i, j) = [(q_i + u)·k_j + (q_i + v)·p(i - j)] / sqrt(head_dim)``; the
+    position term is computed against all relative offsets and aligned by the
+    pad-reshape "relative shift", then passed to SDPA as an additive mask.
+    """
+
+    def __init__(self, heads: int, d_model: int, bias: bool) -> None:
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
+        self.heads = heads
+        self.head_dim = d_model // heads
+        self.scale = self.head_dim**-0.5
+        self.linear_q = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_k = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_v = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_out = nn.Linear(d_model, d_model, bias=bias)
+        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.pos_bias_u = mx.zeros((heads, self.head_dim))
+        self.pos_bias_v = mx.zeros((heads, self.head_dim))
+
+    @staticmethod
+    def _relative_shift(scores: mx.array) -> mx.array:
+        """Re-index ``(B, H, Tq, P)`` scores from absolute offset columns to key columns."""
+        batch, heads, queries, offsets = scores.shape
+        shifted = mx.pad(scores, [(0, 0), (0, 0), (0, 0), (1, 0)])
+        shifted = shifted.reshape(batch, heads, offsets + 1, queries)[:, :, 1:, :]
+        return shifted.reshape(batch, heads, queries, offsets)
+
+    def __call__(
+        self, queries: mx.array, keys: mx.array, positions: mx.array, mask: mx.array | None = None
+    ) -> mx.array:
+        """``queries`` (B, Tq, d) attend to ``keys`` (B, Tk, d); ``positions`` holds 2·Tk-1 offset rows."""
+        q = self.linear_q(queries)
+        k = self.linear_k(keys)
+        v = self.linear_v(keys)
+        p = self.linear_pos(positions)
+        batch, query_len, _ = q.shape
+        key_len, offsets = k.shape[1], p.shape[1]
+
+        q = q.reshape(batch, query_len, self.heads, self.head_dim)
+        q_content = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
+        q_position = (q + self.pos_bias_v).transpose(0, 2, 1, 3)
+        k = k.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        v = v.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        p = p.reshape(1, offsets, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+
+        position_scores = self._relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
+        position_scores = position_scores[:, :, :, :key_len] * self.scale
+        if mask is not None:
+            position_scores = position_scores + mask
+        attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=self.scale, mask=position_scores)
+        return self.linear_out(attended.transpose(0, 2, 1, 3).reshape(batch, query_len, -1))
+
+
+class ConvolutionModule(nn.Module):
+    """Pointwise conv → GLU → causal depthwise conv → LayerNorm (named ``batch_norm``) → SiLU → pointwise conv."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        d_model, kernel = config.d_model, config.conv_kernel_size
+        if config.conv_norm_type != "layer_norm":
+            raise NotImplementedError(f"conv_norm_type {config.conv_norm_type!r} is not supported")
+        context = config.conv_context_size
+        if context == "causal":
+            self.pad_before, self.pad_after = kernel - 1, 0
+        else:
+            self.pad_before, self.pad_after = int(context[0]), int(context[1])
+        self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, kernel_size=1, bias=config.use_bias)
+        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size=kernel, groups=d_model, bias=config.use_bias)
+        self.batch_norm = nn.LayerNorm(d_model)
+        self.pointwise_conv2 = nn.Conv1d(d_model, d_model, kernel_size=1, bias=config.use_bias)
+
+    def gate(self, x: mx.array) -> mx.array:
+        """The GLU output, the input of the depthwise convolution (and what the streaming cache holds)."""
+        return nn.glu(self.pointwise_conv1(x), axis=-1)
+
+    def finish(self, convolved: mx.array) -> mx.array:
+        return self.pointwise_conv2(nn.silu(self.batch_norm(convolved)))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        gated = mx.pad(self.gate(x), ((0, 0), (self.pad_before, self.pad_after), (0, 0)))
+        return self.finish(self.depthwise_conv(gated))
+
+
+class ConformerLayer(nn.Module):
+    """Macaron Conformer block; attribute names are the checkpoint's."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        d_model, hidden = config.d_model, config.d_model * config.ff_expansion_factor
+        self.norm_feed_forward1 = nn.LayerNorm(d_model)
+        self.feed_forward1 = FeedForward(d_model, hidden, config.use_bias)
+        self.norm_self_att = nn.LayerNorm(d_model)
+        self.self_attn = RelativePositionAttention(config.n_heads, d_model, config.use_bias)
+        self.norm_conv = nn.LayerNorm(d_model)
+        self.conv = ConvolutionModule(config)
+        self.norm_feed_forward2 = nn.LayerNorm(d_model)
+        self.feed_forward2 = FeedForward(d_model, hidden, config.use_bias)
+        self.norm_out = nn.LayerNorm(d_model)
+
+    def __call__(self, x: mx.array, positions: mx.array, mask: mx.array | None) -> mx.array:
+        """Offline: every frame of ``x`` at once under ``mask``."""
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        attention_in = self.norm_self_att(x)
+        x = x + self.self_attn(attention_in, attention_in, positions, mask)
+        x = x + self.conv(self.norm_conv(x))
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x)
+
+    def stream(
+        self,
+        x: mx.array,
+        config: EncoderConfig,
+        attention_cache: mx.array | None,
+        conv_cache: mx.array | None,
+        left_context: int,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """Streaming: new frames ``x`` attend to ``[attention_cache ‖ x]`` and convolve over ``[conv_cache ‖ gate(x)]``.
+
+        Returns the block output and both updated caches (last ``left_context``
+        attention inputs including the new ones; last ``kernel-1`` gate outputs).
+        """
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+
+        attention_in = self.norm_self_att(x)
+        keys = attention_in if attention_cache is None else mx.concatenate([attention_cache, attention_in], axis=1)
+        positions = relative_positions(config, keys.shape[1], x.dtype)
+        x = x + self.self_attn(attention_in, keys, positions)
+        next_attention = keys[:, -left_context:] if left_context > 0 else keys[:, :0]
+
+        gated = self.conv.gate(self.norm_conv(x))
+        history = config.conv_kernel_size - 1
+        if conv_cache is None:
+            conv_cache = mx.zeros((gated.shape[0], history, gated.shape[2]), dtype=gated.dtype)
+        conv_in = mx.concatenate([conv_cache, gated], axis=1)
+        next_conv = conv_in[:, conv_in.shape[1] - history :]
+        x = x + self.conv.finish(self.conv.depthwise_conv(conv_in))  # "valid" conv: the cache is the left padding
+
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x), next_attention, next_conv
+
+
+# --------------------------------------------------------------------------- caches
+
+
+@dataclass
+class PerceptionCache:
+    """Everything the streaming perception carries from one 80 ms frame to the next.
+
+    * ``mel``: the log-mel front end's retained samples and counters;
+    * ``mel_window``: earlier mel frames re-fed to the subsampling stack (≤ 23, 17 in steady state);
+    * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs;
+    * ``convolution``: per layer, the last ``kernel - 1`` (8) GLU outputs;
+    * ``mel_consumed`` / ``frames_emitted``: mel frames fed to the encoder and encoder frames produced.
+    """
+
+    mel: MelCache
+    attention: list[mx.array | None]
+    convolution: list[mx.array | None]
+    mel_window: mx.array | None = None
+    mel_consumed: int = 0
+    frames_emitted: int = 0
+
+    def arrays(self) -> list[mx.array]:
+        """Every cached array, for the session's one evaluation per frame."""
+        held = [*self.mel.arrays()]
+        if self.mel_window is not None:
+            held.append(self.mel_window)
+        held.extend(value for value in self.attention if value is not None)
+        held.extend(value for value in self.convolution if value is not None)
+        return held
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class FastConformer(nn.Module):
+    """Subsampling plus Conformer layers (``stt_model.perception.encoder``)."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.pre_encode = CausalStridingSubsampling(config)
+        self.layers = [ConformerLayer(config) for _ in range(config.n_layers)]
+
+    def __call__(self, mel: mx.array, lengths: mx.array | None = None) -> tuple[mx.array, mx.array]:
+        """Offline: ``(B, T, features)`` mel → ``((B, T', d_model), lengths')`` under the chunked_limited mask."""
+        config = self.config
+        if lengths is None:
+            lengths = mx.full((mel.shape[0],), mel.shape[-2], dtype=mx.int32)
+        x = self.pre_encode(mel)
+        out_lengths = self.pre_encode.output_lengths(lengths)
+        if config.xscaling:
+            x = x * math.sqrt(config.d_model)
+        positions = relative_positions(config, x.shape[1], x.dtype)
+        mask = None
+        if config.att_context_style == "chunked_limited":
+            mask = chunked_limited_mask(x.shape[1], config.left_context, config.right_context, x.dtype)
+        for layer in self.layers:
+            x = layer(x, positions, mask)
+        return x, out_lengths
+
+    def stream(self, cache: PerceptionCache, mel: mx.array) -> list[mx.array]:
+        """Feed new mel frames ``(1, n, features)``; return the encoder chunks they complete.
+
+        Mel frames are consumed in chunks of ``subsampling_factor`` (one encoder frame
+        each); the last chunk emits the subsampling stack's right-boundary frame, which
+        is valid because a causal frame needs no future mel. Bookkeeping is host
+        integers only.
+        """
+        chunk = self.config.subsampling_factor  # one encoder frame per chunk
+        outputs: list[mx.array] = []
+        remaining = mel
+        while remaining.shape[1] > 0:
+            take = min(chunk, remaining.shape[1])
+            piece, remaining = remaining[:, :take], remaining[:, take:]
+            encoded = self._encode_chunk(cache, piece, last=remaining.shape[1] == 0)
+            if encoded is not None:
+                outputs.append(encoded)
+        return outputs
+
+    def _encode_chunk(self, cache: PerceptionCache, mel: mx.array, *, last: bool) -> mx.array | None:
+        factor = self.config.subsampling_factor
+        cached = 0 if cache.mel_window is None else cache.mel_window.shape[1]
+        window = mel if cache.mel_window is None else mx.concatenate([cache.mel_window, mel], axis=1)
+        subsampled = self.pre_encode(window)
+
+        consumed = cache.mel_consumed + mel.shape[1]
+        first_index = (cache.mel_consumed - cached) // factor  # encoder index of subsampled[:, 0]
+        lo = cache.frames_emitted - first_index
+        hi = subsampled.shape[1] if last else consumed // factor - first_index
+        cache.mel_consumed = consumed
+        # Keep the window start on the subsampling grid so its outputs line up with earlier ones.
+        keep = _SUBSAMPLING_MEL_CONTEXT + (consumed - _SUBSAMPLING_MEL_CONTEXT) % factor
+        cache.mel_window = window[:, -keep:]
+        if hi <= lo:
+            cache.frames_emitted = first_index + max(lo, hi)
+            return None
+        cache.frames_emitted = first_index + hi
+
+        x = subsampled[:, lo:hi]
+        left = self.config.left_context
+        for index, layer in enumerate(self.layers):
+            x, cache.attention[index], cache.convolution[index] = layer.stream(
+                x, self.config, cache.attention[index], cache.convolution[index], left
+            )
+        return x
+
+
+class Perception(nn.Module):
+    """Encoder plus ``proj`` (``stt_model.perception``): audio to LLM-width embeddings."""
+
+    def __init__(self, config: PerceptionConfig) -> None:
+        super().__init__()
+        self.perception_config = config
+        self.encoder = FastConformer(config.encoder)
+        self.proj = nn.Linear(config.encoder.d_model, config.output_dim, bias=True)
+
+    @property
+    def frame_samples(self) -> int:
+        """Audio samples per encoder frame (1280 = 80 ms at 16 kHz)."""
+        return self.perception_config.preprocessor.hop_length * self.perception_config.encoder.subsampling_factor
+
+    def __call__(self, mel: mx.array, lengths: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+        """Offline: ``(projected (B, T', output_dim), lengths', encoded (B, T', d_model))``."""
+        encoded, lengths = self.encoder(mel, lengths)
+        return self.proj(encoded), lengths, encoded
+
+    def make_cache(self) -> PerceptionCache:
+        """Fresh streaming state; the mel front end looks one frame (1280 samples) ahead, as the sessions do."""
+        layers = len(self.encoder.layers)
+        return PerceptionCache(
+            mel=make_mel_cache(self.perception_config.preprocessor, self.frame_samples),
+            attention=[None] * layers,
+            convolution=[None] * layers,
+        )
+
+    def step(self, cache: PerceptionCache, frame: mx.array) -> tuple[mx.array, mx.array]:
+        """One 80 ms frame ``(1280,)`` in; ``(projected (1, 1, output_dim), encoded (1, 1, d_model))`` out.
+
+        Raises ``ValueError`` for a frame of the wrong shape (the cache is left
+        untouched) and ``RuntimeError`` if the encoder would not emit exactly one frame.
+        """
+        if frame.ndim != 1 or frame.shape[0] != self.frame_samples:
+            raise ValueError(
+                f"perception step needs one frame of {self.frame_samples} mono samples, got shape {tuple(frame.shape)}"
+            )
+        if frame.dtype != mx.float32:
+            frame = frame.astype(mx.float32)
+        mel = mel_step(cache.mel, frame, self.perception_config.preprocessor)
+        chunks = self.encoder.stream(cache, mel)
+        if len(chunks) != 1 or chunks[0].shape[1] != 1:
+            shapes = [tuple(chunk.shape) for chunk in chunks]
+            raise RuntimeError(
+                f"cached perception did not emit exactly one encoder frame: mel={tuple(mel.shape)}, encoded={shapes}"
+            )
+        encoded = chunks[0]
+        return self.proj(encoded), encoded

@@ -1,0 +1,206 @@
+"""RNN-T head: the user transcript decoded from the (pre-projection) encoder frames.
+
+Auxiliary only — nothing here feeds the LLM. The prediction network embeds the last
+emitted token (a zero vector at the start, when the last token is blank) and runs a
+stacked LSTM; the joint adds Linear(encoder frame) and Linear(prediction), applies
+the activation and scores ``vocab + 1`` classes (the last is blank).
+
+Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank or
+``max_symbols`` emissions. Choosing the next step needs the argmax on the host, so
+there is one host readback (``int(mx.argmax(...))``) per symbol attempt — one more
+than the number of symbols emitted in a frame, unless the cap ends it. That is
+inherent to greedy RNN-T and the only synchronisation in this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import JointConfig, PredictorConfig
+from .tokenizer import RNNTVocabulary
+
+LSTMState = tuple[mx.array, mx.array]
+
+
+class _StackedLSTM(nn.Module):
+    """``lstm``: one ``nn.LSTM`` per layer; the state is ``(h, c)``, each ``(layers, batch, hidden)``."""
+
+    def __init__(self, size: int, layers: int) -> None:
+        super().__init__()
+        self.lstm = [nn.LSTM(size, size) for _ in range(layers)]
+
+    def __call__(self, x: mx.array, state: LSTMState | None) -> tuple[mx.array, LSTMState]:
+        # Same layout as the reference: (B, L, D) is swapped to (L, B, D) before the
+        # layers (for the one-token, batch-one steps used here this is a no-op reshape).
+        x = mx.transpose(x, (1, 0, 2))
+        hidden: list[mx.array | None] = [None] * len(self.lstm) if state is None else list(state[0])
+        cell: list[mx.array | None] = [None] * len(self.lstm) if state is None else list(state[1])
+        last_hidden, last_cell = [], []
+        for index, layer in enumerate(self.lstm):
+            x, cells = layer(x, hidden=hidden[index], cell=cell[index])
+            last_hidden.append(x[-1])
+            last_cell.append(cells[-1])
+        return mx.transpose(x, (1, 0, 2)), (mx.stack(last_hidden, axis=0), mx.stack(last_cell, axis=0))
+
+
+class RNNTPredictor(nn.Module):
+    """Prediction network (``stt_model.rnnt_decoder``): ``prediction.embed`` and ``prediction.dec_rnn.lstm.{k}``."""
+
+    def __init__(self, config: PredictorConfig) -> None:
+        super().__init__()
+        self.hidden_size = config.pred_hidden
+        rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
+        self.prediction = {
+            "embed": nn.Embedding(rows, config.pred_hidden),
+            "dec_rnn": _StackedLSTM(config.pred_hidden, config.pred_rnn_layers),
+        }
+
+    def __call__(self, token: mx.array | None, state: LSTMState | None) -> tuple[mx.array, LSTMState]:
+        """``token`` (B, 1) int32, or None for the start symbol → ``(output (B, 1, hidden), (h, c))``."""
+        if token is not None:
+            embedded = self.prediction["embed"](token)
+        else:
+            batch = 1 if state is None else state[0].shape[1]
+            embedded = mx.zeros((batch, 1, self.hidden_size))
+        return self.prediction["dec_rnn"](embedded, state)
+
+
+class RNNTJoint(nn.Module):
+    """Joint network (``stt_model.rnnt_joint``): ``enc``, ``pred``, ``joint_net = [activation, identity, Linear]``."""
+
+    def __init__(self, config: JointConfig) -> None:
+        super().__init__()
+        activations = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+        name = config.activation.lower()
+        if name not in activations:
+            raise ValueError(f"unsupported RNN-T joint activation {config.activation!r}")
+        self.enc = nn.Linear(config.encoder_hidden, config.joint_hidden)
+        self.pred = nn.Linear(config.pred_hidden, config.joint_hidden)
+        self.joint_net = [activations[name](), nn.Identity(), nn.Linear(config.joint_hidden, config.num_classes + 1)]
+
+    def __call__(self, encoded: mx.array, prediction: mx.array) -> mx.array:
+        """``(B, T, enc)`` × ``(B, U, pred)`` → logits ``(B, T, U, classes + 1)``."""
+        x = mx.expand_dims(self.enc(encoded), 2) + mx.expand_dims(self.pred(prediction), 1)
+        for layer in self.joint_net:
+            x = layer(x)
+        return x
+
+
+@dataclass
+class RNNTState:
+    """Greedy decoding state: last emitted token (blank at the start), LSTM state, kept tokens, transcript."""
+
+    last_token: int
+    hidden: LSTMState | None = None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def arrays(self) -> list[mx.array]:
+        """The LSTM state, for the session's per-frame evaluation."""
+        return [] if self.hidden is None else list(self.hidden)
+
+
+def make_rnnt_state(blank_id: int) -> RNNTState:
+    """Start state: no token emitted yet."""
+    return RNNTState(last_token=blank_id)
+
+
+def _best_symbol(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    frame: mx.array,
+    last_token: int,
+    hidden: LSTMState | None,
+    blank_id: int,
+    on_readback: Callable[[], None] | None,
+) -> tuple[int, LSTMState]:
+    """Argmax class for one encoder frame after ``last_token``, and the LSTM state that token would give."""
+    token = None if last_token == blank_id else mx.array([[last_token]], dtype=mx.int32)
+    prediction, proposed = predictor(token, hidden)
+    logits = joint(frame, prediction.astype(frame.dtype))
+    if on_readback is not None:
+        on_readback()
+    return int(mx.argmax(logits)), proposed  # host readback: the loop branches on it
+
+
+def rnnt_step(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    state: RNNTState,
+    encoded: mx.array,
+    *,
+    blank_id: int,
+    max_symbols: int,
+    vocabulary: RNNTVocabulary,
+    on_readback: Callable[[], None] | None = None,
+) -> tuple[str, str] | None:
+    """Greedy-decode one encoder frame ``(1, 1, d_model)``; return ``(delta, transcript)`` if the transcript changed.
+
+    ``delta`` is the text added since the last change, or the whole transcript when
+    the old text is not a prefix of the new one. Returns None (and does nothing) for
+    an empty vocabulary, as the reference session does. ``on_readback`` (optional) is
+    called once per host readback, e.g. to count synchronisations.
+    """
+    if len(vocabulary) == 0:
+        return None
+    kept_before = len(state.tokens)
+    emitted = 0
+    while True:
+        symbol, proposed = _best_symbol(
+            predictor, joint, encoded, state.last_token, state.hidden, blank_id, on_readback
+        )
+        if symbol == blank_id:
+            break
+        state.last_token = symbol
+        state.hidden = (proposed[0].astype(encoded.dtype), proposed[1].astype(encoded.dtype))
+        if not vocabulary.is_special(symbol):
+            state.tokens.append(symbol)
+        emitted += 1
+        if emitted >= max_symbols:
+            break
+    if len(state.tokens) == kept_before:
+        return None
+    updated = vocabulary.decode(state.tokens).strip()
+    delta = updated[len(state.text) :] if updated.startswith(state.text) else updated
+    state.text = updated
+    return delta, updated
+
+
+def rnnt_decode(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    encoded: mx.array,
+    length: int,
+    *,
+    blank_id: int,
+    max_symbols: int,
+    vocabulary: RNNTVocabulary,
+    on_readback: Callable[[], None] | None = None,
+) -> str:
+    """Offline greedy transcript of the first ``length`` frames of ``encoded`` ``(1, T, d_model)``.
+
+    An empty vocabulary gives an empty string (the reference returns None there).
+    """
+    if len(vocabulary) == 0:
+        return ""
+    last_token, hidden = blank_id, None
+    kept: list[int] = []
+    time, emitted = 0, 0
+    while time < length:
+        frame = encoded[:, time : time + 1]
+        symbol, proposed = _best_symbol(predictor, joint, frame, last_token, hidden, blank_id, on_readback)
+        if symbol == blank_id:
+            time, emitted = time + 1, 0
+            continue
+        last_token = symbol
+        hidden = (proposed[0].astype(encoded.dtype), proposed[1].astype(encoded.dtype))
+        if not vocabulary.is_special(symbol):
+            kept.append(symbol)
+        emitted += 1
+        if emitted >= max_symbols:
+            time, emitted = time + 1, 0
+    return vocabulary.decode(kept).strip()

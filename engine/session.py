@@ -1,0 +1,352 @@
+"""A streaming VoiceChat conversation: PCM in, aligned events out, one 80 ms frame at a time.
+
+The session owns every piece of state (front end, encoder, RNN-T, LLM, TTS and codec
+caches, the token histories and the RNG seed) and knows the stage order; the networks
+it drives are stateless. Per frame:
+
+1. perception: 1280 samples -> log-mel -> cache-aware FastConformer -> projection;
+2. RNN-T: greedy user transcript on the encoder frame (auxiliary; nothing reads it back);
+3. language: ``E[prev text] + projected audio + 2·E[prev function]`` -> Nemotron-H ->
+   greedy text and function ids;
+4. TTS: EAR-TTS step conditioned on the text id (timeline step 0 emits silence codes);
+5. codec: 31 codes -> 1764 samples at 22.05 kHz.
+
+Outputs are numerically identical to mlx-vlm 0.7.10's streaming session driven the same
+way (system-prompt prefill, timeline-0 silence, EOS resets the fed-back code to silence).
+Two deliberate additions: :meth:`Session.flush` also emits the codec's final 8 samples,
+which the reference drops, and input is validated more strictly (see :meth:`push`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .codec import CodecCache, replace_control_codes
+from .encoder import PerceptionCache
+from .errors import AudioInputError, ContextLimitError, SessionClosedError
+from .events import (
+    AssistantTextDelta,
+    AudioChunk,
+    Cancelled,
+    Done,
+    Event,
+    FunctionDelta,
+    UserTranscriptDelta,
+)
+from .llm import LLMCache
+from .model import VoiceChat
+from .profiler import FrameProfiler
+from .rnnt import RNNTState, make_rnnt_state, rnnt_step
+from .tokenizer import StreamingDetokenizer
+from .tools import ToolCallParser
+from .tts import TTSCache, build_speaker_prompt
+
+
+@dataclass
+class SessionCaches:
+    """All state that carries from one frame to the next (besides the token histories)."""
+
+    perception: PerceptionCache
+    rnnt: RNNTState
+    language: LLMCache
+    tts: TTSCache
+    codec: CodecCache
+    previous_code: mx.array  # (1, 1, 31) codes fed back into the next TTS step
+
+    def arrays(self) -> list[mx.array]:
+        out = [*self.perception.arrays(), *self.language.arrays(), *self.tts.arrays(), *self.codec.arrays()]
+        out.append(self.previous_code)
+        return out
+
+
+class Session:
+    """One conversation on a loaded :class:`VoiceChat`.
+
+    Args:
+        voicechat: the loaded checkpoint.
+        system_prompt: prefilled before the first frame (one LLM step per token).
+        seed: seeds MLX's random generator, which only the TTS sampler draws from.
+        max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
+        sub_stages: time sub-stages by forcing evaluation at their boundaries (slower).
+    """
+
+    def __init__(
+        self,
+        voicechat: VoiceChat,
+        *,
+        system_prompt: str | None = None,
+        seed: int = 0,
+        max_seconds: float | None = None,
+        sub_stages: bool = False,
+    ) -> None:
+        if max_seconds is not None and max_seconds <= 0:
+            raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+        self.voicechat = voicechat
+        self.config = voicechat.config
+        model = voicechat.model
+        self._stt = model.stt_model
+        self._speech = model.tts_model
+        self.frame_samples = self.config.frame_samples
+        self.max_frames = None if max_seconds is None else int(max_seconds / self.config.frame_duration)
+        self.system_prompt = self.config.default_system_prompt if system_prompt is None else system_prompt
+        self.seed = seed
+        self.profiler = FrameProfiler(sub_stages=sub_stages)
+
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._closed = False
+        self._frame_index = 0
+        self._timeline_index = 0
+        self._text_ids: list[int] = []
+        self._function_ids: list[int] = []
+        special = self.config.special_text_ids
+        self._text = StreamingDetokenizer(voicechat.tokenizer, special)
+        self._function = StreamingDetokenizer(voicechat.tokenizer, special)
+        self._tools = ToolCallParser(voicechat.tokenizer)
+        self._silence_codes = self._speech.codec_silence_tokens[None, None, :]
+
+        mx.random.seed(seed)
+        tts = self._speech.tts_model
+        tts_cache = tts.make_cache()
+        previous_code = tts.warmup(self._speaker_prompt(), tts_cache, voicechat.characters)
+        self.caches = SessionCaches(
+            perception=self._stt.perception.make_cache(),
+            rnnt=make_rnnt_state(self.config.rnnt_blank_id),
+            language=self._stt.llm.make_cache(),
+            tts=tts_cache,
+            codec=self._speech.audio_codec.make_cache(),
+            previous_code=previous_code,
+        )
+        self._prefill(self.system_prompt)
+        mx.eval(self.caches.arrays())
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def frame_index(self) -> int:
+        """Number of audio frames processed so far."""
+        return self._frame_index
+
+    @property
+    def input_sample_rate(self) -> int:
+        return self.config.input_sample_rate
+
+    @property
+    def output_sample_rate(self) -> int:
+        return self.config.output_sample_rate
+
+    @property
+    def text_ids(self) -> list[int]:
+        """Text-channel ids of every audio frame (prompt steps excluded)."""
+        return self._text_ids[self._prompt_steps :]
+
+    @property
+    def function_ids(self) -> list[int]:
+        return self._function_ids[self._prompt_steps :]
+
+    # ------------------------------------------------------------------ setup
+
+    def _speaker_prompt(self) -> Any:
+        """The Aria warm-up prompt: codec codes of silence plus the stored speaker latent."""
+        codec = self._speech.audio_codec
+        frames = self._speech.audio_prompt_latents.Aria.shape[1] + 1
+        silence = mx.zeros((1, 1, frames * self.config.output_frame_samples), dtype=mx.float32)
+        codes = codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
+        return build_speaker_prompt(codes, self._speech.audio_prompt_latents.Aria, self.config.tts_config,
+                                    self.config.pad_token_id)
+
+    def _prefill(self, prompt: str) -> None:
+        self._prompt_steps = 0
+        if not prompt.strip():
+            return
+        ids = [self.config.bos_token_id, *self.voicechat.tokenizer.encode(prompt), self.config.eos_token_id]
+        embeddings = self._stt.embed_tokens(mx.array([ids], dtype=mx.int32))
+        pad = self.config.pad_token_id
+        for index in range(len(ids)):
+            # The prompt token takes the audio channel's place; both output channels stay PAD.
+            self._language_step(embeddings[:, index : index + 1], generate=False)
+            self._text_ids.append(pad)
+            self._function_ids.append(pad)
+            self._tts_step(pad)
+            self._timeline_index += 1
+            mx.eval(self.caches.arrays())
+        self._prompt_steps = len(ids)
+
+    # ------------------------------------------------------------------ one timeline step
+
+    def _language_step(self, audio_embedding: mx.array, *, generate: bool) -> tuple[mx.array, mx.array] | None:
+        pad = self.config.pad_token_id
+        first = self._timeline_index == 0
+        previous_text = pad if first else self._text_ids[-1]
+        previous_function = pad if first else self._function_ids[-1]
+        embed = self._stt.embed_tokens
+        fused = (
+            embed(mx.array([[previous_text]], dtype=mx.int32))
+            + audio_embedding
+            + self.config.function_channel_weight * embed(mx.array([[previous_function]], dtype=mx.int32))
+        )
+        hidden = self._stt.llm(fused, self.caches.language)
+        if not generate:
+            return None
+        return mx.argmax(self._stt.lm_head(hidden)[:, -1], axis=-1), mx.argmax(
+            self._stt.function_head(hidden)[:, -1], axis=-1
+        )
+
+    def _tts_step(self, text_id: int) -> mx.array:
+        """Advance EAR-TTS by one step; returns this step's codes (1, 1, Q)."""
+        if self._timeline_index == 0:
+            return self._silence_codes
+        caches = self.caches
+        if text_id == self.config.eos_token_id:
+            caches.previous_code = mx.broadcast_to(self._silence_codes, caches.previous_code.shape)
+        token = mx.array([[text_id]], dtype=mx.int32)
+        result = self._speech.tts_model.step(caches.previous_code, token, caches.tts, self.voicechat.characters)
+        caches.previous_code = result.codes
+        return result.codes
+
+    def _step_frame(self, frame: np.ndarray) -> list[Event]:
+        if self.max_frames is not None and self._frame_index >= self.max_frames:
+            raise ContextLimitError(
+                f"the conversation reached its {self.max_frames * self.config.frame_duration:.0f} s limit; "
+                "start a new conversation"
+            )
+        profiler, caches, config = self.profiler, self.caches, self.config
+        profiler.begin_frame(self._frame_index)
+        events: list[Event] = []
+
+        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame))
+        profiler.stage("perception", projected, encoded)
+
+        transcript = rnnt_step(
+            self._stt.rnnt_decoder,
+            self._stt.rnnt_joint,
+            caches.rnnt,
+            encoded,
+            blank_id=config.rnnt_blank_id,
+            max_symbols=config.audio_config.max_symbols,
+            vocabulary=self.voicechat.rnnt_vocabulary,
+            on_readback=profiler.count_readback,
+        )
+        profiler.stage("rnnt")
+        if transcript is not None:
+            events.append(UserTranscriptDelta(self._frame_index, *transcript))
+
+        text_array, function_array = self._language_step(projected, generate=True)  # type: ignore[misc]
+        profiler.sync(text_array, function_array)
+        text_id, function_id = int(text_array.item()), int(function_array.item())
+        self._text_ids.append(text_id)
+        self._function_ids.append(function_id)
+        profiler.stage("language")
+
+        codes = self._tts_step(text_id)
+        self._timeline_index += 1
+        profiler.stage("tts", codes)
+
+        clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
+        samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec)[0]
+        profiler.sync(samples, clean, codes, *caches.arrays(), *caches.rnnt.arrays())
+        profiler.stage("codec")
+
+        text_update = self._text.append(text_id)
+        if text_update is not None:
+            events.append(AssistantTextDelta(self._frame_index, text_id, *text_update))
+        function_update = self._function.append(function_id)
+        if function_update is not None:
+            events.append(FunctionDelta(self._frame_index, function_id, *function_update))
+        events.extend(self._tools.push(function_id, self._frame_index, ignored=config.special_text_ids))
+        if samples.shape[0] != config.output_frame_samples:
+            raise RuntimeError(f"codec returned {samples.shape[0]} samples, expected {config.output_frame_samples}")
+        events.append(
+            AudioChunk(
+                frame_index=self._frame_index,
+                samples=np.array(samples, dtype=np.float32),
+                codes=np.array(clean[0, 0], dtype=np.int32),
+                sample_rate=config.output_sample_rate,
+                codes_raw=np.array(codes[0, 0], dtype=np.int32),
+            )
+        )
+        events.append(profiler.end_frame())
+        self._frame_index += 1
+        return events
+
+    # ------------------------------------------------------------------ public API
+
+    def _validate(self, samples: Any, sample_rate: int | None) -> np.ndarray:
+        if self._closed:
+            raise SessionClosedError("this conversation has ended; start a new one")
+        rate = self.config.input_sample_rate if sample_rate is None else sample_rate
+        if rate != self.config.input_sample_rate:
+            raise AudioInputError(f"expected {self.config.input_sample_rate} Hz audio, received {rate} Hz")
+        chunk = np.asarray(samples)
+        if chunk.ndim == 2 and 1 in chunk.shape:
+            chunk = chunk.reshape(-1)
+        if chunk.ndim != 1:
+            raise AudioInputError(f"expected mono audio, received an array of shape {chunk.shape}")
+        if chunk.size == 0:
+            raise AudioInputError("received an empty audio chunk")
+        if not np.issubdtype(chunk.dtype, np.floating) and not np.issubdtype(chunk.dtype, np.integer):
+            raise AudioInputError(f"audio samples must be numbers, received {chunk.dtype}")
+        chunk = chunk.astype(np.float32, copy=False)
+        if not np.isfinite(chunk).all():
+            raise AudioInputError("audio contains NaN or infinite samples")
+        return chunk
+
+    def push(self, samples: Any, sample_rate: int | None = None) -> list[Event]:
+        """Feed mono float PCM of any length; returns the events of every frame it completes.
+
+        Raises:
+            AudioInputError: wrong sample rate, more than one channel, empty, or NaN/Inf samples
+                (nothing is consumed; the session stays usable).
+            ContextLimitError: the session's length limit is reached.
+            SessionClosedError: the session was flushed, cancelled or closed.
+        """
+        chunk = self._validate(samples, sample_rate)
+        self._pending = np.concatenate([self._pending, chunk])
+        events: list[Event] = []
+        while self._pending.shape[0] >= self.frame_samples:
+            frame, self._pending = self._pending[: self.frame_samples], self._pending[self.frame_samples :]
+            events.extend(self._step_frame(frame))
+        return events
+
+    def flush(self) -> list[Event]:
+        """End the input: zero-pad and process the partial frame, emit the codec's tail, then ``Done``."""
+        if self._closed:
+            return []
+        events: list[Event] = []
+        if self._pending.shape[0]:
+            frame = np.zeros(self.frame_samples, dtype=np.float32)
+            frame[: self._pending.shape[0]] = self._pending
+            self._pending = np.zeros(0, dtype=np.float32)
+            events.extend(self._step_frame(frame))
+        tail = self._speech.audio_codec.flush(self.caches.codec)[0]
+        events.append(
+            AudioChunk(
+                frame_index=self._frame_index,
+                samples=np.array(tail, dtype=np.float32),
+                codes=np.zeros(0, dtype=np.int32),
+                sample_rate=self.config.output_sample_rate,
+            )
+        )
+        events.append(Done(self._frame_index))
+        self._closed = True
+        return events
+
+    def cancel(self) -> list[Event]:
+        """Stop now: drop buffered input; no further output."""
+        if self._closed:
+            return []
+        self._closed = True
+        self._pending = np.zeros(0, dtype=np.float32)
+        return [Cancelled(self._frame_index)]
+
+    def close(self) -> None:
+        """Release the caches (the conversation cannot continue afterwards)."""
+        self._closed = True
+        self._pending = np.zeros(0, dtype=np.float32)

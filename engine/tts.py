@@ -1,0 +1,566 @@
+"""EAR-TTS: the speech-token generator (one frame of 31 codec codes per text token).
+
+Per step the previous frame's codes are embedded (sum of their RVQ codebook
+vectors, then ``embed_code``), the current text token is embedded by the
+character-aware subword encoder (:mod:`engine.subword`), and both are fused by a
+gated projection. A Gemma-3 decoder runs that one position at batch 2 for
+classifier-free guidance (row 0 conditioned on the text, row 1 on ``null_emb``),
+and a MaskGIT-style loop fills the 31 codes in five rounds: a mixture-of-Gaussians
+head predicts a latent, which greedy residual VQ turns into the next codes.
+
+All float work after the code embedding is float32 (the bf16 weights promote), as
+in the reference port. Attention state lives in a :class:`TTSCache` from
+:meth:`EarTTS.make_cache`. Parameter attribute names follow the checkpoint keys
+under ``tts_model.tts_model.``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .config import MoGConfig, TTSConfig
+from .sampling import draw_component, draw_latent_noise
+from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
+
+# KV buffers grow in blocks of this many positions.
+_CACHE_BLOCK = 256
+
+# What sdpa accepts as a mask: nothing, the "causal" shortcut, or a boolean (L, S) array.
+AttentionMask = mx.array | str | None
+
+
+# --------------------------------------------------------------------------- attention caches
+
+
+def _causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
+    """Boolean (length, offset + length) mask: query i (at position offset + i) sees keys at or before it."""
+    key_pos = mx.arange(offset + length)
+    query_pos = mx.arange(offset, offset + length) if offset else key_pos
+    visible = query_pos[:, None] >= key_pos[None]
+    if window is not None:
+        visible = visible & (query_pos[:, None] < key_pos[None] + window)
+    return visible
+
+
+@dataclass
+class FullKVCache:
+    """Keys and values of every position so far (global-attention layers).
+
+    Storage is a zero-initialised buffer grown in blocks of 256 positions and
+    written in place; attention reads the filled prefix.
+    """
+
+    keys: mx.array | None = None
+    values: mx.array | None = None
+    offset: int = 0
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Append (B, H, L, D) keys/values; returns every stored position in order."""
+        start, length = self.offset, keys.shape[2]
+        if self.keys is None or self.values is None or start + length > self.keys.shape[2]:
+            batch, heads, _, key_dim = keys.shape
+            blocks = (_CACHE_BLOCK + length - 1) // _CACHE_BLOCK
+            fresh_keys = mx.zeros((batch, heads, blocks * _CACHE_BLOCK, key_dim), keys.dtype)
+            fresh_values = mx.zeros((batch, heads, blocks * _CACHE_BLOCK, values.shape[3]), values.dtype)
+            if self.keys is None or self.values is None:
+                self.keys, self.values = fresh_keys, fresh_values
+            else:
+                if start % _CACHE_BLOCK:
+                    self.keys, self.values = self.keys[..., :start, :], self.values[..., :start, :]
+                self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
+                self.values = mx.concatenate([self.values, fresh_values], axis=2)
+        self.offset += length
+        self.keys[..., start : self.offset, :] = keys
+        self.values[..., start : self.offset, :] = values
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def attention_mask(self, length: int) -> AttentionMask:
+        return None if length == 1 else "causal"
+
+    def arrays(self) -> list[mx.array]:
+        return [] if self.keys is None or self.values is None else [self.keys, self.values]
+
+
+@dataclass
+class SlidingKVCache:
+    """Keys and values of the last ``window`` positions (sliding-window layers).
+
+    Single positions are written into a ring buffer of ``window`` slots (grown in
+    blocks of 256 until full, then overwritten from slot 0), and attention reads the
+    buffer as stored, i.e. in rotated order once it has wrapped. A block of several
+    positions is appended after reordering the buffer in time and dropping what falls
+    out of the window. This layout is the reference's, so attention reduces over
+    the same keys in the same order.
+    """
+
+    window: int
+    keys: mx.array | None = None
+    values: mx.array | None = None
+    offset: int = 0  # positions seen (the RoPE position of the next one)
+    write_index: int = 0  # next slot of the ring buffer
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Add (B, H, L, D) keys/values; returns the keys/values attention reads."""
+        if keys.shape[2] == 1:
+            return self._write_one(keys, values)
+        return self._append_block(keys, values)
+
+    def _in_time_order(self, buffer: mx.array) -> mx.array:
+        if self.write_index == buffer.shape[2]:
+            return buffer
+        if self.write_index < self.offset:
+            return mx.concatenate([buffer[..., self.write_index :, :], buffer[..., : self.write_index, :]], axis=2)
+        return buffer[..., : self.write_index, :]
+
+    def _append_block(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            ordered_keys, ordered_values = self._in_time_order(self.keys), self._in_time_order(self.values)
+            # Keep window - 1 old positions so that every new position sees a full window.
+            drop = max(ordered_keys.shape[2] - self.window + 1, 0)
+            self.keys = mx.concatenate([ordered_keys[..., drop:, :], keys], axis=2)
+            self.values = mx.concatenate([ordered_values[..., drop:, :], values], axis=2)
+        self.offset += keys.shape[2]
+        self.write_index = self.keys.shape[2]
+        return self.keys, self.values
+
+    def _write_one(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        start = self.offset
+        if (
+            self.keys is None
+            or self.values is None
+            or (start >= self.keys.shape[2] and self.keys.shape[2] < self.window)
+        ):
+            batch, heads, _, key_dim = keys.shape
+            grow = min(_CACHE_BLOCK, self.window - start)
+            fresh_keys = mx.zeros((batch, heads, grow, key_dim), keys.dtype)
+            fresh_values = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
+            if self.keys is None or self.values is None:
+                self.keys, self.values = fresh_keys, fresh_values
+            else:
+                self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
+                self.values = mx.concatenate([self.values, fresh_values], axis=2)
+            self.write_index = start
+        excess = self.keys.shape[2] - self.window
+        if excess > 0:  # a block append left more than a window: keep the newest slots
+            self.keys, self.values = self.keys[..., excess:, :], self.values[..., excess:, :]
+            self.write_index = self.window
+        if self.write_index == self.window:
+            self.write_index = 0
+        slot = self.write_index
+        self.keys[..., slot : slot + 1, :] = keys
+        self.values[..., slot : slot + 1, :] = values
+        self.offset += 1
+        self.write_index += 1
+        if self.offset < self.window:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
+
+    def attention_mask(self, length: int) -> AttentionMask:
+        if length == 1:
+            return None  # the buffer never holds more than the window
+        seen = min(self.window - 1, self.offset)
+        if seen + length > self.window:
+            return _causal_mask(length, seen, self.window)
+        return "causal"
+
+    def arrays(self) -> list[mx.array]:
+        return [] if self.keys is None or self.values is None else [self.keys, self.values]
+
+
+LayerCache = FullKVCache | SlidingKVCache
+
+
+@dataclass
+class TTSCache:
+    """Attention state of the EAR-TTS backbone: one KV cache per layer."""
+
+    layers: list[LayerCache]
+
+    @property
+    def offset(self) -> int:
+        """Positions processed so far (speaker prompt included)."""
+        return self.layers[0].offset if self.layers else 0
+
+    def arrays(self) -> list[mx.array]:
+        """Every array the cache holds, to evaluate once per frame."""
+        return [array for layer in self.layers for array in layer.arrays()]
+
+
+# --------------------------------------------------------------------------- Gemma-3 backbone
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma RMSNorm with ``1 + w`` formed in the weight dtype (bf16-rounded), as the reference backbone does."""
+
+    def __init__(self, dims: int, eps: float) -> None:
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+class BackboneAttention(nn.Module):
+    """Causal self-attention with q/k norms and RoPE (local or global base)."""
+
+    def __init__(self, config: TTSConfig, is_global: bool) -> None:
+        super().__init__()
+        width, head_dim = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.scale = config.query_pre_attn_scalar**-0.5
+        self.q_proj = nn.Linear(width, self.num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, width, bias=False)
+        self.q_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
+        base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
+        self.rope = nn.RoPE(head_dim, traditional=False, base=base)
+
+    def _heads(self, x: mx.array, heads: int) -> mx.array:
+        batch, length, _ = x.shape
+        return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
+        batch, length, _ = x.shape
+        queries = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
+        keys = self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads))
+        values = self._heads(self.v_proj(x), self.num_kv_heads)
+        position = cache.offset if cache is not None else 0
+        queries = self.rope(queries, offset=position)
+        keys = self.rope(keys, offset=position)
+        if cache is not None:
+            keys, values = cache.update(keys, values)
+        if isinstance(mask, mx.array) and mask.shape[-1] != keys.shape[2]:
+            mask = mask[..., -keys.shape[2] :]
+        mixed = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(mixed.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+
+class BackboneLayer(nn.Module):
+    """Gemma-3 decoder layer: normed attention and MLP sublayers with post-norms."""
+
+    def __init__(self, config: TTSConfig, is_global: bool) -> None:
+        super().__init__()
+        width, eps = config.hidden_size, config.rms_norm_eps
+        self.self_attn = BackboneAttention(config, is_global)
+        self.mlp = GeluGatedMLP(width, config.intermediate_size)
+        self.input_layernorm = GemmaRMSNorm(width, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(width, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(width, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(width, eps)
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), mask, cache))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Backbone(nn.Module):
+    """The Gemma-3 text decoder on input embeddings (no token table, no input scaling)."""
+
+    def __init__(self, config: TTSConfig) -> None:
+        super().__init__()
+        self.window = config.sliding_window
+        self.global_layers = tuple(config.is_global_layer(i) for i in range(config.num_hidden_layers))
+        self.layers = [BackboneLayer(config, is_global) for is_global in self.global_layers]
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def _masks(self, length: int, caches: list[LayerCache] | None) -> tuple[AttentionMask, AttentionMask]:
+        """(global mask, sliding mask) for ``length`` new positions."""
+        if caches is None:
+            full: AttentionMask = None if length == 1 else "causal"
+            if length == 1:
+                sliding: AttentionMask = None
+            elif length > self.window:
+                sliding = _causal_mask(length, window=self.window)
+            else:
+                sliding = "causal"
+            return full, sliding
+        by_kind: dict[bool, LayerCache] = {}
+        for is_global, cache in zip(self.global_layers, caches, strict=True):
+            by_kind.setdefault(is_global, cache)  # every cache of a kind has seen the same positions
+        full = by_kind[True].attention_mask(length) if True in by_kind else None
+        sliding = by_kind[False].attention_mask(length) if False in by_kind else None
+        return full, sliding
+
+    def __call__(self, x: mx.array, caches: list[LayerCache] | None = None) -> mx.array:
+        """(B, L, H) inputs → (B, L, H) final-normed hidden states; ``caches`` None means a fresh causal pass."""
+        full_mask, sliding_mask = self._masks(x.shape[1], caches)
+        for index, layer in enumerate(self.layers):
+            is_global = self.global_layers[index]
+            x = layer(x, full_mask if is_global else sliding_mask, None if caches is None else caches[index])
+        return self.norm(x)
+
+
+# --------------------------------------------------------------------------- fusion and MoG head
+
+
+class GatedFusion(nn.Module):
+    """``norm(σ(rs) · (σ(g) ⊙ audio_proj(audio / Q) + (1 − σ(g)) ⊙ text_proj(text)))``."""
+
+    def __init__(self, hidden_size: int, num_codebooks: int, eps: float) -> None:
+        super().__init__()
+        self.num_codebooks = num_codebooks
+        self.audio_proj = nn.Linear(hidden_size, hidden_size)
+        self.text_proj = nn.Linear(hidden_size, hidden_size)
+        self.gate = mx.zeros((hidden_size,))
+        self.residual_scale = mx.array(0.5)
+        self.final_norm = FloatRMSNorm(hidden_size, eps)
+
+    def __call__(self, audio: mx.array, text: mx.array) -> mx.array:
+        audio = self.audio_proj(audio / self.num_codebooks)
+        text = self.text_proj(text)
+        # The sigmoids run in the parameter dtype and are then cast to the activations'.
+        gate = mx.sigmoid(self.gate).astype(audio.dtype)
+        scale = mx.sigmoid(self.residual_scale).astype(audio.dtype)
+        return self.final_norm(scale * (gate * audio + (1.0 - gate) * text))
+
+
+class MixtureLayer(nn.Module):
+    """Residual MLP block of the MoG head."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, eps: float) -> None:
+        super().__init__()
+        self.pre_norm = FloatRMSNorm(hidden_size, eps)
+        self.mlp = GeluGatedMLP(hidden_size, intermediate_size)
+        self.post_norm = FloatRMSNorm(hidden_size, eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x + self.post_norm(self.mlp(self.pre_norm(x)))
+
+
+class MixtureHead(nn.Module):
+    """Mixture-of-Gaussians over the codec latent with low-rank component means."""
+
+    def __init__(self, hidden_size: int, latent_size: int, config: MoGConfig) -> None:
+        super().__init__()
+        self.latent_size = latent_size
+        self.num_components = config.num_predictions
+        self.low_rank = config.low_rank
+        self.min_log_std = config.min_log_std
+        self.mlp_stack = [
+            *(MixtureLayer(hidden_size, config.intermediate_size, config.eps) for _ in range(config.num_layers)),
+            FloatRMSNorm(hidden_size, config.eps),
+        ]
+        self.proj_logits = nn.Linear(hidden_size, config.num_predictions, bias=False)
+        self.proj_mus = nn.Linear(hidden_size, config.num_predictions * config.low_rank, bias=False)
+        self.proj_logs = nn.Linear(hidden_size, 1, bias=False)
+        self.proj_else = nn.Linear(hidden_size, latent_size, bias=False)
+        self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
+
+    def sample_gaussian(self, x: mx.array, guidance_scale: float, top_p: float) -> tuple[mx.array, mx.array]:
+        """Guided features (2B, T, H) → (mean (B, T, latent), log std (B, T, 1)) of one drawn component.
+
+        Rows [0, B) are conditional, [B, 2B) unconditional; guidance mixes them after
+        the MLP stack. Draws the component (one uniform tensor, see engine.sampling).
+        """
+        for block in self.mlp_stack:
+            x = block(x)
+        if guidance_scale > 0.0:
+            half = x.shape[0] // 2
+            conditional, unconditional = x[:half], x[half:]
+            x = conditional + guidance_scale * (conditional - unconditional)
+        batch, length, _ = x.shape
+        component = draw_component(self.proj_logits(x), top_p).reshape(-1)
+        rows = x.reshape(-1, x.shape[-1])
+        # Only the drawn component's rows of proj_mus are needed (the weight is read raw, never quantized).
+        mean_projection = self.proj_mus.weight.reshape(self.num_components, self.low_rank, -1)[component]
+        low_mean = (mean_projection @ rows[..., None]).squeeze(-1)
+        mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1).reshape(batch, length, self.latent_size)
+        log_std = mx.maximum(self.proj_logs(x), self.min_log_std)
+        return mean * mx.exp(log_std) + self.proj_else(x), log_std
+
+
+# --------------------------------------------------------------------------- speaker prompt
+
+
+@dataclass(frozen=True)
+class SpeakerPrompt:
+    """Inputs of the warm-up pass that conditions the TTS on the built-in speaker.
+
+    ``codes`` (1, P, Q): codec codes of silence with the mask code at frame 0 and at
+    the last frame; ``subword_ids`` (1, P): PAD everywhere, ``subword_mask`` true on
+    the last two positions; ``audio_mask`` true on the last position only (the BOS
+    frame); ``latent`` (1, P, H): the speaker latent that replaces the code embedding
+    before the BOS frame.
+    """
+
+    codes: mx.array
+    subword_ids: mx.array
+    subword_mask: mx.array
+    audio_mask: mx.array
+    latent: mx.array
+
+
+def build_speaker_prompt(
+    silence_codes: mx.array, aria_latent: mx.array, config: TTSConfig, pad_id: int
+) -> SpeakerPrompt:
+    """Assemble the speaker prompt from the codec codes of P + 1 frames of zeros (1, P + 1, Q).
+
+    ``aria_latent`` (1, P, H) is ``tts_model.audio_prompt_latents.Aria``; P = 37.
+    """
+    frames = aria_latent.shape[1]
+    expected = (1, frames + 1, config.num_quantizers)
+    if tuple(silence_codes.shape) != expected:
+        raise ValueError(f"silence codes have shape {tuple(silence_codes.shape)}, expected {expected}")
+    masked_frame = mx.full((1, 1, config.num_quantizers), config.mask_code, dtype=mx.int32)
+    codes = mx.concatenate([masked_frame, silence_codes[:, 1 : frames - 1].astype(mx.int32), masked_frame], axis=1)
+    position = mx.arange(frames)[None, :]
+    return SpeakerPrompt(
+        codes=codes,
+        subword_ids=mx.full((1, frames), pad_id, dtype=mx.int32),
+        subword_mask=position >= frames - 2,
+        audio_mask=position == frames - 1,
+        latent=aria_latent[:1],
+    )
+
+
+# --------------------------------------------------------------------------- EAR-TTS
+
+
+@dataclass(frozen=True)
+class TTSStepResult:
+    """One generated frame: ``codes`` (1, 1, Q) int32 in [0, codebook_size), ``hidden`` (2, 1, H) float32."""
+
+    codes: mx.array
+    hidden: mx.array
+
+
+@dataclass(frozen=True)
+class RefinementRound:
+    """One non-empty MaskGIT round: quantizers [start, start + count) are filled."""
+
+    start: int
+    count: int
+
+
+def refinement_plan(config: TTSConfig) -> tuple[RefinementRound, ...]:
+    """The non-empty rounds of the cosine-cubed schedule ((0, 1), (1, 1), (2, 3), (5, 4), (9, 22) at full size)."""
+    rounds: list[RefinementRound] = []
+    start = 0
+    for count in config.refinement_counts:
+        if count:
+            rounds.append(RefinementRound(start, count))
+            start += count
+    return tuple(rounds)
+
+
+class EarTTS(nn.Module):
+    """The EAR-TTS network (checkpoint prefix ``tts_model.tts_model.``)."""
+
+    def __init__(self, config: TTSConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.plan = refinement_plan(config)
+        self.backbone = Backbone(config)
+        self.bos_emb = mx.zeros((config.hidden_size,))
+        self.null_emb = mx.zeros((config.hidden_size,))
+        self.embed_code = nn.Linear(config.latent_size, config.hidden_size, bias=False)
+        self.embed_subword = CharAwareSubwordEncoder(config.character_encoder, config.hidden_size)
+        self.gated_fusion_audio_text = GatedFusion(config.hidden_size, config.num_quantizers, config.rms_norm_eps)
+        # Projects reference-audio embeddings into speaker prompts (voice cloning); unused with the built-in latent.
+        self.audio_prompt_projection_W = mx.zeros((config.hidden_size, config.hidden_size))
+        self.mog_head = MixtureHead(config.hidden_size, config.latent_size, config.mog_head)
+        self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, config.latent_size))
+
+    def make_cache(self) -> TTSCache:
+        """Fresh attention state: unbounded caches on global layers, sliding-window caches elsewhere."""
+        window = self.config.sliding_window
+        return TTSCache(
+            layers=[
+                FullKVCache() if is_global else SlidingKVCache(window=window)
+                for is_global in self.backbone.global_layers
+            ]
+        )
+
+    # ----------------------------------------------------------------- embeddings
+
+    def _codebook_sum(self, columns: list[mx.array]) -> mx.array:
+        """Σ_q rvq_embs[q, code_q] in float32, in quantizer order; the mask code adds zero."""
+        mask_code = self.config.mask_code
+        total = mx.zeros((*columns[0].shape, self.config.latent_size))
+        for quantizer, column in enumerate(columns):
+            known = column < mask_code
+            rows = self.rvq_embs[quantizer][mx.where(known, column, 0)]
+            total = total + mx.where(known[..., None], rows, 0.0)
+        return total
+
+    def embed_codes(self, codes: mx.array) -> mx.array:
+        """(B, T, Q) codes → (B, T, H) float32 code embeddings."""
+        columns = [codes[..., quantizer] for quantizer in range(self.config.num_quantizers)]
+        return self.embed_code(self._codebook_sum(columns))
+
+    def _guided_condition(self, subword_ids: mx.array, subword_mask: mx.array, chars: CharacterTable) -> mx.array:
+        """Text conditioning (1, T) → (2, T, H): row 0 the text, row 1 the learned null embedding."""
+        text = self.embed_subword(subword_ids, subword_mask, chars)
+        return mx.concatenate([text, mx.broadcast_to(self.null_emb, text.shape)], axis=0)
+
+    # ----------------------------------------------------------------- warm-up and step
+
+    def warmup(self, prompt: SpeakerPrompt, cache: TTSCache, chars: CharacterTable) -> mx.array:
+        """Run the speaker prompt through the backbone to fill ``cache``; returns the first previous code (1, 1, Q).
+
+        The prompt's codes enter shifted right by one frame (code 0 first). Positions
+        before the BOS frame (the first audio-mask position) take the speaker latent
+        instead of their code embedding; the BOS frame adds ``bos_emb``.
+        """
+        codes = prompt.codes
+        shifted = mx.concatenate([mx.zeros_like(codes[:, :1]), codes[:, :-1]], axis=1)
+        audio = self.embed_codes(shifted)
+        audio_before = mx.concatenate([mx.zeros_like(prompt.audio_mask[:, :1]), prompt.audio_mask[:, :-1]], axis=1)
+        bos = prompt.audio_mask & ~audio_before
+        before_bos = mx.cumsum(bos.astype(mx.int32), axis=1) == 0
+        audio = mx.where(before_bos[..., None], prompt.latent.astype(audio.dtype), audio)
+        audio = audio + bos[..., None] * self.bos_emb
+        guided_audio = mx.concatenate([audio, audio], axis=0)
+        inputs = self.gated_fusion_audio_text(
+            guided_audio, self._guided_condition(prompt.subword_ids, prompt.subword_mask, chars)
+        )
+        self.backbone(inputs, cache.layers)  # the hidden states of the prompt are not needed
+        return codes[:, -1:]
+
+    def step(
+        self, previous_code: mx.array, text_token: mx.array, cache: TTSCache, chars: CharacterTable
+    ) -> TTSStepResult:
+        """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
+
+        Reads the token id on the host (see :func:`engine.subword.spell_tokens`); draws
+        one uniform and one normal tensor per refinement round from the global RNG.
+        """
+        audio = self.embed_codes(previous_code)
+        guided_audio = mx.concatenate([audio, audio], axis=0)
+        condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
+        hidden = self.backbone(self.gated_fusion_audio_text(guided_audio, condition), cache.layers)
+        return TTSStepResult(codes=self.generate_codes(hidden), hidden=hidden)
+
+    # ----------------------------------------------------------------- code generation
+
+    def generate_codes(self, hidden: mx.array) -> mx.array:
+        """Guided hidden states (2, T, H) → codes (1, T, Q) int32, refined round by round."""
+        config = self.config
+        conditional, unconditional = hidden[:1], hidden[1:]
+        columns = [mx.full(conditional.shape[:2], config.mask_code, dtype=mx.int32)] * config.num_quantizers
+        for round_ in self.plan:
+            embedded = self.embed_code(self._codebook_sum(columns))
+            features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
+            mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
+            latent = mean + mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale
+            self._quantize_greedy(latent, columns, round_)
+        return mx.stack(columns, axis=-1)
+
+    def _quantize_greedy(self, latent: mx.array, columns: list[mx.array], round_: RefinementRound) -> None:
+        """Residual VQ of ``latent`` over the round's quantizers, writing their codes into ``columns``."""
+        for quantizer in range(round_.start, round_.start + round_.count):
+            book = self.rvq_embs[quantizer]
+            # ‖e‖² − 2 z·e ranks entries like ‖z − e‖²; ‖e‖² is summed in the codebook dtype.
+            distance = mx.sum(book * book, axis=-1) - 2.0 * (latent @ book.T)
+            chosen = mx.argmin(distance, axis=-1)
+            latent = latent - book[chosen]
+            columns[quantizer] = chosen.astype(mx.int32)

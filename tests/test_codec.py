@@ -1,0 +1,143 @@
+"""Codec behaviour on the tiny checkpoint: streaming vs offline, chunking, cache, flush, control codes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.checkpoint import load_into, read_runtime_weights
+from engine.codec import CODEC_PREFIX, Codec, CodecCache, _overlap_norm, replace_control_codes
+
+SAMPLES = 1764
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_bf16) -> Codec:
+    files, weights, quantized = read_runtime_weights(tiny_bf16)
+    model = Codec(files.config.codec_config)
+    load_into(model, weights, quantized, CODEC_PREFIX)
+    return model
+
+
+def _random_codes(codec: Codec, batch: int, frames: int, seed: int) -> mx.array:
+    rng = np.random.default_rng(seed)
+    shape = (batch, codec.config.num_quantizers, frames)
+    return mx.array(rng.integers(0, codec.config.codebook_size, shape).astype(np.int32))
+
+
+def _stream(codec: Codec, codes: mx.array, chunks: list[int], cache: CodecCache | None = None) -> np.ndarray:
+    cache = cache or codec.make_cache(codes.shape[0])
+    pieces, start = [], 0
+    for size in chunks:
+        samples = codec.decode_step(codes[:, :, start : start + size], cache)
+        mx.eval(samples, *cache.arrays())
+        pieces.append(np.asarray(samples))
+        start += size
+    assert start == codes.shape[2]
+    return np.concatenate(pieces, axis=1)
+
+
+def test_decode_step_emits_1764_float32_samples_per_frame(codec: Codec) -> None:
+    cache = codec.make_cache(2)
+    codes = _random_codes(codec, 2, 4, seed=0)
+    one = codec.decode_step(codes[:, :, :1], cache)
+    three = codec.decode_step(codes[:, :, 1:], cache)
+    assert one.shape == (2, SAMPLES) and one.dtype == mx.float32
+    assert three.shape == (2, 3 * SAMPLES) and three.dtype == mx.float32
+    assert codec.decode(codes).shape == (2, 4 * SAMPLES)
+    assert codec.decode(codes).dtype == mx.float32
+    assert codec.delay == 8 and codec.samples_per_frame == SAMPLES
+
+
+def test_cache_shapes_and_dtype(codec: Codec) -> None:
+    cache = codec.make_cache(2)
+    # Decoder stages run widest first: 4x, 2x, 1x base channels (tiny: 32, 16, 8).
+    widths = [32] * 3 + [16] * 3 + [8] * 3
+    assert [tuple(a.shape) for a in cache.block_inputs] == [(2, 6, width) for width in widths]
+    assert cache.spectrum_real.shape == cache.spectrum_imag.shape == (2, 4, 9)
+    assert all(a.dtype == mx.bfloat16 for a in cache.arrays())  # the decoder's activation dtype
+    assert len(cache.arrays()) == 11
+    assert all(not mx.any(a).item() for a in cache.arrays())
+    codec.decode_step(_random_codes(codec, 2, 2, seed=1), cache)
+    assert [tuple(a.shape) for a in cache.block_inputs] == [(2, 6, width) for width in widths]
+    assert cache.spectrum_real.shape == (2, 4, 9)
+    assert all(a.dtype == mx.bfloat16 for a in cache.arrays())
+    assert mx.any(cache.spectrum_real).item()
+
+
+def test_chunking_does_not_change_the_stream(codec: Codec) -> None:
+    codes = _random_codes(codec, 1, 10, seed=2)
+    frame_by_frame = _stream(codec, codes, [1] * 10)
+    mixed = _stream(codec, codes, [3, 1, 4, 2])
+    at_once = _stream(codec, codes, [10])
+    assert frame_by_frame.shape == (1, 10 * SAMPLES)
+    assert np.array_equal(frame_by_frame, mixed)
+    assert np.array_equal(frame_by_frame, at_once)
+
+
+def test_stream_is_offline_delayed_by_8_samples_and_flush_completes_it(codec: Codec) -> None:
+    frames = 12
+    codes = _random_codes(codec, 2, frames, seed=3)
+    offline = np.asarray(codec.decode(codes))
+    cache = codec.make_cache(2)
+    stream = _stream(codec, codes, [1] * frames, cache)
+    before = cache.arrays()
+    tail = codec.flush(cache)
+    assert tail.shape == (2, 8) and tail.dtype == mx.float32
+    assert all(a is b for a, b in zip(before, cache.arrays(), strict=True))  # flush leaves the cache alone
+
+    # Bit for bit from offline sample 6 on, through the flushed tail to the very end.
+    assert np.array_equal(stream[:, 14:], offline[:, 6:-8])
+    assert np.array_equal(np.asarray(tail), offline[:, -8:])
+    complete = np.concatenate([stream, np.asarray(tail)], axis=1)
+    assert complete.shape == (2, frames * SAMPLES + 8)
+    assert np.array_equal(complete[:, 14:], offline[:, 6:])
+
+    # The pre-roll: two samples covered only by the zero frames, then the six the offline decode trims.
+    assert np.all(stream[:, :2] == 0.0)
+    assert np.any(stream[:, 2:8] != 0.0)
+    # Offline samples 0..5 are divided by a partial window-square sum, the stream by the full one.
+    offline_norm = np.asarray(_overlap_norm(16, 4, frames * 441)).reshape(-1)[6:12]
+    stream_norm = np.asarray(_overlap_norm(16, 4, 445)).reshape(-1)[14:20]
+    np.testing.assert_allclose(stream_norm, 1.5, rtol=1e-6)  # Σw² over 4 frames; float32 rounding aside
+    assert np.all(offline_norm < stream_norm)
+    np.testing.assert_allclose(stream[:, 8:14] * stream_norm, offline[:, :6] * offline_norm, rtol=1e-5, atol=1e-7)
+
+
+def test_flush_of_an_empty_stream_is_silent(codec: Codec) -> None:
+    tail = codec.flush(codec.make_cache(1))
+    assert tail.shape == (1, 8)
+    assert not mx.any(tail).item()
+
+
+def test_replace_control_codes() -> None:
+    control = mx.array([130, 129, 128], dtype=mx.int64)
+    silence = mx.array([5, 6, 7], dtype=mx.int64)
+    codes = mx.array([[[128, 1, 129], [2, 130, 127], [131, 0, 128]]], dtype=mx.int32)  # (B, T, Q)
+    cleaned = replace_control_codes(codes, control, silence)
+    assert cleaned.dtype == mx.int32
+    assert cleaned.tolist() == [[[5, 1, 7], [2, 6, 127], [131, 0, 7]]]
+    by_quantizer = replace_control_codes(codes.transpose(0, 2, 1), control, silence, quantizer_axis=1)
+    assert by_quantizer.transpose(0, 2, 1).tolist() == cleaned.tolist()
+
+
+def test_encode_shapes(codec: Codec) -> None:
+    rng = np.random.default_rng(4)
+    waveform = mx.array(rng.standard_normal((2, 1, 3 * SAMPLES + 500)).astype(np.float32) * 0.1)
+    codes = codec.encode(waveform)
+    assert codes.shape == (2, 31, 3) and codes.dtype == mx.int32
+    assert int(mx.max(codes).item()) < codec.config.codebook_size and int(mx.min(codes).item()) >= 0
+    assert mx.array_equal(codec.encode(waveform[:, 0, :]), codes).item()
+    with pytest.raises(ValueError, match="mono"):
+        codec.encode(mx.zeros((1, 2, SAMPLES)))
+
+
+def test_construction_draws_no_random_numbers() -> None:
+    from engine.config import CodecConfig
+
+    mx.random.seed(123)
+    expected = mx.random.uniform(shape=(4,))
+    mx.random.seed(123)
+    Codec(CodecConfig(base_channels=8, latent_dim=32, codebook_size=128))
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), expected).item()

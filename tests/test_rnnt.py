@@ -1,0 +1,198 @@
+"""RNN-T head: greedy decoding rules (blank, max_symbols cap, specials, deltas) and checkpoint names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.checkpoint import load_into, read_runtime_weights
+from engine.config import JointConfig, PredictorConfig
+from engine.rnnt import LSTMState, RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_decode, rnnt_step
+from engine.tokenizer import RNNTVocabulary
+
+PIECES = ["<unk>", "\u2581a", "b", "c", "\u2581d", "<en-US>"]
+BLANK = len(PIECES)
+ENCODER_WIDTH = 4
+
+
+class CountingPredictor(RNNTPredictor):
+    """Counts prediction-network runs: one per symbol attempt, i.e. one host readback each."""
+
+    def __init__(self, config: PredictorConfig) -> None:
+        super().__init__(config)
+        self.calls = 0
+
+    def __call__(self, token: mx.array | None, state: LSTMState | None) -> tuple[mx.array, LSTMState]:
+        self.calls += 1
+        return super().__call__(token, state)
+
+
+def _modules(seed: int = 0) -> tuple[CountingPredictor, RNNTJoint]:
+    mx.random.seed(seed)
+    predictor = CountingPredictor(PredictorConfig(pred_hidden=8, pred_rnn_layers=2, vocab_size=len(PIECES)))
+    joint = RNNTJoint(JointConfig(joint_hidden=8, encoder_hidden=ENCODER_WIDTH, pred_hidden=8, num_classes=len(PIECES)))
+    return predictor, joint
+
+
+def _force(joint: RNNTJoint, token: int) -> None:
+    """Make ``token`` the argmax whatever the inputs, by zeroing the output weights."""
+    out = joint.joint_net[2]
+    out.weight = mx.zeros_like(out.weight)
+    bias = np.full(BLANK + 1, -5.0, dtype=np.float32)
+    bias[token] = 5.0
+    out.bias = mx.array(bias)
+
+
+def _frames(count: int, seed: int = 3) -> mx.array:
+    rng = np.random.default_rng(seed)
+    return mx.array(rng.standard_normal((1, count, ENCODER_WIDTH)).astype(np.float32))
+
+
+VOCABULARY = RNNTVocabulary(PIECES)
+
+
+def _step(predictor: RNNTPredictor, joint: RNNTJoint, state, frame: mx.array, max_symbols: int = 10):
+    return rnnt_step(predictor, joint, state, frame, blank_id=BLANK, max_symbols=max_symbols, vocabulary=VOCABULARY)
+
+
+def test_blank_everywhere_emits_nothing_with_one_attempt_per_frame() -> None:
+    predictor, joint = _modules()
+    _force(joint, BLANK)
+    state = make_rnnt_state(BLANK)
+    frames = _frames(5)
+    for index in range(5):
+        assert _step(predictor, joint, state, frames[:, index : index + 1]) is None
+    assert predictor.calls == 5
+    assert state.tokens == [] and state.hidden is None and state.last_token == BLANK and state.arrays() == []
+
+    predictor.calls = 0
+    text = rnnt_decode(predictor, joint, frames, 5, blank_id=BLANK, max_symbols=10, vocabulary=VOCABULARY)
+    assert text == "" and predictor.calls == 5
+
+
+@pytest.mark.parametrize("max_symbols", [1, 3])
+def test_max_symbols_caps_every_frame(max_symbols: int) -> None:
+    predictor, joint = _modules()
+    _force(joint, 2)  # "b", never blank
+    state = make_rnnt_state(BLANK)
+    frames = _frames(4)
+    for index in range(4):
+        update = _step(predictor, joint, state, frames[:, index : index + 1], max_symbols)
+        assert update == ("b" * max_symbols, "b" * max_symbols * (index + 1))
+    # The cap ends the frame without a further attempt (and readback).
+    assert predictor.calls == 4 * max_symbols
+    assert state.tokens == [2] * 4 * max_symbols
+
+    predictor.calls = 0
+    text = rnnt_decode(predictor, joint, frames, 4, blank_id=BLANK, max_symbols=max_symbols, vocabulary=VOCABULARY)
+    assert text == "b" * 4 * max_symbols
+    assert predictor.calls == 4 * max_symbols
+
+
+def test_readback_callback_fires_once_per_attempt() -> None:
+    predictor, joint = _modules(seed=6)
+    frames = _frames(12, seed=11) * 3.0
+    readbacks: list[int] = []
+    state = make_rnnt_state(BLANK)
+    for index in range(12):
+        rnnt_step(
+            predictor,
+            joint,
+            state,
+            frames[:, index : index + 1],
+            blank_id=BLANK,
+            max_symbols=4,
+            vocabulary=VOCABULARY,
+            on_readback=lambda: readbacks.append(1),
+        )
+    assert len(readbacks) == predictor.calls > 12
+    readbacks.clear()
+    predictor.calls = 0
+    rnnt_decode(
+        predictor,
+        joint,
+        frames,
+        12,
+        blank_id=BLANK,
+        max_symbols=4,
+        vocabulary=VOCABULARY,
+        on_readback=lambda: readbacks.append(1),
+    )
+    assert len(readbacks) == predictor.calls > 12
+
+
+def test_offline_decode_stops_at_length() -> None:
+    predictor, joint = _modules()
+    _force(joint, 3)
+    text = rnnt_decode(predictor, joint, _frames(6), 2, blank_id=BLANK, max_symbols=2, vocabulary=VOCABULARY)
+    assert text == "cccc"
+
+
+@pytest.mark.parametrize("special", [0, 5])
+def test_special_symbols_advance_the_predictor_but_not_the_text(special: int) -> None:
+    predictor, joint = _modules()
+    _force(joint, special)
+    state = make_rnnt_state(BLANK)
+    assert _step(predictor, joint, state, _frames(1), max_symbols=2) is None
+    assert state.tokens == [] and state.text == ""
+    assert state.last_token == special
+    assert state.hidden is not None
+    h, c = state.hidden
+    assert h.shape == c.shape == (2, 1, 8)
+    assert h.dtype == c.dtype == mx.float32  # cast to the encoder frame's dtype
+    assert len(state.arrays()) == 2
+
+
+def test_transcript_deltas() -> None:
+    predictor, joint = _modules()
+    state = make_rnnt_state(BLANK)
+    frames = _frames(3)
+    _force(joint, 1)  # "▁a": the leading space is stripped from the transcript
+    assert _step(predictor, joint, state, frames[:, :1], max_symbols=1) == ("a", "a")
+    _force(joint, 4)  # "▁d"
+    assert _step(predictor, joint, state, frames[:, 1:2], max_symbols=1) == (" d", "a d")
+    # When the old text is not a prefix of the new one, the delta is the whole transcript.
+    state.text = "zz"
+    _force(joint, 2)
+    assert _step(predictor, joint, state, frames[:, 2:3], max_symbols=1) == ("a db", "a db")
+    assert state.tokens == [1, 4, 2]
+
+
+def test_streaming_steps_equal_offline_decode() -> None:
+    predictor, joint = _modules(seed=6)
+    frames = _frames(40, seed=11) * 3.0  # random weights and frames: a mix of blanks, emissions and caps
+    state = make_rnnt_state(BLANK)
+    emitted_per_frame = []
+    for index in range(40):
+        before = len(state.tokens)
+        _step(predictor, joint, state, frames[:, index : index + 1], max_symbols=4)
+        mx.eval(*state.arrays())
+        emitted_per_frame.append(len(state.tokens) - before)
+    assert {0, 4} < set(emitted_per_frame)  # blank-only frames, capped frames, and frames in between
+    assert len(set(state.tokens)) >= 3
+    offline = rnnt_decode(predictor, joint, frames, 40, blank_id=BLANK, max_symbols=4, vocabulary=VOCABULARY)
+    assert offline == state.text
+
+
+def test_empty_vocabulary_does_nothing() -> None:
+    predictor, joint = _modules()
+    _force(joint, 2)
+    state = make_rnnt_state(BLANK)
+    empty = RNNTVocabulary([])
+    assert rnnt_step(predictor, joint, state, _frames(1), blank_id=BLANK, max_symbols=3, vocabulary=empty) is None
+    assert rnnt_decode(predictor, joint, _frames(2), 2, blank_id=BLANK, max_symbols=3, vocabulary=empty) == ""
+    assert predictor.calls == 0
+
+
+def test_modules_load_the_checkpoint_keys(tiny_bf16: Path) -> None:
+    files, weights, quantized = read_runtime_weights(tiny_bf16)
+    config = files.config.audio_config
+    predictor, joint = RNNTPredictor(config.decoder), RNNTJoint(config.joint)
+    load_into(predictor, weights, quantized, "stt_model.rnnt_decoder.")  # strict: names and shapes must match
+    load_into(joint, weights, quantized, "stt_model.rnnt_joint.")
+    assert predictor.prediction["embed"].weight.shape == (config.decoder.vocab_size + 1, config.decoder.pred_hidden)
+    assert joint.joint_net[2].weight.shape == (config.joint.num_classes + 1, config.joint.joint_hidden)
+    assert mx.array_equal(joint.joint_net[2].bias, weights["stt_model.rnnt_joint.joint_net.2.bias"])

@@ -1,0 +1,155 @@
+"""Settings: JSON round trip, defaults, corrupt and unreadable files, unknown and invalid keys."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from app import settings as settings_module
+from app.settings import (
+    DEFAULT_SYSTEM_PROMPT,
+    Settings,
+    default_settings_path,
+    load_settings,
+    save_settings,
+)
+
+CUSTOM = Settings(
+    checkpoint_4bit=Path("/models/VoiceChat-4bit"),
+    checkpoint_8bit=Path("/models/Voice Chat 8bit — ünïcode"),
+    active_variant="8bit",
+    input_device="USB Microphone",
+    output_device=None,
+    system_prompt="Be brief.\nLine two with \"quotes\".",
+    talk_key="F5",
+    talk_mode="toggle",
+    idle_pause=False,
+    idle_pause_delay_s=12.5,
+    ducking=False,
+    overlay=False,
+    theme="dark",
+    window_geometry="AdnQywADAAAAAAA=",
+)
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    path = save_settings(CUSTOM, tmp_path / "settings.json")
+    loaded, warning = load_settings(path)
+    assert warning is None
+    assert loaded == CUSTOM
+    # Saving what was loaded writes the same bytes again.
+    first = path.read_bytes()
+    save_settings(loaded, path)
+    assert path.read_bytes() == first
+
+
+def test_missing_file_gives_defaults_without_warning(tmp_path: Path) -> None:
+    loaded, warning = load_settings(tmp_path / "absent.json")
+    assert warning is None
+    assert loaded == Settings()
+    assert loaded.talk_key == "Space" and loaded.talk_mode == "hold"
+    assert loaded.idle_pause is True and loaded.theme == "system"
+    assert loaded.system_prompt == DEFAULT_SYSTEM_PROMPT
+    assert loaded.active_checkpoint is None
+
+
+def test_missing_keys_take_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"talk_mode": "toggle", "checkpoint_4bit": "/m/4"}), encoding="utf-8")
+    loaded, warning = load_settings(path)
+    assert warning is None
+    assert loaded == Settings(talk_mode="toggle", checkpoint_4bit=Path("/m/4"))
+    assert loaded.active_checkpoint == Path("/m/4")
+
+
+def test_unknown_keys_are_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"version": 99, "theme": "light", "future_feature": {"x": 1}}), encoding="utf-8")
+    loaded, warning = load_settings(path)
+    assert warning is None
+    assert loaded == Settings(theme="light")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{ not json", b"[1, 2, 3]", b"\xff\xfe\x00garbage"],
+    ids=["invalid-json", "not-an-object", "not-utf8"],
+)
+def test_corrupt_file_falls_back_and_is_kept_aside(
+    tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "settings.json"
+    path.write_bytes(content)
+    with caplog.at_level(logging.WARNING, logger="app.settings"):
+        loaded, warning = load_settings(path)
+    assert loaded == Settings()
+    assert warning is not None and str(path) in warning and "defaults" in warning
+    aside = tmp_path / "settings.json.corrupt"
+    assert aside.read_bytes() == content, "the corrupt file must be kept, byte for byte"
+    assert not path.exists()
+    assert any("settings.json" in record.getMessage() for record in caplog.records)
+    # The next save does not touch the kept copy.
+    save_settings(Settings(theme="dark"), path)
+    assert aside.read_bytes() == content
+    assert load_settings(path) == (Settings(theme="dark"), None)
+
+
+def test_invalid_values_are_reset_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    data = {
+        "theme": "purple",
+        "talk_mode": "toggle",
+        "idle_pause": "yes",
+        "idle_pause_delay_s": -3,
+        "checkpoint_8bit": 42,
+        "input_device": "Mic",
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
+    loaded, warning = load_settings(path)
+    assert loaded == Settings(talk_mode="toggle", input_device="Mic")
+    assert warning is not None
+    for key in ("theme", "idle_pause", "idle_pause_delay_s", "checkpoint_8bit"):
+        assert key in warning
+    assert path.exists(), "a file with a few bad values is not set aside"
+
+
+def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save_settings(Settings(theme="light"), tmp_path / "nested" / "settings.json")
+    original = path.read_bytes()
+
+    def fail_replace(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(settings_module.os, "replace", fail_replace)
+    with pytest.raises(OSError, match="No space left"):
+        save_settings(Settings(theme="dark"), path)
+    assert path.read_bytes() == original, "a failed save must leave the previous file intact"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["settings.json"]
+
+
+def test_validation_messages_name_the_field() -> None:
+    with pytest.raises(ValueError, match="active_variant"):
+        Settings(active_variant="16bit")
+    with pytest.raises(ValueError, match="talk_key"):
+        Settings(talk_key="  ")
+    with pytest.raises(ValueError, match="idle_pause_delay_s"):
+        Settings(idle_pause_delay_s=0.0)
+    with pytest.raises(ValueError, match="variant"):
+        Settings().checkpoint_for("2bit")
+
+
+def test_with_changes_and_checkpoint_lookup() -> None:
+    changed = CUSTOM.with_changes(active_variant="4bit")
+    assert changed.active_checkpoint == Path("/models/VoiceChat-4bit")
+    assert CUSTOM.active_checkpoint == CUSTOM.checkpoint_8bit
+    assert changed.theme == CUSTOM.theme
+
+
+def test_default_path_is_in_the_user_config_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert default_settings_path() == tmp_path / "Parley" / "settings.json"
+    save_settings(Settings(overlay=False))
+    assert load_settings().settings == Settings(overlay=False)
