@@ -1,0 +1,150 @@
+"""The streaming session API: chunking, events, input validation, flush/cancel/limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.errors import AudioInputError, ContextLimitError, SessionClosedError
+from engine.events import (
+    AssistantTextDelta,
+    AudioChunk,
+    Cancelled,
+    Done,
+    FrameTiming,
+    FunctionDelta,
+    ToolCall,
+    UserTranscriptDelta,
+)
+from engine.model import load_voicechat
+from engine.session import Session
+from engine.tools import ToolCallParser
+
+
+@pytest.fixture(scope="module")
+def voicechat(tiny_q4):
+    return load_voicechat(tiny_q4)
+
+
+@pytest.fixture(scope="module")
+def audio(speech_16k) -> np.ndarray:
+    return speech_16k[: 1280 * 24 + 500]
+
+
+def _push_all(session: Session, samples: np.ndarray, chunk: int) -> list:
+    events = []
+    for start in range(0, samples.shape[0], chunk):
+        events += session.push(samples[start : start + chunk], 16_000)
+    return events
+
+
+def _frames(events: list) -> list[AudioChunk]:
+    return [e for e in events if isinstance(e, AudioChunk) and e.codes.size]
+
+
+def test_chunk_size_does_not_change_anything(voicechat, audio):
+    by_frame = _push_all(Session(voicechat, seed=3), audio, 1280)
+    by_odd = _push_all(Session(voicechat, seed=3), audio, 777)
+    a, b = _frames(by_frame), _frames(by_odd)
+    assert len(a) == len(b) == 24
+    for x, y in zip(a, b, strict=True):
+        assert x.frame_index == y.frame_index
+        np.testing.assert_array_equal(x.codes, y.codes)
+        np.testing.assert_array_equal(x.samples, y.samples)
+    texts = [(e.frame_index, e.token_id, e.delta) for e in by_frame if isinstance(e, AssistantTextDelta)]
+    assert texts == [(e.frame_index, e.token_id, e.delta) for e in by_odd if isinstance(e, AssistantTextDelta)]
+
+
+def test_events_per_frame_in_order(voicechat, audio):
+    session = Session(voicechat, seed=0)
+    events = session.push(audio[: 1280 * 6], 16_000)
+    order = {
+        UserTranscriptDelta: 0,
+        AssistantTextDelta: 1,
+        FunctionDelta: 2,
+        ToolCall: 3,
+        AudioChunk: 4,
+        FrameTiming: 5,
+    }
+    for frame in range(6):
+        kinds = [order[type(e)] for e in events if e.frame_index == frame]
+        assert kinds == sorted(kinds) and kinds.count(4) == 1 and kinds.count(5) == 1
+    chunk = _frames(events)[0]
+    assert chunk.samples.dtype == np.float32 and chunk.samples.shape == (1764,)
+    assert chunk.codes.dtype == np.int32 and chunk.codes.shape == (31,)
+    # Without a system prompt the first timeline step emits the checkpoint's silence codes.
+    silence = np.array(voicechat.model.tts_model.codec_silence_tokens, dtype=np.int32)
+    np.testing.assert_array_equal(chunk.codes, silence)
+    timing = [e for e in events if isinstance(e, FrameTiming)]
+    assert all(t.host_syncs >= 2 and t.total_ms > 0 for t in timing)
+    assert session.frame_index == 6 and len(session.text_ids) == 6
+
+
+def test_invalid_input_is_refused_without_consuming_anything(voicechat, audio):
+    clean = Session(voicechat, seed=1)
+    expected = _frames(clean.push(audio[: 1280 * 3], 16_000))
+    session = Session(voicechat, seed=1)
+    cases = [
+        ((audio[:1280], 48_000), "expected 16000 Hz audio, received 48000 Hz"),
+        ((np.stack([audio[:1280], audio[:1280]]), 16_000), "expected mono audio"),
+        ((np.zeros(0, np.float32), 16_000), "empty audio chunk"),
+        ((np.full(1280, np.nan, np.float32), 16_000), "NaN or infinite"),
+        ((np.array(["a", "b"]), 16_000), "must be numbers"),
+    ]
+    for (samples, rate), message in cases:
+        with pytest.raises(AudioInputError, match=message):
+            session.push(samples, rate)
+    got = _frames(session.push(audio[: 1280 * 3], 16_000))
+    assert [c.codes.tolist() for c in got] == [c.codes.tolist() for c in expected]
+    # (N, 1) and int16-range integer input are accepted as mono.
+    assert session.push(audio[:1280].reshape(-1, 1), 16_000)
+
+
+def test_flush_pads_partial_frame_and_emits_codec_tail(voicechat, audio):
+    session = Session(voicechat, seed=0)
+    events = session.push(audio[: 1280 * 2 + 300], 16_000)
+    assert len(_frames(events)) == 2
+    tail_events = session.flush()
+    assert isinstance(tail_events[-1], Done) and tail_events[-1].frame_index == 3
+    chunks = [e for e in tail_events if isinstance(e, AudioChunk)]
+    assert [c.samples.shape[0] for c in chunks] == [1764, 8]
+    assert session.closed and session.flush() == []
+    with pytest.raises(SessionClosedError):
+        session.push(audio[:1280], 16_000)
+
+
+def test_cancel_stops_without_output(voicechat, audio):
+    session = Session(voicechat, seed=0)
+    session.push(audio[:2000], 16_000)
+    assert session.cancel() == [Cancelled(1)]
+    assert session.cancel() == [] and session.flush() == []
+    with pytest.raises(SessionClosedError, match="start a new one"):
+        session.push(audio[:1280], 16_000)
+
+
+def test_length_limit(voicechat, audio):
+    with pytest.raises(ValueError, match="must be positive"):
+        Session(voicechat, max_seconds=0)
+    session = Session(voicechat, seed=0, max_seconds=0.4)  # 5 frames
+    assert len(_frames(session.push(audio[: 1280 * 5], 16_000))) == 5
+    with pytest.raises(ContextLimitError, match="limit"):
+        session.push(audio[:1280], 16_000)
+    assert isinstance(session.flush()[-1], Done)
+
+
+def test_tool_call_events_follow_the_function_channel(voicechat, speech_16k):
+    session = Session(voicechat, seed=0)
+    events = _push_all(session, np.concatenate([speech_16k, speech_16k]), 1280)
+    parser = ToolCallParser(voicechat.tokenizer)
+    expected = []
+    for frame, token in enumerate(session.function_ids):
+        expected += parser.push(token, frame, ignored=voicechat.config.special_text_ids)
+    got = [e for e in events if isinstance(e, ToolCall)]
+    assert got, "the tiny model opens and closes a call in this conversation"
+    assert got == expected
+
+
+def test_system_prompt_changes_the_conversation(voicechat, audio):
+    plain = _frames(Session(voicechat, seed=0).push(audio[: 1280 * 4], 16_000))
+    prompted = _frames(Session(voicechat, seed=0, system_prompt="Answer briefly.").push(audio[: 1280 * 4], 16_000))
+    assert [c.codes.tolist() for c in plain] != [c.codes.tolist() for c in prompted]
