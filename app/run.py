@@ -96,8 +96,12 @@ def run_audio(
         tool_calls=[e for e in events if isinstance(e, ToolCall)],
         timings=timings,
         summary=summarize(timings, drop_first=drop_first),
-        settings={"seed": seed, "system_prompt": session.system_prompt, "chunk_samples": chunk_samples,
-                  "sub_stages": sub_stages},
+        settings={
+            "seed": seed,
+            "system_prompt": session.system_prompt,
+            "chunk_samples": chunk_samples,
+            "sub_stages": sub_stages,
+        },
     )
 
 
