@@ -57,6 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile-json", type=Path, help="write the session profile log (JSON)")
     run.add_argument("--output-audio", type=Path, help="write the 22.05 kHz answer as WAV")
     run.add_argument("--dump", type=Path, help="write frame-aligned ids, codes, waveform and events to a folder")
+
+    bench = commands.add_parser(
+        "bench",
+        help="measure frame times (optionally side by side with mlx-vlm)",
+        description="Benchmark the streaming session frame by frame on a checkpoint folder or on seeded random "
+        "weights made in memory.",
+    )
+    source = bench.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="checkpoint folder")
+    source.add_argument("--random", choices=("tiny", "full"), help="random weights made in memory")
+    bench.add_argument("--quantize", type=_quantize_arg, default=4, metavar="{none,4,8}", help="with --random")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--frames", type=int, default=100, help="80 ms frames per run (speech, then silence)")
+    bench.add_argument("--rounds", type=int, default=1, help="alternating rounds (best round is reported)")
+    bench.add_argument("--compare", choices=("mlx-vlm",), help="also run the reference port on the same weights")
+    bench.add_argument("--sub-stages", action="store_true", help="time sub-stages (forces extra evaluation)")
+    bench.add_argument("--json", type=Path, help="write the full report as JSON")
     return parser
 
 
@@ -87,13 +104,34 @@ def _run(args: argparse.Namespace) -> int:
     return run_file(args)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import bench, write_report
+
+    if args.frames < 8 or args.rounds < 1:
+        raise ValueError("--frames must be at least 8 and --rounds at least 1")
+    report = bench(
+        model=args.model,
+        random_size=args.random,
+        quantize=args.quantize,
+        seed=args.seed,
+        frames=args.frames,
+        rounds=args.rounds,
+        compare=args.compare,
+        sub_stages=args.sub_stages,
+    )
+    if args.json:
+        write_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed non-GUI command; returns the process exit code."""
     from engine.errors import EngineError
 
     from .audio_files import AudioFileError
 
-    handlers = {"make-checkpoint": _make_checkpoint, "run": _run}
+    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench}
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")

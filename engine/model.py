@@ -82,12 +82,10 @@ class VoiceChat:
     tokenizer: TextTokenizer
     rnnt_vocabulary: RNNTVocabulary
     characters: CharacterTable
-    files: CheckpointFiles
     quantized: dict[str, tuple[int, int]]
-
-    @property
-    def name(self) -> str:
-        return self.files.root.name
+    name: str
+    source: Path | None  # the checkpoint folder; None for weights made in memory
+    nbytes: int  # bytes of weights
 
     @property
     def quantization_bits(self) -> int | None:
@@ -98,10 +96,42 @@ class VoiceChat:
         """Identity of the checkpoint for profile logs and the UI."""
         return {
             "name": self.name,
-            "path": str(self.files.root),
+            "path": str(self.source) if self.source is not None else "",
             "quantization_bits": self.quantization_bits,
-            "size_bytes": self.files.nbytes,
+            "size_bytes": self.nbytes,
         }
+
+
+def assemble_voicechat(
+    config: VoiceChatConfig,
+    weights: dict[str, mx.array],
+    quantized: dict[str, tuple[int, int]],
+    tokenizer: TextTokenizer,
+    *,
+    name: str,
+    source: Path | None = None,
+    nbytes: int = 0,
+) -> VoiceChat:
+    """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up (lazy)."""
+    if tokenizer.vocab_size > config.text_config.vocab_size:
+        raise TokenizerError(
+            f"{tokenizer.source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
+            f"has {config.text_config.vocab_size}; the tokenizer belongs to another model"
+        )
+    characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
+    model = VoiceChatModel(config)
+    load_into(model, weights, quantized)
+    return VoiceChat(
+        model=model,
+        config=config,
+        tokenizer=tokenizer,
+        rnnt_vocabulary=RNNTVocabulary(config.rnnt_vocabulary),
+        characters=characters,
+        quantized=quantized,
+        name=name,
+        source=source,
+        nbytes=nbytes,
+    )
 
 
 def physical_memory_bytes() -> int | None:
@@ -132,20 +162,14 @@ def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
     files = open_checkpoint(path)
     quantized = verify_layout(files)
     _check_memory(files)
-    config = files.config
     tokenizer = TextTokenizer.from_file(files.tokenizer_file)
-    if tokenizer.vocab_size > config.text_config.vocab_size:
-        raise TokenizerError(
-            f"{files.tokenizer_file}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
-            f"has {config.text_config.vocab_size}; the tokenizer belongs to another model"
-        )
-    characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
-    model = VoiceChatModel(config)
-    weights = sanitize(load_arrays(files), config)
-    load_into(model, weights, quantized)
+    weights = sanitize(load_arrays(files), files.config)
+    voicechat = assemble_voicechat(
+        files.config, weights, quantized, tokenizer, name=files.root.name, source=files.root, nbytes=files.nbytes
+    )
     if not lazy:
         try:
-            mx.eval(model.parameters())
+            mx.eval(voicechat.model.parameters())
         except (MemoryError, RuntimeError) as exc:
             if isinstance(exc, MemoryError) or "malloc" in str(exc).lower() or "memory" in str(exc).lower():
                 total = physical_memory_bytes()
@@ -155,12 +179,4 @@ def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
                     f"(machine memory: {have})"
                 ) from exc
             raise
-    return VoiceChat(
-        model=model,
-        config=config,
-        tokenizer=tokenizer,
-        rnnt_vocabulary=RNNTVocabulary(config.rnnt_vocabulary),
-        characters=characters,
-        files=files,
-        quantized=quantized,
-    )
+    return voicechat

@@ -625,3 +625,41 @@ def checkpoint_nbytes(size: Size, quantize: int | None) -> int:
         else:
             total += 2 * count
     return total
+
+
+def random_weights(
+    size: Size = "tiny", *, quantize: int | None = None, seed: int = 0
+) -> tuple[dict[str, Any], VoiceChatConfig, dict[str, mx.array], dict[str, tuple[int, int]], Tokenizer, int]:
+    """Seeded random weights made in memory, exactly those :func:`make_checkpoint` would write.
+
+    Returns ``(raw_config, config, runtime_weights, quantized_modules, tokenizer, stored_bytes)``.
+    """
+    from .checkpoint import sanitize
+
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of none, 4, 8; got {quantize!r}")
+    raw = base_config(size)
+    config = VoiceChatConfig.from_dict(raw)
+    if quantize:
+        raw["quantization"] = quantization_block(config, quantize)
+        raw["quantization_config"] = raw["quantization"]
+        config = VoiceChatConfig.from_dict(raw)
+    tokenizer = build_tokenizer(config.text_config.vocab_size, seed=seed)
+    stored: dict[str, mx.array] = {}
+    nbytes = 0
+    for name, value in generate_tensors(config, tokenizer, seed=seed, bits=quantize):
+        mx.eval(value)  # keep the graph small: a full-size model is generated tensor by tensor
+        stored[name] = value
+        nbytes += value.nbytes
+    quantized = {module: (GROUP_SIZE, quantize) for module in quantized_modules(config, GROUP_SIZE)} if quantize else {}
+    return raw, config, sanitize(stored, config), quantized, tokenizer, nbytes
+
+
+def random_voicechat(size: Size = "tiny", *, quantize: int | None = None, seed: int = 0) -> Any:
+    """A :class:`engine.model.VoiceChat` with seeded random weights made in memory (nothing written)."""
+    from .model import assemble_voicechat
+    from .tokenizer import TextTokenizer
+
+    _, config, weights, quantized, tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)
+    label = f"random-{size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
+    return assemble_voicechat(config, weights, quantized, TextTokenizer(tokenizer, label), name=label, nbytes=nbytes)

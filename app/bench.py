@@ -1,0 +1,313 @@
+"""``parley bench``: frame-time benchmark of the streaming session, optionally against mlx-vlm.
+
+Runs the session on a checkpoint folder or on seeded random weights made in memory
+(``--random tiny|full``: the exact tensors ``make-checkpoint`` would write, without the
+multi-GB write), feeding a spoken question followed by silence in 80 ms frames. With
+``--compare mlx-vlm`` the reference port's own streaming session runs on the same
+weights in the same process, alternating with ours round by round, and the discrete
+outputs of both are compared frame by frame.
+
+Reported per run: per-stage p50/p95, the realtime factor, host syncs per frame, peak
+memory, and frame-time windows — cold (0–5), early steady state (6–70), past the
+attention window (71+), and late (700–750, when the run is long enough).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .paths import resource_path
+
+FRAME = 1280
+WINDOWS = {"cold": (0, 5), "early": (6, 70), "steady": (71, None), "late": (700, 750)}
+
+
+def question_audio() -> np.ndarray:
+    """The bundled espeak-ng question, 16 kHz mono float32 (read without audio libraries)."""
+    with wave.open(str(resource_path("speech", "question-16k.wav")), "rb") as stream:
+        if stream.getframerate() != 16_000 or stream.getnchannels() != 1 or stream.getsampwidth() != 2:
+            raise ValueError("the bundled question must be 16 kHz mono 16-bit")
+        raw = stream.readframes(stream.getnframes())
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def bench_input(frames: int) -> np.ndarray:
+    """The question, then silence, ``frames`` × 1280 samples long."""
+    speech = question_audio()[: frames * FRAME]
+    samples = np.zeros(frames * FRAME, dtype=np.float32)
+    samples[: speech.shape[0]] = speech
+    return samples
+
+
+@dataclass
+class RunRecord:
+    """One pass over the input by one implementation."""
+
+    label: str
+    totals_ms: list[float]
+    stages_ms: dict[str, list[float]]
+    host_syncs: list[int]
+    peak_memory_bytes: int
+    text_ids: list[int]
+    function_ids: list[int]
+    codes: list[list[int]]
+    sub_stages: dict[str, list[float]] = field(default_factory=dict)
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    from engine.profiler import percentile
+
+    if not values:
+        return {}
+    return {
+        "mean_ms": sum(values) / len(values),
+        "p50_ms": percentile(values, 0.5),
+        "p95_ms": percentile(values, 0.95),
+        "max_ms": max(values),
+    }
+
+
+def summarize_run(record: RunRecord) -> dict[str, Any]:
+    totals = record.totals_ms
+    windows = {}
+    for name, (start, end) in WINDOWS.items():
+        part = totals[start : end if end is None else end + 1]
+        if part and (end is None or len(totals) > end):
+            windows[name] = _stats(part)
+    steady = totals[6:] or totals
+    mean = sum(steady) / len(steady)
+    return {
+        "label": record.label,
+        "frames": len(totals),
+        "realtime_factor": mean / 80.0,
+        "total": _stats(steady),
+        "windows": windows,
+        "stages": {name: _stats(values[6:] or values) for name, values in record.stages_ms.items()},
+        "sub_stages": {name: _stats(values[6:] or values) for name, values in record.sub_stages.items()},
+        "host_syncs_per_frame": (sum(record.host_syncs[6:]) / len(record.host_syncs[6:]))
+        if record.host_syncs[6:]
+        else None,
+        "peak_memory_gb": record.peak_memory_bytes / 1e9,
+    }
+
+
+def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool) -> RunRecord:
+    import mlx.core as mx
+
+    from engine.events import AudioChunk, FrameTiming
+    from engine.session import Session
+
+    mx.synchronize()
+    mx.reset_peak_memory()
+    session = Session(voicechat, seed=seed, sub_stages=sub_stages)
+    totals: list[float] = []
+    stages: dict[str, list[float]] = {s: [] for s in ("perception", "rnnt", "language", "tts", "codec")}
+    subs: dict[str, list[float]] = {}
+    syncs: list[int] = []
+    codes: list[list[int]] = []
+    for start in range(0, samples.shape[0], FRAME):
+        began = time.perf_counter()
+        events = session.push(samples[start : start + FRAME], 16_000)
+        totals.append((time.perf_counter() - began) * 1000.0)
+        for event in events:
+            if isinstance(event, FrameTiming):
+                for name in stages:
+                    stages[name].append(getattr(event, f"{name}_ms"))
+                for name, value in event.sub_stages.items():
+                    subs.setdefault(name, []).append(value)
+                syncs.append(event.host_syncs)
+            elif isinstance(event, AudioChunk):
+                codes.append(event.codes.tolist())
+    record = RunRecord(
+        "parley", totals, stages, syncs, mx.get_peak_memory(), session.text_ids, session.function_ids, codes, subs
+    )
+    session.close()
+    return record
+
+
+class Reference:
+    """mlx-vlm 0.7.10's model and streaming session on the same weights (benchmark and cross-check only)."""
+
+    def __init__(
+        self, raw_config: dict[str, Any], weights: dict[str, Any], quantized: dict[str, tuple[int, int]], tokenizer: Any
+    ) -> None:
+        from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
+        from mlx_vlm.models.nemotron_voicechat.session import VoiceChatSession
+
+        from engine.checkpoint import load_into
+
+        self.model = Model(ModelConfig.from_dict(raw_config))
+        load_into(self.model, weights, quantized)
+        self.session_factory = VoiceChatSession(self.model, tokenizer)
+
+    def run(self, samples: np.ndarray, *, seed: int) -> RunRecord:
+        import mlx.core as mx
+
+        mx.synchronize()
+        mx.reset_peak_memory()
+        session = self.session_factory.create_streaming_session(seed=seed, profile=True)
+        totals: list[float] = []
+        codes: list[list[int]] = []
+        for start in range(0, samples.shape[0], FRAME):
+            began = time.perf_counter()
+            events = session.push_audio(mx.array(samples[start : start + FRAME]), sample_rate=16_000)
+            totals.append((time.perf_counter() - began) * 1000.0)
+            codes += [np.array(e.audio_codes).astype(int).tolist() for e in events if e.kind == "audio"]
+        stages = {
+            name: [getattr(frame, f"{name}_ms") for frame in session.profile.frames]
+            for name in ("perception", "rnnt", "language", "tts", "codec")
+        }
+        prompt_steps = len(session._text_tokens) - len(codes)
+        return RunRecord(
+            "mlx-vlm",
+            totals,
+            stages,
+            [],
+            mx.get_peak_memory(),
+            session._text_tokens[prompt_steps:],
+            session._function_tokens[prompt_steps:],
+            codes,
+        )
+
+
+def agreement(ours: RunRecord, ref: RunRecord) -> dict[str, Any]:
+    """How many frames have identical discrete outputs."""
+    frames = min(len(ours.codes), len(ref.codes))
+
+    def same(a: list, b: list) -> int:
+        return sum(1 for x, y in zip(a[:frames], b[:frames], strict=True) if x == y)
+
+    first_diff = next((i for i in range(frames) if ours.codes[i] != ref.codes[i]), None)
+    return {
+        "frames": frames,
+        "text_ids_identical": same(ours.text_ids, ref.text_ids),
+        "function_ids_identical": same(ours.function_ids, ref.function_ids),
+        "codes_identical": same(ours.codes, ref.codes),
+        "first_code_difference": first_diff,
+    }
+
+
+def bench(
+    *,
+    model: Path | None,
+    random_size: str | None,
+    quantize: int | None,
+    seed: int,
+    frames: int,
+    rounds: int,
+    compare: str | None,
+    sub_stages: bool,
+    out: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the benchmark; returns the JSON-ready report."""
+    import mlx.core as mx
+
+    from engine.profile_log import device_description
+
+    started = time.perf_counter()
+    if model is not None:
+        from engine.checkpoint import read_runtime_weights
+        from engine.model import assemble_voicechat
+        from engine.tokenizer import TextTokenizer
+
+        files, weights, quantized = read_runtime_weights(model)
+        raw = files.raw_config
+        tokenizer = TextTokenizer.from_file(files.tokenizer_file)
+        voicechat = assemble_voicechat(
+            files.config, weights, quantized, tokenizer, name=files.root.name, source=files.root, nbytes=files.nbytes
+        )
+    else:
+        from engine.model import assemble_voicechat
+        from engine.random_checkpoint import random_weights
+        from engine.tokenizer import TextTokenizer
+
+        raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(
+            random_size or "tiny", quantize=quantize, seed=seed
+        )
+        tokenizer = TextTokenizer(raw_tokenizer, "random")
+        label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
+        voicechat = assemble_voicechat(config, weights, quantized, tokenizer, name=label, nbytes=nbytes)
+    mx.eval(voicechat.model.parameters())
+    reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
+    if compare not in (None, "mlx-vlm"):
+        raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
+    setup_s = time.perf_counter() - started
+    out(
+        f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s on "
+        f"{device_description()['name']}; {frames} frames × {rounds} round(s)"
+    )
+
+    samples = bench_input(frames)
+    ours_runs: list[RunRecord] = []
+    ref_runs: list[RunRecord] = []
+    for round_index in range(rounds):
+        ours_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages))
+        out(f"round {round_index + 1}: parley p50 {_stats(ours_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
+        if reference is not None:
+            ref_runs.append(reference.run(samples, seed=seed))
+            out(f"round {round_index + 1}: mlx-vlm p50 {_stats(ref_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
+
+    best = min(ours_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+    report: dict[str, Any] = {
+        "device": device_description(),
+        "mlx_version": mx.__version__,
+        "model": voicechat.describe(),
+        "frames": frames,
+        "rounds": rounds,
+        "seed": seed,
+        "parley": summarize_run(best),
+        "parley_rounds": [summarize_run(r) for r in ours_runs],
+    }
+    if ref_runs:
+        ref_best = min(ref_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+        report["mlx_vlm"] = summarize_run(ref_best)
+        report["mlx_vlm_rounds"] = [summarize_run(r) for r in ref_runs]
+        report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
+        report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
+        report["agreement"] = agreement(best, ref_best)
+    out(format_report(report))
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    rows = [("parley", report["parley"])]
+    if "mlx_vlm" in report:
+        rows.append(("mlx-vlm", report["mlx_vlm"]))
+    lines = [
+        f"{'':10} {'p50':>8} {'p95':>8} {'mean':>8} {'RTF':>6} {'syncs':>6} {'peak GB':>8} "
+        f"{'percep':>7} {'rnnt':>7} {'lang':>7} {'tts':>7} {'codec':>7}"
+    ]
+    for name, run in rows:
+        stages = run["stages"]
+        syncs = run["host_syncs_per_frame"]
+        lines.append(
+            f"{name:10} {run['total']['p50_ms']:8.2f} {run['total']['p95_ms']:8.2f} {run['total']['mean_ms']:8.2f} "
+            f"{run['realtime_factor']:6.3f} {syncs if syncs is None else round(syncs, 2)!s:>6} "
+            f"{run['peak_memory_gb']:8.2f} "
+            + " ".join(f"{stages[s]['p50_ms']:7.2f}" for s in ("perception", "rnnt", "language", "tts", "codec"))
+        )
+    for name, run in rows:
+        windows = ", ".join(f"{w} p50 {s['p50_ms']:.2f}" for w, s in run["windows"].items())
+        lines.append(f"{name} windows: {windows}")
+    if "speedup_p50" in report:
+        agree = report["agreement"]
+        lines.append(
+            f"speedup vs mlx-vlm: p50 {report['speedup_p50']:.2f}x, mean {report['speedup_mean']:.2f}x; identical "
+            f"frames: text {agree['text_ids_identical']}/{agree['frames']}, function "
+            f"{agree['function_ids_identical']}/{agree['frames']}, codes {agree['codes_identical']}/{agree['frames']}"
+        )
+    return "\n".join(lines)
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    from engine.profile_log import write_atomic
+
+    write_atomic(path, json.dumps(report, indent=2) + "\n")
