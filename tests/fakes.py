@@ -1,0 +1,241 @@
+"""A scripted stand-in for ``app.controller.AppController`` (the interface in ``ui.contracts``).
+
+``FakeController`` records every call, returns queued messages from ``poll()`` and can be
+told to raise from any method. With ``live=True`` it also simulates a running model on
+the wall clock — frame timings, levels, transcript and assistant text, conversation
+time — which is enough to develop the UI without MLX (``parley --fake-engine``).
+It imports no Qt and is used from the Qt main thread only.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from app.messages import (
+    AppState,
+    ConversationTime,
+    DeviceStatus,
+    DownloadProgress,
+    FrameStats,
+    Levels,
+    LoadProgress,
+    ModelLoaded,
+    Notice,
+    SpeedCheck,
+    StateChanged,
+)
+from app.settings import Settings
+from engine.events import AssistantTextDelta, FrameTiming, UserTranscriptDelta
+
+FRAME_S = 0.08
+CONVERSATION_LIMIT_S = 300.0
+USER_LINE = "What is the capital of France?"
+ASSISTANT_LINE = "The capital of France is Paris. It sits on the Seine, in the north of the country."
+
+
+def make_frame_stats(
+    index: int,
+    stages: tuple[float, float, float, float, float] = (6.0, 2.0, 24.0, 18.0, 5.0),
+    *,
+    other: float = 0.0,
+    backlog: int = 0,
+    underruns: int = 0,
+    overflows: int = 0,
+    p50: float = 52.0,
+    p95: float = 71.0,
+) -> FrameStats:
+    """One ``FrameStats`` with the given per-stage milliseconds (perception, RNN-T, language, TTS, codec)."""
+    perception, rnnt, language, tts, codec = stages
+    total = sum(stages) + other
+    timing = FrameTiming(index, index * 80.0, perception, rnnt, language, tts, codec, total, 3)
+    return FrameStats(timing, backlog, overflows, underruns, p50, p95, realtime_factor=total / 80.0)
+
+
+class FakeController:
+    """Implements the controller interface with recorded calls and scripted messages."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        live: bool = False,
+        inputs: Iterable[str] = ("Built-in Microphone", "USB Headset"),
+        outputs: Iterable[str] = ("Built-in Speakers", "USB Headset"),
+        log_dir: Path | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.settings = settings if settings is not None else Settings()
+        self.live = live
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self._log_dir = log_dir or Path("/tmp/parley-fake-logs")
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.talking = False
+        self.shut_down = False
+        self._failures: dict[str, Exception] = {}
+        self._queue: deque[object] = deque()
+        self._random = random.Random(seed)
+        self._loaded = False
+        self._clock = 0.0
+        self._frame = 0
+        self._elapsed = 0.0
+        self._script: deque[object] = deque()
+
+    # -- test controls -------------------------------------------------------------------------------------------
+
+    def queue(self, *messages: object) -> None:
+        """Messages the next ``poll()`` returns, in order."""
+        self._queue.extend(messages)
+
+    def fail(self, method: str, error: Exception) -> None:
+        """Make the next call of ``method`` raise ``error``."""
+        self._failures[method] = error
+
+    def calls_to(self, method: str) -> list[tuple[Any, ...]]:
+        """The arguments of every call of ``method`` so far."""
+        return [args for name, args in self.calls if name == method]
+
+    def _record(self, method: str, *args: Any) -> None:
+        self.calls.append((method, args))
+        error = self._failures.pop(method, None)
+        if error is not None:
+            raise error
+
+    # -- the controller interface ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._record("start")
+        folder = self.settings.active_checkpoint
+        if folder is None:
+            self.queue(StateChanged(AppState.NO_MODEL))
+        else:
+            self._load(folder.name, folder, 4 if self.settings.active_variant == "4bit" else 8, demo=False)
+        self.queue(DeviceStatus(self.settings.input_device, self.settings.output_device))
+
+    def poll(self) -> list[object]:
+        self._record("poll")
+        if self.live and self._loaded:
+            self._simulate()
+        messages = list(self._queue)
+        self._queue.clear()
+        return messages
+
+    def set_talking(self, talking: bool) -> None:
+        self._record("set_talking", talking)
+        self.talking = talking
+        if self._loaded:
+            self.queue(StateChanged(AppState.LISTENING if talking else AppState.READY))
+            if self.live:
+                self._script_turn(talking)
+
+    def new_conversation(self) -> None:
+        self._record("new_conversation")
+        self._elapsed = 0.0
+        self._script.clear()
+
+    def apply_settings(self, settings: Settings) -> None:
+        self._record("apply_settings", settings)
+        self.settings = settings
+
+    def switch_variant(self, variant: str) -> None:
+        self._record("switch_variant", variant)
+        self.settings = self.settings.with_changes(active_variant=variant)
+        folder = self.settings.active_checkpoint or Path(f"/models/VoiceChat-{variant}")
+        self._load(folder.name, folder, 4 if variant == "4bit" else 8, demo=False)
+
+    def use_checkpoint(self, path: Path) -> None:
+        self._record("use_checkpoint", path)
+        self._load(path.name, path, None, demo=False)
+
+    def start_demo(self) -> None:
+        self._record("start_demo")
+        self._load("Demo checkpoint", Path("/tmp/parley-demo"), None, demo=True)
+
+    def start_download(self, repo_id: str, target: Path) -> None:
+        self._record("start_download", repo_id, target)
+        self.queue(DownloadProgress(repo_id, 0, 9_200_000_000, "Connecting"))
+
+    def cancel_download(self) -> None:
+        self._record("cancel_download")
+
+    def refresh_devices(self) -> tuple[list[str], list[str]]:
+        self._record("refresh_devices")
+        return list(self.inputs), list(self.outputs)
+
+    def export_profile(self, path: Path) -> list[Path]:
+        self._record("export_profile", path)
+        written = [path.with_suffix(".json"), path.with_suffix(".csv"), path.with_suffix(".trace.json")]
+        for item in written:
+            item.write_text("{}\n" if item.suffix == ".json" else "frame_index\n", encoding="utf-8")
+        self.queue(Notice("Profile exported", tuple(written)))
+        return written
+
+    def save_conversation(self, folder: Path) -> list[Path]:
+        self._record("save_conversation", folder)
+        written = [folder / "user.wav", folder / "assistant.wav", folder / "transcript.md"]
+        for item in written:
+            item.write_bytes(b"")
+        return written
+
+    def log_dir(self) -> Path:
+        self._record("log_dir")
+        return self._log_dir
+
+    def shutdown(self) -> None:
+        self._record("shutdown")
+        self.shut_down = True
+
+    # -- scripted behaviour -------------------------------------------------------------------------------------------
+
+    def _load(self, name: str, path: Path, bits: int | None, *, demo: bool) -> None:
+        self._loaded = True
+        self._clock = time.monotonic()
+        self.queue(
+            StateChanged(AppState.LOADING, f"Opening {name}"),
+            LoadProgress(0.4, "Reading weights"),
+            LoadProgress(1.0, "Warming up"),
+            ModelLoaded(name, path, bits, demo),
+            SpeedCheck(0.62, "This computer keeps up with real time comfortably."),
+            StateChanged(AppState.READY),
+        )
+
+    def _script_turn(self, talking: bool) -> None:
+        """Queue a user line while talking and an assistant answer after release, word by word."""
+        words = (USER_LINE if talking else ASSISTANT_LINE).split(" ")
+        kind = UserTranscriptDelta if talking else AssistantTextDelta
+        if not talking:
+            self._script.append(StateChanged(AppState.SPEAKING))
+        text = ""
+        for word in words:
+            delta = f" {word}" if text else word
+            text += delta
+            if kind is UserTranscriptDelta:
+                self._script.append(UserTranscriptDelta(self._frame, delta, text))
+            else:
+                self._script.append(AssistantTextDelta(self._frame, 0, delta, text))
+        if not talking:
+            self._script.append(StateChanged(AppState.READY))
+
+    def _simulate(self) -> None:
+        now = time.monotonic()
+        frames = min(25, int((now - self._clock) / FRAME_S))
+        self._clock += frames * FRAME_S
+        for _ in range(frames):
+            self._frame += 1
+            self._elapsed += FRAME_S
+            jitter = self._random.uniform(0.8, 1.3)
+            stages = (6.0 * jitter, 2.0, 26.0 * jitter, 18.0 * self._random.uniform(0.9, 1.6), 5.0)
+            self.queue(make_frame_stats(self._frame, stages, other=1.0, p50=54.0, p95=78.0))
+            if self._script and self._frame % 3 == 0:
+                self.queue(self._script.popleft())
+        if frames:
+            speaking = bool(self._script) and not self.talking
+            self.queue(
+                Levels(self._random.uniform(0.2, 0.7) if self.talking else 0.01, 0.4 if speaking else 0.0),
+                ConversationTime(self._elapsed, CONVERSATION_LIMIT_S - self._elapsed),
+            )

@@ -1,0 +1,163 @@
+"""The settings dialog: exact round trip, saving through the controller, validation, the 4↔8-bit toggle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence
+from pytestqt.qtbot import QtBot
+
+from app.settings import Settings
+from tests.fakes import FakeController
+from ui.app_window import MainWindow
+from ui.settings_dialog import SettingsDialog
+
+
+@pytest.fixture
+def custom(model_dirs: dict[str, Path]) -> Settings:
+    return Settings(
+        checkpoint_4bit=model_dirs["4bit"],
+        checkpoint_8bit=model_dirs["8bit"],
+        active_variant="4bit",
+        input_device="USB Headset",
+        output_device="Unplugged Speakers",  # not in the fake's list: must survive as "(not connected)"
+        system_prompt="Be brief.\nAnswer in French.",
+        talk_key="F5",
+        talk_mode="toggle",
+        idle_pause=False,
+        idle_pause_delay_s=45.0,
+        ducking=False,
+        overlay=False,
+        theme="dark",
+        window_geometry="AdnQywADAAA=",
+    )
+
+
+def make_dialog(qtbot: QtBot, settings: Settings) -> tuple[SettingsDialog, FakeController]:
+    fake = FakeController(settings)
+    dialog = SettingsDialog(fake)
+    qtbot.addWidget(dialog)
+    return dialog, fake
+
+
+def test_round_trip_is_exact(qtbot: QtBot, custom: Settings) -> None:
+    dialog, _ = make_dialog(qtbot, custom)
+    assert dialog.settings() == custom
+    dialog.refresh_devices()  # refilling the lists keeps the choices
+    assert dialog.settings() == custom
+    assert dialog.output_combo.currentText() == "Unplugged Speakers (not connected)"
+    default_dialog, _ = make_dialog(qtbot, Settings())
+    assert default_dialog.settings() == Settings()
+
+
+def test_save_applies_the_edited_settings(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.theme_combo.setCurrentIndex(dialog.theme_combo.findData("light"))
+    dialog.hold_radio.setChecked(True)
+    dialog.key_edit.setKeySequence(QKeySequence("Ctrl+Space"))
+    dialog.idle_check.setChecked(True)
+    dialog.prompt_edit.setPlainText("You are terse.")
+    dialog.refresh_devices()
+    dialog.input_combo.setCurrentIndex(0)  # system default
+    with qtbot.waitSignal(dialog.accepted):
+        dialog.buttons.button(dialog.buttons.StandardButton.Save).click()
+    expected = custom.with_changes(
+        theme="light",
+        talk_mode="hold",
+        talk_key="Ctrl+Space",
+        idle_pause=True,
+        system_prompt="You are terse.",
+        input_device=None,
+    )
+    assert fake.calls_to("apply_settings") == [(expected,)]
+
+
+def test_missing_folder_is_reported_and_nothing_is_lost(qtbot: QtBot, custom: Settings, tmp_path: Path) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.show()
+    dialog.tabs.setCurrentIndex(3)
+    dialog.model_page.folder_edits["8bit"].setText(str(tmp_path / "nowhere"))
+    dialog.accept()
+    assert fake.calls_to("apply_settings") == []
+    assert dialog.isVisible() and dialog.error.isVisible()
+    assert "nowhere" in dialog.error.text() and "does not exist" in dialog.error.text()
+    assert dialog.tabs.currentIndex() == 0, "the dialog shows the field with the problem"
+    assert dialog.model_page.folder_edits["8bit"].text() == str(tmp_path / "nowhere")
+
+
+def test_empty_key_is_rejected(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.key_edit.clear()
+    dialog.accept()
+    assert fake.calls_to("apply_settings") == []
+    assert "push-to-talk key" in dialog.error.text()
+
+
+def test_apply_failure_keeps_the_dialog_open(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.show()
+    fake.fail("apply_settings", OSError(28, "No space left on device"))
+    dialog.accept()
+    assert dialog.isVisible()
+    assert "No space left" in dialog.error.text()
+
+
+def test_variant_toggle_switches_at_once(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    assert dialog.model_page.variant_buttons["4bit"].isChecked()
+    qtbot.mouseClick(dialog.model_page.variant_buttons["8bit"], Qt.MouseButton.LeftButton)
+    assert fake.calls_to("switch_variant") == [("8bit",)]
+    assert dialog.settings().active_variant == "8bit"
+    assert "Loading the 8-bit model" in dialog.model_page.variant_status.text()
+    qtbot.mouseClick(dialog.model_page.variant_buttons["4bit"], Qt.MouseButton.LeftButton)
+    assert fake.calls_to("switch_variant") == [("8bit",), ("4bit",)]
+    assert fake.calls_to("apply_settings") == [], "unchanged folders need no save first"
+
+
+def test_variant_toggle_uses_an_edited_folder(qtbot: QtBot, custom: Settings, tmp_path: Path) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    new_folder = tmp_path / "elsewhere-8bit"
+    new_folder.mkdir()
+    dialog.model_page.folder_edits["8bit"].setText(str(new_folder))
+    dialog.model_page.variant_buttons["8bit"].click()
+    (saved,) = fake.calls_to("apply_settings")
+    assert saved[0].checkpoint_8bit == new_folder and saved[0].active_variant == "4bit"
+    assert fake.calls_to("switch_variant") == [("8bit",)]
+
+
+def test_variant_toggle_without_a_folder_explains(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom.with_changes(checkpoint_8bit=None))
+    dialog.model_page.variant_buttons["8bit"].click()
+    assert fake.calls_to("switch_variant") == []
+    assert dialog.model_page.variant_buttons["4bit"].isChecked()
+    assert "Choose the 8-bit folder" in dialog.model_page.variant_status.text()
+
+
+def test_refresh_button_lists_devices(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    fake.inputs = ["Mic A", "Mic B", "USB Headset"]
+    dialog.refresh_button.click()
+    assert fake.calls_to("refresh_devices") == [()]
+    items = [dialog.input_combo.itemText(i) for i in range(dialog.input_combo.count())]
+    assert items == ["System default", "Mic A", "Mic B", "USB Headset"]
+    assert dialog.input_combo.currentText() == "USB Headset"
+    assert "3 microphones" in dialog.device_status.text()
+
+
+def test_refresh_failure_is_shown(qtbot: QtBot, custom: Settings) -> None:
+    dialog, fake = make_dialog(qtbot, custom)
+    fake.fail("refresh_devices", RuntimeError("PortAudio not initialised"))
+    dialog.refresh_button.click()
+    assert "PortAudio not initialised" in dialog.device_status.text()
+
+
+def test_window_applies_saved_settings(window: MainWindow, fake: FakeController, qtbot: QtBot) -> None:
+    dialog = window.open_settings()
+    dialog.toggle_radio.setChecked(True)
+    dialog.overlay_check.setChecked(False)
+    dialog.accept()
+    assert fake.settings.talk_mode == "toggle" and fake.settings.overlay is False
+    assert window.conversation.talk.mode == "toggle"
+    assert not window.actions.show_overlay.isChecked()

@@ -1,0 +1,403 @@
+"""The application: ``run_gui()`` (composition root) and the main window.
+
+``run_gui`` loads the settings, applies the theme, builds the controller through a
+factory (tests and ``--fake-engine`` inject a fake), shows one :class:`MainWindow` and
+runs the event loop. The window talks to the app core only through the controller's
+methods, always on the Qt main thread, and hears back only through the event pump.
+Every controller call it makes is guarded: a failure becomes a banner, never a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Final, TypeVar
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QCloseEvent, QDesktopServices, QIcon
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.messages import (
+    AppState,
+    ConversationTime,
+    DeviceStatus,
+    DownloadProgress,
+    Failure,
+    Levels,
+    LoadProgress,
+    ModelLoaded,
+    Notice,
+    SpeedCheck,
+    StateChanged,
+)
+from app.paths import resource_path
+from app.settings import Settings, load_settings
+
+from .banner import BannerArea
+from .contracts import Controller, ControllerFactory
+from .conversation_page import ConversationPage
+from .event_pump import EventPump
+from .first_run import FirstRunPage
+from .geometry import encode_geometry, fit_to_screen, restore_geometry
+from .header import HeaderBar
+from .menus import build_menus
+from .settings_dialog import SettingsDialog
+from .theme import apply_theme
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+TALKABLE: Final = {AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED}
+INFO_TIMEOUT_MS: Final = 20_000
+
+
+class MainWindow(QMainWindow):
+    """The single app window: header, banners, first-run or conversation page, menus, status bar."""
+
+    def __init__(self, controller: Controller) -> None:
+        super().__init__()
+        self.controller = controller
+        self._first_run_active = controller.settings.active_checkpoint is None
+        self._time_up_offered = False
+        self._model_loaded = False
+        self.setWindowTitle("Parley")
+        self.setWindowIcon(QIcon(str(resource_path("parley.svg"))))
+        self.setMinimumSize(760, 640)
+        fit_to_screen(self, 980, 820)
+
+        self.banners = BannerArea(self)
+        self.header = HeaderBar(self)
+        self.indicator = self.header.indicator
+
+        self.first_run = FirstRunPage(controller, self)
+        self.conversation = ConversationPage(controller, self)
+        self.pages = QStackedWidget(self)
+        self.pages.addWidget(self.first_run)
+        self.pages.addWidget(self.conversation)
+        self.pages.setCurrentWidget(self.first_run if self._first_run_active else self.conversation)
+
+        central = QWidget(self)
+        layout = QVBoxLayout(central)
+        layout.setContentsMargins(24, 16, 24, 16)
+        layout.setSpacing(14)
+        layout.addWidget(self.banners)
+        layout.addWidget(self.header)
+        layout.addWidget(self.pages, 1)
+        self.setCentralWidget(central)
+
+        self.device_label = QLabel(self)
+        self.statusBar().addPermanentWidget(self.device_label)
+        self.statusBar().setSizeGripEnabled(False)
+
+        self.actions = build_menus(self)
+        self._connect_actions()
+        self.pump = EventPump(controller, self)
+        self._connect_pump()
+        self.first_run.start_requested.connect(self.show_conversation)
+        talk = self.conversation.talk
+        talk.talking_changed.connect(self._talking_changed)
+        talk.failed.connect(self.show_failure)
+        self.apply_ui_settings(controller.settings)
+        restore_geometry(self, controller.settings.window_geometry)
+        self._set_model_actions_enabled(False)
+
+    # -- wiring ----------------------------------------------------------------------------------------------------
+
+    def _connect_actions(self) -> None:
+        actions = self.actions
+        actions.export_profile.triggered.connect(self.export_profile)
+        actions.save_conversation.triggered.connect(self.save_conversation)
+        actions.get_model.triggered.connect(self.show_model_setup)
+        actions.open_log_folder.triggered.connect(self.open_log_folder)
+        actions.quit.triggered.connect(self.close)
+        actions.new_conversation.triggered.connect(self.new_conversation)
+        actions.show_overlay.toggled.connect(self._overlay_toggled)
+        actions.theme_group.triggered.connect(lambda action: self.set_theme(action.data()))
+        actions.settings.triggered.connect(self.open_settings)
+
+    def _connect_pump(self) -> None:
+        pump, page = self.pump, self.conversation
+        pump.state_changed.connect(self.handle_state)
+        pump.frame_stats.connect(page.overlay.add_stats)
+        pump.levels.connect(self.handle_levels)
+        pump.load_progress.connect(self.handle_load_progress)
+        pump.model_loaded.connect(self.handle_model_loaded)
+        pump.speed_check.connect(self.handle_speed_check)
+        pump.conversation_time.connect(self.handle_conversation_time)
+        pump.device_status.connect(self.handle_device_status)
+        pump.download_progress.connect(self.handle_download_progress)
+        pump.failure.connect(self.show_failure)
+        pump.notice.connect(self.handle_notice)
+        pump.user_transcript.connect(page.transcript.add_user_delta)
+        pump.assistant_text.connect(page.transcript.add_assistant_delta)
+        pump.tool_call.connect(page.transcript.add_tool_call)
+
+    def start(self) -> None:
+        """Start polling and ask the controller to load the configured model."""
+        self.pump.start()
+        self._attempt("start the app core", self.controller.start)
+
+    # -- message handlers ------------------------------------------------------------------------------------------
+
+    def handle_state(self, message: StateChanged) -> None:
+        state = message.state
+        self.indicator.set_state(state, message.detail)
+        self.conversation.talk.set_available(state in TALKABLE)
+        if state is AppState.NO_MODEL:
+            self._model_loaded = False
+            self._set_model_actions_enabled(False)
+            self._first_run_active = True
+            self.first_run.reset()
+            self.pages.setCurrentWidget(self.first_run)
+
+    def handle_levels(self, levels: Levels) -> None:
+        page = self.conversation
+        page.mic_meter.set_peak(levels.input_peak)
+        page.speaker_meter.set_peak(levels.output_peak)
+        page.talk.set_level(levels.input_peak)
+
+    def handle_load_progress(self, progress: LoadProgress) -> None:
+        """On the first-run page as a progress bar; otherwise (a reload) in the state line."""
+        if self._first_run_active:
+            self.first_run.handle_load_progress(progress)
+        elif progress.fraction < 1.0:
+            share = f" ({progress.fraction:.0%})" if progress.fraction >= 0 else ""
+            self.indicator.set_state(AppState.LOADING, f"{progress.message}{share}")
+            self.conversation.talk.set_available(False)
+
+    def handle_model_loaded(self, loaded: ModelLoaded) -> None:
+        self._model_loaded = True
+        self._set_model_actions_enabled(True)
+        description = self.header.show_model(loaded)
+        self.conversation.transcript.clear()
+        self.conversation.overlay.clear()
+        self._time_up_offered = False
+        if self._first_run_active:
+            self.first_run.handle_model_loaded(loaded)
+        else:
+            self.statusBar().showMessage(f"Loaded {description}.", 8000)
+
+    def handle_speed_check(self, check: SpeedCheck) -> None:
+        if self._first_run_active:
+            self.first_run.handle_speed_check(check)
+            return
+        slow = check.realtime_factor > 1.0
+        self.banners.show_message(
+            f"Speed check: {check.verdict} (realtime factor {check.realtime_factor:.2f})",
+            kind="warning" if slow else "info",
+            timeout_ms=None if slow else INFO_TIMEOUT_MS,
+        )
+
+    def handle_conversation_time(self, time: ConversationTime) -> None:
+        remaining = max(0.0, time.remaining_s)
+        self.header.show_time_left(remaining)
+        if remaining <= 0 and not self._time_up_offered:
+            self._time_up_offered = True
+            self.banners.show_message(
+                "This conversation has reached its length limit. Start a new one to keep talking.",
+                kind="warning",
+                action=("New conversation", self.new_conversation),
+            )
+
+    def handle_device_status(self, status: DeviceStatus) -> None:
+        mic = status.input_name or "default microphone"
+        speaker = status.output_name or "default speaker"
+        self.device_label.setText(f"Mic: {mic}  ·  Speaker: {speaker}")
+        self.conversation.mic_meter.set_caption(mic)
+        self.conversation.speaker_meter.set_caption(speaker)
+        if status.message:
+            self.banners.show_message(status.message, kind="warning")
+
+    def handle_download_progress(self, progress: DownloadProgress) -> None:
+        self.first_run.handle_download_progress(progress)  # a failure also arrives as a Failure (the banner)
+
+    def handle_notice(self, notice: Notice) -> None:
+        text = notice.message
+        folder = str(notice.paths[0].parent) if notice.paths else ""
+        if folder and folder not in text:
+            text += f" ({folder})"
+        self.statusBar().showMessage(text, 10000)
+
+    def show_failure(self, failure: Failure) -> None:
+        """Show a failure in a banner (with the traceback under "Details"); the window stays usable."""
+        self.banners.show_message(failure.message, kind="error", details=failure.details)
+        if self._first_run_active and not self._model_loaded:
+            self.first_run.handle_failure(failure.message)
+
+    # -- user actions ----------------------------------------------------------------------------------------------
+
+    def show_model_setup(self) -> None:
+        """The first-run page again: download or choose a model (the menu's "Get a Model…")."""
+        self._first_run_active = True
+        self.first_run.open_setup()
+        self.pages.setCurrentWidget(self.first_run)
+
+    def show_conversation(self) -> None:
+        self._first_run_active = False
+        self.pages.setCurrentWidget(self.conversation)
+        self.conversation.talk.button.setFocus()
+
+    def new_conversation(self) -> None:
+        ok, _ = self._attempt("start a new conversation", self.controller.new_conversation)
+        if ok:
+            self.conversation.transcript.clear()
+            self._time_up_offered = False
+            self.header.hide_time_left()
+
+    def export_profile(self) -> None:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        suggested = str(Path.home() / f"parley-profile-{stamp}.json")
+        chosen, _ = QFileDialog.getSaveFileName(self, "Export Profile", suggested, "Session profile (*.json)")
+        if not chosen:
+            return
+        _, paths = self._attempt("export the profile", lambda: self.controller.export_profile(Path(chosen)))
+        if paths:
+            self.statusBar().showMessage(f"Exported {', '.join(p.name for p in paths)} to {paths[0].parent}", 10000)
+
+    def save_conversation(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "Save Conversation Into", str(Path.home()))
+        if not chosen:
+            return
+        _, paths = self._attempt("save the conversation", lambda: self.controller.save_conversation(Path(chosen)))
+        if paths:
+            self.statusBar().showMessage(f"Saved {len(paths)} files to {chosen}", 10000)
+
+    def open_log_folder(self) -> None:
+        _, folder = self._attempt("find the log folder", self.controller.log_dir)
+        if folder is None:
+            return
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            self.banners.show_message(f"Could not open a file browser. The logs are in {folder}", kind="warning")
+
+    def open_settings(self) -> SettingsDialog:
+        """Open the settings dialog (window-modal, non-blocking); returns it."""
+        dialog = SettingsDialog(self.controller, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.accepted.connect(lambda: self.apply_ui_settings(self.controller.settings))
+        dialog.open()
+        return dialog
+
+    def set_theme(self, theme: str) -> None:
+        self._update_settings(theme=theme)
+        self.apply_ui_settings(self.controller.settings)
+
+    def _overlay_toggled(self, shown: bool) -> None:
+        self.conversation.set_overlay_visible(shown)
+        if shown != self.controller.settings.overlay:
+            self._update_settings(overlay=shown)
+
+    def _talking_changed(self, talking: bool) -> None:
+        if talking:
+            self.conversation.transcript.start_new_turn()
+
+    # -- settings -------------------------------------------------------------------------------------
+
+    def apply_ui_settings(self, settings: Settings) -> None:
+        """Make the window match ``settings`` (theme, overlay, talk key and mode)."""
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            apply_theme(app, settings.theme)
+        self.actions.themes[settings.theme].setChecked(True)
+        self.actions.show_overlay.setChecked(settings.overlay)
+        self.conversation.set_overlay_visible(settings.overlay)
+        try:
+            self.conversation.talk.configure(settings.talk_key, settings.talk_mode)
+        except ValueError as exc:
+            self.banners.show_message(
+                f"The push-to-talk key cannot be used: {exc}. Space is used instead.", kind="warning"
+            )
+            self.conversation.talk.configure("Space", settings.talk_mode)
+
+    def _update_settings(self, **changes: object) -> None:
+        self._attempt(
+            "save the settings",
+            lambda: self.controller.apply_settings(self.controller.settings.with_changes(**changes)),
+        )
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        geometry = encode_geometry(self)
+        if geometry != self.controller.settings.window_geometry:
+            self._update_settings(window_geometry=geometry)
+        self.pump.stop()
+        super().closeEvent(event)
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _attempt(self, what: str, call: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run a controller call: ``(True, result)``, or ``(False, None)`` after showing a banner."""
+        try:
+            return True, call()
+        except Exception as exc:  # any failure of the app core becomes a banner
+            log.exception("could not %s", what)
+            self.banners.show_message(f"Could not {what}: {exc}", kind="error", details=traceback.format_exc())
+            return False, None
+
+    def _set_model_actions_enabled(self, enabled: bool) -> None:
+        self.actions.export_profile.setEnabled(enabled)
+        self.actions.save_conversation.setEnabled(enabled)
+        self.actions.new_conversation.setEnabled(enabled)
+
+
+def _real_controller_factory(settings_path: Path | None) -> ControllerFactory:
+    def build(settings: Settings) -> Controller:
+        from app.controller import AppController  # imported here so tests never need the real engine
+
+        return AppController(settings, settings_path=settings_path)
+
+    return build
+
+
+def run_gui(
+    argv: Sequence[str] | None = None,
+    *,
+    controller_factory: ControllerFactory | None = None,
+    settings_path: Path | None = None,
+) -> int:
+    """Open the window and run until it closes; returns the process exit code."""
+    app = QApplication.instance()
+    if not isinstance(app, QApplication):
+        app = QApplication(list(argv) if argv is not None else sys.argv[:1])
+    app.setApplicationName("Parley")
+    app.setApplicationDisplayName("Parley")
+    app.setDesktopFileName("parley")
+    app.setWindowIcon(QIcon(str(resource_path("parley.svg"))))
+
+    settings, warning = load_settings(settings_path)
+    apply_theme(app, settings.theme)
+    factory = controller_factory or _real_controller_factory(settings_path)
+    try:
+        controller = factory(settings)
+    except Exception as exc:  # nothing works without the core; say why and exit
+        log.exception("could not create the app controller")
+        QMessageBox.critical(None, "Parley cannot start", f"The app core could not be started:\n\n{exc}")
+        return 1
+
+    window = MainWindow(controller)
+    hints = app.styleHints()
+    hints.colorSchemeChanged.connect(
+        lambda _scheme: apply_theme(app, "system") if controller.settings.theme == "system" else None
+    )
+    if warning:
+        window.banners.show_message(warning, kind="warning")
+    window.show()
+    window.start()
+    try:
+        return app.exec()
+    finally:
+        try:
+            controller.shutdown()
+        except Exception:  # exiting anyway; the log has it
+            log.exception("controller.shutdown() failed")

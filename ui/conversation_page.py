@@ -1,0 +1,52 @@
+"""The conversation page: transcript card, the talk control between the two level meters, the overlay."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QVBoxLayout, QWidget
+
+from .contracts import Controller
+from .level_meter import LevelMeter
+from .overlay import FrameOverlay
+from .talk_button import TalkControl
+from .transcript_view import TranscriptView
+
+
+class ConversationPage(QWidget):
+    """Lays out the conversation widgets; the window feeds them."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.transcript = TranscriptView(self)
+        transcript_card = QFrame(self)
+        transcript_card.setObjectName("ConversationCard")
+        card_layout = QVBoxLayout(transcript_card)
+        card_layout.setContentsMargins(1, 1, 1, 1)
+        card_layout.addWidget(self.transcript)
+
+        self.mic_meter = LevelMeter("Microphone", self)
+        self.speaker_meter = LevelMeter("Assistant", self)
+        self.talk = TalkControl(controller, self)
+        controls = QHBoxLayout()
+        controls.setContentsMargins(8, 4, 8, 0)
+        controls.setSpacing(24)
+        controls.addWidget(self.mic_meter, 1, Qt.AlignmentFlag.AlignVCenter)
+        controls.addWidget(self.talk, 0, Qt.AlignmentFlag.AlignCenter)
+        controls.addWidget(self.speaker_meter, 1, Qt.AlignmentFlag.AlignVCenter)
+
+        self.overlay = FrameOverlay(self)
+        self.overlay_card = QFrame(self)
+        self.overlay_card.setObjectName("OverlayCard")
+        overlay_layout = QVBoxLayout(self.overlay_card)
+        overlay_layout.setContentsMargins(0, 0, 0, 0)
+        overlay_layout.addWidget(self.overlay)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(14)
+        layout.addWidget(transcript_card, 1)
+        layout.addLayout(controls)
+        layout.addWidget(self.overlay_card)
+
+    def set_overlay_visible(self, visible: bool) -> None:
+        self.overlay_card.setVisible(visible)

@@ -1,0 +1,404 @@
+"""The first-run page, shown in the window while no model is loaded.
+
+Three ways to get a model: download a published checkpoint (4-bit or 8-bit, with
+progress, speed and cancel; resuming is the controller's job), point at a folder that
+is already on disk, or start the demo checkpoint — clearly marked as producing no real
+speech. While a model loads the page shows progress; once it is loaded it shows the
+speed check's verdict in plain words and a button to start. Main thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Final
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.messages import DownloadProgress, LoadProgress, ModelLoaded, SpeedCheck
+from app.paths import resource_path
+from app.settings import VARIANT_REPOS, VARIANT_SIZES_GB, default_models_dir
+
+from .contracts import Controller
+from .download_status import DownloadStatus
+
+VARIANT_NOTES: Final = {
+    "4bit": "Recommended. Faster, and fits machines with 16 GB of memory or more.",
+    "8bit": "Closer to the original model. Needs more memory and a faster machine.",
+}
+
+
+def _card(parent: QWidget) -> tuple[QFrame, QVBoxLayout]:
+    card = QFrame(parent)
+    card.setObjectName("Card")
+    layout = QVBoxLayout(card)
+    layout.setContentsMargins(20, 16, 20, 18)
+    layout.setSpacing(10)
+    return card, layout
+
+
+def _label(text: str, parent: QWidget, role: str | None = None) -> QLabel:
+    label = QLabel(text, parent)
+    label.setWordWrap(True)
+    if role is not None:
+        label.setProperty("role", role)
+    return label
+
+
+class FirstRunPage(QWidget):
+    """Download / choose folder / demo; then load progress; then the speed verdict."""
+
+    start_requested = Signal()  # "Start talking" after a model loaded
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._controller = controller
+        self._download_root = default_models_dir()
+        self._downloading: str | None = None
+        self._status = DownloadStatus()
+        self.loaded: ModelLoaded | None = None
+
+        content = QWidget()
+        column = QVBoxLayout(content)
+        column.setContentsMargins(32, 28, 32, 28)
+        column.setSpacing(16)
+
+        header = QHBoxLayout()
+        header.setSpacing(16)
+        icon = QLabel(content)
+        icon.setPixmap(QIcon(str(resource_path("parley.svg"))).pixmap(56, 56))
+        icon.setFixedSize(56, 56)
+        titles = QVBoxLayout()
+        titles.setSpacing(4)
+        self.title = _label("Welcome to Parley", content, "title")
+        self.subtitle = _label("", content, "muted")
+        titles.addWidget(self.title)
+        titles.addWidget(self.subtitle)
+        header.addWidget(icon, 0, Qt.AlignmentFlag.AlignTop)
+        header.addLayout(titles, 1)
+        column.addLayout(header)
+
+        column.addWidget(self._build_status_card(content))
+        column.addWidget(self._build_download_card(content))
+        column.addWidget(self._build_other_sources(content))
+        column.addStretch(1)
+
+        scroll = QScrollArea(self)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(content)
+        content.setMaximumWidth(760)
+        outer = QHBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(scroll)
+        scroll.setAlignment(Qt.AlignmentFlag.AlignHCenter)
+        self.setAccessibleName("Set up a model")
+        self._show_choices()
+
+    # -- building --------------------------------------------------------------------------------------------------
+
+    def _build_download_card(self, parent: QWidget) -> QFrame:
+        card, layout = _card(parent)
+        self.download_card = card
+        layout.addWidget(_label("Download the model", card, "heading"))
+        layout.addWidget(
+            _label(
+                "From Hugging Face (mlx-community). An interrupted download continues where it stopped.", card, "muted"
+            )
+        )
+        grid = QGridLayout()
+        grid.setHorizontalSpacing(14)
+        grid.setVerticalSpacing(10)
+        self.download_buttons: dict[str, QPushButton] = {}
+        for row, variant in enumerate(("4bit", "8bit")):
+            name = _label(f"{variant[0]}-bit · {VARIANT_SIZES_GB[variant]} GB", card)
+            name.setStyleSheet("font-weight: 600;")
+            note = _label(VARIANT_NOTES[variant], card, "muted")
+            button = QPushButton(f"Download {variant[0]}-bit", card)
+            button.setAccessibleName(f"Download the {variant[0]}-bit model, {VARIANT_SIZES_GB[variant]} gigabytes")
+            if variant == "4bit":
+                button.setProperty("kind", "primary")
+            button.clicked.connect(lambda _checked=False, v=variant: self.start_download(v))
+            grid.addWidget(name, row, 0)
+            grid.addWidget(note, row, 1)
+            grid.addWidget(button, row, 2)
+            self.download_buttons[variant] = button
+        grid.setColumnStretch(1, 1)
+        layout.addLayout(grid)
+
+        target_row = QHBoxLayout()
+        self.target_label = _label("", card, "muted")
+        change = QPushButton("Change…", card)
+        change.setProperty("kind", "link")
+        change.setAccessibleName("Change the download folder")
+        change.clicked.connect(self._choose_download_root)
+        self.change_target_button = change
+        target_row.addWidget(self.target_label, 1)
+        target_row.addWidget(change)
+        layout.addLayout(target_row)
+
+        self.download_progress = QProgressBar(card)
+        self.download_progress.setAccessibleName("Download progress")
+        self.download_text = _label("", card, "muted")
+        self.cancel_button = QPushButton("Cancel download", card)
+        self.cancel_button.clicked.connect(self.cancel_download)
+        progress_row = QHBoxLayout()
+        progress_row.addWidget(self.download_text, 1)
+        progress_row.addWidget(self.cancel_button)
+        layout.addWidget(self.download_progress)
+        layout.addLayout(progress_row)
+        self._update_target_label()
+        return card
+
+    def _build_other_sources(self, parent: QWidget) -> QWidget:
+        row = QWidget(parent)
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(16)
+
+        folder_card, folder = _card(row)
+        folder.addWidget(_label("Already downloaded?", folder_card, "heading"))
+        folder.addWidget(_label("Use a checkpoint folder that is already on this computer.", folder_card, "muted"))
+        folder.addStretch(1)
+        self.folder_button = QPushButton("Choose folder…", folder_card)
+        self.folder_button.setAccessibleName("Use a checkpoint folder on this computer")
+        self.folder_button.clicked.connect(self.choose_folder)
+        folder.addWidget(self.folder_button, 0, Qt.AlignmentFlag.AlignLeft)
+
+        demo_card, demo = _card(row)
+        demo.addWidget(_label("Just looking around?", demo_card, "heading"))
+        demo.addWidget(
+            _label(
+                "The demo uses a tiny model with random weights: the window, meters and overlay work, "
+                "but the assistant produces no real speech.",
+                demo_card,
+                "muted",
+            )
+        )
+        demo.addStretch(1)
+        self.demo_button = QPushButton("Start the demo (no real speech)", demo_card)
+        self.demo_button.setAccessibleName("Start the demo checkpoint, which produces no real speech")
+        self.demo_button.clicked.connect(self.start_demo)
+        demo.addWidget(self.demo_button, 0, Qt.AlignmentFlag.AlignLeft)
+
+        layout.addWidget(folder_card, 1)
+        layout.addWidget(demo_card, 1)
+        self.other_sources = row
+        self.demo_card = demo_card
+        return row
+
+    def _build_status_card(self, parent: QWidget) -> QFrame:
+        card, layout = _card(parent)
+        self.status_card = card
+        self.status_title = _label("", card, "heading")
+        self.status_text = _label("", card, "muted")
+        self.status_text.setAccessibleName("Model status")
+        self.load_progress = QProgressBar(card)
+        self.load_progress.setAccessibleName("Loading progress")
+        self.verdict = _label("", card)
+        self.verdict.setStyleSheet("font-weight: 600;")
+        self.verdict.setAccessibleName("Speed check")
+        self.start_button = QPushButton("Start talking", card)
+        self.start_button.setProperty("kind", "primary")
+        self.start_button.clicked.connect(self.start_requested)
+        layout.addWidget(self.status_title)
+        layout.addWidget(self.status_text)
+        layout.addWidget(self.load_progress)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.start_button, 0, Qt.AlignmentFlag.AlignLeft)
+        return card
+
+    # -- user actions ----------------------------------------------------------------------------------------------
+
+    def download_target(self, variant: str) -> Path:
+        """Where ``variant`` is downloaded to: ``<download folder>/<repository name>``."""
+        return self._download_root / VARIANT_REPOS[variant].split("/")[1]
+
+    def start_download(self, variant: str) -> None:
+        repo = VARIANT_REPOS[variant]
+        self._downloading = repo
+        self._status.reset()
+        self._controller.start_download(repo, self.download_target(variant))
+        self._set_downloading(True)
+        self.download_progress.setRange(0, 0)
+        self.download_text.setText(f"Starting the download of {repo}…")
+
+    def cancel_download(self) -> None:
+        self._controller.cancel_download()
+        self._downloading = None
+        self._set_downloading(False)
+        self.download_text.setText("Download cancelled. What was already downloaded is kept for next time.")
+        self.download_text.show()
+        self._show_choices()
+
+    def choose_folder(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "Choose a VoiceChat checkpoint folder", str(Path.home()))
+        if chosen:
+            self._controller.use_checkpoint(Path(chosen))
+            self._show_loading(f"Opening {chosen}…")
+
+    def start_demo(self) -> None:
+        self._controller.start_demo()
+        self._show_loading("Preparing the demo checkpoint…")
+
+    def _choose_download_root(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "Download models into", str(self._download_root))
+        if chosen:
+            self._download_root = Path(chosen)
+            self._update_target_label()
+
+    # -- messages from the app core --------------------------------------------------------------------------------
+
+    def handle_download_progress(self, progress: DownloadProgress) -> None:
+        if progress.failed:
+            self._downloading = None
+            self._set_downloading(False)
+            reason = (progress.message or "The download failed").rstrip(".")
+            self.download_text.setText(f"{reason}. Press Download to try again — finished files are kept.")
+            self.download_text.show()
+            return
+        if progress.finished:
+            self._downloading = None
+            self._set_downloading(False)
+            self.download_text.setText(progress.message or "Download complete.")
+            self.download_text.show()
+            self._show_loading("Download complete — loading the model…")
+            return
+        if self._downloading is None:  # a late report after Cancel: show its words, stay cancelled
+            if progress.message:
+                self.download_text.setText(progress.message)
+            return
+        self._set_downloading(True)
+        view = self._status.update(progress, time.monotonic())
+        if view.fraction is None:
+            self.download_progress.setRange(0, 0)
+        else:
+            self.download_progress.setRange(0, 1000)
+            self.download_progress.setValue(round(view.fraction * 1000))
+        self.download_text.setText(view.text)
+        self.download_progress.setAccessibleDescription(view.text)
+
+    def handle_load_progress(self, progress: LoadProgress) -> None:
+        if progress.fraction >= 1.0 and self.loaded is not None:
+            return  # the load's closing report comes after ModelLoaded; the verdict stays up
+        if progress.fraction < 1.0:
+            self.loaded = None  # a new load replaces whatever was loaded
+        self._show_loading(progress.message)
+        if progress.fraction < 0:
+            self.load_progress.setRange(0, 0)
+        else:
+            self.load_progress.setRange(0, 1000)
+            self.load_progress.setValue(round(min(1.0, progress.fraction) * 1000))
+
+    def handle_model_loaded(self, loaded: ModelLoaded) -> None:
+        """Show what loaded and wait for the speed check. With the demo, the real options stay offered."""
+        self.loaded = loaded
+        self.verdict.setText("Checking whether this computer keeps up with real time…")
+        self._show_loaded(keep_choices=loaded.demo)
+        self.start_button.setFocus()
+
+    def open_setup(self) -> None:
+        """Offer the choices again (from the menu); a loaded model stays one click away."""
+        self._show_choices()
+        if self.loaded is not None:
+            self._show_loaded(keep_choices=True)
+
+    def handle_speed_check(self, check: SpeedCheck) -> None:
+        self.verdict.setText(f"{check.verdict} (realtime factor {check.realtime_factor:.2f}; below 1 keeps up.)")
+        self.verdict.show()
+
+    def handle_failure(self, message: str) -> None:
+        """A load or download failed: offer the choices again, with the reason."""
+        self._show_choices()
+        self.status_card.show()
+        self.load_progress.hide()
+        self.start_button.hide()
+        self.verdict.hide()
+        self.status_title.setText("That did not work")
+        self.status_text.setText(message)
+
+    def reset(self) -> None:
+        """Back to the three choices (no model is loaded)."""
+        self.loaded = None
+        self._show_choices()
+
+    # -- internals -------------------------------------------------------------------------------------------------
+
+    def _show_loaded(self, *, keep_choices: bool) -> None:
+        loaded = self.loaded
+        assert loaded is not None
+        self.title.setText("You are all set")
+        self.subtitle.setText("The model is loaded. Hold the talk key and speak; let go to hear the answer.")
+        self.download_card.setVisible(keep_choices)
+        self.other_sources.setVisible(keep_choices)
+        self.demo_card.setVisible(not loaded.demo)
+        self._set_buttons_enabled(True)
+        self.status_card.show()
+        self.load_progress.hide()
+        if loaded.demo:
+            self.status_title.setText("Demo ready")
+            self.status_text.setText(
+                "The demo checkpoint is loaded. Everything works — talk key, meters, overlay — but its weights "
+                "are random, so the assistant produces no real speech, only noise or silence. "
+                "Download or choose the real model below whenever you like."
+            )
+        else:
+            bits = f"{loaded.quantization_bits}-bit" if loaded.quantization_bits else "full precision"
+            self.status_title.setText("Model ready")
+            self.status_text.setText(f"{loaded.name} ({bits}) is loaded from {loaded.path}.")
+        self.verdict.show()
+        self.start_button.setText("Try the demo" if loaded.demo else "Start talking")
+        self.start_button.show()
+
+    def _show_choices(self) -> None:
+        self.title.setText("Welcome to Parley")
+        self.subtitle.setText(
+            "Parley runs NVIDIA's NemotronLabs VoiceChat 11B on this computer — nothing you say leaves it. "
+            "First, choose where the model comes from."
+        )
+        self.download_card.show()
+        self.other_sources.show()
+        self.demo_card.show()
+        self.status_card.hide()
+        self._set_buttons_enabled(True)
+        self._set_downloading(self._downloading is not None)
+
+    def _show_loading(self, message: str) -> None:
+        self.status_card.show()
+        self.status_title.setText("Loading the model")
+        self.status_text.setText(message)
+        self.load_progress.show()
+        self.verdict.hide()
+        self.start_button.hide()
+        self._set_buttons_enabled(False)
+
+    def _set_buttons_enabled(self, enabled: bool) -> None:
+        for button in (*self.download_buttons.values(), self.folder_button, self.demo_button):
+            button.setEnabled(enabled and self._downloading is None)
+        self.change_target_button.setEnabled(enabled and self._downloading is None)
+
+    def _set_downloading(self, downloading: bool) -> None:
+        self.download_progress.setVisible(downloading)
+        self.cancel_button.setVisible(downloading)
+        self.download_text.setVisible(downloading or bool(self.download_text.text()))
+        for button in (*self.download_buttons.values(), self.folder_button, self.demo_button):
+            button.setEnabled(not downloading)
+        self.change_target_button.setEnabled(not downloading)
+
+    def _update_target_label(self) -> None:
+        self.target_label.setText(f"Saved in {self._download_root}")
+        self.target_label.setToolTip(str(self._download_root))

@@ -1,0 +1,337 @@
+"""The push-to-talk control: a large round button plus the talk key, anywhere in the window.
+
+Hold mode: pressing the key or the button starts talking, releasing stops. Toggle mode:
+each press flips. The key is caught by an application-wide event filter, so it works
+whatever has focus in the main window — except editable text fields, which keep their
+keys — while the talk control is on screen, and never in dialogs or menus. Auto-repeat
+presses and releases are swallowed. If the window loses focus while the key is held
+(the release would never arrive), talking stops. ``controller.set_talking`` is called
+only when the state really changes. Main thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Final
+
+from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QFocusEvent, QHideEvent, QKeyEvent, QKeySequence, QPainter, QPaintEvent, QPen
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QAbstractSpinBox,
+    QApplication,
+    QComboBox,
+    QKeySequenceEdit,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QTextEdit,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.messages import Failure
+
+from . import glyphs
+from .contracts import Controller
+from .theme import colors
+
+log = logging.getLogger(__name__)
+
+BUTTON_DIAMETER: Final = 116
+_HALO: Final = 22  # room around the disc for the level halo
+
+
+def parse_talk_key(text: str) -> QKeySequence:
+    """A one-key sequence from settings text such as ``"Space"`` or ``"Ctrl+F5"``; raises ``ValueError``."""
+    sequence = QKeySequence.fromString(text, QKeySequence.SequenceFormat.PortableText)
+    if sequence.count() != 1 or sequence[0].key() in (Qt.Key.Key_unknown, 0):
+        raise ValueError(f"{text!r} is not a single key (examples: Space, F5, Ctrl+Space)")
+    return sequence
+
+
+def key_display_name(text: str) -> str:
+    """How to name the key to the user ("Space", "Ctrl+F5", "⌘Space" on macOS)."""
+    try:
+        return parse_talk_key(text).toString(QKeySequence.SequenceFormat.NativeText)
+    except ValueError:
+        return text
+
+
+def _is_text_input(widget: QWidget | None) -> bool:
+    """Editable text widgets keep their keys, so the talk key can still be typed there."""
+    if widget is None:
+        return False
+    if isinstance(widget, QLineEdit | QPlainTextEdit | QTextEdit):
+        return not widget.isReadOnly()
+    if isinstance(widget, QComboBox):
+        return widget.isEditable()
+    return isinstance(widget, QAbstractSpinBox | QKeySequenceEdit)
+
+
+class TalkButton(QAbstractButton):
+    """The big round button: accent disc with a microphone; red with a level halo while talking."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._talking = False
+        self._level = 0.0
+        self._hovered = False
+        self._focus_ring = False
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.setAccessibleName("Talk")
+        side = BUTTON_DIAMETER + 2 * _HALO
+        self.setFixedSize(side, side)
+
+    def sizeHint(self) -> QSize:
+        side = BUTTON_DIAMETER + 2 * _HALO
+        return QSize(side, side)
+
+    @property
+    def talking(self) -> bool:
+        return self._talking
+
+    def set_talking(self, talking: bool) -> None:
+        self._talking = talking
+        self.update()
+
+    def set_level(self, level: float) -> None:
+        """Input peak (0..1); drives the halo while talking."""
+        level = min(1.0, max(0.0, level))
+        if abs(level - self._level) > 0.01:
+            self._level = level
+            if self._talking:
+                self.update()
+
+    def hitButton(self, pos: QPointF) -> bool:  # type: ignore[override]
+        centre = QPointF(self.width() / 2, self.height() / 2)
+        delta = QPointF(pos) - centre
+        return delta.x() ** 2 + delta.y() ** 2 <= (BUTTON_DIAMETER / 2 + 4) ** 2
+
+    def focusInEvent(self, event: QFocusEvent) -> None:
+        # The ring is for keyboard users; a click or the window giving focus does not need it.
+        self._focus_ring = event.reason() in (
+            Qt.FocusReason.TabFocusReason,
+            Qt.FocusReason.BacktabFocusReason,
+            Qt.FocusReason.ShortcutFocusReason,
+        )
+        super().focusInEvent(event)
+
+    def focusOutEvent(self, event: QFocusEvent) -> None:
+        self._focus_ring = False
+        super().focusOutEvent(event)
+
+    def enterEvent(self, event: QEvent) -> None:
+        self._hovered = True
+        self.update()
+        super().enterEvent(event)
+
+    def leaveEvent(self, event: QEvent) -> None:
+        self._hovered = False
+        self.update()
+        super().leaveEvent(event)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        theme = colors()
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        centre = QPointF(self.width() / 2, self.height() / 2)
+        radius = BUTTON_DIAMETER / 2
+        if not self.isEnabled():
+            fill, glyph = theme.qcolor("surface_alt"), theme.qcolor("muted")
+        elif self._talking:
+            fill, glyph = theme.qcolor("talk_active"), QColor("#ffffff")
+        else:
+            fill = theme.qcolor("accent_hover" if self._hovered or self.isDown() else "accent")
+            glyph = theme.qcolor("accent_text")
+
+        halo = QColor(fill)
+        if self.isEnabled():
+            extent = 8 + (_HALO - 8) * (self._level**0.5 if self._talking else 0.0)
+            halo.setAlphaF(0.22 if self._talking else 0.12)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(halo)
+            painter.drawEllipse(centre, radius + extent, radius + extent)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(fill)
+        painter.drawEllipse(centre, radius, radius)
+        if not self.isEnabled():
+            painter.setPen(QPen(theme.qcolor("border"), 1.5))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawEllipse(centre, radius, radius)
+
+        icon = radius * 0.95
+        glyphs.microphone(painter, QRectF(centre.x() - icon / 2, centre.y() - icon / 2, icon, icon), glyph)
+
+        if self.hasFocus() and self._focus_ring:
+            pen = QPen(theme.qcolor("text"), 2, Qt.PenStyle.DashLine)
+            painter.setPen(pen)
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawEllipse(centre, radius + 5, radius + 5)
+        painter.end()
+
+
+class TalkControl(QWidget):
+    """The talk button with its hint line, and the talk-key handling for the window it lives in."""
+
+    talking_changed = Signal(bool)
+    failed = Signal(Failure)
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._controller = controller
+        self._talking = False
+        self._key_down = False
+        self._available = False
+        self._mode = "hold"
+        self._key_text = "Space"
+        self._key = parse_talk_key("Space")
+
+        self.button = TalkButton(self)
+        self.hint = QLabel(self)
+        self.hint.setProperty("role", "talkHint")
+        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addWidget(self.button, 0, Qt.AlignmentFlag.AlignHCenter)
+        layout.addWidget(self.hint, 0, Qt.AlignmentFlag.AlignHCenter)
+
+        self.button.pressed.connect(self._button_pressed)
+        self.button.released.connect(self._button_released)
+        app = QApplication.instance()
+        if app is not None:
+            app.installEventFilter(self)
+        self.set_available(False)
+
+    # -- configuration ---------------------------------------------------------------------------------------------
+
+    @property
+    def talking(self) -> bool:
+        return self._talking
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def configure(self, key: str, mode: str) -> None:
+        """Use ``key`` (settings text, e.g. "Space") in ``mode`` ("hold" or "toggle")."""
+        if mode not in ("hold", "toggle"):
+            raise ValueError(f"talk mode must be hold or toggle; got {mode!r}")
+        self._key = parse_talk_key(key)
+        self._key_text = key
+        if mode != self._mode:
+            self._set_talking(False)
+        self._mode = mode
+        self._key_down = False
+        self._update_hint()
+
+    def set_available(self, available: bool) -> None:
+        """Whether talking is possible now (a model is loaded); stops talking when it is not."""
+        self._available = available
+        if not available:
+            self._set_talking(False)
+        self.button.setEnabled(available)
+        self._update_hint()
+
+    def set_level(self, level: float) -> None:
+        self.button.set_level(level)
+
+    def hideEvent(self, event: QHideEvent) -> None:
+        # Out of sight the key is no longer ours, so a held key's release would never come.
+        self._key_down = False
+        self._set_talking(False)
+        super().hideEvent(event)
+
+    # -- input -----------------------------------------------------------------------------------------------------
+
+    def _button_pressed(self) -> None:
+        if self._mode == "hold":
+            self._set_talking(True)
+        else:
+            self._set_talking(not self._talking)
+
+    def _button_released(self) -> None:
+        if self._mode == "hold" and not self._key_down:
+            self._set_talking(False)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        kind = event.type()
+        if kind == QEvent.Type.WindowDeactivate:
+            if watched is self.window() and self._mode == "hold" and self._key_down:
+                self._key_down = False
+                self._set_talking(False)
+            return False
+        if kind not in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease, QEvent.Type.ShortcutOverride):
+            return False
+        if not isinstance(watched, QWidget) or watched.window() is not self.window() or not self.isVisible():
+            return False  # another window, or a page of this one without the talk control (first run)
+        assert isinstance(event, QKeyEvent)
+        if not self._matches(event, release=kind == QEvent.Type.KeyRelease):
+            return False
+        if _is_text_input(QApplication.focusWidget()):
+            return False
+        if kind == QEvent.Type.ShortcutOverride:
+            event.accept()  # we want it as a key press, not as a menu shortcut
+            return True
+        if event.isAutoRepeat():
+            return True
+        if kind == QEvent.Type.KeyPress:
+            self._key_pressed()
+        else:
+            self._key_released()
+        return True
+
+    def _matches(self, event: QKeyEvent, *, release: bool) -> bool:
+        wanted = self._key[0]
+        if event.key() != wanted.key():
+            return False
+        if release:
+            return True  # modifiers may already be up when the key is released
+        modifiers = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+        return modifiers == wanted.keyboardModifiers()
+
+    def _key_pressed(self) -> None:
+        if not self._available:
+            return
+        self._key_down = True
+        if self._mode == "hold":
+            self._set_talking(True)
+        else:
+            self._set_talking(not self._talking)
+
+    def _key_released(self) -> None:
+        was_down = self._key_down
+        self._key_down = False
+        if was_down and self._mode == "hold" and not self.button.isDown():
+            self._set_talking(False)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+
+    def _set_talking(self, talking: bool) -> None:
+        if talking == self._talking or (talking and not self._available):
+            return
+        self._talking = talking
+        self.button.set_talking(talking)
+        self._update_hint()
+        try:
+            self._controller.set_talking(talking)
+        except Exception as exc:  # report and keep the window usable
+            log.exception("set_talking(%s) failed", talking)
+            failure = Failure(f"Could not {'start' if talking else 'stop'} talking: {exc}", traceback.format_exc())
+            self.failed.emit(failure)
+        self.talking_changed.emit(talking)
+
+    def _update_hint(self) -> None:
+        key = key_display_name(self._key_text)
+        if not self._available:
+            hint = "Load a model to talk"
+        elif self._mode == "hold":
+            hint = "Release to stop" if self._talking else f"Hold {key} or the button to talk"
+        else:
+            hint = f"Press {key} again to stop" if self._talking else f"Press {key} or the button to talk"
+        self.hint.setText(hint)
+        self.button.setAccessibleDescription(hint)
+        self.button.setToolTip(hint)
