@@ -6,10 +6,15 @@ stacked LSTM; the joint adds Linear(encoder frame) and Linear(prediction), appli
 the activation and scores ``vocab + 1`` classes (the last is blank).
 
 Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank or
-``max_symbols`` emissions. Choosing the next step needs the argmax on the host, so
-there is one host readback (``int(mx.argmax(...))``) per symbol attempt — one more
-than the number of symbols emitted in a frame, unless the cap ends it. That is
-inherent to greedy RNN-T and the only synchronisation in this module.
+``max_symbols`` emissions. Two equivalent implementations:
+
+- :func:`rnnt_step` (and the offline :func:`rnnt_decode`) branch on the host, as the
+  reference does: one host readback per symbol attempt.
+- :func:`rnnt_propose` / :func:`rnnt_commit`, which the streaming session uses, unroll
+  all ``max_symbols`` attempts on the device and mask every attempt after the first
+  blank, so a frame needs no readback of its own: the session reads the proposed
+  symbols together with the LLM's ids. The attempts actually taken run exactly the
+  operations the host loop runs, on the same values, so the tokens are the same.
 """
 
 from __future__ import annotations
@@ -162,6 +167,67 @@ def rnnt_step(
         emitted += 1
         if emitted >= max_symbols:
             break
+    if len(state.tokens) == kept_before:
+        return None
+    updated = vocabulary.decode(state.tokens).strip()
+    delta = updated[len(state.text) :] if updated.startswith(state.text) else updated
+    state.text = updated
+    return delta, updated
+
+
+@dataclass
+class RNNTProposal:
+    """One frame's greedy decoding, built on the device and not yet adopted."""
+
+    symbols: mx.array  # (max_symbols,) int32: emitted ids in order, then -1
+    last_token: mx.array  # (1, 1) int32, the last emitted id (unchanged if none)
+    hidden: LSTMState  # the LSTM state after the last emission
+
+
+def rnnt_propose(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    state: RNNTState,
+    encoded: mx.array,
+    *,
+    blank_id: int,
+    max_symbols: int,
+) -> RNNTProposal:
+    """The greedy loop of :func:`rnnt_step` for one frame, unrolled on the device (no host readback)."""
+    started = state.last_token != blank_id  # host-known: has any symbol been emitted yet?
+    last = mx.array([[state.last_token]], dtype=mx.int32)
+    hidden = state.hidden
+    active: mx.array | None = None
+    symbols = []
+    for attempt in range(max_symbols):
+        # Until the first emission the predictor sees the start symbol and no state, as in the host loop.
+        fresh = attempt == 0 and not started
+        prediction, proposed = predictor(None if fresh else last, None if fresh else hidden)
+        logits = joint(encoded, prediction.astype(encoded.dtype))
+        best = mx.argmax(logits.reshape(-1)).astype(mx.int32)
+        emitted = best != blank_id if active is None else active & (best != blank_id)
+        symbols.append(mx.where(emitted, best, -1))
+        cast = (proposed[0].astype(encoded.dtype), proposed[1].astype(encoded.dtype))
+        if hidden is None:
+            hidden = cast  # masked out below when nothing was emitted
+        else:
+            hidden = (mx.where(emitted, cast[0], hidden[0]), mx.where(emitted, cast[1], hidden[1]))
+        last = mx.where(emitted, best, last)
+        active = emitted
+    return RNNTProposal(mx.stack(symbols), last, hidden)  # type: ignore[arg-type]
+
+
+def rnnt_commit(
+    state: RNNTState, proposal: RNNTProposal, symbols: list[int], vocabulary: RNNTVocabulary
+) -> tuple[str, str] | None:
+    """Adopt a proposal whose ``symbols`` were read back; returns ``(delta, transcript)`` if it changed."""
+    emitted = [symbol for symbol in symbols if symbol >= 0]
+    if not emitted:
+        return None
+    state.last_token = emitted[-1]
+    state.hidden = proposal.hidden
+    kept_before = len(state.tokens)
+    state.tokens.extend(symbol for symbol in emitted if not vocabulary.is_special(symbol))
     if len(state.tokens) == kept_before:
         return None
     updated = vocabulary.decode(state.tokens).strip()

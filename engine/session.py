@@ -40,7 +40,7 @@ from .events import (
 from .llm import LLMCache
 from .model import VoiceChat
 from .profiler import FrameProfiler
-from .rnnt import RNNTState, make_rnnt_state, rnnt_step
+from .rnnt import RNNTState, make_rnnt_state, rnnt_commit, rnnt_propose
 from .tokenizer import StreamingDetokenizer
 from .tools import ToolCallParser
 from .tts import TTSCache, build_speaker_prompt
@@ -71,7 +71,10 @@ class Session:
         system_prompt: prefilled before the first frame (one LLM step per token).
         seed: seeds MLX's random generator, which only the TTS sampler draws from.
         max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
-        sub_stages: time sub-stages by forcing evaluation at their boundaries (slower).
+        stage_timing: bill device time to the stage that caused it by evaluating at every stage
+            boundary (three more host syncs per frame, counted as such); otherwise stages show
+            where the host waited and a frame needs two syncs.
+        sub_stages: also time sub-stages inside the networks (forces more evaluation; slower).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class Session:
         system_prompt: str | None = None,
         seed: int = 0,
         max_seconds: float | None = None,
+        stage_timing: bool = False,
         sub_stages: bool = False,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
@@ -94,7 +98,7 @@ class Session:
         self.max_frames = None if max_seconds is None else int(max_seconds / self.config.frame_duration)
         self.system_prompt = self.config.default_system_prompt if system_prompt is None else system_prompt
         self.seed = seed
-        self.profiler = FrameProfiler(sub_stages=sub_stages)
+        self.profiler = FrameProfiler(stage_timing=stage_timing or sub_stages, sub_stages=sub_stages)
 
         self._pending = np.zeros(0, dtype=np.float32)
         self._closed = False
@@ -221,37 +225,39 @@ class Session:
         profiler.begin_frame(self._frame_index)
         events: list[Event] = []
 
+        # Phase 1 — perception, RNN-T and the LLM, built as one graph and read back together.
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame))
-        profiler.stage("perception", projected, encoded)
-
-        transcript = rnnt_step(
-            self._stt.rnnt_decoder,
-            self._stt.rnnt_joint,
-            caches.rnnt,
-            encoded,
-            blank_id=config.rnnt_blank_id,
-            max_symbols=config.audio_config.max_symbols,
-            vocabulary=self.voicechat.rnnt_vocabulary,
-            on_readback=profiler.count_readback,
-        )
-        profiler.stage("rnnt")
-        if transcript is not None:
-            events.append(UserTranscriptDelta(self._frame_index, *transcript))
-
+        profiler.stage("perception", projected, encoded, *caches.perception.arrays())
+        proposal = None
+        if len(self.voicechat.rnnt_vocabulary):
+            proposal = rnnt_propose(
+                self._stt.rnnt_decoder,
+                self._stt.rnnt_joint,
+                caches.rnnt,
+                encoded,
+                blank_id=config.rnnt_blank_id,
+                max_symbols=config.audio_config.max_symbols,
+            )
+        profiler.stage("rnnt", *([proposal.symbols] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True)  # type: ignore[misc]
-        profiler.sync(text_array, function_array)
+        readback = [text_array, function_array, *([proposal.symbols] if proposal else [])]
+        profiler.sync(*readback, *caches.perception.arrays(), *caches.language.arrays())
         text_id, function_id = int(text_array.item()), int(function_array.item())
         self._text_ids.append(text_id)
         self._function_ids.append(function_id)
+        if proposal is not None:
+            transcript = rnnt_commit(caches.rnnt, proposal, proposal.symbols.tolist(), self.voicechat.rnnt_vocabulary)
+            if transcript is not None:
+                events.append(UserTranscriptDelta(self._frame_index, *transcript))
         profiler.stage("language")
 
+        # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
         codes = self._tts_step(text_id)
         self._timeline_index += 1
-        profiler.stage("tts", codes)
-
+        profiler.stage("tts", codes, *caches.tts.arrays())
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec)[0]
-        profiler.sync(samples, clean, codes, *caches.arrays(), *caches.rnnt.arrays())
+        profiler.sync(samples, clean, codes, *caches.tts.arrays(), *caches.codec.arrays(), caches.previous_code)
         profiler.stage("codec")
 
         text_update = self._text.append(text_id)

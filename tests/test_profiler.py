@@ -49,11 +49,23 @@ def test_frame_profiler_counts_syncs_and_times_stages():
     profiler.stage("tts")
     timing = profiler.end_frame()
     assert timing.frame_index == 3
-    assert timing.host_syncs == 2
+    # The pipeline's own sync and readback, plus the stage and sub-stage boundaries that waited.
+    assert timing.host_syncs == 4
     assert timing.perception_ms >= 10.0
     assert timing.total_ms >= timing.perception_ms + timing.tts_ms
     assert "tts.backbone" in timing.sub_stages
     assert timing.language_ms == 0.0
+
+
+def test_without_stage_timing_boundaries_do_not_wait():
+    profiler = FrameProfiler()
+    profiler.begin_frame(0)
+    x = mx.ones((8, 8))
+    profiler.stage("perception", x @ x)
+    profiler.sub_stage("ignored", x)
+    profiler.sync(x + 1)
+    timing = profiler.end_frame()
+    assert timing.host_syncs == 1 and timing.sub_stages == {}
 
 
 def _log():
