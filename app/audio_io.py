@@ -14,8 +14,9 @@ worker's side, never in a callback.
 
 Concurrency contract
     - PortAudio callback threads run the input and output callbacks. They never block
-      (the rings hold their locks only for a copy), never raise, allocate nothing but
-      NumPy views, and read ``talking`` / ``duck_while_talking`` once per block.
+      (the rings hold their locks only for a copy), allocate nothing in the steady state
+      (only a short gain ramp when ducking starts or ends), and read ``talking`` /
+      ``duck_while_talking`` once per block.
     - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` /
       ``clear_output()``). ``_in_lock`` / ``_out_lock`` guard the resamplers and the
       rings' identity on that side, so a reopen at a new rate swaps them safely.
@@ -28,6 +29,9 @@ that PortAudio finished unexpectedly, that went inactive, or whose callbacks sto
 reopened on the chosen device, else on the default one; with nothing to open, audio is
 *paused* and retried on later polls until a device returns. What happened is reported
 as ``DeviceStatus`` messages in the list ``poll_health()`` returns (no callbacks).
+Running on a fallback, AudioIO does not switch back by itself when the chosen device
+returns (finding it means re-initialising PortAudio, which interrupts both streams);
+``set_devices()`` does, and so does any later reopen.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ NO_SPEAKER = "No speaker or headphones found. Connect them or check the sound se
 
 PEAK_RELEASE_S = 0.3  # level meters fall by 1/e every 300 ms, so short peaks stay visible between UI polls
 CLOSE_TIMEOUT_S = 2.0  # a stream that takes longer than this to stop is abandoned, never waited on
+
+PA_INVALID_CHANNEL_COUNT = -9998  # PaErrorCode paInvalidChannelCount
 
 Direction = Literal["input", "output"]
 
@@ -116,10 +122,12 @@ class DeviceList:
 
     @property
     def default_input(self) -> AudioDevice | None:
+        """The system's default microphone, if there is one."""
         return next((d for d in self.inputs if d.is_default), None)
 
     @property
     def default_output(self) -> AudioDevice | None:
+        """The system's default speaker, if there is one."""
         return next((d for d in self.outputs if d.is_default), None)
 
     def find_input(self, name: str) -> AudioDevice | None:
@@ -202,7 +210,8 @@ class _Endpoint:
     rate: int
     ring: RingBuffer
     stream: Any = None  # sounddevice.InputStream / OutputStream
-    last_callback: float = field(default_factory=time.monotonic)
+    opened_at: float = field(default_factory=time.monotonic)
+    last_callback: float = 0.0  # set to opened_at when it starts, then by every callback
     closing: bool = False  # set before we stop it, so finished() is not taken for a failure
     failed: bool = False  # PortAudio finished the stream on its own
     # Output only: jitter buffer and ducking state.
@@ -214,6 +223,11 @@ class _Endpoint:
     @property
     def label(self) -> str:
         return f"{'microphone' if self.direction == 'input' else 'speaker'} '{self.device.name}'"
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the callback has run since the stream started."""
+        return self.last_callback > self.opened_at
 
     def finished(self) -> None:
         if not self.closing:
@@ -239,6 +253,7 @@ class AudioIO:
         latency: PortAudio latency, "low", "high" or seconds.
         retry_interval_s: while paused, how often ``poll_health()`` looks for a device again.
         stall_timeout_s: a running stream whose callback has not run for this long counts as lost.
+        engine_input_rate, engine_output_rate, frame_samples: the engine's contract (``engine.config``).
 
     Attributes set by the controller (read once per audio block, no locks):
         talking: True while the talk key is held; otherwise the engine receives silence.
@@ -286,6 +301,8 @@ class AudioIO:
         self._statuses: list[DeviceStatus] = []
         self._next_retry = 0.0
         self._abandoned_streams = 0  # streams that would not stop; PortAudio is not re-initialised under them
+        self._resuming = False  # reopened after a pause, not yet confirmed by audio flowing
+        self._resume_notes: list[str] = []
 
         # Reader side of the microphone: device-rate ring -> resampler -> 16 kHz pending samples.
         self._in_lock = threading.Lock()
@@ -325,7 +342,7 @@ class AudioIO:
             if self._state is not AudioState.STOPPED:
                 return
             notes = self._open_streams()
-            self._state = AudioState.RUNNING
+            self._state, self._resuming = AudioState.RUNNING, False
             if notes:
                 self._report(" ".join(notes))
 
@@ -333,7 +350,7 @@ class AudioIO:
         """Stop and close both streams. Never hangs; safe to call more than once."""
         with self._lifecycle:
             self._close_streams()
-            self._state = AudioState.STOPPED
+            self._state, self._resuming = AudioState.STOPPED, False
 
     def set_devices(self, input_name: str | None, output_name: str | None) -> None:
         """Choose the microphone and speaker by name (None = system default) and reopen the streams.
@@ -352,7 +369,7 @@ class AudioIO:
             except AudioUnavailable as error:
                 self._pause(f"{error} Audio is paused and resumes when a device is available.")
                 return
-            self._state = AudioState.RUNNING
+            self._state, self._resuming = AudioState.RUNNING, False
             self._report(" ".join([*notes, f"Using the {self._input_label()} and the {self._output_label()}."]))
 
     def poll_health(self) -> list[DeviceStatus]:
@@ -367,6 +384,8 @@ class AudioIO:
                 lost = self._lost_endpoints()
                 if lost:
                     self._recover(lost)
+                elif self._resuming:
+                    self._confirm_resumed()
             elif self._state is AudioState.PAUSED and time.monotonic() >= self._next_retry:
                 self._try_resume()
             statuses, self._statuses = self._statuses, []
@@ -383,6 +402,7 @@ class AudioIO:
 
     @property
     def state(self) -> AudioState:
+        """Stopped, running or paused (waiting for a device)."""
         return self._state
 
     @property
@@ -404,12 +424,12 @@ class AudioIO:
 
     @property
     def input_rate(self) -> int:
-        """The microphone stream's sample rate (the device's native rate)."""
+        """The microphone stream's sample rate: the device's native rate once started."""
         return self._in_rate
 
     @property
     def output_rate(self) -> int:
-        """The speaker stream's sample rate (the device's native rate)."""
+        """The speaker stream's sample rate: the device's native rate once started."""
         return self._out_rate
 
     @property
@@ -563,7 +583,7 @@ class AudioIO:
             try:
                 endpoint = self._open_endpoint(direction, device)
             except AudioUnavailable as error:
-                log.warning("Could not open the %s %r: %s", kind, device.name, error)
+                log.debug("Could not open the %s %r: %s", kind, device.name, error)
                 errors.append(str(error))
                 continue
             if preferred is not None and device != chosen:
@@ -583,8 +603,9 @@ class AudioIO:
         endpoint = _Endpoint(direction=direction, device=device, rate=rate, ring=ring)
         stream_type = sd.InputStream if direction == "input" else sd.OutputStream
         callback = self._input_callback(endpoint) if direction == "input" else self._output_callback(endpoint)
-        last_error: Exception | None = None
-        for channels in sorted({1, min(device.channels, 2)}):
+        kind = "microphone" if direction == "input" else "speaker"
+        channels = 1
+        while True:
             try:
                 endpoint.stream = stream_type(
                     device=device.index,
@@ -596,12 +617,13 @@ class AudioIO:
                     finished_callback=endpoint.finished,
                 )
                 break
-            except (sd.PortAudioError, ValueError) as error:
-                last_error = error
-        else:
-            kind = "microphone" if direction == "input" else "speaker"
-            raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({last_error}).")
-        endpoint.last_callback = time.monotonic()
+            except sd.PortAudioError as error:
+                # Some interfaces have no mono mode: open two channels and use the first.
+                if error.args[1:2] == (PA_INVALID_CHANNEL_COUNT,) and channels == 1 and device.channels >= 2:
+                    channels = 2
+                    continue
+                raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({error}).") from error
+        endpoint.opened_at = endpoint.last_callback = time.monotonic()
         try:
             endpoint.stream.start()
         except sd.PortAudioError as error:
@@ -638,21 +660,33 @@ class AudioIO:
                 self._out_rate = rate
             return self._out_ring
 
-    def _lost_endpoints(self) -> list[_Endpoint]:
+    def _lost_endpoints(self) -> list[tuple[_Endpoint, bool]]:
+        """The streams that failed, went inactive or stalled, each with whether it (only) stalled."""
         now = time.monotonic()
         lost = []
         for endpoint in (self._input, self._output):
             if endpoint is None:
                 continue
+            broken = endpoint.failed or not endpoint.stream.active
             stalled = now - endpoint.last_callback > self._stall_timeout_s
-            if endpoint.failed or stalled or not endpoint.stream.active:
+            if broken or stalled:
                 log.warning("Lost the %s (failed=%s, stalled=%s)", endpoint.label, endpoint.failed, stalled)
-                lost.append(endpoint)
+                lost.append((endpoint, not broken))
         return lost
 
-    def _recover(self, lost: list[_Endpoint]) -> None:
-        before = {endpoint.direction: endpoint.device.name for endpoint in lost}
-        what = " and the ".join(endpoint.label for endpoint in lost)
+    def _recover(self, lost: list[tuple[_Endpoint, bool]]) -> None:
+        what = " and the ".join(endpoint.label for endpoint, _ in lost)
+        resuming, self._resuming = self._resuming, False
+        if resuming or all(stalled and not endpoint.delivered for endpoint, stalled in lost):
+            # A retry after a pause that did not work out goes back to the pause quietly. Streams
+            # that never delivered a block since they were reopened, without an error, would only
+            # do that again if reopened at once (a hung or suspended device): pause and retry slower.
+            self._close_streams()
+            self._pause(
+                None if resuming else f"The {what} is not delivering audio. Audio is paused and resumes when it does."
+            )
+            return
+        before = {endpoint.direction: endpoint.device.name for endpoint, _ in lost}
         self._close_streams()
         try:
             notes = self._open_streams()
@@ -669,19 +703,27 @@ class AudioIO:
         self._report(" ".join([f"The {what} stopped working.", outcome, *notes]))
 
     def _try_resume(self) -> None:
+        """Reopen while paused; "resumed" is reported once both streams deliver audio."""
         try:
-            notes = self._open_streams()
+            self._resume_notes = self._open_streams()
         except AudioUnavailable as error:
-            log.info("Audio still paused: %s", error)
+            log.debug("Audio still paused: %s", error)
             self._next_retry = time.monotonic() + self._retry_interval_s
             return
         self._state = AudioState.RUNNING
-        self._report(" ".join([f"Audio resumed on the {self._input_label()} and the {self._output_label()}.", *notes]))
+        self._resuming = True
 
-    def _pause(self, message: str) -> None:
+    def _confirm_resumed(self) -> None:
+        if all(endpoint is not None and endpoint.delivered for endpoint in (self._input, self._output)):
+            self._resuming = False
+            resumed = f"Audio resumed on the {self._input_label()} and the {self._output_label()}."
+            self._report(" ".join([resumed, *self._resume_notes]))
+
+    def _pause(self, message: str | None) -> None:
         self._state = AudioState.PAUSED
         self._next_retry = time.monotonic() + self._retry_interval_s
-        self._report(message)
+        if message is not None:
+            self._report(message)
 
     def _report(self, message: str) -> None:
         self._statuses.append(DeviceStatus(self.input_device_name, self.output_device_name, message))

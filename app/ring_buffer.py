@@ -59,18 +59,22 @@ class RingBuffer:
         data = np.asarray(samples, dtype=np.float32)
         if data.ndim != 1:
             raise ValueError(f"expected 1-D samples, got shape {data.shape}")
-        if len(data) > self._capacity:
+        truncated = len(data) > self._capacity
+        if truncated:
             data = data[-self._capacity :]
         with self._lock:
-            self._make_room(len(data))
+            if self._make_room(len(data)) or truncated:
+                self.overflows += 1
             self._copy_in(data)
         return len(data)
 
     def write_zeros(self, count: int) -> int:
         """Append ``count`` zero samples (silence) without allocating; returns how many were stored."""
+        truncated = count > self._capacity
         count = min(max(count, 0), self._capacity)
         with self._lock:
-            self._make_room(count)
+            if self._make_room(count) or truncated:
+                self.overflows += 1
             start = self._written % self._capacity
             first = min(count, self._capacity - start)
             self._buffer[start : start + first] = 0.0
@@ -108,11 +112,12 @@ class RingBuffer:
         with self._lock:
             self._read = self._written
 
-    def _make_room(self, count: int) -> None:
+    def _make_room(self, count: int) -> bool:
+        """Drop the oldest samples so ``count`` more fit; returns whether any were dropped."""
         excess = self._written - self._read + count - self._capacity
         if excess > 0:
             self._read += excess
-            self.overflows += 1
+        return excess > 0
 
     def _copy_in(self, data: np.ndarray) -> None:
         start = self._written % self._capacity

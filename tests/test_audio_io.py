@@ -1,0 +1,305 @@
+"""AudioIO against real PulseAudio virtual devices (tests/pulse.py): microphone frames, silence while
+the key is up, playback, underruns, ducking, device choice, no server, and devices lost and found."""
+
+from __future__ import annotations
+
+import ctypes.util
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+import soxr
+
+from app import audio_io
+from app.audio_io import AudioIO, AudioState, AudioUnavailable, list_devices, refresh_devices
+from app.messages import DeviceStatus
+from tests.pulse import ALSA_MIC, PulseServer, virtual_devices
+
+pytestmark = pytest.mark.audio
+
+
+@pytest.fixture(scope="module")
+def pulse() -> Iterator[PulseServer]:
+    with virtual_devices() as server:
+        yield server
+
+
+@pytest.fixture
+def devices(pulse: PulseServer) -> PulseServer:
+    """The virtual devices in their initial state, and PortAudio re-enumerated to see them."""
+    pulse.reset()
+    refresh_devices()
+    return pulse
+
+
+@pytest.fixture
+def audio(devices: PulseServer) -> Iterator[AudioIO]:
+    io = AudioIO(retry_interval_s=0.1)
+    io.start()
+    yield io
+    io.close()
+
+
+@pytest.fixture(scope="module")
+def question(question_wav: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The spoken question at 22.05 kHz (as played) and at 16 kHz (what the engine should get)."""
+    samples, rate = soundfile.read(question_wav, dtype="float32")
+    assert rate == 22_050
+    return samples, soxr.resample(samples, rate, 16_000).astype(np.float32)
+
+
+def xcorr_match(reference: np.ndarray, recorded: np.ndarray) -> tuple[int, float]:
+    """Lag of ``reference`` inside ``recorded`` and the Pearson r there (platform-lab.md §4)."""
+    ref, rec = reference.astype(np.float64), recorded.astype(np.float64)
+    n = len(ref) + len(rec) - 1
+    nfft = 1 << (n - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(rec, nfft) * np.conj(np.fft.rfft(ref, nfft)), nfft)[: len(rec)]
+    lag = int(np.argmax(np.abs(corr)))
+    segment = rec[lag : lag + len(ref)]
+    return lag, float(np.corrcoef(ref[: len(segment)], segment)[0, 1])
+
+
+def read_frames(audio: AudioIO, seconds: float, *, until: Callable[[], bool] | None = None) -> list[np.ndarray]:
+    """Read frames as the engine worker does, for ``seconds`` (or until ``until()`` holds, then 0.4 s more)."""
+    frames = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        frame = audio.read_frame(timeout=0.05)
+        if frame is not None:
+            frames.append(frame)
+        if until is not None and until():
+            until, deadline = None, time.monotonic() + 0.4
+    return frames
+
+
+def poll_until(
+    audio: AudioIO, condition: Callable[[list[DeviceStatus]], bool], timeout: float = 6.0
+) -> list[DeviceStatus]:
+    """Call poll_health() as the controller does until ``condition(statuses so far)``; returns the statuses."""
+    statuses: list[DeviceStatus] = []
+    deadline = time.monotonic() + timeout
+    while not condition(statuses):
+        assert time.monotonic() < deadline, f"timed out; state {audio.state}, statuses {statuses}"
+        statuses += audio.poll_health()
+        time.sleep(0.05)
+    return statuses
+
+
+def speak_and_read(devices: PulseServer, audio: AudioIO, wav: Path) -> np.ndarray:
+    player = devices.play_into_mic(wav, wait=False)
+    frames = read_frames(audio, 10.0, until=lambda: player.poll() is not None)
+    assert frames, "no frames arrived from the microphone"
+    for frame in frames:
+        assert frame.shape == (1280,) and frame.dtype == np.float32
+    return np.concatenate(frames)
+
+
+def test_lists_the_virtual_devices_and_finds_them_by_name(devices: PulseServer) -> None:
+    found = list_devices()
+    names = [device.name for device in found.inputs]
+    assert {"default", ALSA_MIC} <= set(names)
+    assert found.default_input is not None and found.default_input.name == "default"
+    assert found.default_output is not None and found.default_output.name == "default"
+    assert found.find_input(ALSA_MIC) == found.find_input("VIRT_MIC")  # a unique part, any case
+    assert found.find_input("parley_virt") is None  # ambiguous: mic and speaker
+    assert found.find_input("no such device") is None
+
+
+def test_microphone_delivers_speech_resampled_to_16k_frames(
+    devices: PulseServer, audio: AudioIO, question_wav: Path, question: tuple[np.ndarray, np.ndarray]
+) -> None:
+    audio.talking = True
+    assert audio.input_rate == 44_100  # the device's native rate: resampling is ours
+    received = speak_and_read(devices, audio, question_wav)
+    lag, r = xcorr_match(question[1], received)
+    assert r > 0.9, f"microphone frames do not match the spoken question (r={r:.3f}, lag={lag})"
+    assert audio.input_overflows == 0
+    assert audio.input_backlog_frames <= 1  # a frame may have arrived since the last read
+
+
+def test_released_key_sends_silence_but_keeps_the_timeline_running(
+    devices: PulseServer, audio: AudioIO, question_wav: Path
+) -> None:
+    audio.talking = False
+    peaks = []
+    start = time.monotonic()
+    player = devices.play_into_mic(question_wav, wait=False)
+    frames = []
+    while player.poll() is None:
+        frame = audio.read_frame(timeout=0.05)
+        if frame is not None:
+            frames.append(frame)
+        peaks.append(audio.input_peak)
+    elapsed = time.monotonic() - start
+    assert max(peaks) > 0.1, "the microphone (and its meter) heard the speech"
+    assert all(not frame.any() for frame in frames), "frames must be silence while the key is up"
+    assert len(frames) >= 0.75 * elapsed / 0.08, f"{len(frames)} frames in {elapsed:.2f} s"
+
+
+def test_speaker_plays_queued_speech_and_counts_one_underrun_when_it_runs_dry(
+    devices: PulseServer, audio: AudioIO, question: tuple[np.ndarray, np.ndarray]
+) -> None:
+    speech = question[0]
+    with devices.record_speaker() as recording:
+        time.sleep(0.3)
+        assert audio.output_underruns == 0, "idle playback with nothing ever queued is not an underrun"
+        for start in range(0, len(speech), 1764):  # AudioChunk-sized pieces, as the engine sends them
+            audio.play(speech[start : start + 1764])
+        assert audio.output_backlog_s > 1.0
+        deadline = time.monotonic() + 5.0
+        while audio.output_backlog_s > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.4)
+    lag, r = xcorr_match(speech, recording.samples)
+    assert r > 0.9, f"the speaker monitor does not match the queued speech (r={r:.3f}, lag={lag})"
+    assert audio.output_underruns == 1
+    assert audio.output_peak < 0.05, "after the speech the output is silent"
+
+
+def test_ducking_attenuates_playback_while_the_key_is_held(devices: PulseServer, audio: AudioIO) -> None:
+    audio.duck_while_talking = True
+    tone = (0.5 * np.sin(2 * np.pi * 440 * np.arange(int(1.4 * 22_050)) / 22_050)).astype(np.float32)
+    with devices.record_speaker() as recording:
+        audio.play(tone)
+        while audio.output_backlog_s > 0.6:  # about halfway through
+            time.sleep(0.01)
+        audio.talking = True
+        while audio.output_backlog_s > 0:
+            time.sleep(0.02)
+        time.sleep(0.3)
+    window = 1102  # 50 ms
+    samples = recording.samples[: len(recording.samples) // window * window].reshape(-1, window)
+    rms = np.sqrt((samples.astype(np.float64) ** 2).mean(axis=1))
+    tone_windows = np.flatnonzero(rms > 0.01)
+    assert len(tone_windows) >= 20, "the tone was not played"
+    full, ducked = rms[tone_windows[2]], rms[tone_windows[-3]]  # away from the ramps at both ends
+    assert full == pytest.approx(0.5 / np.sqrt(2), rel=0.15)
+    assert ducked / full == pytest.approx(audio.duck_gain, rel=0.25)
+
+
+def test_no_audio_server_gives_a_clear_error(devices: PulseServer) -> None:
+    with devices.no_server():
+        refresh_devices()
+        assert list_devices().inputs == ()
+        io = AudioIO()
+        with pytest.raises(AudioUnavailable, match=r"^No microphone found\. Connect one or check the sound settings"):
+            io.start()
+        assert io.state is AudioState.STOPPED
+        io.close()
+
+
+def test_missing_portaudio_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    audio_io._sounddevice.cache_clear()
+    monkeypatch.delitem(sys.modules, "sounddevice")
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    try:
+        with pytest.raises(AudioUnavailable, match=r"PortAudio.*libportaudio2"):
+            list_devices()
+    finally:
+        audio_io._sounddevice.cache_clear()
+
+
+def test_app_imports_without_loading_sounddevice() -> None:
+    code = "import sys, app.audio_io, app.ring_buffer; assert 'sounddevice' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1], timeout=60)
+
+
+def test_unknown_device_name_falls_back_to_the_default_and_says_so(devices: PulseServer) -> None:
+    with AudioIO("USB headset that is not plugged in") as io:
+        assert io.input_device_name == "default"
+        (status,) = io.poll_health()
+    assert "'USB headset that is not plugged in' is not connected; using 'default'" in status.message
+    assert status.input_name == "default"
+
+
+def test_lost_devices_pause_audio_and_it_resumes_when_they_return(
+    devices: PulseServer, audio: AudioIO, question_wav: Path, question: tuple[np.ndarray, np.ndarray]
+) -> None:
+    audio.talking = True
+    devices.unload_mic()
+    devices.unload_speaker()
+    lost = poll_until(audio, lambda _: audio.paused)
+    assert len(lost) == 1 and "stopped working" in lost[0].message and "paused" in lost[0].message
+    assert (lost[0].input_name, lost[0].output_name) == (None, None)
+    assert audio.poll_health() == [], "retries while paused stay quiet"
+
+    devices.load_speaker()
+    devices.load_mic()
+    resumed = poll_until(audio, lambda statuses: bool(statuses))
+    assert [s.message for s in resumed] == ["Audio resumed on the microphone 'default' and the speaker 'default'."]
+    assert audio.state is AudioState.RUNNING
+    _, r = xcorr_match(question[1], speak_and_read(devices, audio, question_wav))
+    assert r > 0.9, f"after resuming, the microphone frames do not match the speech (r={r:.3f})"
+
+
+def test_lost_chosen_microphone_falls_back_to_the_default_and_returns_on_request(devices: PulseServer) -> None:
+    with AudioIO(ALSA_MIC, retry_interval_s=0.1) as io:
+        assert io.input_device_name == ALSA_MIC
+        assert io.read_frame(timeout=1.0) is not None
+        devices.unload_mic()
+        devices.kill_recording_streams()
+        statuses = poll_until(io, lambda _: io.input_device_name == "default")
+        assert io.state is AudioState.RUNNING
+        (status,) = statuses
+        assert status.message.startswith(f"The microphone '{ALSA_MIC}' stopped working.")
+        assert f"The microphone '{ALSA_MIC}' could not be opened; using 'default' instead." in status.message
+        assert io.read_frame(timeout=1.0) is not None, "frames flow from the fallback microphone"
+
+        devices.load_mic()
+        io.set_devices(ALSA_MIC, None)
+        assert io.input_device_name == ALSA_MIC
+        assert [s.input_name for s in io.poll_health()] == [ALSA_MIC]
+        assert io.read_frame(timeout=1.0) is not None
+
+
+def test_audio_queued_before_start_is_converted_to_the_device_rate(devices: PulseServer) -> None:
+    io = AudioIO()
+    io.play(np.full(22_050, 0.1, dtype=np.float32))
+    assert io.output_backlog_s == pytest.approx(1.0, abs=0.01)
+    assert io.read_frame() is None  # nothing captured yet, and no waiting
+    with io:
+        assert io.output_rate == 44_100
+        assert io.output_backlog_s == pytest.approx(1.0, abs=0.15), "queued audio is kept across the rate change"
+
+
+def test_stalled_microphone_is_reopened_then_paused_once_and_resumes_when_audio_flows(devices: PulseServer) -> None:
+    with AudioIO(stall_timeout_s=0.4, retry_interval_s=0.1) as io:
+        assert io.read_frame(timeout=1.0) is not None
+        devices.suspend_mic()
+        statuses = poll_until(io, lambda _: io.paused)
+        assert [s.message for s in statuses] == [
+            "The microphone 'default' stopped working. It was reopened.",
+            "The microphone 'default' is not delivering audio. Audio is paused and resumes when it does.",
+        ]
+        quiet = time.monotonic() + 1.0  # several reopen-and-stall cycles
+        while time.monotonic() < quiet:
+            assert io.poll_health() == [], "retries on a stalled device stay quiet"
+            time.sleep(0.05)
+
+        devices.suspend_mic(False)
+        (resumed,) = poll_until(io, lambda statuses: bool(statuses))
+        assert resumed.message == "Audio resumed on the microphone 'default' and the speaker 'default'."
+        assert io.read_frame(timeout=1.0) is not None
+
+
+def test_play_validates_and_sanitises_input() -> None:
+    io = AudioIO()
+    with pytest.raises(ValueError, match=r"shape \(10, 2\)"):
+        io.play(np.zeros((10, 2), dtype=np.float32))
+    io.play(np.array([np.nan, np.inf, -np.inf, 2.0, -2.0, 0.5] * 400, dtype=np.float32))
+    queued = io._out_ring.read(io._out_ring.available)
+    assert queued is not None and np.isfinite(queued).all() and np.abs(queued).max() <= 1.0
+
+
+def test_close_is_quick_and_idempotent(audio: AudioIO) -> None:
+    start = time.monotonic()
+    audio.close()
+    audio.close()
+    assert time.monotonic() - start < 1.0
+    assert audio.state is AudioState.STOPPED
+    assert audio.input_device_name is None and audio.output_device_name is None
