@@ -294,21 +294,27 @@ class AppController:
             self._post(Failure("A download is already running."))
             return
         cancel = threading.Event()
+        last = [0, None]  # bytes done and total, to report what was kept when it stops
 
         def progress(done: int, total: int | None, message: str) -> None:
+            last[:] = [done, total]
             self._post(DownloadProgress(repo_id, done, total, message))
 
         def run() -> None:
+            done, total = last
             try:
                 path = download_checkpoint(repo_id, Path(target), on_progress=progress, cancel=cancel)
             except DownloadCancelled:
-                self._post(DownloadProgress(repo_id, 0, None, "Download cancelled; it resumes where it stopped."))
+                done, total = last
+                self._post(DownloadProgress(repo_id, done, total, "Download cancelled; it resumes where it stopped."))
                 return
             except DownloadError as exc:
-                self._post(DownloadProgress(repo_id, 0, None, str(exc), failed=True))
+                done, total = last
+                self._post(DownloadProgress(repo_id, done, total, str(exc), failed=True))
                 self._post(Failure(str(exc)))
                 return
-            self._post(DownloadProgress(repo_id, 0, None, "Download complete", finished=True))
+            done, total = last
+            self._post(DownloadProgress(repo_id, done, total, "Download complete", finished=True))
             variant = next((v for v, repo in VARIANT_REPOS.items() if repo == repo_id), None)
             if variant is not None:
                 self._post(_AdoptCheckpoint(variant, path))
@@ -324,21 +330,21 @@ class AppController:
     # ------------------------------------------------------------------ devices and export
 
     def refresh_devices(self) -> tuple[list[str], list[str]]:
+        """Find devices plugged in or out since start; returns (input names, output names)."""
         from .audio_io import AudioUnavailable, list_devices, refresh_devices
 
         try:
             if self.audio is not None:
-                self.audio.close()
-            refresh_devices()
+                # Reopening re-initialises PortAudio, which is what makes new devices visible.
+                self.audio.set_devices(self.settings.input_device, self.settings.output_device)
+            else:
+                refresh_devices()
             devices = list_devices()
         except AudioUnavailable as exc:
             self._post(Failure(str(exc)))
             return [], []
-        finally:
-            if self.audio is not None:
-                self.audio.start()
-            else:
-                self._open_audio()
+        if self.audio is None:
+            self._open_audio()
         return [d.name for d in devices.inputs], [d.name for d in devices.outputs]
 
     def export_profile(self, path: Path) -> list[Path]:
