@@ -301,7 +301,6 @@ class AppController:
             self._post(DownloadProgress(repo_id, done, total, message))
 
         def run() -> None:
-            done, total = last
             try:
                 path = download_checkpoint(repo_id, Path(target), on_progress=progress, cancel=cancel)
             except DownloadCancelled:
