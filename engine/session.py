@@ -56,10 +56,13 @@ class SessionCaches:
     tts: TTSCache
     codec: CodecCache
     previous_code: mx.array  # (1, 1, 31) codes fed back into the next TTS step
+    previous_code_sum: mx.array | None = None  # their codebook-vector sum, when the TTS produced them
 
     def arrays(self) -> list[mx.array]:
         out = [*self.perception.arrays(), *self.language.arrays(), *self.tts.arrays(), *self.codec.arrays()]
         out.append(self.previous_code)
+        if self.previous_code_sum is not None:
+            out.append(self.previous_code_sum)
         return out
 
 
@@ -163,8 +166,9 @@ class Session:
         frames = self._speech.audio_prompt_latents.Aria.shape[1] + 1
         silence = mx.zeros((1, 1, frames * self.config.output_frame_samples), dtype=mx.float32)
         codes = codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
-        return build_speaker_prompt(codes, self._speech.audio_prompt_latents.Aria, self.config.tts_config,
-                                    self.config.pad_token_id)
+        return build_speaker_prompt(
+            codes, self._speech.audio_prompt_latents.Aria, self.config.tts_config, self.config.pad_token_id
+        )
 
     def _prefill(self, prompt: str) -> None:
         self._prompt_steps = 0
@@ -210,9 +214,12 @@ class Session:
         caches = self.caches
         if text_id == self.config.eos_token_id:
             caches.previous_code = mx.broadcast_to(self._silence_codes, caches.previous_code.shape)
+            caches.previous_code_sum = None
         token = mx.array([[text_id]], dtype=mx.int32)
-        result = self._speech.tts_model.step(caches.previous_code, token, caches.tts, self.voicechat.characters)
-        caches.previous_code = result.codes
+        result = self._speech.tts_model.step(
+            caches.previous_code, token, caches.tts, self.voicechat.characters, caches.previous_code_sum
+        )
+        caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
 
     def _step_frame(self, frame: np.ndarray) -> list[Event]:
@@ -257,7 +264,15 @@ class Session:
         profiler.stage("tts", codes, *caches.tts.arrays())
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec)[0]
-        profiler.sync(samples, clean, codes, *caches.tts.arrays(), *caches.codec.arrays(), caches.previous_code)
+        profiler.sync(
+            samples,
+            clean,
+            codes,
+            *caches.tts.arrays(),
+            *caches.codec.arrays(),
+            caches.previous_code,
+            *([caches.previous_code_sum] if caches.previous_code_sum is not None else []),
+        )
         profiler.stage("codec")
 
         text_update = self._text.append(text_id)

@@ -16,12 +16,16 @@ under ``tts_model.tts_model.``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .config import MoGConfig, TTSConfig
+from .jit import jit
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
@@ -228,20 +232,30 @@ class BackboneAttention(nn.Module):
         batch, length, _ = x.shape
         return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
 
-    def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
-        batch, length, _ = x.shape
+    def project(self, x: mx.array, position: int | mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Normed, rotated queries and keys and the values of ``x`` (B, L, H) at ``position``."""
         queries = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
         keys = self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads))
         values = self._heads(self.v_proj(x), self.num_kv_heads)
-        position = cache.offset if cache is not None else 0
-        queries = self.rope(queries, offset=position)
-        keys = self.rope(keys, offset=position)
+        return self.rope(queries, offset=position), self.rope(keys, offset=position), values
+
+    def attend(
+        self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: LayerCache | None
+    ) -> mx.array:
+        """Store the new keys/values and attend over the cache: (B, heads, L, D) mixed values."""
         if cache is not None:
             keys, values = cache.update(keys, values)
         if isinstance(mask, mx.array) and mask.shape[-1] != keys.shape[2]:
             mask = mask[..., -keys.shape[2] :]
-        mixed = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+
+    def output(self, mixed: mx.array) -> mx.array:
+        batch, _, length, _ = mixed.shape
         return self.o_proj(mixed.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
+        queries, keys, values = self.project(x, cache.offset if cache is not None else 0)
+        return self.output(self.attend(queries, keys, values, mask, cache))
 
 
 class BackboneLayer(nn.Module):
@@ -260,6 +274,23 @@ class BackboneLayer(nn.Module):
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), mask, cache))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+    def _before_attention(self, x: mx.array, position: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self.self_attn.project(self.input_layernorm(x), position)
+
+    def _after_attention(self, x: mx.array, mixed: mx.array) -> mx.array:
+        x = x + self.post_attention_layernorm(self.self_attn.output(mixed))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+    @functools.cached_property
+    def _compiled(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        return jit(self._before_attention), jit(self._after_attention)
+
+    def step(self, x: mx.array, cache: LayerCache) -> mx.array:
+        """One position through the layer; the parts around the cache read run compiled."""
+        before, after = self._compiled
+        queries, keys, values = before(x, mx.array(cache.offset))
+        return after(x, self.self_attn.attend(queries, keys, values, None, cache))
 
 
 class Backbone(nn.Module):
@@ -292,6 +323,11 @@ class Backbone(nn.Module):
 
     def __call__(self, x: mx.array, caches: list[LayerCache] | None = None) -> mx.array:
         """(B, L, H) inputs → (B, L, H) final-normed hidden states; ``caches`` None means a fresh causal pass."""
+        if caches is not None and x.shape[1] == 1:
+            # A single position needs no mask (a sliding cache never holds more than its window).
+            for layer, cache in zip(self.layers, caches, strict=True):
+                x = layer.step(x, cache)
+            return self.norm(x)
         full_mask, sliding_mask = self._masks(x.shape[1], caches)
         for index, layer in enumerate(self.layers):
             is_global = self.global_layers[index]
@@ -427,10 +463,12 @@ def build_speaker_prompt(
 
 @dataclass(frozen=True)
 class TTSStepResult:
-    """One generated frame: ``codes`` (1, 1, Q) int32 in [0, codebook_size), ``hidden`` (2, 1, H) float32."""
+    """One generated frame: ``codes`` (1, 1, Q) int32 in [0, codebook_size), ``hidden`` (2, 1, H) float32,
+    and ``code_sum`` (1, 1, latent) float32, the sum of the codes' codebook vectors (the next step's input)."""
 
     codes: mx.array
     hidden: mx.array
+    code_sum: mx.array
 
 
 @dataclass(frozen=True)
@@ -527,40 +565,73 @@ class EarTTS(nn.Module):
         return codes[:, -1:]
 
     def step(
-        self, previous_code: mx.array, text_token: mx.array, cache: TTSCache, chars: CharacterTable
+        self,
+        previous_code: mx.array,
+        text_token: mx.array,
+        cache: TTSCache,
+        chars: CharacterTable,
+        previous_code_sum: mx.array | None = None,
     ) -> TTSStepResult:
         """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
 
+        ``previous_code_sum``, when given, is the previous step's ``code_sum`` — the sum of
+        ``previous_code``'s codebook vectors, which the code embedding would recompute.
         Reads the token id on the host (see :func:`engine.subword.spell_tokens`); draws
         one uniform and one normal tensor per refinement round from the global RNG.
         """
-        audio = self.embed_codes(previous_code)
+        if previous_code_sum is None:
+            previous_code_sum = self._codebook_sum([previous_code[..., q] for q in range(self.config.num_quantizers)])
+        audio = self.embed_code(previous_code_sum)
         guided_audio = mx.concatenate([audio, audio], axis=0)
         condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
         hidden = self.backbone(self.gated_fusion_audio_text(guided_audio, condition), cache.layers)
-        return TTSStepResult(codes=self.generate_codes(hidden), hidden=hidden)
+        codes, code_sum = self._refine(hidden)
+        return TTSStepResult(codes=codes, hidden=hidden, code_sum=code_sum)
 
     # ----------------------------------------------------------------- code generation
 
     def generate_codes(self, hidden: mx.array) -> mx.array:
         """Guided hidden states (2, T, H) → codes (1, T, Q) int32, refined round by round."""
+        return self._refine(hidden)[0]
+
+    @functools.cached_property
+    def _codebook_norms(self) -> list[mx.array]:
+        """‖e‖² of every codebook entry, summed in the codebook dtype exactly as the per-call form does."""
+        norms = [mx.sum(book * book, axis=-1) for book in self.rvq_embs]
+        mx.eval(norms)
+        return norms
+
+    @functools.cached_property
+    def _compiled_refine(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+        return jit(self._refine_ops, draws_random=True)
+
+    def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        return self._compiled_refine(hidden) if hidden.shape[1] == 1 else self._refine_ops(hidden)
+
+    def _refine_ops(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors.
+
+        Quantizers are filled in order, so the code embedding of a round — the sum over
+        every quantizer with unfilled ones adding zero — is the running sum of the rows
+        chosen so far; it is carried instead of recomputed. Adding the zeros would not
+        change a single bit, so this is the reference's arithmetic.
+        """
         config = self.config
         conditional, unconditional = hidden[:1], hidden[1:]
         columns = [mx.full(conditional.shape[:2], config.mask_code, dtype=mx.int32)] * config.num_quantizers
+        chosen_sum = mx.zeros((*conditional.shape[:2], config.latent_size))
+        norms = self._codebook_norms
         for round_ in self.plan:
-            embedded = self.embed_code(self._codebook_sum(columns))
+            embedded = self.embed_code(chosen_sum)
             features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
             mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
             latent = mean + mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale
-            self._quantize_greedy(latent, columns, round_)
-        return mx.stack(columns, axis=-1)
-
-    def _quantize_greedy(self, latent: mx.array, columns: list[mx.array], round_: RefinementRound) -> None:
-        """Residual VQ of ``latent`` over the round's quantizers, writing their codes into ``columns``."""
-        for quantizer in range(round_.start, round_.start + round_.count):
-            book = self.rvq_embs[quantizer]
-            # ‖e‖² − 2 z·e ranks entries like ‖z − e‖²; ‖e‖² is summed in the codebook dtype.
-            distance = mx.sum(book * book, axis=-1) - 2.0 * (latent @ book.T)
-            chosen = mx.argmin(distance, axis=-1)
-            latent = latent - book[chosen]
-            columns[quantizer] = chosen.astype(mx.int32)
+            for quantizer in range(round_.start, round_.start + round_.count):
+                book = self.rvq_embs[quantizer]
+                # ‖e‖² − 2 z·e ranks entries like ‖z − e‖².
+                chosen = mx.argmin(norms[quantizer] - 2.0 * (latent @ book.T), axis=-1)
+                row = book[chosen]
+                latent = latent - row
+                chosen_sum = chosen_sum + row
+                columns[quantizer] = chosen.astype(mx.int32)
+        return mx.stack(columns, axis=-1), chosen_sum

@@ -238,7 +238,11 @@ def test_subword_encoder_matches_reference(pair: Pair) -> None:
     assert _max_abs(ours, theirs) == 0.0
 
 
-def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "op-by-op"])
+def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
+    """Compiled (what the session runs) and op by op (where every draw can be recorded): both match."""
+    if not compiled:
+        monkeypatch.setattr(EarTTS, "_refine", lambda self, hidden: self._refine_ops(hidden))
     config = pair.config
     seed = 1234 + pair.seed  # the session's seed, the same on both sides
     tokens = _text_tokens(pair)
@@ -274,7 +278,10 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
         return result.codes, result.hidden
 
     theirs = _drive(ref_warmup, ref_step, tokens, silence, config.eos_token_id, recorder, seed)
+    their_rng = np.array(mx.random.state[0])
     ours = _drive(our_warmup, our_step, tokens, silence, config.eos_token_id, recorder, seed)
+    # Both consumed the global generator identically (a compiled step threads the state through).
+    assert np.array_equal(np.array(mx.random.state[0]), their_rng)
 
     # Codes: identical every step, int32, inside the codebook.
     assert len(ours.codes) == len(theirs.codes) == STEPS
@@ -285,8 +292,14 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
     hidden_diff = max(_max_abs(a, b) for a, b in zip(ours.hidden, theirs.hidden, strict=True))
     assert ours.hidden[0].shape == (2, 1, config.tts_config.hidden_size) and ours.hidden[0].dtype == mx.float32
     assert hidden_diff == 0.0
+    # Caches: same layout and values after the warm-up and after crossing the sliding window.
+    assert _compare_cache_states(state["after_warmup"], ref_state["after_warmup"]) == 0.0
+    assert _compare_cache_states(_our_cache_state(state["cache"]), _reference_cache_state(ref_state["cache"])) == 0.0
+    assert state["cache"].offset == 37 + STEPS
     # Random draws: none in the warm-up; per step one uniform over the components then one normal latent, per round.
     assert ours.warmup_draws == theirs.warmup_draws == 0
+    if compiled:
+        return  # a compiled step records its draws only while tracing; the op-by-op run checks them one by one
     rounds = 5
     assert len(ours.draws) == len(theirs.draws) == STEPS * rounds * 2
     components, latent = config.tts_config.mog_head.num_predictions, config.tts_config.latent_size
@@ -295,7 +308,4 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
         assert (kind, tuple(value.shape)) == (ref_kind, tuple(ref_value.shape)) == expected
         assert value.dtype == ref_value.dtype == mx.float32
         assert mx.array_equal(value, ref_value).item(), f"draw {index} differs"
-    # Caches: same layout and values after the warm-up and after crossing the sliding window.
-    assert _compare_cache_states(state["after_warmup"], ref_state["after_warmup"]) == 0.0
-    assert _compare_cache_states(_our_cache_state(state["cache"]), _reference_cache_state(ref_state["cache"])) == 0.0
-    assert state["cache"].offset == 37 + STEPS
+
