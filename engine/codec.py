@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -44,6 +45,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .config import CodecConfig
+from .jit import jit
 
 CODEC_PREFIX = "tts_model.audio_codec."
 """Where the codec's weights live in the runtime checkpoint."""
@@ -371,15 +373,28 @@ class Codec(nn.Module):
 
         Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring).
         """
-        features, cache.block_inputs = self.decoder(self.prvq.decode(codes), cache.block_inputs)
+        step = self._compiled_step if codes.shape[2] == 1 else self._step_ops
+        samples, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag = step(
+            codes, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag
+        )
+        return samples
+
+    @functools.cached_property
+    def _compiled_step(self) -> Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]:
+        return jit(self._step_ops)
+
+    def _step_ops(
+        self, codes: mx.array, block_inputs: list[mx.array], spectrum_real: mx.array, spectrum_imag: mx.array
+    ) -> tuple[mx.array, list[mx.array], mx.array, mx.array]:
+        """The streaming decode as a pure function of the codes and the cache arrays."""
+        features, block_inputs = self.decoder(self.prvq.decode(codes), block_inputs)
         real, imag = self._spectrum(features)
-        real = mx.concatenate([cache.spectrum_real, real], axis=1)
-        imag = mx.concatenate([cache.spectrum_imag, imag], axis=1)
-        cache.spectrum_real = real[:, -self.carried_frames :]
-        cache.spectrum_imag = imag[:, -self.carried_frames :]
+        real = mx.concatenate([spectrum_real, real], axis=1)
+        imag = mx.concatenate([spectrum_imag, imag], axis=1)
         waveform = self._synthesize(real, imag)
         start = self.edge + self.delay
-        return waveform[:, start : start + codes.shape[2] * self.samples_per_frame]
+        samples = waveform[:, start : start + codes.shape[2] * self.samples_per_frame]
+        return samples, block_inputs, real[:, -self.carried_frames :], imag[:, -self.carried_frames :]
 
     def flush(self, cache: CodecCache) -> mx.array:
         """The last ``delay`` (8) samples of the stream, ``(B, 8)`` float32, which ``decode_step`` holds back.

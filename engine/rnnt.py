@@ -19,6 +19,7 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
+from .jit import jit
 from .tokenizer import RNNTVocabulary
 
 LSTMState = tuple[mx.array, mx.array]
@@ -54,6 +56,11 @@ class _StackedLSTM(nn.Module):
 
 class RNNTPredictor(nn.Module):
     """Prediction network (``stt_model.rnnt_decoder``): ``prediction.embed`` and ``prediction.dec_rnn.lstm.{k}``."""
+
+    @functools.cached_property
+    def programs(self) -> GreedyPrograms:
+        """The compiled unrolled greedy loops over this predictor."""
+        return GreedyPrograms(self)
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
@@ -195,8 +202,27 @@ def rnnt_propose(
 ) -> RNNTProposal:
     """The greedy loop of :func:`rnnt_step` for one frame, unrolled on the device (no host readback)."""
     started = state.last_token != blank_id  # host-known: has any symbol been emitted yet?
+    program = predictor.programs.get(joint, started, blank_id, max_symbols)
     last = mx.array([[state.last_token]], dtype=mx.int32)
-    hidden = state.hidden
+    if started:
+        assert state.hidden is not None
+        symbols, last, hidden_h, hidden_c = program(encoded, last, *state.hidden)
+    else:
+        symbols, last, hidden_h, hidden_c = program(encoded, last)
+    return RNNTProposal(symbols, last, (hidden_h, hidden_c))
+
+
+def _unrolled_greedy(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    encoded: mx.array,
+    last: mx.array,
+    hidden: LSTMState | None,
+    *,
+    started: bool,
+    blank_id: int,
+    max_symbols: int,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     active: mx.array | None = None
     symbols = []
     for attempt in range(max_symbols):
@@ -209,12 +235,44 @@ def rnnt_propose(
         symbols.append(mx.where(emitted, best, -1))
         cast = (proposed[0].astype(encoded.dtype), proposed[1].astype(encoded.dtype))
         if hidden is None:
-            hidden = cast  # masked out below when nothing was emitted
+            hidden = cast  # masked out by the caller when nothing was emitted
         else:
             hidden = (mx.where(emitted, cast[0], hidden[0]), mx.where(emitted, cast[1], hidden[1]))
         last = mx.where(emitted, best, last)
         active = emitted
-    return RNNTProposal(mx.stack(symbols), last, hidden)  # type: ignore[arg-type]
+    assert hidden is not None
+    return mx.stack(symbols), last, hidden[0], hidden[1]
+
+
+class GreedyPrograms:
+    """Compiled unrolled greedy loops, one per (joint, started, blank, cap); built on first use."""
+
+    def __init__(self, predictor: RNNTPredictor) -> None:
+        self._predictor = predictor
+        self._programs: dict[tuple[int, bool, int, int], Callable[..., tuple[mx.array, ...]]] = {}
+
+    def get(
+        self, joint: RNNTJoint, started: bool, blank_id: int, max_symbols: int
+    ) -> Callable[..., tuple[mx.array, ...]]:
+        key = (id(joint), started, blank_id, max_symbols)
+        if key not in self._programs:
+            predictor = self._predictor
+
+            def program(encoded: mx.array, last: mx.array, *hidden: mx.array) -> tuple[mx.array, ...]:
+                state = (hidden[0], hidden[1]) if hidden else None
+                return _unrolled_greedy(
+                    predictor,
+                    joint,
+                    encoded,
+                    last,
+                    state,
+                    started=started,
+                    blank_id=blank_id,
+                    max_symbols=max_symbols,
+                )
+
+            self._programs[key] = jit(program)
+        return self._programs[key]
 
 
 def rnnt_commit(
