@@ -15,13 +15,16 @@ exactly (see :class:`AttentionCache`), because the attention results depend on i
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .config import LLMConfig
+from .jit import jit
 from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -238,15 +241,27 @@ class CausalSelfAttention(nn.Module):
         batch, length, _ = projected.shape
         return projected.reshape(batch, length, count, -1).transpose(0, 2, 1, 3)
 
-    def __call__(self, x: mx.array, mask: AttentionMask, cache: AttentionCache | None = None) -> mx.array:
-        batch, length, _ = x.shape
-        queries = self._heads(self.q_proj(x), self.num_heads)
-        keys = self._heads(self.k_proj(x), self.num_kv_heads)
-        values = self._heads(self.v_proj(x), self.num_kv_heads)
+    def project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """Queries, keys and values of ``x`` (B, L, D), split into heads."""
+        return (
+            self._heads(self.q_proj(x), self.num_heads),
+            self._heads(self.k_proj(x), self.num_kv_heads),
+            self._heads(self.v_proj(x), self.num_kv_heads),
+        )
+
+    def attend(
+        self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: AttentionCache | None
+    ) -> mx.array:
         if cache is not None:
             keys, values = cache.append(keys, values)
-        attended = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+
+    def output(self, attended: mx.array) -> mx.array:
+        batch, _, length, _ = attended.shape
         return self.o_proj(attended.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: AttentionCache | None = None) -> mx.array:
+        return self.output(self.attend(*self.project(x), mask, cache))
 
 
 class ReLU2MLP(nn.Module):
@@ -320,6 +335,8 @@ class NemotronH(nn.Module):
         length = inputs_embeds.shape[1]
         if cache is not None and len(cache.layers) != len(self.layers):
             raise ValueError(f"cache has {len(cache.layers)} layer entries, the model {len(self.layers)} layers")
+        if cache is not None and length == 1 and _states_ready(cache):
+            return self._step(inputs_embeds, cache)
         # New positions attend causally among themselves and to every cached position;
         # a single position needs no mask.
         mask: AttentionMask = None if length == 1 else "causal"
@@ -329,3 +346,99 @@ class NemotronH(nn.Module):
         if cache is not None:
             cache.position += length
         return self.norm_f(hidden)
+
+    # ----------------------------------------------------------------- compiled single-position step
+
+    @functools.cached_property
+    def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
+        """The stack as compiled pieces: runs of Mamba/MLP blocks, and attention blocks split around the cache."""
+        segments: list[tuple[str, tuple[int, ...], Callable[..., Any]]] = []
+        run: list[int] = []
+
+        def close_run() -> None:
+            if run:
+                indices = tuple(run)
+                segments.append(("run", indices, jit(functools.partial(self._run_blocks, indices))))
+                run.clear()
+
+        for index, layer in enumerate(self.layers):
+            if layer.kind == ATTENTION:
+                close_run()
+                segments.append(("attention", (index,), jit(functools.partial(self._attention_inputs, index))))
+            else:
+                run.append(index)
+        close_run()
+        return segments
+
+    def _run_blocks(self, indices: tuple[int, ...], hidden: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+        """Mamba and MLP blocks in order; ``states`` are each Mamba block's (conv, ssm) state, in order."""
+        pending = iter(states)
+        updated: list[mx.array] = []
+        for index in indices:
+            layer = self.layers[index]
+            if layer.kind == MAMBA:
+                cache = MambaCache(conv_state=next(pending), ssm_state=next(pending))
+                hidden = layer(hidden, None, cache)
+                assert cache.conv_state is not None and cache.ssm_state is not None
+                updated += [cache.conv_state, cache.ssm_state]
+            else:
+                hidden = layer(hidden, None, None)
+        return (hidden, *updated)
+
+    def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        layer = self.layers[index]
+        assert isinstance(layer.mixer, CausalSelfAttention)
+        return layer.mixer.project(layer.norm(hidden))
+
+    def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
+        hidden = inputs_embeds
+        for kind, indices, program in self._segments:
+            if kind == "run":
+                states: list[mx.array] = []
+                for index in indices:
+                    layer_cache = cache.layers[index]
+                    if isinstance(layer_cache, MambaCache):
+                        assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
+                        states += [layer_cache.conv_state, layer_cache.ssm_state]
+                hidden, *updated = program(hidden, *states)
+                pending = iter(updated)
+                for index in indices:
+                    layer_cache = cache.layers[index]
+                    if isinstance(layer_cache, MambaCache):
+                        layer_cache.conv_state, layer_cache.ssm_state = next(pending), next(pending)
+            else:
+                (index,) = indices
+                layer = self.layers[index]
+                layer_cache = cache.layers[index]
+                assert isinstance(layer.mixer, CausalSelfAttention) and isinstance(layer_cache, AttentionCache)
+                queries, keys, values = program(hidden)
+                attended = layer.mixer.attend(queries, keys, values, None, layer_cache)
+                hidden = self._attention_residual(index)(hidden, attended)
+        cache.position += 1
+        return self._compiled_norm(hidden)
+
+    @functools.cached_property
+    def _compiled_norm(self) -> Callable[[mx.array], mx.array]:
+        return jit(self.norm_f)
+
+    def _attention_residual(self, index: int) -> Callable[[mx.array, mx.array], mx.array]:
+        programs = self._residual_programs
+        if index not in programs:
+            mixer = self.layers[index].mixer
+            assert isinstance(mixer, CausalSelfAttention)
+            programs[index] = jit(lambda hidden, attended: hidden + mixer.output(attended))
+        return programs[index]
+
+    @functools.cached_property
+    def _residual_programs(self) -> dict[int, Callable[[mx.array, mx.array], mx.array]]:
+        # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
+        return {}
+
+
+def _states_ready(cache: LLMCache) -> bool:
+    """Every Mamba block has its state (after the first call), so a step has static shapes."""
+    return all(
+        layer.conv_state is not None and layer.ssm_state is not None
+        for layer in cache.layers
+        if isinstance(layer, MambaCache)
+    )
