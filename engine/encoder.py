@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .config import EncoderConfig, PerceptionConfig
+from .jit import jit
 from .mel import MelCache, make_mel_cache, mel_step
 
 # Additive mask value for attention the chunked_limited context forbids.
@@ -184,13 +186,23 @@ class RelativePositionAttention(nn.Module):
         return shifted.reshape(batch, heads, queries, offsets)
 
     def __call__(
-        self, queries: mx.array, keys: mx.array, positions: mx.array, mask: mx.array | None = None
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        positions: mx.array,
+        mask: mx.array | None = None,
+        *,
+        projected: bool = False,
     ) -> mx.array:
-        """``queries`` (B, Tq, d) attend to ``keys`` (B, Tk, d); ``positions`` holds 2·Tk-1 offset rows."""
+        """``queries`` (B, Tq, d) attend to ``keys`` (B, Tk, d); ``positions`` holds 2·Tk-1 offset rows.
+
+        With ``projected``, ``positions`` is already ``linear_pos(positions)`` (it depends only
+        on the key length, so a stream can reuse it frame after frame).
+        """
         q = self.linear_q(queries)
         k = self.linear_k(keys)
         v = self.linear_v(keys)
-        p = self.linear_pos(positions)
+        p = positions if projected else self.linear_pos(positions)
         batch, query_len, _ = q.shape
         key_len, offsets = k.shape[1], p.shape[1]
 
@@ -245,6 +257,7 @@ class ConformerLayer(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         d_model, hidden = config.d_model, config.d_model * config.ff_expansion_factor
+        self.self_attn_left_context = config.left_context
         self.norm_feed_forward1 = nn.LayerNorm(d_model)
         self.feed_forward1 = FeedForward(d_model, hidden, config.use_bias)
         self.norm_self_att = nn.LayerNorm(d_model)
@@ -276,21 +289,56 @@ class ConformerLayer(nn.Module):
 
         Returns the block output and both updated caches (last ``left_context``
         attention inputs including the new ones; last ``kernel-1`` gate outputs).
+        Once the attention cache is full (and for one new frame) the shapes no longer
+        change, and the block runs compiled with its position projection reused.
         """
+        if conv_cache is None:
+            history = config.conv_kernel_size - 1
+            conv_cache = mx.zeros((x.shape[0], history, config.d_model), dtype=x.dtype)
+        key_len = x.shape[1] + (0 if attention_cache is None else attention_cache.shape[1])
+        steady = attention_cache is not None and x.shape[1] == 1 and key_len == left_context + 1
+        if steady:
+            assert attention_cache is not None
+            return self._compiled_stream(x, attention_cache, conv_cache, self._positions(config, key_len, x.dtype))
+        projected = self.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
+        return self._stream_ops(x, attention_cache, conv_cache, projected, left_context=left_context)
+
+    def _positions(self, config: EncoderConfig, key_len: int, dtype: mx.Dtype) -> mx.array:
+        """``linear_pos`` of the relative-position rows for ``key_len`` keys, computed once."""
+        store = self._projected_positions
+        if (key_len, dtype) not in store:
+            store[(key_len, dtype)] = self.self_attn.linear_pos(relative_positions(config, key_len, dtype))
+            mx.eval(store[(key_len, dtype)])
+        return store[(key_len, dtype)]
+
+    @functools.cached_property
+    def _projected_positions(self) -> dict[tuple[int, mx.Dtype], mx.array]:
+        return {}  # in the instance __dict__, outside the parameter tree
+
+    @functools.cached_property
+    def _compiled_stream(self) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
+        left = self.self_attn_left_context
+        return jit(functools.partial(self._stream_ops, left_context=left))
+
+    def _stream_ops(
+        self,
+        x: mx.array,
+        attention_cache: mx.array | None,
+        conv_cache: mx.array,
+        projected_positions: mx.array,
+        *,
+        left_context: int,
+    ) -> tuple[mx.array, mx.array, mx.array]:
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
 
         attention_in = self.norm_self_att(x)
         keys = attention_in if attention_cache is None else mx.concatenate([attention_cache, attention_in], axis=1)
-        positions = relative_positions(config, keys.shape[1], x.dtype)
-        x = x + self.self_attn(attention_in, keys, positions)
+        x = x + self.self_attn(attention_in, keys, projected_positions, projected=True)
         next_attention = keys[:, -left_context:] if left_context > 0 else keys[:, :0]
 
         gated = self.conv.gate(self.norm_conv(x))
-        history = config.conv_kernel_size - 1
-        if conv_cache is None:
-            conv_cache = mx.zeros((gated.shape[0], history, gated.shape[2]), dtype=gated.dtype)
         conv_in = mx.concatenate([conv_cache, gated], axis=1)
-        next_conv = conv_in[:, conv_in.shape[1] - history :]
+        next_conv = conv_in[:, conv_in.shape[1] - conv_cache.shape[1] :]
         x = x + self.conv.finish(self.conv.depthwise_conv(conv_in))  # "valid" conv: the cache is the left padding
 
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
