@@ -297,6 +297,12 @@ def format_report(report: dict[str, Any]) -> str:
     for name, run in rows:
         windows = ", ".join(f"{w} p50 {s['p50_ms']:.2f}" for w, s in run["windows"].items())
         lines.append(f"{name} windows: {windows}")
+    subs = report["parley"].get("sub_stages", {})
+    if subs:
+        lines.append(
+            "parley sub-stages (mean ms, evaluated at each boundary): "
+            + ", ".join(f"{name} {stats['mean_ms']:.2f}" for name, stats in subs.items())
+        )
     if "speedup_p50" in report:
         agree = report["agreement"]
         lines.append(

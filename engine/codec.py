@@ -46,6 +46,7 @@ from mlx.utils import tree_flatten
 
 from .config import CodecConfig
 from .jit import jit
+from .profiler import Probe
 
 CODEC_PREFIX = "tts_model.audio_codec."
 """Where the codec's weights live in the runtime checkpoint."""
@@ -368,12 +369,15 @@ class Codec(nn.Module):
 
     # ----------------------------------------------------------------------- decode
 
-    def decode_step(self, codes: mx.array, cache: CodecCache) -> mx.array:
+    def decode_step(self, codes: mx.array, cache: CodecCache, probe: Probe | None = None) -> mx.array:
         """Decode the next ``codes (B, Q, T)`` of a stream -> ``(B, T * 1764)`` float32; updates ``cache``.
 
         Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring).
         """
-        step = self._compiled_step if codes.shape[2] == 1 else self._step_ops
+        if probe is not None:  # a compiled call cannot be split into its parts
+            step = functools.partial(self._step_ops, probe=probe)
+        else:
+            step = self._compiled_step if codes.shape[2] == 1 else self._step_ops
         samples, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag = step(
             codes, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag
         )
@@ -384,16 +388,28 @@ class Codec(nn.Module):
         return jit(self._step_ops)
 
     def _step_ops(
-        self, codes: mx.array, block_inputs: list[mx.array], spectrum_real: mx.array, spectrum_imag: mx.array
+        self,
+        codes: mx.array,
+        block_inputs: list[mx.array],
+        spectrum_real: mx.array,
+        spectrum_imag: mx.array,
+        probe: Probe | None = None,
     ) -> tuple[mx.array, list[mx.array], mx.array, mx.array]:
         """The streaming decode as a pure function of the codes and the cache arrays."""
-        features, block_inputs = self.decoder(self.prvq.decode(codes), block_inputs)
+        latents = self.prvq.decode(codes)
+        if probe is not None:
+            probe("codec.dequantize", latents)
+        features, block_inputs = self.decoder(latents, block_inputs)
+        if probe is not None:
+            probe("codec.decoder", features)
         real, imag = self._spectrum(features)
         real = mx.concatenate([spectrum_real, real], axis=1)
         imag = mx.concatenate([spectrum_imag, imag], axis=1)
         waveform = self._synthesize(real, imag)
         start = self.edge + self.delay
         samples = waveform[:, start : start + codes.shape[2] * self.samples_per_frame]
+        if probe is not None:
+            probe("codec.istft", samples)
         return samples, block_inputs, real[:, -self.carried_frames :], imag[:, -self.carried_frames :]
 
     def flush(self, cache: CodecCache) -> mx.array:

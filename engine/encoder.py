@@ -35,6 +35,7 @@ import mlx.nn as nn
 from .config import EncoderConfig, PerceptionConfig
 from .jit import jit
 from .mel import MelCache, make_mel_cache, mel_step
+from .profiler import Probe
 
 # Additive mask value for attention the chunked_limited context forbids.
 _BLOCKED = -1e30
@@ -405,7 +406,7 @@ class FastConformer(nn.Module):
             x = layer(x, positions, mask)
         return x, out_lengths
 
-    def stream(self, cache: PerceptionCache, mel: mx.array) -> list[mx.array]:
+    def stream(self, cache: PerceptionCache, mel: mx.array, probe: Probe | None = None) -> list[mx.array]:
         """Feed new mel frames ``(1, n, features)``; return the encoder chunks they complete.
 
         Mel frames are consumed in chunks of ``subsampling_factor`` (one encoder frame
@@ -419,16 +420,20 @@ class FastConformer(nn.Module):
         while remaining.shape[1] > 0:
             take = min(chunk, remaining.shape[1])
             piece, remaining = remaining[:, :take], remaining[:, take:]
-            encoded = self._encode_chunk(cache, piece, last=remaining.shape[1] == 0)
+            encoded = self._encode_chunk(cache, piece, last=remaining.shape[1] == 0, probe=probe)
             if encoded is not None:
                 outputs.append(encoded)
         return outputs
 
-    def _encode_chunk(self, cache: PerceptionCache, mel: mx.array, *, last: bool) -> mx.array | None:
+    def _encode_chunk(
+        self, cache: PerceptionCache, mel: mx.array, *, last: bool, probe: Probe | None = None
+    ) -> mx.array | None:
         factor = self.config.subsampling_factor
         cached = 0 if cache.mel_window is None else cache.mel_window.shape[1]
         window = mel if cache.mel_window is None else mx.concatenate([cache.mel_window, mel], axis=1)
         subsampled = self.pre_encode(window)
+        if probe is not None:
+            probe("perception.subsampling", subsampled)
 
         consumed = cache.mel_consumed + mel.shape[1]
         first_index = (cache.mel_consumed - cached) // factor  # encoder index of subsampled[:, 0]
@@ -449,6 +454,8 @@ class FastConformer(nn.Module):
             x, cache.attention[index], cache.convolution[index] = layer.stream(
                 x, self.config, cache.attention[index], cache.convolution[index], left
             )
+        if probe is not None:
+            probe("perception.layers", x)
         return x
 
 
@@ -480,7 +487,7 @@ class Perception(nn.Module):
             convolution=[None] * layers,
         )
 
-    def step(self, cache: PerceptionCache, frame: mx.array) -> tuple[mx.array, mx.array]:
+    def step(self, cache: PerceptionCache, frame: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
         """One 80 ms frame ``(1280,)`` in; ``(projected (1, 1, output_dim), encoded (1, 1, d_model))`` out.
 
         Raises ``ValueError`` for a frame of the wrong shape (the cache is left
@@ -493,11 +500,16 @@ class Perception(nn.Module):
         if frame.dtype != mx.float32:
             frame = frame.astype(mx.float32)
         mel = mel_step(cache.mel, frame, self.perception_config.preprocessor)
-        chunks = self.encoder.stream(cache, mel)
+        if probe is not None:
+            probe("perception.mel", mel)
+        chunks = self.encoder.stream(cache, mel, probe)
         if len(chunks) != 1 or chunks[0].shape[1] != 1:
             shapes = [tuple(chunk.shape) for chunk in chunks]
             raise RuntimeError(
                 f"cached perception did not emit exactly one encoder frame: mel={tuple(mel.shape)}, encoded={shapes}"
             )
         encoded = chunks[0]
-        return self.proj(encoded), encoded
+        projected = self.proj(encoded)
+        if probe is not None:
+            probe("perception.projection", projected)
+        return projected, encoded

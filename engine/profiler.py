@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -24,6 +24,10 @@ import mlx.core as mx
 from .events import FrameTiming
 
 STAGES = ("perception", "rnnt", "language", "tts", "codec")
+
+# A sub-stage probe: ``probe(name, *arrays)`` closes the sub-stage ``name`` once ``arrays`` are computed.
+# Networks take one optionally and call it at their internal boundaries; None means no probing.
+Probe = Callable[..., None]
 FRAME_MS = 80.0
 DEFAULT_COLD_FRAMES = 5
 

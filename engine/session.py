@@ -39,7 +39,7 @@ from .events import (
 )
 from .llm import LLMCache
 from .model import VoiceChat
-from .profiler import FrameProfiler
+from .profiler import FrameProfiler, Probe
 from .rnnt import RNNTState, make_rnnt_state, rnnt_commit, rnnt_propose
 from .tokenizer import StreamingDetokenizer
 from .tools import ToolCallParser
@@ -189,7 +189,9 @@ class Session:
 
     # ------------------------------------------------------------------ one timeline step
 
-    def _language_step(self, audio_embedding: mx.array, *, generate: bool) -> tuple[mx.array, mx.array] | None:
+    def _language_step(
+        self, audio_embedding: mx.array, *, generate: bool, probe: Probe | None = None
+    ) -> tuple[mx.array, mx.array] | None:
         pad = self.config.pad_token_id
         first = self._timeline_index == 0
         previous_text = pad if first else self._text_ids[-1]
@@ -200,14 +202,22 @@ class Session:
             + audio_embedding
             + self.config.function_channel_weight * embed(mx.array([[previous_function]], dtype=mx.int32))
         )
+        if probe is not None:
+            probe("language.fusion", fused)
         hidden = self._stt.llm(fused, self.caches.language)
+        if probe is not None:
+            probe("language.llm", hidden)
         if not generate:
             return None
-        return mx.argmax(self._stt.lm_head(hidden)[:, -1], axis=-1), mx.argmax(
-            self._stt.function_head(hidden)[:, -1], axis=-1
+        ids = (
+            mx.argmax(self._stt.lm_head(hidden)[:, -1], axis=-1),
+            mx.argmax(self._stt.function_head(hidden)[:, -1], axis=-1),
         )
+        if probe is not None:
+            probe("language.heads", *ids)
+        return ids
 
-    def _tts_step(self, text_id: int) -> mx.array:
+    def _tts_step(self, text_id: int, probe: Probe | None = None) -> mx.array:
         """Advance EAR-TTS by one step; returns this step's codes (1, 1, Q)."""
         if self._timeline_index == 0:
             return self._silence_codes
@@ -217,7 +227,7 @@ class Session:
             caches.previous_code_sum = None
         token = mx.array([[text_id]], dtype=mx.int32)
         result = self._speech.tts_model.step(
-            caches.previous_code, token, caches.tts, self.voicechat.characters, caches.previous_code_sum
+            caches.previous_code, token, caches.tts, self.voicechat.characters, caches.previous_code_sum, probe
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
@@ -233,7 +243,8 @@ class Session:
         events: list[Event] = []
 
         # Phase 1 — perception, RNN-T and the LLM, built as one graph and read back together.
-        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame))
+        probe = profiler.sub_stage if profiler.sub_stages_enabled else None
+        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
         profiler.stage("perception", projected, encoded, *caches.perception.arrays())
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
@@ -246,7 +257,7 @@ class Session:
                 max_symbols=config.audio_config.max_symbols,
             )
         profiler.stage("rnnt", *([proposal.symbols] if proposal else []))
-        text_array, function_array = self._language_step(projected, generate=True)  # type: ignore[misc]
+        text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
         readback = [text_array, function_array, *([proposal.symbols] if proposal else [])]
         profiler.sync(*readback, *caches.perception.arrays(), *caches.language.arrays())
         text_id, function_id = int(text_array.item()), int(function_array.item())
@@ -259,11 +270,11 @@ class Session:
         profiler.stage("language")
 
         # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
-        codes = self._tts_step(text_id)
+        codes = self._tts_step(text_id, probe)
         self._timeline_index += 1
         profiler.stage("tts", codes, *caches.tts.arrays())
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
-        samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec)[0]
+        samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec, probe)[0]
         profiler.sync(
             samples,
             clean,

@@ -26,6 +26,7 @@ import mlx.nn as nn
 
 from .config import MoGConfig, TTSConfig
 from .jit import jit
+from .profiler import Probe
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
@@ -571,6 +572,7 @@ class EarTTS(nn.Module):
         cache: TTSCache,
         chars: CharacterTable,
         previous_code_sum: mx.array | None = None,
+        probe: Probe | None = None,
     ) -> TTSStepResult:
         """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
 
@@ -583,9 +585,19 @@ class EarTTS(nn.Module):
             previous_code_sum = self._codebook_sum([previous_code[..., q] for q in range(self.config.num_quantizers)])
         audio = self.embed_code(previous_code_sum)
         guided_audio = mx.concatenate([audio, audio], axis=0)
+        if probe is not None:
+            probe("tts.embed", guided_audio)
         condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
-        hidden = self.backbone(self.gated_fusion_audio_text(guided_audio, condition), cache.layers)
-        codes, code_sum = self._refine(hidden)
+        if probe is not None:
+            probe("tts.condition", condition)
+        fused = self.gated_fusion_audio_text(guided_audio, condition)
+        if probe is not None:
+            probe("tts.fusion", fused)
+        hidden = self.backbone(fused, cache.layers)
+        if probe is not None:
+            probe("tts.backbone", hidden)
+        # Probing times every round, which needs the op-by-op form (a compiled call cannot be split).
+        codes, code_sum = self._refine(hidden) if probe is None else self._refine_ops(hidden, probe)
         return TTSStepResult(codes=codes, hidden=hidden, code_sum=code_sum)
 
     # ----------------------------------------------------------------- code generation
@@ -608,7 +620,7 @@ class EarTTS(nn.Module):
     def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         return self._compiled_refine(hidden) if hidden.shape[1] == 1 else self._refine_ops(hidden)
 
-    def _refine_ops(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+    def _refine_ops(self, hidden: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
         """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors.
 
         Quantizers are filled in order, so the code embedding of a round — the sum over
@@ -621,11 +633,13 @@ class EarTTS(nn.Module):
         columns = [mx.full(conditional.shape[:2], config.mask_code, dtype=mx.int32)] * config.num_quantizers
         chosen_sum = mx.zeros((*conditional.shape[:2], config.latent_size))
         norms = self._codebook_norms
-        for round_ in self.plan:
+        for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
             features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
             mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
             latent = mean + mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale
+            if probe is not None:
+                probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):
                 book = self.rvq_embs[quantizer]
                 # ‖e‖² − 2 z·e ranks entries like ‖z − e‖².
@@ -634,4 +648,6 @@ class EarTTS(nn.Module):
                 latent = latent - row
                 chosen_sum = chosen_sum + row
                 columns[quantizer] = chosen.astype(mx.int32)
+            if probe is not None:
+                probe(f"tts.rvq.{number}", chosen_sum, *columns)
         return mx.stack(columns, axis=-1), chosen_sum

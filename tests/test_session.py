@@ -148,3 +148,16 @@ def test_system_prompt_changes_the_conversation(voicechat, audio):
     plain = _frames(Session(voicechat, seed=0).push(audio[: 1280 * 4], 16_000))
     prompted = _frames(Session(voicechat, seed=0, system_prompt="Answer briefly.").push(audio[: 1280 * 4], 16_000))
     assert [c.codes.tolist() for c in plain] != [c.codes.tolist() for c in prompted]
+
+
+def test_sub_stage_timing_changes_nothing_but_the_clock(voicechat, audio):
+    """Sub-stage probes evaluate at boundaries and run the TTS rounds and codec op by op: same outputs."""
+    plain = Session(voicechat, seed=2).push(audio[: 1280 * 8], 16_000)
+    probed = Session(voicechat, seed=2, sub_stages=True).push(audio[: 1280 * 8], 16_000)
+    assert [c.codes.tolist() for c in _frames(plain)] == [c.codes.tolist() for c in _frames(probed)]
+    for a, b in zip(_frames(plain), _frames(probed), strict=True):
+        np.testing.assert_array_equal(a.samples, b.samples)
+    timings = [e for e in probed if isinstance(e, FrameTiming)]
+    names = set().union(*(t.sub_stages for t in timings))
+    assert {"perception.layers", "language.llm", "tts.backbone", "tts.mog.5", "codec.decoder"} <= names
+    assert all(t.host_syncs > 10 for t in timings[1:])
