@@ -22,6 +22,7 @@ from .encoder import Perception
 from .errors import CheckpointMemoryError, TokenizerError
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
+from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
 from .tokenizer import RNNTVocabulary, TextTokenizer
@@ -111,8 +112,13 @@ def assemble_voicechat(
     name: str,
     source: Path | None = None,
     nbytes: int = 0,
+    precast: bool = True,
 ) -> VoiceChat:
-    """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up (lazy)."""
+    """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up.
+
+    With ``precast`` the weights that only meet float32 activations are converted once
+    (see :mod:`engine.precast`; exact, faster, more memory); the rest stays lazy.
+    """
     if tokenizer.vocab_size > config.text_config.vocab_size:
         raise TokenizerError(
             f"{tokenizer.source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
@@ -121,6 +127,8 @@ def assemble_voicechat(
     characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
+    if precast:
+        precast_float32(model)
     return VoiceChat(
         model=model,
         config=config,

@@ -607,7 +607,7 @@ class EarTTS(nn.Module):
         return self._refine(hidden)[0]
 
     @functools.cached_property
-    def _codebook_norms(self) -> list[mx.array]:
+    def codebook_norms(self) -> list[mx.array]:
         """‖e‖² of every codebook entry, summed in the codebook dtype exactly as the per-call form does."""
         norms = [mx.sum(book * book, axis=-1) for book in self.rvq_embs]
         mx.eval(norms)
@@ -632,7 +632,7 @@ class EarTTS(nn.Module):
         conditional, unconditional = hidden[:1], hidden[1:]
         columns = [mx.full(conditional.shape[:2], config.mask_code, dtype=mx.int32)] * config.num_quantizers
         chosen_sum = mx.zeros((*conditional.shape[:2], config.latent_size))
-        norms = self._codebook_norms
+        norms = self.codebook_norms
         for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
             features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
