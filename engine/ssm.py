@@ -97,6 +97,42 @@ def _scan_chunk(
     return outputs.astype(out_dtype), next_state
 
 
+def _scan_single(
+    dt_x: mx.array,
+    dt_a: mx.array,
+    b_mat: mx.array,
+    c_mat: mx.array,
+    state: mx.array | None,
+    out_dtype: mx.Dtype,
+) -> tuple[mx.array, mx.array]:
+    """:func:`_scan_chunk` for one position, with the operations that cannot change a bit left out.
+
+    For a single position the pairwise decay is ``exp(0) = 1`` and the causal masks keep
+    everything, so multiplying by the decay and masking are identities; the matrix
+    products over a length-1 axis are single products, computed as such; and the running
+    decay ``exp(cumsum(dt·A))`` is ``exp(dt·A)``. The dot products (C·B, state·C) stay
+    matrix products, so every value is rounded exactly as in the general form (zeros
+    may differ in sign, which compares equal).
+    """
+    batch, _, heads, head_dim = dt_x.shape
+    groups, state_size = c_mat.shape[-2:]
+    heads_per_group = heads // groups
+
+    b_by_group = mx.transpose(b_mat, (0, 2, 3, 1))  # (b, g, n, 1)
+    scores = mx.repeat(mx.swapaxes(c_mat, 1, 2) @ b_by_group, heads_per_group, axis=1)  # (b, h, 1, 1)
+    outputs = mx.swapaxes(scores * mx.swapaxes(dt_x, 1, 2), 1, 2)  # (b, 1, h, p)
+    b_by_head = mx.repeat(b_by_group, heads_per_group, axis=1).swapaxes(2, 3)  # (b, h, 1, n)
+    next_state = dt_x.swapaxes(1, 2).swapaxes(2, 3) * b_by_head  # (b, h, p, n)
+    if state is not None:
+        decay = mx.exp(dt_a)  # (b, 1, h)
+        next_state = next_state + decay[:, -1, :, None, None] * state
+        c_column = c_mat.reshape(batch, 1, groups, 1, state_size, 1)
+        grouped_state = state.reshape(batch, 1, groups, heads_per_group, head_dim, state_size)
+        carried = (grouped_state @ c_column).squeeze(-1).flatten(2, 3)  # (b, 1, h, p)
+        outputs = outputs + decay[..., None] * carried
+    return outputs.astype(out_dtype), next_state
+
+
 def ssm_scan(
     x: mx.array,
     a_log: mx.array,
@@ -124,6 +160,10 @@ def ssm_scan(
     rates = -mx.exp(a_log).astype(dt.dtype)
     dt_a = dt * rates.reshape(1, 1, -1)
     dt_x = dt.reshape(batch, length, heads, 1) * x
+
+    if length == 1:
+        outputs, next_state = _scan_single(dt_x, dt_a, b_mat, c_mat, state, x.dtype)
+        return outputs + x * skip.reshape(1, 1, heads, 1), next_state
 
     chunks: list[mx.array] = []
     carried = state

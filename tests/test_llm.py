@@ -319,3 +319,21 @@ def test_quantized_checkpoint_loads_and_runs(tiny_q4: Path) -> None:
 def test_unknown_block_type_is_rejected(llm: NemotronH) -> None:
     with pytest.raises(ValueError, match="block type"):
         HybridBlock(llm.config, "E")
+
+
+def test_single_position_scan_equals_the_general_chunk() -> None:
+    """The one-position fast path leaves out only identities: same values as the chunked form."""
+    from engine.ssm import _scan_chunk, _scan_single
+
+    batch, heads, head_dim, groups, state_size = 1, 8, 16, 2, 16
+    dt_x = mx.random.normal((batch, 1, heads, head_dim))
+    dt_a = -mx.abs(mx.random.normal((batch, 1, heads)))
+    b_mat = mx.random.normal((batch, 1, groups, state_size))
+    c_mat = mx.random.normal((batch, 1, groups, state_size))
+    state = mx.random.normal((batch, heads, head_dim, state_size))
+    for initial in (None, state):
+        general = _scan_chunk(dt_x, dt_a, b_mat, c_mat, initial, mx.float32)
+        single = _scan_single(dt_x, dt_a, b_mat, c_mat, initial, mx.float32)
+        for a, b in zip(general, single, strict=True):
+            assert a.shape == b.shape
+            assert mx.array_equal(a, b).item()
