@@ -236,6 +236,9 @@ def bench(
         label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
         voicechat = assemble_voicechat(config, weights, quantized, tokenizer, name=label, nbytes=nbytes)
     mx.eval(voicechat.model.parameters())
+    from engine.session import warm_up
+
+    warm_s = warm_up(voicechat)
     reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
     if compare not in (None, "mlx-vlm"):
         raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
@@ -263,6 +266,7 @@ def bench(
         "frames": frames,
         "rounds": rounds,
         "seed": seed,
+        "warm_up_s": warm_s,
         "parley": summarize_run(best),
         "parley_rounds": [summarize_run(r) for r in ours_runs],
     }

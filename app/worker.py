@@ -225,7 +225,11 @@ class EngineWorker(threading.Thread):
             return
         self.voicechat = voicechat
         self.system_prompt = command.system_prompt
-        self._emit(LoadProgress(0.7, f"Loaded in {time.perf_counter() - started:.1f} s; warming up"))
+        self._emit(LoadProgress(0.6, f"Loaded in {time.perf_counter() - started:.1f} s; preparing the engine"))
+        from engine.session import warm_up
+
+        warm_up(voicechat)
+        self._emit(LoadProgress(0.8, "Checking this machine's speed"))
         self._emit(ModelLoaded(voicechat.name, Path(command.path), voicechat.quantization_bits, command.demo))
         if self.speed_check_enabled:
             self._run_speed_check()

@@ -19,6 +19,7 @@ which the reference drops, and input is validated more strictly (see :meth:`push
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,3 +383,48 @@ class Session:
         """Release the caches (the conversation cannot continue afterwards)."""
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
+
+
+def warm_up(voicechat: VoiceChat, frames: int = 3) -> float:
+    """Trace and compile every per-frame program once, so no conversation frame pays for it.
+
+    Runs a throwaway session on silence (the paths of the first frames and of steady
+    state), then the programs that only start later: the Conformer layers once their
+    attention cache is full (frame 71) and the RN-T loop after its first emission.
+    Returns the seconds spent. Outputs of later sessions are unaffected.
+    """
+    started = time.perf_counter()
+    session = Session(voicechat, seed=0)
+    silence = np.zeros(voicechat.config.frame_samples, dtype=np.float32)
+    for _ in range(frames):
+        session.push(silence)
+    perception = voicechat.model.stt_model.perception
+    cache = session.caches.perception
+    encoder_config = voicechat.config.audio_config.encoder
+    d_model, left = encoder_config.d_model, encoder_config.left_context
+    frame = mx.zeros((1, 1, d_model))
+    attention = mx.zeros((1, left, d_model))
+    outputs = []
+    for layer, conv in zip(perception.encoder.layers, cache.convolution, strict=True):
+        assert conv is not None
+        outputs.append(layer.stream(frame, encoder_config, attention, conv, left))
+    stt, config = voicechat.model.stt_model, voicechat.config
+    if len(voicechat.rnnt_vocabulary):
+        started_state = RNNTState(last_token=0, hidden=session.caches.rnnt.hidden)
+        if started_state.hidden is None:
+            hidden_size = config.audio_config.decoder.pred_hidden
+            layers = config.audio_config.decoder.pred_rnn_layers
+            zeros = mx.zeros((layers, 1, hidden_size))
+            started_state.hidden = (zeros, zeros)
+        proposal = rnnt_propose(
+            stt.rnnt_decoder,
+            stt.rnnt_joint,
+            started_state,
+            mx.zeros((1, 1, d_model)),
+            blank_id=config.rnnt_blank_id,
+            max_symbols=config.audio_config.max_symbols,
+        )
+        outputs.append(proposal.symbols)
+    mx.eval(outputs)
+    session.close()
+    return time.perf_counter() - started
