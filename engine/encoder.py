@@ -33,6 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import EncoderConfig, PerceptionConfig
+from .fused import Stacked, stack_projections
 from .jit import jit
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
@@ -177,6 +178,11 @@ class RelativePositionAttention(nn.Module):
         self.linear_pos = nn.Linear(d_model, d_model, bias=False)
         self.pos_bias_u = mx.zeros((heads, self.head_dim))
         self.pos_bias_v = mx.zeros((heads, self.head_dim))
+        self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
+
+    def fuse_projections(self) -> int:
+        self.stacked = stack_projections([self.linear_k, self.linear_v])
+        return int(self.stacked is not None)
 
     @staticmethod
     def _relative_shift(scores: mx.array) -> mx.array:
@@ -201,8 +207,10 @@ class RelativePositionAttention(nn.Module):
         on the key length, so a stream can reuse it frame after frame).
         """
         q = self.linear_q(queries)
-        k = self.linear_k(keys)
-        v = self.linear_v(keys)
+        if self.stacked is not None:
+            k, v = self.stacked(keys)
+        else:
+            k, v = self.linear_k(keys), self.linear_v(keys)
         p = positions if projected else self.linear_pos(positions)
         batch, query_len, _ = q.shape
         key_len, offsets = k.shape[1], p.shape[1]

@@ -20,6 +20,7 @@ from .codec import Codec
 from .config import VoiceChatConfig
 from .encoder import Perception
 from .errors import CheckpointMemoryError, TokenizerError
+from .fused import fuse_projections
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
 from .precast import precast_float32
@@ -129,6 +130,7 @@ def assemble_voicechat(
     load_into(model, weights, quantized)
     if precast:
         precast_float32(model)
+    fuse_projections(model)
     return VoiceChat(
         model=model,
         config=config,

@@ -228,7 +228,13 @@ class Session:
             caches.previous_code_sum = None
         token = mx.array([[text_id]], dtype=mx.int32)
         result = self._speech.tts_model.step(
-            caches.previous_code, token, caches.tts, self.voicechat.characters, caches.previous_code_sum, probe
+            caches.previous_code,
+            token,
+            caches.tts,
+            self.voicechat.characters,
+            caches.previous_code_sum,
+            probe,
+            text_id=text_id,
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes

@@ -24,6 +24,7 @@ import mlx.nn as nn
 
 from .config import CharEncoderConfig
 from .errors import TokenizerError
+from .fused import Stacked, stack_projections
 from .layout import SUBWORD_TABLE_SIZE
 
 # Score given to padded character keys; finite, so a row with no character still softmaxes.
@@ -52,8 +53,16 @@ class GeluGatedMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.stacked: Stacked | None = None  # gate and up in one product, after fuse_projections()
+
+    def fuse_projections(self) -> int:
+        self.stacked = stack_projections([self.gate_proj, self.up_proj])
+        return int(self.stacked is not None)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.stacked is not None:
+            gate, up = self.stacked(x)
+            return self.down_proj(nn.gelu_approx(gate) * up)
         return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
 
 

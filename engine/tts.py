@@ -25,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import MoGConfig, TTSConfig
+from .fused import Stacked, stack_projections
 from .jit import jit
 from .profiler import Probe
 from .sampling import draw_component, draw_latent_noise
@@ -32,6 +33,8 @@ from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, Gelu
 
 # KV buffers grow in blocks of this many positions.
 _CACHE_BLOCK = 256
+# Text tokens whose conditioning is memoised (about 4.6 KB each at full size).
+_CONDITION_MEMO_SIZE = 8192
 
 # What sdpa accepts as a mask: nothing, the "causal" shortcut, or a boolean (L, S) array.
 AttentionMask = mx.array | str | None
@@ -228,6 +231,11 @@ class BackboneAttention(nn.Module):
         self.k_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
         base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
         self.rope = nn.RoPE(head_dim, traditional=False, base=base)
+        self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
+
+    def fuse_projections(self) -> int:
+        self.stacked = stack_projections([self.q_proj, self.k_proj, self.v_proj])
+        return int(self.stacked is not None)
 
     def _heads(self, x: mx.array, heads: int) -> mx.array:
         batch, length, _ = x.shape
@@ -235,9 +243,13 @@ class BackboneAttention(nn.Module):
 
     def project(self, x: mx.array, position: int | mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """Normed, rotated queries and keys and the values of ``x`` (B, L, H) at ``position``."""
-        queries = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
-        keys = self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads))
-        values = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.stacked is not None:
+            q, k, v = self.stacked(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        queries = self.q_norm(self._heads(q, self.num_heads))
+        keys = self.k_norm(self._heads(k, self.num_kv_heads))
+        values = self._heads(v, self.num_kv_heads)
         return self.rope(queries, offset=position), self.rope(keys, offset=position), values
 
     def attend(
@@ -287,10 +299,11 @@ class BackboneLayer(nn.Module):
     def _compiled(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         return jit(self._before_attention), jit(self._after_attention)
 
-    def step(self, x: mx.array, cache: LayerCache) -> mx.array:
-        """One position through the layer; the parts around the cache read run compiled."""
+    def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
+        """One position (at ``position``, a scalar array) through the layer; the parts around the cache read
+        run compiled."""
         before, after = self._compiled
-        queries, keys, values = before(x, mx.array(cache.offset))
+        queries, keys, values = before(x, position)
         return after(x, self.self_attn.attend(queries, keys, values, None, cache))
 
 
@@ -326,8 +339,9 @@ class Backbone(nn.Module):
         """(B, L, H) inputs → (B, L, H) final-normed hidden states; ``caches`` None means a fresh causal pass."""
         if caches is not None and x.shape[1] == 1:
             # A single position needs no mask (a sliding cache never holds more than its window).
+            position = mx.array(caches[0].offset)
             for layer, cache in zip(self.layers, caches, strict=True):
-                x = layer.step(x, cache)
+                x = layer.step(x, cache, position)
             return self.norm(x)
         full_mask, sliding_mask = self._masks(x.shape[1], caches)
         for index, layer in enumerate(self.layers):
@@ -391,6 +405,11 @@ class MixtureHead(nn.Module):
         self.proj_logs = nn.Linear(hidden_size, 1, bias=False)
         self.proj_else = nn.Linear(hidden_size, latent_size, bias=False)
         self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
+        self.stacked: Stacked | None = None  # proj_logits, proj_else and proj_logs in one product
+
+    def fuse_projections(self) -> int:
+        self.stacked = stack_projections([self.proj_logits, self.proj_else, self.proj_logs])
+        return int(self.stacked is not None)
 
     def sample_gaussian(self, x: mx.array, guidance_scale: float, top_p: float) -> tuple[mx.array, mx.array]:
         """Guided features (2B, T, H) → (mean (B, T, latent), log std (B, T, 1)) of one drawn component.
@@ -405,14 +424,18 @@ class MixtureHead(nn.Module):
             conditional, unconditional = x[:half], x[half:]
             x = conditional + guidance_scale * (conditional - unconditional)
         batch, length, _ = x.shape
-        component = draw_component(self.proj_logits(x), top_p).reshape(-1)
+        if self.stacked is not None:
+            logits, residual, log_std_raw = self.stacked(x)
+        else:
+            logits, residual, log_std_raw = self.proj_logits(x), self.proj_else(x), self.proj_logs(x)
+        component = draw_component(logits, top_p).reshape(-1)
         rows = x.reshape(-1, x.shape[-1])
         # Only the drawn component's rows of proj_mus are needed (the weight is read raw, never quantized).
         mean_projection = self.proj_mus.weight.reshape(self.num_components, self.low_rank, -1)[component]
         low_mean = (mean_projection @ rows[..., None]).squeeze(-1)
         mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1).reshape(batch, length, self.latent_size)
-        log_std = mx.maximum(self.proj_logs(x), self.min_log_std)
-        return mean * mx.exp(log_std) + self.proj_else(x), log_std
+        log_std = mx.maximum(log_std_raw, self.min_log_std)
+        return mean * mx.exp(log_std) + residual, log_std
 
 
 # --------------------------------------------------------------------------- speaker prompt
@@ -541,6 +564,27 @@ class EarTTS(nn.Module):
         text = self.embed_subword(subword_ids, subword_mask, chars)
         return mx.concatenate([text, mx.broadcast_to(self.null_emb, text.shape)], axis=0)
 
+    def _token_condition(self, token_id: int, chars: CharacterTable) -> mx.array:
+        """The guided conditioning (2, 1, H) of one text token, computed once per token id.
+
+        It depends only on the id (and the weights), so a memo returns the very same
+        values; a conversation repeats few tokens (PAD most of all), so most frames skip
+        the character encoder entirely.
+        """
+        memo = self._condition_memo
+        condition = memo.get(token_id)
+        if condition is None:
+            token = mx.array([[token_id]], dtype=mx.int32)
+            condition = self._guided_condition(token, mx.ones(token.shape, dtype=mx.bool_), chars)
+            if len(memo) >= _CONDITION_MEMO_SIZE:
+                memo.pop(next(iter(memo)))
+            memo[token_id] = condition
+        return condition
+
+    @functools.cached_property
+    def _condition_memo(self) -> dict[int, mx.array]:
+        return {}  # token id -> conditioning; in the instance __dict__, outside the parameter tree
+
     # ----------------------------------------------------------------- warm-up and step
 
     def warmup(self, prompt: SpeakerPrompt, cache: TTSCache, chars: CharacterTable) -> mx.array:
@@ -573,11 +617,14 @@ class EarTTS(nn.Module):
         chars: CharacterTable,
         previous_code_sum: mx.array | None = None,
         probe: Probe | None = None,
+        text_id: int | None = None,
     ) -> TTSStepResult:
         """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
 
         ``previous_code_sum``, when given, is the previous step's ``code_sum`` — the sum of
         ``previous_code``'s codebook vectors, which the code embedding would recompute.
+        ``text_id``, when given, is ``text_token``'s value, known on the host: the token's
+        conditioning is then looked up in (or added to) a per-token memo, with no readback.
         Reads the token id on the host (see :func:`engine.subword.spell_tokens`); draws
         one uniform and one normal tensor per refinement round from the global RNG.
         """
@@ -587,7 +634,10 @@ class EarTTS(nn.Module):
         guided_audio = mx.concatenate([audio, audio], axis=0)
         if probe is not None:
             probe("tts.embed", guided_audio)
-        condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
+        if text_id is not None:
+            condition = self._token_condition(text_id, chars)
+        else:
+            condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
         if probe is not None:
             probe("tts.condition", condition)
         fused = self.gated_fusion_audio_text(guided_audio, condition)
