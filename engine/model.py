@@ -7,7 +7,9 @@ only assembles them and owns the load procedure.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from .config import VoiceChatConfig
 from .encoder import Perception
 from .errors import CheckpointMemoryError, TokenizerError
 from .fused import fuse_projections
+from .jit import jit
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
 from .precast import precast_float32
@@ -43,6 +46,45 @@ class DuplexSTT(nn.Module):
         self.perception = Perception(config.audio_config)
         self.rnnt_decoder = RNNTPredictor(config.audio_config.decoder)
         self.rnnt_joint = RNNTJoint(config.audio_config.joint)
+        self.function_channel_weight = config.function_channel_weight
+
+    def fuse_inputs(self, text_id: int, audio: mx.array, function_id: int) -> mx.array:
+        """One LLM input position: ``E[text] + audio + w·E[function]``, in that order (the reference's)."""
+        return self._compiled_fuse(self.token_embedding(text_id), audio, self.token_embedding(function_id))
+
+    def token_embedding(self, token_id: int) -> mx.array:
+        """``embed_tokens`` row (1, 1, D) of one id; looked up once per id (the same values every time)."""
+        memo = self._embedding_memo
+        row = memo.get(token_id)
+        if row is None:
+            row = self.embed_tokens(mx.array([[token_id]], dtype=mx.int32))
+            if len(memo) >= 4096:
+                memo.pop(next(iter(memo)))
+            memo[token_id] = row
+        return row
+
+    def choose(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        """Greedy text and function ids (1,) from the last position of ``hidden``."""
+        return self._compiled_choose(hidden)
+
+    def _fuse(self, text: mx.array, audio: mx.array, function: mx.array) -> mx.array:
+        return text + audio + self.function_channel_weight * function
+
+    def _choose(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+        last = hidden[:, -1]
+        return mx.argmax(self.lm_head(last), axis=-1), mx.argmax(self.function_head(last), axis=-1)
+
+    @functools.cached_property
+    def _compiled_fuse(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
+        return jit(self._fuse)
+
+    @functools.cached_property
+    def _compiled_choose(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
+        return jit(self._choose)
+
+    @functools.cached_property
+    def _embedding_memo(self) -> dict[int, mx.array]:
+        return {}  # in the instance __dict__, outside the parameter tree
 
 
 class SpeakerLatents(nn.Module):

@@ -197,12 +197,7 @@ class Session:
         first = self._timeline_index == 0
         previous_text = pad if first else self._text_ids[-1]
         previous_function = pad if first else self._function_ids[-1]
-        embed = self._stt.embed_tokens
-        fused = (
-            embed(mx.array([[previous_text]], dtype=mx.int32))
-            + audio_embedding
-            + self.config.function_channel_weight * embed(mx.array([[previous_function]], dtype=mx.int32))
-        )
+        fused = self._stt.fuse_inputs(previous_text, audio_embedding, previous_function)
         if probe is not None:
             probe("language.fusion", fused)
         hidden = self._stt.llm(fused, self.caches.language)
@@ -210,10 +205,7 @@ class Session:
             probe("language.llm", hidden)
         if not generate:
             return None
-        ids = (
-            mx.argmax(self._stt.lm_head(hidden)[:, -1], axis=-1),
-            mx.argmax(self._stt.function_head(hidden)[:, -1], axis=-1),
-        )
+        ids = self._stt.choose(hidden)
         if probe is not None:
             probe("language.heads", *ids)
         return ids
