@@ -178,6 +178,13 @@ class Reference:
         )
 
 
+def weights_gb(model: Any) -> float:
+    """Bytes of a model's parameters (slices of a stacked weight add up to the stacked weight)."""
+    from mlx.utils import tree_flatten
+
+    return sum(value.nbytes for _, value in tree_flatten(model.parameters())) / 1e9
+
+
 def agreement(ours: RunRecord, ref: RunRecord) -> dict[str, Any]:
     """How many frames have identical discrete outputs."""
     frames = min(len(ours.codes), len(ref.codes))
@@ -267,12 +274,14 @@ def bench(
         "rounds": rounds,
         "seed": seed,
         "warm_up_s": warm_s,
+        "weights_gb": weights_gb(voicechat.model),
         "parley": summarize_run(best),
         "parley_rounds": [summarize_run(r) for r in ours_runs],
     }
     if ref_runs:
         ref_best = min(ref_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
         report["mlx_vlm"] = summarize_run(ref_best)
+        report["mlx_vlm_weights_gb"] = weights_gb(reference.model) if reference is not None else None
         report["mlx_vlm_rounds"] = [summarize_run(r) for r in ref_runs]
         report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
         report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
@@ -307,6 +316,10 @@ def format_report(report: dict[str, Any]) -> str:
             "parley sub-stages (mean ms, evaluated at each boundary): "
             + ", ".join(f"{name} {stats['mean_ms']:.2f}" for name, stats in subs.items())
         )
+    weights = f"weights in memory: parley {report['weights_gb']:.2f} GB"
+    if report.get("mlx_vlm_weights_gb") is not None:
+        weights += f", mlx-vlm {report['mlx_vlm_weights_gb']:.2f} GB (peaks above count both models, loaded together)"
+    lines.append(weights)
     if "speedup_p50" in report:
         agree = report["agreement"]
         lines.append(

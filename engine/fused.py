@@ -9,6 +9,12 @@ are then re-pointed at slices of the stacked one, so nothing is stored twice.
 
 The stacked weight is kept in a :class:`Stacked` holder, outside the module's parameter
 tree: checkpoint loading and saving see the original per-projection weights.
+
+Stacking is applied on the CPU only. There each output element of a product is the
+same dot product whatever the number of rows (tested bit for bit against the reference).
+A GPU library may choose a different algorithm for a taller matrix — on CUDA the
+stacked products made the TTS codes drift from the reference's within a few frames —
+so on a GPU the projections stay separate.
 """
 
 from __future__ import annotations
@@ -48,8 +54,15 @@ def stack_projections(layers: Sequence[nn.Linear]) -> Stacked | None:
     return Stacked(stacked, tuple(offsets[:-1]))
 
 
+def stacking_is_exact() -> bool:
+    """Whether stacked products reproduce separate ones bit for bit on the default device (the CPU)."""
+    return mx.default_device().type == mx.cpu
+
+
 def fuse_projections(model: nn.Module) -> int:
     """Stack the projections that share an input throughout ``model``; returns how many groups were fused."""
+    if not stacking_is_exact():
+        return 0
     fused = 0
     for _, module in model.named_modules():
         fuse = getattr(module, "fuse_projections", None)

@@ -49,8 +49,12 @@ class DuplexSTT(nn.Module):
         self.function_channel_weight = config.function_channel_weight
 
     def fuse_inputs(self, text_id: int, audio: mx.array, function_id: int) -> mx.array:
-        """One LLM input position: ``E[text] + audio + w·E[function]``, in that order (the reference's)."""
-        return self._compiled_fuse(self.token_embedding(text_id), audio, self.token_embedding(function_id))
+        """One LLM input position: ``E[text] + audio + w·E[function]``, in that order (the reference's).
+
+        Left uncompiled: a fused kernel could contract the multiply-add into one rounding.
+        """
+        text, function = self.token_embedding(text_id), self.token_embedding(function_id)
+        return text + audio + self.function_channel_weight * function
 
     def token_embedding(self, token_id: int) -> mx.array:
         """``embed_tokens`` row (1, 1, D) of one id; looked up once per id (the same values every time)."""
@@ -67,16 +71,9 @@ class DuplexSTT(nn.Module):
         """Greedy text and function ids (1,) from the last position of ``hidden``."""
         return self._compiled_choose(hidden)
 
-    def _fuse(self, text: mx.array, audio: mx.array, function: mx.array) -> mx.array:
-        return text + audio + self.function_channel_weight * function
-
     def _choose(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         last = hidden[:, -1]
         return mx.argmax(self.lm_head(last), axis=-1), mx.argmax(self.function_head(last), axis=-1)
-
-    @functools.cached_property
-    def _compiled_fuse(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
-        return jit(self._fuse)
 
     @functools.cached_property
     def _compiled_choose(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:

@@ -108,11 +108,10 @@ def _scan_single(
     """:func:`_scan_chunk` for one position, with the operations that cannot change a bit left out.
 
     For a single position the pairwise decay is ``exp(0) = 1`` and the causal masks keep
-    everything, so multiplying by the decay and masking are identities; the matrix
-    products over a length-1 axis are single products, computed as such; and the running
-    decay ``exp(cumsum(dt·A))`` is ``exp(dt·A)``. The dot products (C·B, state·C) stay
-    matrix products, so every value is rounded exactly as in the general form (zeros
-    may differ in sign, which compares equal).
+    everything, so multiplying by the decay and masking are identities, and the running
+    decay ``exp(cumsum(dt·A))`` is ``exp(dt·A)``. Every matrix product stays a matrix
+    product of the same shapes (a product over a length-1 axis is not rewritten as an
+    elementwise one: a backend may round matrix-product inputs differently, e.g. TF32).
     """
     batch, _, heads, head_dim = dt_x.shape
     groups, state_size = c_mat.shape[-2:]
@@ -120,9 +119,9 @@ def _scan_single(
 
     b_by_group = mx.transpose(b_mat, (0, 2, 3, 1))  # (b, g, n, 1)
     scores = mx.repeat(mx.swapaxes(c_mat, 1, 2) @ b_by_group, heads_per_group, axis=1)  # (b, h, 1, 1)
-    outputs = mx.swapaxes(scores * mx.swapaxes(dt_x, 1, 2), 1, 2)  # (b, 1, h, p)
+    outputs = mx.swapaxes(scores @ mx.swapaxes(dt_x, 1, 2), 1, 2)  # (b, 1, h, p)
     b_by_head = mx.repeat(b_by_group, heads_per_group, axis=1).swapaxes(2, 3)  # (b, h, 1, n)
-    next_state = dt_x.swapaxes(1, 2).swapaxes(2, 3) * b_by_head  # (b, h, p, n)
+    next_state = dt_x.swapaxes(1, 2).swapaxes(2, 3) @ b_by_head  # (b, h, p, n)
     if state is not None:
         decay = mx.exp(dt_a)  # (b, 1, h)
         next_state = next_state + decay[:, -1, :, None, None] * state
