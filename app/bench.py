@@ -251,8 +251,8 @@ def bench(
         raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
     setup_s = time.perf_counter() - started
     out(
-        f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s on "
-        f"{device_description()['name']}; {frames} frames × {rounds} round(s)"
+        f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s (of which compiling "
+        f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
     )
 
     samples = bench_input(frames)
