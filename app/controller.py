@@ -73,6 +73,7 @@ class AppController:
             play=self._play,
             backlog=lambda: self.audio.input_backlog_frames if self.audio is not None else 0,
             counters=lambda: (self.audio.input_overflows, self.audio.output_underruns) if self.audio else (0, 0),
+            discard_audio=self._discard_audio,
             recording=self.recording,
         )
         self.talking = False
@@ -142,6 +143,12 @@ class AppController:
         if audio is not None:
             audio.play(samples)
 
+    def _discard_audio(self) -> None:
+        audio = self.audio
+        if audio is not None:
+            audio.clear_input()
+            audio.clear_output()
+
     def _post(self, message: object) -> None:
         self._messages.put_nowait(message)
 
@@ -210,9 +217,6 @@ class AppController:
 
     def new_conversation(self) -> None:
         self.transcript.clear()
-        if self.audio is not None:
-            self.audio.clear_input()
-            self.audio.clear_output()
         self.worker.submit(NewConversation(self.settings.system_prompt))
 
     # ------------------------------------------------------------------ settings and models

@@ -135,6 +135,7 @@ class EngineWorker(threading.Thread):
         play: Callable[[np.ndarray], None],
         backlog: Callable[[], int] = lambda: 0,
         counters: Callable[[], tuple[int, int]] = lambda: (0, 0),
+        discard_audio: Callable[[], None] = lambda: None,
         max_conversation_s: float = DEFAULT_MAX_CONVERSATION_S,
         speed_check: bool = True,
         recording: ConversationRecording | None = None,
@@ -145,6 +146,7 @@ class EngineWorker(threading.Thread):
         self._play = play
         self._backlog = backlog
         self._counters = counters
+        self._discard_audio = discard_audio
         self._recording = recording
         self._commands: queue.Queue[Command] = queue.Queue()
         self.max_conversation_s = max_conversation_s
@@ -262,6 +264,9 @@ class EngineWorker(threading.Thread):
             self._recording.clear()
         self.paused = False
         self._last_speech_frame = 0
+        # Microphone audio that queued while loading (or in the old conversation) is not part of this one;
+        # feeding it would start the conversation a backlog behind.
+        self._discard_audio()
         self._set_state(AppState.READY)
         self._emit(ConversationTime(0.0, self.max_conversation_s))
 

@@ -238,7 +238,7 @@ class PulseServer:
         recording = Recording(self.root / f"speaker-{self._recordings}.wav", rate)
         command = [
             "parecord", "-d", f"{SPEAKER}.monitor", f"--rate={rate}", "--channels=1",
-            "--format=float32le", "--file-format=wav", str(recording.path),
+            "--format=float32le", "--file-format=wav", "--latency-msec=20", str(recording.path),
         ]  # fmt: skip
         process = subprocess.Popen(command, env=self._env())
         try:

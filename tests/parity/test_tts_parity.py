@@ -308,4 +308,3 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
         assert (kind, tuple(value.shape)) == (ref_kind, tuple(ref_value.shape)) == expected
         assert value.dtype == ref_value.dtype == mx.float32
         assert mx.array_equal(value, ref_value).item(), f"draw {index} differs"
-
