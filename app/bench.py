@@ -39,11 +39,15 @@ def question_audio() -> np.ndarray:
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
 
 
-def bench_input(frames: int) -> np.ndarray:
-    """The question, then silence, ``frames`` × 1280 samples long."""
-    speech = question_audio()[: frames * FRAME]
+def bench_input(frames: int, *, speech_every: int | None = None) -> np.ndarray:
+    """``frames`` × 1280 samples: the question, then silence; with ``speech_every``, the question
+    is asked again every that many frames (long runs keep hearing speech)."""
+    question = question_audio()
     samples = np.zeros(frames * FRAME, dtype=np.float32)
-    samples[: speech.shape[0]] = speech
+    starts = range(0, frames, speech_every) if speech_every else (0,)
+    for start in starts:
+        speech = question[: (frames - start) * FRAME]
+        samples[start * FRAME : start * FRAME + speech.shape[0]] = speech
     return samples
 
 
@@ -60,6 +64,8 @@ class RunRecord:
     function_ids: list[int]
     codes: list[list[int]]
     sub_stages: dict[str, list[float]] = field(default_factory=dict)
+    state_bytes: list[int] = field(default_factory=list)  # the session's caches after each frame
+    active_bytes: list[int] = field(default_factory=list)  # all memory MLX holds after each frame
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -75,7 +81,21 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def summarize_run(record: RunRecord) -> dict[str, Any]:
+def curve(record: RunRecord, every: int) -> list[dict[str, float]]:
+    """Frame time and memory per block of ``every`` frames (the long-conversation curve)."""
+    points = []
+    for start in range(0, len(record.totals_ms) - every + 1, every):
+        end = start + every
+        point = {"start_frame": start, "end_frame": end, "minutes": end * 0.08 / 60}
+        point.update(_stats(record.totals_ms[start:end]))
+        if record.state_bytes:
+            point["state_gb"] = record.state_bytes[end - 1] / 1e9
+            point["active_gb"] = record.active_bytes[end - 1] / 1e9
+        points.append(point)
+    return points
+
+
+def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str, Any]:
     totals = record.totals_ms
     windows = {}
     for name, (start, end) in WINDOWS.items():
@@ -96,10 +116,13 @@ def summarize_run(record: RunRecord) -> dict[str, Any]:
         if record.host_syncs[6:]
         else None,
         "peak_memory_gb": record.peak_memory_bytes / 1e9,
+        "curve": curve(record, curve_every) if curve_every else [],
     }
 
 
-def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool) -> RunRecord:
+def run_ours(
+    voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool, max_seconds: float | None = None
+) -> RunRecord:
     import mlx.core as mx
 
     from engine.events import AudioChunk, FrameTiming
@@ -107,16 +130,20 @@ def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool
 
     mx.synchronize()
     mx.reset_peak_memory()
-    session = Session(voicechat, seed=seed, sub_stages=sub_stages)
+    session = Session(voicechat, seed=seed, sub_stages=sub_stages, max_seconds=max_seconds)
     totals: list[float] = []
     stages: dict[str, list[float]] = {s: [] for s in ("perception", "rnnt", "language", "tts", "codec")}
     subs: dict[str, list[float]] = {}
     syncs: list[int] = []
     codes: list[list[int]] = []
+    state_bytes: list[int] = []
+    active_bytes: list[int] = []
     for start in range(0, samples.shape[0], FRAME):
         began = time.perf_counter()
         events = session.push(samples[start : start + FRAME], 16_000)
         totals.append((time.perf_counter() - began) * 1000.0)
+        state_bytes.append(session.state_nbytes)
+        active_bytes.append(mx.get_active_memory())
         for event in events:
             if isinstance(event, FrameTiming):
                 for name in stages:
@@ -127,7 +154,17 @@ def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool
             elif isinstance(event, AudioChunk):
                 codes.append(event.codes.tolist())
     record = RunRecord(
-        "parley", totals, stages, syncs, mx.get_peak_memory(), session.text_ids, session.function_ids, codes, subs
+        "parley",
+        totals,
+        stages,
+        syncs,
+        mx.get_peak_memory(),
+        session.text_ids,
+        session.function_ids,
+        codes,
+        subs,
+        state_bytes,
+        active_bytes,
     )
     session.close()
     return record
@@ -212,6 +249,8 @@ def bench(
     rounds: int,
     compare: str | None,
     sub_stages: bool,
+    curve_every: int | None = None,
+    speech_every: int | None = None,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-ready report."""
@@ -255,7 +294,7 @@ def bench(
         f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
     )
 
-    samples = bench_input(frames)
+    samples = bench_input(frames, speech_every=speech_every)
     ours_runs: list[RunRecord] = []
     ref_runs: list[RunRecord] = []
     for round_index in range(rounds):
@@ -275,7 +314,7 @@ def bench(
         "seed": seed,
         "warm_up_s": warm_s,
         "weights_gb": weights_gb(voicechat.model),
-        "parley": summarize_run(best),
+        "parley": summarize_run(best, curve_every),
         "parley_rounds": [summarize_run(r) for r in ours_runs],
     }
     if ref_runs:
@@ -315,6 +354,12 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             "parley sub-stages (mean ms, evaluated at each boundary): "
             + ", ".join(f"{name} {stats['mean_ms']:.2f}" for name, stats in subs.items())
+        )
+    for point in report["parley"].get("curve", []):
+        lines.append(
+            f"  {point['minutes']:5.2f} min (frames {point['start_frame']}-{point['end_frame']}): "
+            f"p50 {point['p50_ms']:.2f} ms, p95 {point['p95_ms']:.2f} ms, "
+            f"conversation state {point['state_gb'] * 1e3:.1f} MB, MLX memory {point['active_gb']:.3f} GB"
         )
     weights = f"weights in memory: parley {report['weights_gb']:.2f} GB"
     if report.get("mlx_vlm_weights_gb") is not None:

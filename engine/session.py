@@ -27,6 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from .codec import CodecCache, replace_control_codes
+from .config import VoiceChatConfig
 from .encoder import PerceptionCache
 from .errors import AudioInputError, ContextLimitError, SessionClosedError
 from .events import (
@@ -65,6 +66,28 @@ class SessionCaches:
         if self.previous_code_sum is not None:
             out.append(self.previous_code_sum)
         return out
+
+
+def state_growth_per_frame(config: VoiceChatConfig, frames_so_far: int = 0) -> int:
+    """Bytes the conversation state grows by per 80 ms frame (upper bound).
+
+    Everything else a session holds is fixed-size (Mamba states, encoder and codec caches).
+    What grows is attention history: the LLM's attention layers (one position per frame)
+    and the TTS backbone at batch 2 (CFG), whose sliding-window layers stop growing once
+    ``frames_so_far`` reaches their window. Keys and values are counted as float32, the
+    dtype frame steps store (a bf16 buffer is promoted to float32 at its first growth).
+    Buffers grow in 256-position blocks, so the measured state leads this by < 1 block.
+    """
+    float32 = 4
+    llm = config.text_config
+    attention_layers = llm.hybrid_override_pattern.count("*")
+    llm_bytes = attention_layers * 2 * llm.num_key_value_heads * llm.attention_head_dim * float32
+    tts = config.tts_config
+    growing_layers = sum(
+        1 for index in range(tts.num_hidden_layers) if tts.is_global_layer(index) or frames_so_far < tts.sliding_window
+    )
+    tts_bytes = growing_layers * 2 * 2 * tts.num_key_value_heads * tts.head_dim * float32
+    return llm_bytes + tts_bytes
 
 
 class Session:
@@ -141,6 +164,11 @@ class Session:
     def frame_index(self) -> int:
         """Number of audio frames processed so far."""
         return self._frame_index
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes held by this conversation's caches; grows by :func:`state_growth_per_frame` per frame."""
+        return sum(array.nbytes for array in self.caches.arrays())
 
     @property
     def input_sample_rate(self) -> int:
@@ -234,7 +262,7 @@ class Session:
     def _step_frame(self, frame: np.ndarray) -> list[Event]:
         if self.max_frames is not None and self._frame_index >= self.max_frames:
             raise ContextLimitError(
-                f"the conversation reached its {self.max_frames * self.config.frame_duration:.0f} s limit; "
+                f"the conversation reached its {round(self.max_frames * self.config.frame_duration, 2):g} s limit; "
                 "start a new conversation"
             )
         profiler, caches, config = self.profiler, self.caches, self.config

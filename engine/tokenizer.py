@@ -6,6 +6,7 @@ with the ``tokenizers`` library directly; transformers is not needed at run time
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ class TextTokenizer:
         self._tokenizer = tokenizer
         self.source = source
         self._vocab: dict[str, int] | None = None
+        self._decoder_type: str | None = None
 
     @classmethod
     def from_file(cls, path: str | Path) -> TextTokenizer:
@@ -39,6 +41,15 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def decodes_by_concatenation(self) -> bool:
+        """True when decoding is byte-level (the decode of a list is the decodes of its parts joined,
+        wherever the parts end on whole characters)."""
+        if self._decoder_type is None:
+            decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
+            self._decoder_type = str(decoder.get("type", ""))
+        return self._decoder_type == "ByteLevel"
 
     def get_vocab(self) -> dict[str, int]:
         """Token string to id, including added (special) tokens."""
@@ -64,26 +75,41 @@ class StreamingDetokenizer:
     cumulative text is always the decode of every kept token, so byte sequences
     split across tokens resolve once complete; when a decode revises earlier text
     the delta falls back to the token's own decode, as the reference sessions do.
+
+    The reference re-decodes the whole history every frame (its cost grows through a
+    conversation). Byte-level BPE decodes by concatenation wherever the text so far
+    ends on a complete character, so here such a prefix is committed and only the
+    tokens after it are decoded: same text, constant cost. Tokenizers with any other
+    decoder (where that does not hold) are decoded in full.
     """
 
     def __init__(self, tokenizer: TextTokenizer, skipped_ids: Iterable[int]) -> None:
         self._tokenizer = tokenizer
         self._skipped = frozenset(skipped_ids)
+        self._incremental = tokenizer.decodes_by_concatenation
         self.tokens: list[int] = []
         self.text = ""
+        self._committed_tokens = 0  # tokens[:_committed_tokens] decode to text[:_committed_chars], for good
+        self._committed_chars = 0
 
     def append(self, token_id: int) -> tuple[str, str] | None:
         """Add one token; returns ``(delta, text)`` or None for a skipped id."""
         if token_id in self._skipped:
             return None
         self.tokens.append(token_id)
-        updated = self._tokenizer.decode(self.tokens)
+        tail = self._tokenizer.decode(self.tokens[self._committed_tokens :])
+        updated = self.text[: self._committed_chars] + tail
         if updated.startswith(self.text):
             delta = updated[len(self.text) :]
         else:
             delta = self._tokenizer.decode([token_id])
         self.text = updated
+        if self._incremental and not tail.endswith(_REPLACEMENT):  # an unfinished character could still change
+            self._committed_tokens, self._committed_chars = len(self.tokens), len(updated)
         return delta, updated
+
+
+_REPLACEMENT = "\ufffd"  # what a decode shows for bytes that do not (yet) form a character
 
 
 _LANGUAGE_TAG = re.compile(r"^<[a-z]{2,3}-[A-Za-z]{2,4}>$")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.controller import AppController
-from app.messages import AppState, Failure, FrameStats, ModelLoaded, SpeedCheck, StateChanged
+from app.messages import AppState, ConversationTime, Failure, FrameStats, ModelLoaded, SpeedCheck, StateChanged
 from app.settings import Settings
 from app.worker import EngineWorker
 from engine.events import AssistantTextDelta
@@ -233,3 +233,23 @@ def test_assistant_text_reaches_the_ui_and_transcript(make_controller, tiny_q4):
     messages = wait_for(controller, lambda seen: any(isinstance(m, AssistantTextDelta) for m in seen))
     assert controller.transcript.entries and controller.transcript.entries[0].role in ("assistant", "user")
     assert isinstance(Path(controller.log_dir()), Path) and messages
+
+
+def test_conversation_length_limit_stops_the_timeline_and_a_new_conversation_restarts_it(make_controller, tiny_q4):
+    controller = make_controller(Settings(checkpoint_4bit=tiny_q4, idle_pause=False))
+    controller.worker.max_conversation_s = 1.6  # 20 frames instead of 10 minutes
+    controller.start()
+    messages = wait_for(
+        controller, lambda seen: any(isinstance(m, ConversationTime) and m.remaining_s == 0 for m in seen)
+    )
+    assert sum(isinstance(m, FrameStats) for m in messages) == 20
+    # Once the assistant's last words have played, the state says why the timeline stopped.
+    wait_for(controller, lambda seen: any(isinstance(m, StateChanged) and "1.6 s limit" in m.detail for m in seen))
+    consumed = len(controller.audio.frames_read)
+    time.sleep(0.3)
+    assert len(controller.audio.frames_read) == consumed, "the timeline stops at the limit"
+    assert not [m for m in controller.poll() if isinstance(m, FrameStats)]
+
+    controller.new_conversation()
+    messages = wait_for(controller, lambda seen: sum(isinstance(m, FrameStats) for m in seen) >= 3)
+    assert ConversationTime(0.0, 1.6) in messages
