@@ -164,7 +164,10 @@ def assemble_voicechat(
             f"{tokenizer.source}: the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary "
             f"has {config.text_config.vocab_size}; the tokenizer belongs to another model"
         )
-    characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
+    try:
+        characters = CharacterTable.from_vocabulary(tokenizer.get_vocab(), config.tts_config.character_encoder)
+    except TokenizerError as exc:
+        raise TokenizerError(f"{tokenizer.source}: {exc}") from exc
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
     if precast:
@@ -190,15 +193,25 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+def format_bytes(count: float) -> str:
+    """``count`` bytes in the unit people read sizes in (MB below a gigabyte)."""
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
 def _check_memory(files: CheckpointFiles) -> None:
     total = physical_memory_bytes()
     needed = files.nbytes
     # Weights plus the runtime's working set must fit; refuse clearly instead of swapping to death.
     if total is not None and needed > 0.85 * total:
         raise CheckpointMemoryError(
-            f"{files.root}: the checkpoint needs {needed / 1e9:.1f} GB of memory but this machine has "
-            f"{total / 1e9:.1f} GB; use a smaller quantization (4-bit) or a machine with more memory"
+            f"{files.root}: the checkpoint needs {format_bytes(needed)} of memory but this machine has "
+            f"{format_bytes(total)}; use a smaller quantization (4-bit) or a machine with more memory"
         )
+
+
+def evaluate_weights(model: nn.Module) -> None:
+    """Read every weight into memory now (loading is lazy until this)."""
+    mx.eval(model.parameters())
 
 
 def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
@@ -218,13 +231,13 @@ def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
     )
     if not lazy:
         try:
-            mx.eval(voicechat.model.parameters())
+            evaluate_weights(voicechat.model)
         except (MemoryError, RuntimeError) as exc:
             if isinstance(exc, MemoryError) or "malloc" in str(exc).lower() or "memory" in str(exc).lower():
                 total = physical_memory_bytes()
-                have = f"{total / 1e9:.1f} GB" if total else "unknown"
+                have = format_bytes(total) if total else "unknown"
                 raise CheckpointMemoryError(
-                    f"{files.root}: out of memory while loading {files.nbytes / 1e9:.1f} GB of weights "
+                    f"{files.root}: out of memory while loading {format_bytes(files.nbytes)} of weights "
                     f"(machine memory: {have})"
                 ) from exc
             raise

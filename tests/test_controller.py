@@ -253,3 +253,64 @@ def test_conversation_length_limit_stops_the_timeline_and_a_new_conversation_res
     controller.new_conversation()
     messages = wait_for(controller, lambda seen: sum(isinstance(m, FrameStats) for m in seen) >= 3)
     assert ConversationTime(0.0, 1.6) in messages
+
+
+def test_export_to_a_full_disk_reports_it_keeps_the_old_file_and_can_be_retried(
+    make_controller, tiny_q4, tmp_path, monkeypatch
+):
+    import errno
+    import io
+    import os
+
+    from engine import profile_log
+
+    controller = make_controller(Settings(checkpoint_4bit=tiny_q4, idle_pause=False))
+    controller.start()
+    wait_for(controller, lambda seen: sum(isinstance(m, FrameStats) for m in seen) >= 5)
+    target = tmp_path / "session.json"
+    target.write_text("an earlier export\n")
+
+    class FullDisk(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(profile_log.os, "fdopen", lambda handle, *a, **k: (os.close(handle), FullDisk())[1])
+    assert controller.export_profile(target) == []
+    failure = next(m for m in controller.poll() if isinstance(m, Failure))
+    assert "No space left on device" in failure.message and "still in memory" in failure.message
+    assert target.read_text() == "an earlier export\n", "a failed export must not damage the file it replaces"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "temporary files left behind"
+
+    monkeypatch.setattr(profile_log.os, "fdopen", real_fdopen)
+    paths = controller.export_profile(target)
+    assert validate_profile_log(json.loads(paths[0].read_text())) == []
+
+
+def test_checkpoint_folder_that_disappears_keeps_the_conversation_and_reloading_says_so(
+    make_controller, tiny_q4, tmp_path
+):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_q4, folder)
+    controller = make_controller(Settings(checkpoint_4bit=folder, idle_pause=False))
+    controller.start()
+    wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
+    shutil.rmtree(folder)  # e.g. an external drive unplugged: the weights are already in memory
+    wait_for(controller, lambda seen: sum(isinstance(m, FrameStats) for m in seen) >= 10)
+
+    controller.switch_variant("4bit")  # reload from the vanished folder
+    messages = wait_for(controller, lambda seen: any(isinstance(m, Failure) for m in seen))
+    failure = next(m for m in messages if isinstance(m, Failure))
+    assert str(folder) in failure.message and "does not exist" in failure.message
+    controller.use_checkpoint(tiny_q4)  # the app is still usable
+    wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
+
+
+def test_configured_checkpoint_folder_missing_at_start_is_reported(make_controller, tmp_path):
+    controller = make_controller(Settings(checkpoint_4bit=tmp_path / "gone", idle_pause=False))
+    controller.start()
+    messages = wait_for(controller, lambda seen: any(isinstance(m, Failure) for m in seen))
+    assert f"{tmp_path / 'gone'} does not exist" in next(m for m in messages if isinstance(m, Failure)).message
+    assert AppState.NO_MODEL in _states(messages)
