@@ -33,6 +33,11 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check app engine ui tests
 	$(BIN)/python -m pytest
 
+# Linux: dist/Parley/ (run dist/Parley/parley); macOS: dist/Parley.app. See packaging/README.md.
+bundle: $(RUN_STAMP)
+	$(PIP) install -e ".[bundle]"
+	$(BIN)/python -m PyInstaller --noconfirm --clean --log-level WARN --distpath dist --workpath build packaging/parley.spec
+
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check app engine ui tests
 	$(BIN)/ruff format --check app engine ui tests

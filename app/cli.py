@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=1, help="alternating rounds (best round is reported)")
     bench.add_argument("--compare", choices=("mlx-vlm",), help="also run the reference port on the same weights")
     bench.add_argument("--sub-stages", action="store_true", help="time sub-stages (forces extra evaluation)")
+    bench.add_argument(
+        "--curve-every", type=int, metavar="N", help="report frame time and memory per block of N frames (long runs)"
+    )
+    bench.add_argument("--speech-every", type=int, metavar="N", help="ask the question again every N frames")
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
     return parser
 
@@ -109,6 +113,10 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.frames < 8 or args.rounds < 1:
         raise ValueError("--frames must be at least 8 and --rounds at least 1")
+    for option in ("curve_every", "speech_every"):
+        value = getattr(args, option)
+        if value is not None and not 1 <= value <= args.frames:
+            raise ValueError(f"--{option.replace('_', '-')} must be between 1 and --frames ({args.frames})")
     report = bench(
         model=args.model,
         random_size=args.random,
@@ -118,6 +126,8 @@ def _bench(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         compare=args.compare,
         sub_stages=args.sub_stages,
+        curve_every=args.curve_every,
+        speech_every=args.speech_every,
     )
     if args.json:
         write_report(report, args.json)
@@ -131,6 +141,10 @@ def run_command(args: argparse.Namespace) -> int:
 
     from .audio_files import AudioFileError
 
+    if args.self_test:
+        from .selftest import self_test_command
+
+        return self_test_command()
     handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench}
     handler = handlers.get(args.command)
     if handler is None:
