@@ -6,12 +6,11 @@ with the ``tokenizers`` library directly; transformers is not needed at run time
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 from .errors import TokenizerError
 
@@ -23,7 +22,6 @@ class TextTokenizer:
         self._tokenizer = tokenizer
         self.source = source
         self._vocab: dict[str, int] | None = None
-        self._decoder_type: str | None = None
 
     @classmethod
     def from_file(cls, path: str | Path) -> TextTokenizer:
@@ -46,10 +44,7 @@ class TextTokenizer:
     def decodes_by_concatenation(self) -> bool:
         """True when decoding is byte-level (the decode of a list is the decodes of its parts joined,
         wherever the parts end on whole characters)."""
-        if self._decoder_type is None:
-            decoder = json.loads(self._tokenizer.to_str()).get("decoder") or {}
-            self._decoder_type = str(decoder.get("type", ""))
-        return self._decoder_type == "ByteLevel"
+        return isinstance(self._tokenizer.decoder, decoders.ByteLevel)
 
     def get_vocab(self) -> dict[str, int]:
         """Token string to id, including added (special) tokens."""

@@ -27,6 +27,7 @@ from tests.test_audio_io import xcorr_match
 pytestmark = [pytest.mark.audio, pytest.mark.slow]
 
 FRAME = 1280
+OUTPUT_RATE = 22_050
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
         # The timeline runs on silence while the key is up; start from a clean recording.
         drain(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen), timeout=30)
         controller.recording.clear()
-        with pulse.record_speaker(rate=22_050) as speaker:
+        with pulse.record_speaker(rate=OUTPUT_RATE) as speaker:
             controller.set_talking(True)
             pulse.play_into_mic(question_wav, wait=True)
             time.sleep(0.3)  # the tail of the question still in flight through the server
@@ -78,10 +79,10 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
         controller.shutdown()
 
     heard, spoken = controller.recording.snapshot()
-    question, rate = soundfile.read(question_wav, dtype="float32")
-    question_16k = soxr.resample(question, rate, 16_000).astype(np.float32)
+    question, question_rate = soundfile.read(question_wav, dtype="float32")
+    question_16k = soxr.resample(question, question_rate, 16_000).astype(np.float32)
 
-    # Frame by frame: whole 80 ms frames, and the question is in them, sample-accurate in shape.
+    # The engine got whole 80 ms frames, and the question is in them.
     assert heard.size % FRAME == 0 and heard.size >= question_16k.size
     lag, r = xcorr_match(question_16k, heard)
     assert r > 0.9, f"the engine did not hear the question (r={r:.3f} at lag {lag})"
@@ -91,7 +92,7 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
     assert spoken.size % 1764 == 0 and np.abs(spoken).max() > 1e-3
     played = speaker.samples
     assert np.isfinite(played).all()
-    rate = 22_050
+    rate = OUTPUT_RATE
     offsets = []
     for start in range(rate // 2, played.size - rate // 2, rate // 2):
         lag, r = xcorr_match(played[start : start + rate // 4], spoken)
