@@ -11,10 +11,13 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
 - :func:`rnnt_step` (and the offline :func:`rnnt_decode`) branch on the host, as the
   reference does: one host readback per symbol attempt.
 - :func:`rnnt_propose` / :func:`rnnt_commit`, which the streaming session uses, unroll
-  all ``max_symbols`` attempts on the device and mask every attempt after the first
-  blank, so a frame needs no readback of its own: the session reads the proposed
-  symbols together with the LLM's ids. The attempts actually taken run exactly the
-  operations the host loop runs, on the same values, so the tokens are the same.
+  the first :data:`UNROLLED_ATTEMPTS` attempts on the device and mask every attempt after
+  the first blank, so a frame needs no readback of its own: the session reads the
+  proposed symbols together with the LLM's ids. Only when every unrolled attempt emitted
+  a symbol does :func:`rnnt_commit` unroll the remaining attempts (up to ``max_symbols``)
+  and read them back: one more readback, on the rare frame that emits two symbols or more.
+  The attempts actually taken run exactly the operations the host loop runs, on the same
+  values, so the tokens are the same.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from .jit import jit
 from .tokenizer import RNNTVocabulary
 
 LSTMState = tuple[mx.array, mx.array]
+
+# Attempts unrolled on the device in a frame's first pass. A frame that emits nothing needs one attempt
+# and one that emits a symbol needs two (the second sees blank); unrolling all ``max_symbols`` (10)
+# would run ten predictor and joint passes every frame for the rare frame that emits more.
+UNROLLED_ATTEMPTS = 2
 
 
 class _StackedLSTM(nn.Module):
@@ -160,8 +168,23 @@ def rnnt_step(
     if len(vocabulary) == 0:
         return None
     kept_before = len(state.tokens)
+    _emit_on_host(predictor, joint, state, encoded, blank_id, max_symbols, vocabulary, on_readback)
+    return _update_transcript(state, kept_before, vocabulary)
+
+
+def _emit_on_host(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    state: RNNTState,
+    encoded: mx.array,
+    blank_id: int,
+    attempts: int,
+    vocabulary: RNNTVocabulary,
+    on_readback: Callable[[], None] | None,
+) -> None:
+    """The greedy loop for one frame: emit argmax symbols until blank or ``attempts`` emissions."""
     emitted = 0
-    while True:
+    while emitted < attempts:
         symbol, proposed = _best_symbol(
             predictor, joint, encoded, state.last_token, state.hidden, blank_id, on_readback
         )
@@ -172,8 +195,10 @@ def rnnt_step(
         if not vocabulary.is_special(symbol):
             state.tokens.append(symbol)
         emitted += 1
-        if emitted >= max_symbols:
-            break
+
+
+def _update_transcript(state: RNNTState, kept_before: int, vocabulary: RNNTVocabulary) -> tuple[str, str] | None:
+    """Re-decode the transcript if this frame kept tokens; returns ``(delta, transcript)`` then."""
     if len(state.tokens) == kept_before:
         return None
     updated = vocabulary.decode(state.tokens).strip()
@@ -186,7 +211,7 @@ def rnnt_step(
 class RNNTProposal:
     """One frame's greedy decoding, built on the device and not yet adopted."""
 
-    symbols: mx.array  # (max_symbols,) int32: emitted ids in order, then -1
+    symbols: mx.array  # (attempts,) int32: emitted ids in order, then -1
     last_token: mx.array  # (1, 1) int32, the last emitted id (unchanged if none)
     hidden: LSTMState  # the LSTM state after the last emission
 
@@ -198,11 +223,12 @@ def rnnt_propose(
     encoded: mx.array,
     *,
     blank_id: int,
-    max_symbols: int,
+    attempts: int,
 ) -> RNNTProposal:
-    """The greedy loop of :func:`rnnt_step` for one frame, unrolled on the device (no host readback)."""
+    """The first ``attempts`` attempts of :func:`rnnt_step`'s loop from ``state``, unrolled on the device
+    (no host readback); :func:`rnnt_commit` adopts them and finishes the frame."""
     started = state.last_token != blank_id  # host-known: has any symbol been emitted yet?
-    program = predictor.programs.get(joint, started, blank_id, max_symbols)
+    program = predictor.programs.get(joint, started, blank_id, attempts)
     last = mx.array([[state.last_token]], dtype=mx.int32)
     if started:
         assert state.hidden is not None
@@ -210,6 +236,11 @@ def rnnt_propose(
     else:
         symbols, last, hidden_h, hidden_c = program(encoded, last)
     return RNNTProposal(symbols, last, (hidden_h, hidden_c))
+
+
+def first_pass_attempts(max_symbols: int) -> int:
+    """Attempts the session unrolls in a frame's first pass."""
+    return min(max_symbols, UNROLLED_ATTEMPTS)
 
 
 def _unrolled_greedy(
@@ -276,22 +307,43 @@ class GreedyPrograms:
 
 
 def rnnt_commit(
-    state: RNNTState, proposal: RNNTProposal, symbols: list[int], vocabulary: RNNTVocabulary
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    state: RNNTState,
+    encoded: mx.array,
+    proposal: RNNTProposal,
+    symbols: list[int],
+    *,
+    blank_id: int,
+    max_symbols: int,
+    vocabulary: RNNTVocabulary,
+    on_readback: Callable[[], None] | None = None,
 ) -> tuple[str, str] | None:
-    """Adopt a proposal whose ``symbols`` were read back; returns ``(delta, transcript)`` if it changed."""
+    """Adopt a proposal whose ``symbols`` were read back, and finish the frame's greedy loop.
+
+    If every proposed attempt emitted, the frame is not done: the remaining attempts (up to
+    ``max_symbols`` emissions in all) are unrolled from the new state and read back, which is
+    one more readback. Returns ``(delta, transcript)`` if the transcript changed, exactly as
+    :func:`rnnt_step` does.
+    """
+    kept_before = len(state.tokens)
+    _adopt(state, symbols, proposal.hidden, vocabulary)
+    if all(symbol >= 0 for symbol in symbols) and len(symbols) < max_symbols:
+        rest = rnnt_propose(predictor, joint, state, encoded, blank_id=blank_id, attempts=max_symbols - len(symbols))
+        if on_readback is not None:
+            on_readback()
+        _adopt(state, rest.symbols.tolist(), rest.hidden, vocabulary)
+    return _update_transcript(state, kept_before, vocabulary)
+
+
+def _adopt(state: RNNTState, symbols: list[int], hidden: LSTMState, vocabulary: RNNTVocabulary) -> None:
+    """Take the emitted symbols of a read-back proposal (``-1`` marks attempts after the blank)."""
     emitted = [symbol for symbol in symbols if symbol >= 0]
     if not emitted:
-        return None
+        return
     state.last_token = emitted[-1]
-    state.hidden = proposal.hidden
-    kept_before = len(state.tokens)
+    state.hidden = hidden
     state.tokens.extend(symbol for symbol in emitted if not vocabulary.is_special(symbol))
-    if len(state.tokens) == kept_before:
-        return None
-    updated = vocabulary.decode(state.tokens).strip()
-    delta = updated[len(state.text) :] if updated.startswith(state.text) else updated
-    state.text = updated
-    return delta, updated
 
 
 def rnnt_decode(

@@ -42,7 +42,7 @@ from .events import (
 from .llm import LLMCache
 from .model import VoiceChat
 from .profiler import FrameProfiler, Probe
-from .rnnt import RNNTState, make_rnnt_state, rnnt_commit, rnnt_propose
+from .rnnt import RNNTState, first_pass_attempts, make_rnnt_state, rnnt_commit, rnnt_propose
 from .tokenizer import StreamingDetokenizer
 from .tools import ToolCallParser
 from .tts import TTSCache, build_speaker_prompt
@@ -281,7 +281,7 @@ class Session:
                 caches.rnnt,
                 encoded,
                 blank_id=config.rnnt_blank_id,
-                max_symbols=config.audio_config.max_symbols,
+                attempts=first_pass_attempts(config.audio_config.max_symbols),
             )
         profiler.stage("rnnt", *([proposal.symbols] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
@@ -291,7 +291,18 @@ class Session:
         self._text_ids.append(text_id)
         self._function_ids.append(function_id)
         if proposal is not None:
-            transcript = rnnt_commit(caches.rnnt, proposal, proposal.symbols.tolist(), self.voicechat.rnnt_vocabulary)
+            transcript = rnnt_commit(
+                self._stt.rnnt_decoder,
+                self._stt.rnnt_joint,
+                caches.rnnt,
+                encoded,
+                proposal,
+                proposal.symbols.tolist(),
+                blank_id=config.rnnt_blank_id,
+                max_symbols=config.audio_config.max_symbols,
+                vocabulary=self.voicechat.rnnt_vocabulary,
+                on_readback=profiler.count_readback,
+            )
             if transcript is not None:
                 events.append(UserTranscriptDelta(self._frame_index, *transcript))
         profiler.stage("language")
@@ -442,15 +453,18 @@ def warm_up(voicechat: VoiceChat, frames: int = 3) -> float:
             layers = config.audio_config.decoder.pred_rnn_layers
             zeros = mx.zeros((layers, 1, hidden_size))
             started_state.hidden = (zeros, zeros)
-        proposal = rnnt_propose(
-            stt.rnnt_decoder,
-            stt.rnnt_joint,
-            started_state,
-            mx.zeros((1, 1, d_model)),
-            blank_id=config.rnnt_blank_id,
-            max_symbols=config.audio_config.max_symbols,
-        )
-        outputs.append(proposal.symbols)
+        # After the first emission: the first pass, and the rest of a frame that emits more.
+        first = first_pass_attempts(config.audio_config.max_symbols)
+        for attempts in {first, config.audio_config.max_symbols - first} - {0}:
+            proposal = rnnt_propose(
+                stt.rnnt_decoder,
+                stt.rnnt_joint,
+                started_state,
+                mx.zeros((1, 1, d_model)),
+                blank_id=config.rnnt_blank_id,
+                attempts=attempts,
+            )
+            outputs.append(proposal.symbols)
     mx.eval(outputs)
     session.close()
     return time.perf_counter() - started

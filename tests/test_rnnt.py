@@ -10,7 +10,18 @@ import pytest
 
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import JointConfig, PredictorConfig
-from engine.rnnt import LSTMState, RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_decode, rnnt_step
+from engine.rnnt import (
+    UNROLLED_ATTEMPTS,
+    LSTMState,
+    RNNTJoint,
+    RNNTPredictor,
+    first_pass_attempts,
+    make_rnnt_state,
+    rnnt_commit,
+    rnnt_decode,
+    rnnt_propose,
+    rnnt_step,
+)
 from engine.tokenizer import RNNTVocabulary
 
 PIECES = ["<unk>", "\u2581a", "b", "c", "\u2581d", "<en-US>"]
@@ -196,3 +207,47 @@ def test_modules_load_the_checkpoint_keys(tiny_bf16: Path) -> None:
     assert predictor.prediction["embed"].weight.shape == (config.decoder.vocab_size + 1, config.decoder.pred_hidden)
     assert joint.joint_net[2].weight.shape == (config.joint.num_classes + 1, config.joint.joint_hidden)
     assert mx.array_equal(joint.joint_net[2].bias, weights["stt_model.rnnt_joint.joint_net.2.bias"])
+
+
+@pytest.mark.parametrize("max_symbols", [1, 2, 5])
+def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int) -> None:
+    """A short unrolled first pass, then (when it all emitted) the rest unrolled and read back: same as rnnt_step."""
+    host_predictor, joint = _modules(seed=4)  # frames that end at once and frames that run to the cap
+    device_predictor, _ = _modules(seed=4)
+    frames = _frames(40, seed=11)
+    host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    continued = finished_on_device = 0
+    readbacks: list[int] = []
+    for index in range(40):
+        frame = frames[:, index : index + 1]
+        expected = _step(host_predictor, joint, host, frame, max_symbols)
+        attempts = first_pass_attempts(max_symbols)
+        proposal = rnnt_propose(device_predictor, joint, device, frame, blank_id=BLANK, attempts=attempts)
+        symbols = proposal.symbols.tolist()
+        assert len(symbols) == attempts == min(max_symbols, UNROLLED_ATTEMPTS)
+        readbacks_before = len(readbacks)
+        update = rnnt_commit(
+            device_predictor,
+            joint,
+            device,
+            frame,
+            proposal,
+            symbols,
+            blank_id=BLANK,
+            max_symbols=max_symbols,
+            vocabulary=VOCABULARY,
+            on_readback=lambda: readbacks.append(1),
+        )
+        assert update == expected, f"frame {index}"
+        assert (device.tokens, device.text, device.last_token) == (host.tokens, host.text, host.last_token)
+        if host.hidden is not None:
+            assert device.hidden is not None
+            assert all(mx.array_equal(a, b).item() for a, b in zip(device.hidden, host.hidden, strict=True))
+        if len(readbacks) > readbacks_before:
+            assert len(readbacks) == readbacks_before + 1, "the rest of a frame costs one readback"
+            continued += 1
+        else:
+            finished_on_device += 1
+    # Both paths were exercised (unless the unrolled attempts already cover max_symbols).
+    assert finished_on_device > 0
+    assert continued > 0 or max_symbols <= UNROLLED_ATTEMPTS
