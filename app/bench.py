@@ -120,9 +120,7 @@ def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str
     }
 
 
-def run_ours(
-    voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool, max_seconds: float | None = None
-) -> RunRecord:
+def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool) -> RunRecord:
     import mlx.core as mx
 
     from engine.events import AudioChunk, FrameTiming
@@ -130,7 +128,7 @@ def run_ours(
 
     mx.synchronize()
     mx.reset_peak_memory()
-    session = Session(voicechat, seed=seed, sub_stages=sub_stages, max_seconds=max_seconds)
+    session = Session(voicechat, seed=seed, sub_stages=sub_stages)
     totals: list[float] = []
     stages: dict[str, list[float]] = {s: [] for s in ("perception", "rnnt", "language", "tts", "codec")}
     subs: dict[str, list[float]] = {}

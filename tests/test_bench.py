@@ -1,0 +1,74 @@
+"""``parley bench``: the report it builds, its agreement check against mlx-vlm, the curve, and bad options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.bench import FRAME, bench, bench_input, format_report, question_audio
+from app.cli import main as parley
+
+
+def test_input_repeats_the_question_every_n_frames() -> None:
+    question = question_audio()
+    once = bench_input(100)
+    assert np.array_equal(once[: question.size], question) and not once[question.size :].any()
+    repeated = bench_input(100, speech_every=40)
+    for start in (0, 40, 80):
+        piece = repeated[start * FRAME : start * FRAME + question.size]
+        assert np.array_equal(piece, question[: piece.size])
+    assert not repeated[question.size : 40 * FRAME].any()
+
+
+@pytest.mark.parity
+def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
+    lines: list[str] = []
+    report = bench(
+        model=None,
+        random_size="tiny",
+        quantize=4,
+        seed=0,
+        frames=24,
+        rounds=1,
+        compare="mlx-vlm",
+        sub_stages=False,
+        curve_every=8,
+        speech_every=12,
+        out=lines.append,
+    )
+    ours = report["parley"]
+    assert ours["frames"] == 24 and ours["host_syncs_per_frame"] >= 2.0
+    assert set(ours["stages"]) == {"perception", "rnnt", "language", "tts", "codec"}
+    assert report["agreement"]["frames"] == 24
+    for channel in ("text_ids_identical", "function_ids_identical", "codes_identical"):
+        assert report["agreement"][channel] == 24, report["agreement"]
+    assert report["speedup_p50"] > 0 and "mlx_vlm" in report
+
+    points = ours["curve"]
+    assert [(p["start_frame"], p["end_frame"]) for p in points] == [(0, 8), (8, 16), (16, 24)]
+    assert points[0]["state_gb"] < points[1]["state_gb"] < points[2]["state_gb"]  # the attention history grows
+    assert all(p["active_gb"] >= p["state_gb"] for p in points)
+
+    text = format_report(report)
+    assert "speedup vs mlx-vlm" in text and "identical frames: text 24/24, function 24/24, codes 24/24" in text
+    assert "min (frames 16-24)" in text
+    assert any("parley p50" in line for line in lines)
+    json.dumps(report)  # the --json output must serialise
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--frames", "4"], "--frames must be at least 8"),
+        (["--curve-every", "500"], "--curve-every must be between 1 and --frames (100)"),
+        (["--speech-every", "0"], "--speech-every must be between 1 and --frames (100)"),
+    ],
+)
+def test_bad_options_exit_2_with_the_reason(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert parley(["bench", "--random", "tiny", *arguments]) == 2
+    assert message in capsys.readouterr().err
