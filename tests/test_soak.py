@@ -27,6 +27,7 @@ import pytest
 
 from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
+from engine.config import VoiceChatConfig
 from engine.errors import ContextLimitError
 from engine.model import load_voicechat
 from engine.session import Session, state_growth_per_frame
@@ -59,7 +60,7 @@ def attention_ms(queries: mx.array, keys: mx.array, length: int, repeats: int = 
     return statistics.median(times)
 
 
-def attention_growth_ms(config, old: Session, fresh: Session) -> float:
+def attention_growth_ms(config: VoiceChatConfig, old: Session, fresh: Session) -> float:
     """How much longer the growing attention layers take at ``old``'s history than at ``fresh``'s, per frame."""
     llm, tts = config.text_config, config.tts_config
     growing = [
