@@ -374,6 +374,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    from engine.profile_log import write_atomic
+    from engine.files import write_atomic
 
     write_atomic(path, json.dumps(report, indent=2) + "\n")

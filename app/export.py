@@ -102,7 +102,7 @@ class Transcript:
 
 
 def _write_text(path: Path, text: str) -> Path:
-    from engine.profile_log import write_atomic
+    from engine.files import write_atomic
 
     return write_atomic(path, text)
 

@@ -20,12 +20,13 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 import platformdirs
+
+from engine.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -189,17 +190,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path = default_settings_path() if path is None else path
     text = json.dumps(settings.to_dict(), indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, text)
 
 
 def _coerce(name: str, value: Any) -> Any:

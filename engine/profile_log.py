@@ -11,9 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import platform
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -24,6 +22,7 @@ from typing import Any
 import mlx.core as mx
 
 from .events import FrameTiming
+from .files import write_atomic
 from .profiler import DEFAULT_COLD_FRAMES, STAGES, summarize
 
 SCHEMA_NAME = "parley.session-profile"
@@ -183,22 +182,6 @@ def _is_type(value: Any, kind: str) -> bool:
 
 
 # --------------------------------------------------------------------------- writers
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, then rename."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def to_json(log: dict[str, Any]) -> str:

@@ -262,7 +262,7 @@ def test_export_to_a_full_disk_reports_it_keeps_the_old_file_and_can_be_retried(
     import io
     import os
 
-    from engine import profile_log
+    from engine import files
 
     controller = make_controller(Settings(checkpoint_4bit=tiny_q4, idle_pause=False))
     controller.start()
@@ -275,14 +275,14 @@ def test_export_to_a_full_disk_reports_it_keeps_the_old_file_and_can_be_retried(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     real_fdopen = os.fdopen
-    monkeypatch.setattr(profile_log.os, "fdopen", lambda handle, *a, **k: (os.close(handle), FullDisk())[1])
+    monkeypatch.setattr(files.os, "fdopen", lambda handle, *a, **k: (os.close(handle), FullDisk())[1])
     assert controller.export_profile(target) == []
     failure = next(m for m in controller.poll() if isinstance(m, Failure))
     assert "No space left on device" in failure.message and "still in memory" in failure.message
     assert target.read_text() == "an earlier export\n", "a failed export must not damage the file it replaces"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [], "temporary files left behind"
 
-    monkeypatch.setattr(profile_log.os, "fdopen", real_fdopen)
+    monkeypatch.setattr(files.os, "fdopen", real_fdopen)
     paths = controller.export_profile(target)
     assert validate_profile_log(json.loads(paths[0].read_text())) == []
 
