@@ -67,8 +67,7 @@ def _scan_chunk(
     out_dtype: mx.Dtype,
 ) -> tuple[mx.array, mx.array]:
     """One chunk of the quadratic form: outputs (b, s, h, p) without the D skip, and the next state."""
-    batch, steps, heads, head_dim = dt_x.shape
-    groups, state_size = c_mat.shape[-2:]
+    heads, groups = dt_x.shape[2], c_mat.shape[2]
     heads_per_group = heads // groups
 
     b_by_group = mx.transpose(b_mat, (0, 2, 3, 1))  # (b, g, n, s)
@@ -86,15 +85,24 @@ def _scan_chunk(
     next_state = weighted @ b_by_head  # (b, h, p, n)
 
     if state is not None:
-        # The carried-in state decays by the running product of exp(A dt) and is read out by C.
         decay_from_start = mx.exp(mx.cumsum(dt_a, axis=-2))  # (b, s, h)
-        next_state = next_state + decay_from_start[:, -1, :, None, None] * state
-        c_column = c_mat.reshape(batch, steps, groups, 1, state_size, 1)
-        grouped_state = state.reshape(batch, 1, groups, heads_per_group, head_dim, state_size)
-        carried = (grouped_state @ c_column).squeeze(-1).flatten(2, 3)  # (b, s, h, p)
-        outputs = outputs + decay_from_start[..., None] * carried
+        outputs, next_state = _carry_in(outputs, next_state, state, c_mat, decay_from_start)
 
     return outputs.astype(out_dtype), next_state
+
+
+def _carry_in(
+    outputs: mx.array, next_state: mx.array, state: mx.array, c_mat: mx.array, decay_from_start: mx.array
+) -> tuple[mx.array, mx.array]:
+    """Add the carried-in ``state``: it decays by the running product of exp(A dt) (``decay_from_start``,
+    (b, s, h)) into the next state, and is read out by C into every position's output."""
+    batch, steps, groups, state_size = c_mat.shape
+    heads, head_dim = state.shape[1], state.shape[2]
+    next_state = next_state + decay_from_start[:, -1, :, None, None] * state
+    c_column = c_mat.reshape(batch, steps, groups, 1, state_size, 1)
+    grouped_state = state.reshape(batch, 1, groups, heads // groups, head_dim, state_size)
+    carried = (grouped_state @ c_column).squeeze(-1).flatten(2, 3)  # (b, s, h, p)
+    return outputs + decay_from_start[..., None] * carried, next_state
 
 
 def _scan_single(
@@ -113,8 +121,7 @@ def _scan_single(
     product of the same shapes (a product over a length-1 axis is not rewritten as an
     elementwise one: a backend may round matrix-product inputs differently, e.g. TF32).
     """
-    batch, _, heads, head_dim = dt_x.shape
-    groups, state_size = c_mat.shape[-2:]
+    heads, groups = dt_x.shape[2], c_mat.shape[2]
     heads_per_group = heads // groups
 
     b_by_group = mx.transpose(b_mat, (0, 2, 3, 1))  # (b, g, n, 1)
@@ -123,12 +130,7 @@ def _scan_single(
     b_by_head = mx.repeat(b_by_group, heads_per_group, axis=1).swapaxes(2, 3)  # (b, h, 1, n)
     next_state = dt_x.swapaxes(1, 2).swapaxes(2, 3) @ b_by_head  # (b, h, p, n)
     if state is not None:
-        decay = mx.exp(dt_a)  # (b, 1, h)
-        next_state = next_state + decay[:, -1, :, None, None] * state
-        c_column = c_mat.reshape(batch, 1, groups, 1, state_size, 1)
-        grouped_state = state.reshape(batch, 1, groups, heads_per_group, head_dim, state_size)
-        carried = (grouped_state @ c_column).squeeze(-1).flatten(2, 3)  # (b, 1, h, p)
-        outputs = outputs + decay[..., None] * carried
+        outputs, next_state = _carry_in(outputs, next_state, state, c_mat, mx.exp(dt_a))
     return outputs.astype(out_dtype), next_state
 
 
