@@ -307,6 +307,17 @@ def _set_env(key: str, value: str | None) -> None:
         os.environ[key] = value
 
 
+def xcorr_match(reference: np.ndarray, recorded: np.ndarray) -> tuple[int, float]:
+    """Lag of ``reference`` inside ``recorded`` and the Pearson r there (platform-lab.md §4)."""
+    ref, rec = reference.astype(np.float64), recorded.astype(np.float64)
+    n = len(ref) + len(rec) - 1
+    nfft = 1 << (n - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(rec, nfft) * np.conj(np.fft.rfft(ref, nfft)), nfft)[: len(rec)]
+    lag = int(np.argmax(np.abs(corr)))
+    segment = rec[lag : lag + len(ref)]
+    return lag, float(np.corrcoef(ref[: len(segment)], segment)[0, 1])
+
+
 @contextmanager
 def virtual_devices() -> Iterator[PulseServer]:
     """A started ``PulseServer``, closed (and the environment restored) when the block ends."""

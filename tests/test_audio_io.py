@@ -18,7 +18,7 @@ import soxr
 from app import audio_io
 from app.audio_io import AudioIO, AudioState, AudioUnavailable, list_devices, refresh_devices
 from app.messages import DeviceStatus
-from tests.pulse import ALSA_MIC, PulseServer, virtual_devices
+from tests.pulse import ALSA_MIC, PulseServer, virtual_devices, xcorr_match
 
 pytestmark = pytest.mark.audio
 
@@ -51,17 +51,6 @@ def question(question_wav: Path) -> tuple[np.ndarray, np.ndarray]:
     samples, rate = soundfile.read(question_wav, dtype="float32")
     assert rate == 22_050
     return samples, soxr.resample(samples, rate, 16_000).astype(np.float32)
-
-
-def xcorr_match(reference: np.ndarray, recorded: np.ndarray) -> tuple[int, float]:
-    """Lag of ``reference`` inside ``recorded`` and the Pearson r there (platform-lab.md §4)."""
-    ref, rec = reference.astype(np.float64), recorded.astype(np.float64)
-    n = len(ref) + len(rec) - 1
-    nfft = 1 << (n - 1).bit_length()
-    corr = np.fft.irfft(np.fft.rfft(rec, nfft) * np.conj(np.fft.rfft(ref, nfft)), nfft)[: len(rec)]
-    lag = int(np.argmax(np.abs(corr)))
-    segment = rec[lag : lag + len(ref)]
-    return lag, float(np.corrcoef(ref[: len(segment)], segment)[0, 1])
 
 
 def read_frames(audio: AudioIO, seconds: float, *, until: Callable[[], bool] | None = None) -> list[np.ndarray]:

@@ -9,7 +9,7 @@ and the assistant's codec output must reach the virtual speaker.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +21,8 @@ from app.audio_io import refresh_devices
 from app.controller import AppController
 from app.messages import Failure, FrameStats, ModelLoaded, SpeedCheck
 from app.settings import Settings
-from tests.pulse import PulseServer, virtual_devices
-from tests.test_audio_io import xcorr_match
+from tests.pulse import PulseServer, virtual_devices, xcorr_match
+from tests.test_controller import wait_for
 
 pytestmark = [pytest.mark.audio, pytest.mark.slow]
 
@@ -37,16 +37,6 @@ def pulse() -> Iterator[PulseServer]:
         yield server
 
 
-def drain(controller: AppController, until: Callable[[list[object]], bool], timeout: float) -> list[object]:
-    seen: list[object] = []
-    deadline = time.monotonic() + timeout
-    while not until(seen):
-        assert time.monotonic() < deadline, f"timed out; last messages {seen[-5:]}"
-        seen += controller.poll()
-        time.sleep(0.02)
-    return seen
-
-
 def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
     pulse: PulseServer, question_wav: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,13 +48,13 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
     )
     try:
         controller.start()
-        messages = drain(controller, lambda seen: any(isinstance(m, SpeedCheck) for m in seen), timeout=300)
+        messages = wait_for(controller, lambda seen: any(isinstance(m, SpeedCheck) for m in seen), timeout=300)
         assert not [m for m in messages if isinstance(m, Failure)], messages
         loaded = next(m for m in messages if isinstance(m, ModelLoaded))
         assert loaded.demo and loaded.path == tmp_path / "data" / "Parley" / "demo-checkpoint"
 
         # The timeline runs on silence while the key is up; start from a clean recording.
-        drain(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen), timeout=30)
+        wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen), timeout=30)
         controller.recording.clear()
         with pulse.record_speaker(rate=OUTPUT_RATE) as speaker:
             controller.set_talking(True)
@@ -72,7 +62,7 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
             time.sleep(0.3)  # the tail of the question still in flight through the server
             controller.set_talking(False)
             answer_until = time.monotonic() + 2.5  # the assistant's turn, then the last frames play out
-            messages = drain(controller, lambda _: time.monotonic() > answer_until, timeout=30)
+            messages = wait_for(controller, lambda _: time.monotonic() > answer_until, timeout=30)
         assert not [m for m in messages if isinstance(m, Failure)], messages
         assert sum(isinstance(m, FrameStats) for m in messages) >= 40  # the timeline kept running in real time
     finally:

@@ -17,21 +17,10 @@ from app.audio_io import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
 from app.demo import ensure_demo_checkpoint
 from app.messages import DeviceStatus
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, play_answer, run_self_test, self_test_command
-from tests.pulse import PulseServer, virtual_devices
+from tests.pulse import PulseServer, virtual_devices, xcorr_match
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 22_050
-
-
-def xcorr_match(reference: np.ndarray, recorded: np.ndarray) -> tuple[int, float]:
-    """Lag of ``reference`` inside ``recorded`` and the Pearson r there (platform-lab.md §4)."""
-    ref, rec = reference.astype(np.float64), recorded.astype(np.float64)
-    n = len(ref) + len(rec) - 1
-    nfft = 1 << (n - 1).bit_length()
-    corr = np.fft.irfft(np.fft.rfft(rec, nfft) * np.conj(np.fft.rfft(ref, nfft)), nfft)[: len(rec)]
-    lag = int(np.argmax(np.abs(corr)))
-    segment = rec[lag : lag + len(ref)]
-    return lag, float(np.corrcoef(ref[: len(segment)], segment)[0, 1])
 
 
 def heard_match(reference: np.ndarray, recorded: np.ndarray, rate: int = RATE) -> tuple[int, float]:
