@@ -81,18 +81,24 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def curve_point(
+    totals_ms: list[float], state_bytes: list[int], active_bytes: list[int], start: int, end: int
+) -> dict[str, float]:
+    """Frame time over frames ``start``–``end`` and the memory held after the last of them."""
+    point = {"start_frame": start, "end_frame": end, "minutes": end * 0.08 / 60}
+    point.update(_stats(totals_ms[start:end]))
+    if state_bytes:
+        point["state_gb"] = state_bytes[end - 1] / 1e9
+        point["active_gb"] = active_bytes[end - 1] / 1e9
+    return point
+
+
 def curve(record: RunRecord, every: int) -> list[dict[str, float]]:
     """Frame time and memory per block of ``every`` frames (the long-conversation curve)."""
-    points = []
-    for start in range(0, len(record.totals_ms) - every + 1, every):
-        end = start + every
-        point = {"start_frame": start, "end_frame": end, "minutes": end * 0.08 / 60}
-        point.update(_stats(record.totals_ms[start:end]))
-        if record.state_bytes:
-            point["state_gb"] = record.state_bytes[end - 1] / 1e9
-            point["active_gb"] = record.active_bytes[end - 1] / 1e9
-        points.append(point)
-    return points
+    return [
+        curve_point(record.totals_ms, record.state_bytes, record.active_bytes, start, start + every)
+        for start in range(0, len(record.totals_ms) - every + 1, every)
+    ]
 
 
 def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str, Any]:
@@ -120,7 +126,25 @@ def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str
     }
 
 
-def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool) -> RunRecord:
+def format_point(point: dict[str, float]) -> str:
+    return (
+        f"  {point['minutes']:5.2f} min (frames {point['start_frame']}-{point['end_frame']}): "
+        f"p50 {point['p50_ms']:.2f} ms, p95 {point['p95_ms']:.2f} ms, "
+        f"conversation state {point['state_gb'] * 1e3:.1f} MB, MLX memory {point['active_gb']:.3f} GB"
+    )
+
+
+def run_ours(
+    voicechat: Any,
+    samples: np.ndarray,
+    *,
+    seed: int,
+    sub_stages: bool,
+    progress_every: int | None = None,
+    out: Callable[[str], None] = print,
+) -> RunRecord:
+    """One pass of our session; with ``progress_every``, each curve block is printed as it
+    completes (a long run that is cut short still leaves its curve so far)."""
     import mlx.core as mx
 
     from engine.events import AudioChunk, FrameTiming
@@ -142,6 +166,9 @@ def run_ours(voicechat: Any, samples: np.ndarray, *, seed: int, sub_stages: bool
         totals.append((time.perf_counter() - began) * 1000.0)
         state_bytes.append(session.state_nbytes)
         active_bytes.append(mx.get_active_memory())
+        if progress_every and len(totals) % progress_every == 0:
+            done = len(totals)
+            out("so far:" + format_point(curve_point(totals, state_bytes, active_bytes, done - progress_every, done)))
         for event in events:
             if isinstance(event, FrameTiming):
                 for name in stages:
@@ -296,7 +323,9 @@ def bench(
     ours_runs: list[RunRecord] = []
     ref_runs: list[RunRecord] = []
     for round_index in range(rounds):
-        ours_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages))
+        ours_runs.append(
+            run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, progress_every=curve_every, out=out)
+        )
         out(f"round {round_index + 1}: parley p50 {_stats(ours_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
         if reference is not None:
             ref_runs.append(reference.run(samples, seed=seed))
@@ -353,12 +382,7 @@ def format_report(report: dict[str, Any]) -> str:
             "parley sub-stages (mean ms, evaluated at each boundary): "
             + ", ".join(f"{name} {stats['mean_ms']:.2f}" for name, stats in subs.items())
         )
-    for point in report["parley"].get("curve", []):
-        lines.append(
-            f"  {point['minutes']:5.2f} min (frames {point['start_frame']}-{point['end_frame']}): "
-            f"p50 {point['p50_ms']:.2f} ms, p95 {point['p95_ms']:.2f} ms, "
-            f"conversation state {point['state_gb'] * 1e3:.1f} MB, MLX memory {point['active_gb']:.3f} GB"
-        )
+    lines.extend(format_point(point) for point in report["parley"].get("curve", []))
     weights = f"weights in memory: parley {report['weights_gb']:.2f} GB"
     if report.get("mlx_vlm_weights_gb") is not None:
         weights += f", mlx-vlm {report['mlx_vlm_weights_gb']:.2f} GB (peaks above count both models, loaded together)"
