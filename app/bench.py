@@ -166,9 +166,6 @@ def run_ours(
         totals.append((time.perf_counter() - began) * 1000.0)
         state_bytes.append(session.state_nbytes)
         active_bytes.append(mx.get_active_memory())
-        if progress_every and len(totals) % progress_every == 0:
-            done = len(totals)
-            out("so far:" + format_point(curve_point(totals, state_bytes, active_bytes, done - progress_every, done)))
         for event in events:
             if isinstance(event, FrameTiming):
                 for name in stages:
@@ -178,6 +175,14 @@ def run_ours(
                 syncs.append(event.host_syncs)
             elif isinstance(event, AudioChunk):
                 codes.append(event.codes.tolist())
+        if progress_every and len(totals) % progress_every == 0:
+            done = len(totals)
+            point = format_point(curve_point(totals, state_bytes, active_bytes, done - progress_every, done))
+            split = {**stages, **subs}
+            medians = ", ".join(
+                f"{name} {_stats(values[-progress_every:])['p50_ms']:.2f}" for name, values in split.items() if values
+            )
+            out(f"so far:{point}; stage p50 (ms): {medians}")
     record = RunRecord(
         "parley",
         totals,

@@ -127,6 +127,7 @@ class RNNTVocabulary:
         return piece in _SPECIAL_PIECES or bool(_LANGUAGE_TAG.match(piece))
 
     def decode(self, token_ids: Iterable[int]) -> str:
+        """Token by token: the decode of a list is its parts' decodes joined (the streaming transcript relies on it)."""
         parts = []
         for token_id in token_ids:
             if not 0 <= token_id < len(self.pieces):

@@ -172,6 +172,32 @@ def test_transcript_deltas() -> None:
     assert state.tokens == [1, 4, 2]
 
 
+class CountingVocabulary(RNNTVocabulary):
+    """Counts the tokens it is asked to decode."""
+
+    decoded_tokens = 0
+
+    def decode(self, token_ids):  # type: ignore[no-untyped-def]
+        token_ids = list(token_ids)
+        self.decoded_tokens += len(token_ids)
+        return super().decode(token_ids)
+
+
+def test_transcript_cost_does_not_grow_with_the_conversation() -> None:
+    """Each kept token is decoded once (not the whole history every frame), and the text is unchanged."""
+    predictor, joint = _modules()
+    vocabulary = CountingVocabulary(PIECES)
+    state = make_rnnt_state(BLANK)
+    frames = _frames(1)
+    pattern = [1, 2, 5, 4, 3, 0]  # words, a language tag and <unk> (skipped), leading "▁" stripped
+    for index in range(60):
+        _force(joint, pattern[index % len(pattern)])
+        rnnt_step(predictor, joint, state, frames, blank_id=BLANK, max_symbols=1, vocabulary=vocabulary)
+    assert vocabulary.decoded_tokens == len(state.tokens) == 60 * 4 // 6
+    assert state.text == RNNTVocabulary(PIECES).decode(state.tokens).strip()
+    assert state.text.startswith("ab dc ab dc")
+
+
 def test_streaming_steps_equal_offline_decode() -> None:
     predictor, joint = _modules(seed=6)
     frames = _frames(40, seed=11) * 3.0  # random weights and frames: a mix of blanks, emissions and caps
