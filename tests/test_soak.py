@@ -13,6 +13,9 @@ must grow is attention over the longer history (the model attends to all of it, 
 the reference); it is measured in the same run with the model's own attention shapes and
 allowed for, so what the test holds flat within 10 % is everything else: the per-frame
 work outside attention, cache updates, host bookkeeping, and memory besides the caches.
+The RN-T is forced to keep its full symbol cap every frame (the worst case for the user
+transcript, and what the full-size random RN-T does), so host work that grows with the
+transcript fails the test too.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
 from engine.config import VoiceChatConfig
 from engine.errors import ContextLimitError
-from engine.model import load_voicechat
+from engine.model import VoiceChat, load_voicechat
 from engine.session import Session, state_growth_per_frame
 
 pytestmark = pytest.mark.slow
@@ -78,10 +81,28 @@ def attention_growth_ms(config: VoiceChatConfig, old: Session, fresh: Session) -
     return max(total, 0.0)
 
 
+def keep_emitting(voicechat: VoiceChat, word_id: int) -> None:
+    """Make the RN-T emit ``word_id`` on every attempt, so every frame keeps its full symbol cap.
+
+    The tiny RN-T keeps ~0.5 tokens a frame; the full-size random one keeps its cap of 10, and
+    a transcript whose per-frame cost grew with its length once made the full-size frame 44 ms
+    slower after 8 minutes. Forcing the cap makes this test hold that cost flat too."""
+    joint = voicechat.model.stt_model.rnnt_joint  # type: ignore[attr-defined]
+    output = joint.joint_net[2]
+    bias = np.full(output.bias.shape[0], -30.0, dtype=np.float32)
+    bias[word_id] = 30.0
+    output.weight = mx.zeros_like(output.weight)
+    output.bias = mx.array(bias).astype(output.bias.dtype)
+
+
 def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path) -> None:
     assert DEFAULT_MAX_CONVERSATION_S == LIMIT_FRAMES * 0.08
     voicechat = load_voicechat(tiny_q4)
     config = voicechat.config
+    word_id = next(
+        i for i, piece in enumerate(voicechat.rnnt_vocabulary.pieces) if piece.startswith("\u2581") and len(piece) > 1
+    )
+    keep_emitting(voicechat, word_id)
     samples = bench_input(LIMIT_FRAMES, speech_every=375)  # the question every 30 s, silence between
 
     long = Session(voicechat, seed=0, max_seconds=DEFAULT_MAX_CONVERSATION_S)
@@ -97,6 +118,8 @@ def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path)
             other_at[index + 1] = mx.get_active_memory() - long.state_nbytes
             text_ids_seen.update(long.text_ids[-500:])
     assert len(text_ids_seen) > 1, "the model produced one text id for ten minutes: the soak input is not exercised"
+    max_symbols = config.audio_config.max_symbols
+    assert len(long.caches.rnnt.tokens) == (LIMIT_FRAMES - 500) * max_symbols, "the RN-T did not keep its cap"
 
     # Frame time: the old conversation's last 500 frames against a fresh conversation's frames 500-1000,
     # in alternating blocks of 50.
