@@ -134,6 +134,41 @@ def format_point(point: dict[str, float]) -> str:
     )
 
 
+def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
+    """Append ``positions`` random keys and values to every attention cache that grows (the LLM's and
+    the TTS backbone's), as if the conversation were that many frames older.
+
+    For timing only: later frames pay for the longer history exactly as an old conversation
+    does, but what the model says after this is not meaningful (and not the reference's).
+    """
+    import mlx.core as mx
+
+    from engine.llm import AttentionCache
+    from engine.tts import SlidingKVCache
+
+    key = mx.random.key(seed)
+
+    def history_like(buffer: mx.array) -> mx.array:
+        batch, heads, _, dim = buffer.shape
+        return (0.1 * mx.random.normal((batch, heads, positions, dim), key=key)).astype(buffer.dtype)
+
+    caches = session.caches
+    for layer in caches.language.layers:
+        if isinstance(layer, AttentionCache) and layer.keys is not None and layer.values is not None:
+            layer.append(history_like(layer.keys), history_like(layer.values))
+    caches.language.position += positions
+    for layer in caches.tts.layers:
+        if layer.keys is None or layer.values is None:
+            continue
+        layer.update(history_like(layer.keys), history_like(layer.values))
+        if isinstance(layer, SlidingKVCache) and layer.keys.shape[2] > layer.window:
+            # What a long conversation holds: the newest ``window`` positions, in time order, next write at slot 0.
+            layer.keys = mx.contiguous(layer.keys[..., -layer.window :, :])
+            layer.values = mx.contiguous(layer.values[..., -layer.window :, :])
+            layer.write_index = layer.window
+    mx.eval(caches.arrays())
+
+
 def run_ours(
     voicechat: Any,
     samples: np.ndarray,
@@ -141,10 +176,12 @@ def run_ours(
     seed: int,
     sub_stages: bool,
     progress_every: int | None = None,
+    history: int = 0,
     out: Callable[[str], None] = print,
 ) -> RunRecord:
     """One pass of our session; with ``progress_every``, each curve block is printed as it
-    completes (a long run that is cut short still leaves its curve so far)."""
+    completes (a long run that is cut short still leaves its curve so far); with ``history``,
+    the conversation is aged by that many frames after its first frame."""
     import mlx.core as mx
 
     from engine.events import AudioChunk, FrameTiming
@@ -164,6 +201,8 @@ def run_ours(
         began = time.perf_counter()
         events = session.push(samples[start : start + FRAME], 16_000)
         totals.append((time.perf_counter() - began) * 1000.0)
+        if history and start == 0:
+            age_conversation(session, history, seed=seed)
         state_bytes.append(session.state_nbytes)
         active_bytes.append(mx.get_active_memory())
         for event in events:
@@ -281,6 +320,7 @@ def bench(
     sub_stages: bool,
     curve_every: int | None = None,
     speech_every: int | None = None,
+    history: int = 0,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON-ready report."""
@@ -318,10 +358,13 @@ def bench(
     reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
     if compare not in (None, "mlx-vlm"):
         raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
+    if history and compare:
+        raise ValueError("--history makes the outputs differ from the reference's; it cannot be used with --compare")
     setup_s = time.perf_counter() - started
     out(
         f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s (of which compiling "
         f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
+        + (f", aged by {history} frames of history after the first" if history else "")
     )
 
     samples = bench_input(frames, speech_every=speech_every)
@@ -329,7 +372,15 @@ def bench(
     ref_runs: list[RunRecord] = []
     for round_index in range(rounds):
         ours_runs.append(
-            run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, progress_every=curve_every, out=out)
+            run_ours(
+                voicechat,
+                samples,
+                seed=seed,
+                sub_stages=sub_stages,
+                progress_every=curve_every,
+                history=history,
+                out=out,
+            )
         )
         out(f"round {round_index + 1}: parley p50 {_stats(ours_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
         if reference is not None:
@@ -344,6 +395,7 @@ def bench(
         "frames": frames,
         "rounds": rounds,
         "seed": seed,
+        "history_frames": history,
         "warm_up_s": warm_s,
         "weights_gb": weights_gb(voicechat.model),
         "parley": summarize_run(best, curve_every),

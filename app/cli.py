@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--curve-every", type=int, metavar="N", help="report frame time and memory per block of N frames (long runs)"
     )
     bench.add_argument("--speech-every", type=int, metavar="N", help="ask the question again every N frames")
+    bench.add_argument(
+        "--history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the first frame, age the conversation by N frames of random attention history "
+        "(times a late frame without running the whole conversation; outputs are not meaningful)",
+    )
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
     return parser
 
@@ -113,6 +121,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.frames < 8 or args.rounds < 1:
         raise ValueError("--frames must be at least 8 and --rounds at least 1")
+    if args.history < 0:
+        raise ValueError("--history must not be negative")
     for option in ("curve_every", "speech_every"):
         value = getattr(args, option)
         if value is not None and not 1 <= value <= args.frames:
@@ -128,6 +138,7 @@ def _bench(args: argparse.Namespace) -> int:
         sub_stages=args.sub_stages,
         curve_every=args.curve_every,
         speech_every=args.speech_every,
+        history=args.history,
     )
     if args.json:
         write_report(report, args.json)

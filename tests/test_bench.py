@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.bench import FRAME, bench, bench_input, format_report, question_audio
+from app.bench import FRAME, age_conversation, bench, bench_input, format_report, question_audio
 from app.cli import main as parley
 
 
@@ -65,6 +65,8 @@ def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
         (["--frames", "4"], "--frames must be at least 8"),
         (["--curve-every", "500"], "--curve-every must be between 1 and --frames (100)"),
         (["--speech-every", "0"], "--speech-every must be between 1 and --frames (100)"),
+        (["--history", "-1"], "--history must not be negative"),
+        (["--history", "500", "--compare", "mlx-vlm"], "cannot be used with --compare"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason(
@@ -72,3 +74,30 @@ def test_bad_options_exit_2_with_the_reason(
 ) -> None:
     assert parley(["bench", "--random", "tiny", *arguments]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_aged_conversation_holds_the_state_of_a_long_one() -> None:
+    """``--history N`` stands in for N frames: every growing attention cache gains N positions and the
+    state matches what N real frames would have added (within the caches' 256-position blocks)."""
+    from engine.random_checkpoint import random_voicechat
+    from engine.session import Session, state_growth_per_frame
+
+    voicechat = random_voicechat("tiny", quantize=4, seed=0)
+    session = Session(voicechat, seed=0)
+    samples = bench_input(3)
+    session.push(samples[:FRAME], 16_000)
+    language_before, tts_before, state_before = (
+        session.caches.language.position,
+        session.caches.tts.offset,
+        session.state_nbytes,
+    )
+    age_conversation(session, 3000)
+    assert session.caches.language.position == language_before + 3000
+    assert session.caches.tts.offset == tts_before + 3000
+    grown = session.state_nbytes - state_before
+    expected = sum(state_growth_per_frame(voicechat.config, frame) for frame in range(1, 3001))
+    assert abs(grown - expected) <= 256 * state_growth_per_frame(voicechat.config, 0)
+    for start in (FRAME, 2 * FRAME):  # and the conversation goes on from there
+        session.push(samples[start : start + FRAME], 16_000)
+    assert session.caches.tts.offset == tts_before + 3002
+    session.close()
