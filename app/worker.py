@@ -221,13 +221,14 @@ class EngineWorker(threading.Thread):
         self._emit(LoadProgress(-1.0, f"Reading {command.path}"))
         started = time.perf_counter()
         try:
-            voicechat = load_voicechat(command.path)
+            voicechat = load_voicechat(command.path, conversation_seconds=self.max_conversation_s)
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, the app stays usable
             self._fail(f"Could not load {command.path}: {exc}", exc, state=AppState.NO_MODEL)
             return
         self.voicechat = voicechat
         self.system_prompt = command.system_prompt
-        self._emit(LoadProgress(0.6, f"Loaded in {time.perf_counter() - started:.1f} s; preparing the engine"))
+        saving = "" if voicechat.precast_bytes else " (memory-saving mode: weights kept as stored, a little slower)"
+        self._emit(LoadProgress(0.6, f"Loaded in {time.perf_counter() - started:.1f} s{saving}; preparing the engine"))
         from engine.session import warm_up
 
         warm_up(voicechat)

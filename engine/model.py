@@ -26,7 +26,7 @@ from .fused import fuse_projections
 from .jit import jit
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
-from .precast import precast_float32
+from .precast import precast_float32, precast_nbytes
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
 from .tokenizer import RNNTVocabulary, TextTokenizer
@@ -127,6 +127,7 @@ class VoiceChat:
     name: str
     source: Path | None  # the checkpoint folder; None for weights made in memory
     nbytes: int  # bytes of weights
+    precast_bytes: int = 0  # memory the float32 precast copies added (0: not precast, to save memory)
 
     @property
     def quantization_bits(self) -> int | None:
@@ -140,6 +141,7 @@ class VoiceChat:
             "path": str(self.source) if self.source is not None else "",
             "quantization_bits": self.quantization_bits,
             "size_bytes": self.nbytes,
+            "precast_bytes": self.precast_bytes,
         }
 
 
@@ -153,11 +155,13 @@ def assemble_voicechat(
     source: Path | None = None,
     nbytes: int = 0,
     precast: bool = True,
+    precast_budget: int | None = None,
 ) -> VoiceChat:
     """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up.
 
     With ``precast`` the weights that only meet float32 activations are converted once
-    (see :mod:`engine.precast`; exact, faster, more memory); the rest stays lazy.
+    (see :mod:`engine.precast`; exact, faster, more memory), unless the copies would take
+    more than ``precast_budget`` bytes; the rest stays lazy.
     """
     if tokenizer.vocab_size > config.text_config.vocab_size:
         raise TokenizerError(
@@ -170,8 +174,9 @@ def assemble_voicechat(
         raise TokenizerError(f"{tokenizer.source}: {exc}") from exc
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
-    if precast:
-        precast_float32(model)
+    added = 0
+    if precast and (precast_budget is None or precast_nbytes(model) <= precast_budget):
+        added = precast_float32(model)
     fuse_projections(model)
     return VoiceChat(
         model=model,
@@ -183,6 +188,7 @@ def assemble_voicechat(
         name=name,
         source=source,
         nbytes=nbytes,
+        precast_bytes=added,
     )
 
 
@@ -198,15 +204,30 @@ def format_bytes(count: float) -> str:
     return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
 
 
+MEMORY_SHARE = 0.85  # of physical memory, for weights and everything planned next to them
+
+
 def _check_memory(files: CheckpointFiles) -> None:
     total = physical_memory_bytes()
     needed = files.nbytes
     # Weights plus the runtime's working set must fit; refuse clearly instead of swapping to death.
-    if total is not None and needed > 0.85 * total:
+    if total is not None and needed > MEMORY_SHARE * total:
         raise CheckpointMemoryError(
             f"{files.root}: the checkpoint needs {format_bytes(needed)} of memory but this machine has "
             f"{format_bytes(total)}; use a smaller quantization (4-bit) or a machine with more memory"
         )
+
+
+def _precast_budget(files: CheckpointFiles, conversation_seconds: float) -> int | None:
+    """Memory left for precast copies under the same 85 % line as :func:`_check_memory` (None: unknown)."""
+    from .session import state_growth_per_frame  # the session module imports this one
+
+    total = physical_memory_bytes()
+    if total is None:
+        return None
+    frames = round(conversation_seconds / files.config.frame_duration)
+    conversation = sum(state_growth_per_frame(files.config, frame) for frame in range(frames))
+    return int(MEMORY_SHARE * total) - files.nbytes - conversation
 
 
 def evaluate_weights(model: nn.Module) -> None:
@@ -214,8 +235,12 @@ def evaluate_weights(model: nn.Module) -> None:
     mx.eval(model.parameters())
 
 
-def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
+def load_voicechat(path: str | Path, *, lazy: bool = False, conversation_seconds: float = 0.0) -> VoiceChat:
     """Verify and load a checkpoint folder.
+
+    The float32 precast copies (faster, same outputs) are made only if they fit in memory
+    next to the weights and the state of a ``conversation_seconds``-long conversation;
+    otherwise the weights stay as stored (``VoiceChat.precast_bytes`` is 0).
 
     Raises a :class:`engine.errors.CheckpointError` subclass naming the file and
     tensor for any problem with the folder, and :class:`CheckpointMemoryError`
@@ -227,7 +252,14 @@ def load_voicechat(path: str | Path, *, lazy: bool = False) -> VoiceChat:
     tokenizer = TextTokenizer.from_file(files.tokenizer_file)
     weights = sanitize(load_arrays(files), files.config)
     voicechat = assemble_voicechat(
-        files.config, weights, quantized, tokenizer, name=files.root.name, source=files.root, nbytes=files.nbytes
+        files.config,
+        weights,
+        quantized,
+        tokenizer,
+        name=files.root.name,
+        source=files.root,
+        nbytes=files.nbytes,
+        precast_budget=_precast_budget(files, conversation_seconds),
     )
     if not lazy:
         try:

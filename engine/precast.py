@@ -66,6 +66,11 @@ def precast_targets(model: nn.Module) -> Iterator[tuple[str, mx.array]]:
             yield name, value
 
 
+def precast_nbytes(model: nn.Module) -> int:
+    """Bytes :func:`precast_float32` would add (each cast weight doubles)."""
+    return sum(value.nbytes for _, value in precast_targets(model))
+
+
 def precast_float32(model: nn.Module, config: VoiceChatConfig | None = None) -> int:
     """Cast the eligible bf16 parameters of ``model`` to float32 in place; returns the bytes added."""
     updates = [(name, value.astype(mx.float32)) for name, value in precast_targets(model)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -130,3 +131,36 @@ def test_converted_runtime_layout_folder_loads(tmp_path, tiny_bf16):
     _, again, _ = read_runtime_weights(target)
     assert set(again) == set(weights)
     assert all(mx.array_equal(again[k], weights[k]).item() for k in weights)
+
+
+def test_precast_copies_are_made_only_when_they_fit_and_change_nothing(
+    tiny_q4: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 copies are skipped when the weights, a 10-minute conversation and the copies would not
+    fit in memory together; the conversation is then slower but says exactly the same."""
+    import engine.model as engine_model
+    from app.bench import FRAME, bench_input
+    from engine.model import load_voicechat
+    from engine.session import Session, state_growth_per_frame
+
+    roomy = load_voicechat(tiny_q4, conversation_seconds=600)
+    assert roomy.precast_bytes > 0 and roomy.describe()["precast_bytes"] == roomy.precast_bytes
+    conversation = sum(state_growth_per_frame(roomy.config, frame) for frame in range(7500))
+    just_short = roomy.nbytes + conversation + roomy.precast_bytes // 2  # room for half the copies
+    monkeypatch.setattr(engine_model, "physical_memory_bytes", lambda: int(just_short / engine_model.MEMORY_SHARE))
+    tight = load_voicechat(tiny_q4, conversation_seconds=600)
+    assert tight.precast_bytes == 0
+    assert load_voicechat(tiny_q4, conversation_seconds=0).precast_bytes == roomy.precast_bytes  # no conversation
+
+    samples = bench_input(12)
+    outputs = []
+    for voicechat in (roomy, tight):
+        session = Session(voicechat, seed=0)
+        codes = []
+        for start in range(0, samples.size, FRAME):
+            codes += [
+                e.codes.tolist() for e in session.push(samples[start : start + FRAME], 16_000) if hasattr(e, "codes")
+            ]
+        outputs.append((session.text_ids, session.function_ids, codes))
+        session.close()
+    assert outputs[0] == outputs[1] and len(outputs[0][2]) == 12
