@@ -16,6 +16,8 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
   proposed symbols together with the LLM's ids. Only when every unrolled attempt emitted
   a symbol does :func:`rnnt_commit` unroll the remaining attempts (up to ``max_symbols``)
   and read them back: one more readback, on the rare frame that emits two symbols or more.
+  While frames keep emitting that much, :func:`next_first_pass` unrolls every attempt in
+  the first pass instead, so such a run of frames needs no extra readback either.
   The attempts actually taken run exactly the operations the host loop runs, on the same
   values, so the tokens are the same.
 """
@@ -247,8 +249,22 @@ def rnnt_propose(
 
 
 def first_pass_attempts(max_symbols: int) -> int:
-    """Attempts the session unrolls in a frame's first pass."""
+    """Attempts the session unrolls in a frame's first pass, usually."""
     return min(max_symbols, UNROLLED_ATTEMPTS)
+
+
+def next_first_pass(symbols: list[int], max_symbols: int) -> int:
+    """Attempts to unroll in the next frame's first pass, given this frame's first-pass ``symbols``.
+
+    A frame that emitted at least the usual first pass's worth is likely followed by another
+    (speech comes in bursts; a model can emit its cap every frame): then all ``max_symbols``
+    attempts are unrolled, which is the same work as the usual pass plus the rest, without
+    the second readback. The usual pass returns once a frame emits less. The tokens are the
+    same either way.
+    """
+    usual = first_pass_attempts(max_symbols)
+    emitted = sum(1 for symbol in symbols if symbol >= 0)
+    return max_symbols if emitted >= usual else usual
 
 
 def _unrolled_greedy(

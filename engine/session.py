@@ -42,7 +42,14 @@ from .events import (
 from .llm import LLMCache
 from .model import VoiceChat
 from .profiler import FrameProfiler, Probe
-from .rnnt import RNNTState, first_pass_attempts, make_rnnt_state, rnnt_commit, rnnt_propose
+from .rnnt import (
+    RNNTState,
+    first_pass_attempts,
+    make_rnnt_state,
+    next_first_pass,
+    rnnt_commit,
+    rnnt_propose,
+)
 from .tokenizer import StreamingDetokenizer
 from .tools import ToolCallParser
 from .tts import TTSCache, build_speaker_prompt
@@ -131,6 +138,7 @@ class Session:
         self._closed = False
         self._frame_index = 0
         self._timeline_index = 0
+        self._rnnt_attempts = first_pass_attempts(self.config.audio_config.max_symbols)
         self._text_ids: list[int] = []
         self._function_ids: list[int] = []
         special = self.config.special_text_ids
@@ -281,7 +289,7 @@ class Session:
                 caches.rnnt,
                 encoded,
                 blank_id=config.rnnt_blank_id,
-                attempts=first_pass_attempts(config.audio_config.max_symbols),
+                attempts=self._rnnt_attempts,
             )
         profiler.stage("rnnt", *([proposal.symbols] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
@@ -291,13 +299,15 @@ class Session:
         self._text_ids.append(text_id)
         self._function_ids.append(function_id)
         if proposal is not None:
+            symbols = proposal.symbols.tolist()
+            self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
             transcript = rnnt_commit(
                 self._stt.rnnt_decoder,
                 self._stt.rnnt_joint,
                 caches.rnnt,
                 encoded,
                 proposal,
-                proposal.symbols.tolist(),
+                symbols,
                 blank_id=config.rnnt_blank_id,
                 max_symbols=config.audio_config.max_symbols,
                 vocabulary=self.voicechat.rnnt_vocabulary,
@@ -453,9 +463,9 @@ def warm_up(voicechat: VoiceChat, frames: int = 3) -> float:
             layers = config.audio_config.decoder.pred_rnn_layers
             zeros = mx.zeros((layers, 1, hidden_size))
             started_state.hidden = (zeros, zeros)
-        # After the first emission: the first pass, and the rest of a frame that emits more.
+        # After the first emission: the usual first pass, the rest of a frame that emits more, and the full pass.
         first = first_pass_attempts(config.audio_config.max_symbols)
-        for attempts in {first, config.audio_config.max_symbols - first} - {0}:
+        for attempts in {first, config.audio_config.max_symbols - first, config.audio_config.max_symbols} - {0}:
             proposal = rnnt_propose(
                 stt.rnnt_decoder,
                 stt.rnnt_joint,

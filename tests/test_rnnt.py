@@ -17,6 +17,7 @@ from engine.rnnt import (
     RNNTPredictor,
     first_pass_attempts,
     make_rnnt_state,
+    next_first_pass,
     rnnt_commit,
     rnnt_decode,
     rnnt_propose,
@@ -277,3 +278,51 @@ def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int) -> N
     # Both paths were exercised (unless the unrolled attempts already cover max_symbols).
     assert finished_on_device > 0
     assert continued > 0 or max_symbols <= UNROLLED_ATTEMPTS
+
+
+def test_next_first_pass_unrolls_everything_while_frames_keep_emitting() -> None:
+    assert next_first_pass([-1, -1], 10) == 2  # nothing emitted
+    assert next_first_pass([7, -1], 10) == 2  # one symbol: the usual pass covered it
+    assert next_first_pass([7, 8], 10) == 10  # the usual pass ran out: unroll everything next time
+    assert next_first_pass([7, 8, 9] + [-1] * 7, 10) == 10  # still emitting two or more: stay
+    assert next_first_pass([7] + [-1] * 9, 10) == 2  # back to the usual pass
+    assert next_first_pass([7], 1) == 1
+
+
+def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None:
+    """The session's policy (next_first_pass) over frames that emit in bursts: same tokens as rnnt_step,
+    and a run of busy frames costs one extra readback, not one per frame."""
+    host_predictor, joint = _modules(seed=4)
+    device_predictor, _ = _modules(seed=4)
+    frames = _frames(60, seed=11)
+    max_symbols = 5
+    host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    readbacks: list[int] = []
+    attempts = first_pass_attempts(max_symbols)
+    used = set()
+    busy_frames = 0
+    for index in range(60):
+        frame = frames[:, index : index + 1]
+        expected = _step(host_predictor, joint, host, frame, max_symbols)
+        used.add(attempts)
+        proposal = rnnt_propose(device_predictor, joint, device, frame, blank_id=BLANK, attempts=attempts)
+        symbols = proposal.symbols.tolist()
+        kept_before = len(device.tokens)
+        update = rnnt_commit(
+            device_predictor,
+            joint,
+            device,
+            frame,
+            proposal,
+            symbols,
+            blank_id=BLANK,
+            max_symbols=max_symbols,
+            vocabulary=VOCABULARY,
+            on_readback=lambda: readbacks.append(1),
+        )
+        assert update == expected, f"frame {index}"
+        assert (device.tokens, device.last_token) == (host.tokens, host.last_token)
+        busy_frames += len(device.tokens) - kept_before >= UNROLLED_ATTEMPTS
+        attempts = next_first_pass(symbols, max_symbols)
+    assert used == {UNROLLED_ATTEMPTS, max_symbols}  # both passes were exercised
+    assert 0 < len(readbacks) < busy_frames
