@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import mlx.core as mx
@@ -178,10 +179,10 @@ class CountingVocabulary(RNNTVocabulary):
 
     decoded_tokens = 0
 
-    def decode(self, token_ids):  # type: ignore[no-untyped-def]
-        token_ids = list(token_ids)
-        self.decoded_tokens += len(token_ids)
-        return super().decode(token_ids)
+    def decode(self, token_ids: Iterable[int]) -> str:
+        ids = list(token_ids)
+        self.decoded_tokens += len(ids)
+        return super().decode(ids)
 
 
 def test_transcript_cost_does_not_grow_with_the_conversation() -> None:
