@@ -26,7 +26,7 @@ from .fused import fuse_projections
 from .jit import jit
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
-from .precast import precast_float32, precast_nbytes
+from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
 from .tokenizer import RNNTVocabulary, TextTokenizer
@@ -174,9 +174,7 @@ def assemble_voicechat(
         raise TokenizerError(f"{tokenizer.source}: {exc}") from exc
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
-    added = 0
-    if precast and (precast_budget is None or precast_nbytes(model) <= precast_budget):
-        added = precast_float32(model)
+    added = precast_float32(model, budget=precast_budget) if precast else 0
     fuse_projections(model)
     return VoiceChat(
         model=model,

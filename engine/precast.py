@@ -22,8 +22,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .config import VoiceChatConfig
-
 # Module prefixes whose floating-point parameters are cast (all of them, unless excluded below).
 _ALWAYS = (
     "stt_model.perception.",
@@ -66,15 +64,16 @@ def precast_targets(model: nn.Module) -> Iterator[tuple[str, mx.array]]:
             yield name, value
 
 
-def precast_nbytes(model: nn.Module) -> int:
-    """Bytes :func:`precast_float32` would add (each cast weight doubles)."""
-    return sum(value.nbytes for _, value in precast_targets(model))
+def precast_float32(model: nn.Module, budget: int | None = None) -> int:
+    """Cast the eligible bf16 parameters of ``model`` to float32 in place; returns the bytes added.
 
-
-def precast_float32(model: nn.Module, config: VoiceChatConfig | None = None) -> int:
-    """Cast the eligible bf16 parameters of ``model`` to float32 in place; returns the bytes added."""
-    updates = [(name, value.astype(mx.float32)) for name, value in precast_targets(model)]
-    added = sum(value.nbytes // 2 for _, value in updates)
+    Nothing is cast (and 0 returned) when the copies would add more than ``budget`` bytes.
+    """
+    targets = list(precast_targets(model))
+    added = sum(value.nbytes for _, value in targets)  # a bf16 weight doubles in float32
+    if budget is not None and added > budget:
+        return 0
+    updates = [(name, value.astype(mx.float32)) for name, value in targets]
     # ``rvq_embs`` also feeds the codebook norms, which sum in bf16: the TTS derives them before the cast.
     tts = model.tts_model.tts_model  # type: ignore[attr-defined]
     _ = tts.codebook_norms
