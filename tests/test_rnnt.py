@@ -16,6 +16,7 @@ from engine.rnnt import (
     LSTMState,
     RNNTJoint,
     RNNTPredictor,
+    RNNTState,
     first_pass_attempts,
     make_rnnt_state,
     next_first_pass,
@@ -50,13 +51,13 @@ def _modules(seed: int = 0) -> tuple[CountingPredictor, RNNTJoint]:
     return predictor, joint
 
 
-def _force(joint: RNNTJoint, token: int) -> None:
-    """Make ``token`` the argmax whatever the inputs, by zeroing the output weights."""
+def force_symbol(joint: RNNTJoint, token: int) -> None:
+    """Make ``token`` the argmax whatever the inputs, by zeroing the output weights (also used by the soak test)."""
     out = joint.joint_net[2]
     out.weight = mx.zeros_like(out.weight)
-    bias = np.full(BLANK + 1, -5.0, dtype=np.float32)
-    bias[token] = 5.0
-    out.bias = mx.array(bias)
+    bias = np.full(out.bias.shape[0], -30.0, dtype=np.float32)
+    bias[token] = 30.0
+    out.bias = mx.array(bias).astype(out.bias.dtype)
 
 
 def _frames(count: int, seed: int = 3) -> mx.array:
@@ -73,7 +74,7 @@ def _step(predictor: RNNTPredictor, joint: RNNTJoint, state, frame: mx.array, ma
 
 def test_blank_everywhere_emits_nothing_with_one_attempt_per_frame() -> None:
     predictor, joint = _modules()
-    _force(joint, BLANK)
+    force_symbol(joint, BLANK)
     state = make_rnnt_state(BLANK)
     frames = _frames(5)
     for index in range(5):
@@ -89,7 +90,7 @@ def test_blank_everywhere_emits_nothing_with_one_attempt_per_frame() -> None:
 @pytest.mark.parametrize("max_symbols", [1, 3])
 def test_max_symbols_caps_every_frame(max_symbols: int) -> None:
     predictor, joint = _modules()
-    _force(joint, 2)  # "b", never blank
+    force_symbol(joint, 2)  # "b", never blank
     state = make_rnnt_state(BLANK)
     frames = _frames(4)
     for index in range(4):
@@ -139,7 +140,7 @@ def test_readback_callback_fires_once_per_attempt() -> None:
 
 def test_offline_decode_stops_at_length() -> None:
     predictor, joint = _modules()
-    _force(joint, 3)
+    force_symbol(joint, 3)
     text = rnnt_decode(predictor, joint, _frames(6), 2, blank_id=BLANK, max_symbols=2, vocabulary=VOCABULARY)
     assert text == "cccc"
 
@@ -147,7 +148,7 @@ def test_offline_decode_stops_at_length() -> None:
 @pytest.mark.parametrize("special", [0, 5])
 def test_special_symbols_advance_the_predictor_but_not_the_text(special: int) -> None:
     predictor, joint = _modules()
-    _force(joint, special)
+    force_symbol(joint, special)
     state = make_rnnt_state(BLANK)
     assert _step(predictor, joint, state, _frames(1), max_symbols=2) is None
     assert state.tokens == [] and state.text == ""
@@ -163,13 +164,13 @@ def test_transcript_deltas() -> None:
     predictor, joint = _modules()
     state = make_rnnt_state(BLANK)
     frames = _frames(3)
-    _force(joint, 1)  # "▁a": the leading space is stripped from the transcript
+    force_symbol(joint, 1)  # "▁a": the leading space is stripped from the transcript
     assert _step(predictor, joint, state, frames[:, :1], max_symbols=1) == ("a", "a")
-    _force(joint, 4)  # "▁d"
+    force_symbol(joint, 4)  # "▁d"
     assert _step(predictor, joint, state, frames[:, 1:2], max_symbols=1) == (" d", "a d")
     # When the old text is not a prefix of the new one, the delta is the whole transcript.
     state.text = "zz"
-    _force(joint, 2)
+    force_symbol(joint, 2)
     assert _step(predictor, joint, state, frames[:, 2:3], max_symbols=1) == ("a db", "a db")
     assert state.tokens == [1, 4, 2]
 
@@ -193,7 +194,7 @@ def test_transcript_cost_does_not_grow_with_the_conversation() -> None:
     frames = _frames(1)
     pattern = [1, 2, 5, 4, 3, 0]  # words, a language tag and <unk> (skipped), leading "▁" stripped
     for index in range(60):
-        _force(joint, pattern[index % len(pattern)])
+        force_symbol(joint, pattern[index % len(pattern)])
         rnnt_step(predictor, joint, state, frames, blank_id=BLANK, max_symbols=1, vocabulary=vocabulary)
     assert vocabulary.decoded_tokens == len(state.tokens) == 60 * 4 // 6
     assert state.text == RNNTVocabulary(PIECES).decode(state.tokens).strip()
@@ -218,7 +219,7 @@ def test_streaming_steps_equal_offline_decode() -> None:
 
 def test_empty_vocabulary_does_nothing() -> None:
     predictor, joint = _modules()
-    _force(joint, 2)
+    force_symbol(joint, 2)
     state = make_rnnt_state(BLANK)
     empty = RNNTVocabulary([])
     assert rnnt_step(predictor, joint, state, _frames(1), blank_id=BLANK, max_symbols=3, vocabulary=empty) is None
@@ -237,6 +238,34 @@ def test_modules_load_the_checkpoint_keys(tiny_bf16: Path) -> None:
     assert mx.array_equal(joint.joint_net[2].bias, weights["stt_model.rnnt_joint.joint_net.2.bias"])
 
 
+def _device_frame(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    state: RNNTState,
+    frame: mx.array,
+    attempts: int,
+    max_symbols: int,
+    readbacks: list[int],
+) -> tuple[tuple[str, str] | None, list[int]]:
+    """The session's way through one frame: propose ``attempts`` on the device, read back, commit.
+    Returns the transcript update and the first pass's symbols; each extra readback appends to ``readbacks``."""
+    proposal = rnnt_propose(predictor, joint, state, frame, blank_id=BLANK, attempts=attempts)
+    symbols = proposal.symbols.tolist()
+    update = rnnt_commit(
+        predictor,
+        joint,
+        state,
+        frame,
+        proposal,
+        symbols,
+        blank_id=BLANK,
+        max_symbols=max_symbols,
+        vocabulary=VOCABULARY,
+        on_readback=lambda: readbacks.append(1),
+    )
+    return update, symbols
+
+
 @pytest.mark.parametrize("max_symbols", [1, 2, 5])
 def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int) -> None:
     """A short unrolled first pass, then (when it all emitted) the rest unrolled and read back: same as rnnt_step."""
@@ -250,22 +279,9 @@ def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int) -> N
         frame = frames[:, index : index + 1]
         expected = _step(host_predictor, joint, host, frame, max_symbols)
         attempts = first_pass_attempts(max_symbols)
-        proposal = rnnt_propose(device_predictor, joint, device, frame, blank_id=BLANK, attempts=attempts)
-        symbols = proposal.symbols.tolist()
-        assert len(symbols) == attempts == min(max_symbols, UNROLLED_ATTEMPTS)
         readbacks_before = len(readbacks)
-        update = rnnt_commit(
-            device_predictor,
-            joint,
-            device,
-            frame,
-            proposal,
-            symbols,
-            blank_id=BLANK,
-            max_symbols=max_symbols,
-            vocabulary=VOCABULARY,
-            on_readback=lambda: readbacks.append(1),
-        )
+        update, symbols = _device_frame(device_predictor, joint, device, frame, attempts, max_symbols, readbacks)
+        assert len(symbols) == attempts == min(max_symbols, UNROLLED_ATTEMPTS)
         assert update == expected, f"frame {index}"
         assert (device.tokens, device.text, device.last_token) == (host.tokens, host.text, host.last_token)
         if host.hidden is not None:
@@ -306,21 +322,8 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
         frame = frames[:, index : index + 1]
         expected = _step(host_predictor, joint, host, frame, max_symbols)
         used.add(attempts)
-        proposal = rnnt_propose(device_predictor, joint, device, frame, blank_id=BLANK, attempts=attempts)
-        symbols = proposal.symbols.tolist()
         kept_before = len(device.tokens)
-        update = rnnt_commit(
-            device_predictor,
-            joint,
-            device,
-            frame,
-            proposal,
-            symbols,
-            blank_id=BLANK,
-            max_symbols=max_symbols,
-            vocabulary=VOCABULARY,
-            on_readback=lambda: readbacks.append(1),
-        )
+        update, symbols = _device_frame(device_predictor, joint, device, frame, attempts, max_symbols, readbacks)
         assert update == expected, f"frame {index}"
         assert (device.tokens, device.last_token) == (host.tokens, host.last_token)
         busy_frames += len(device.tokens) - kept_before >= UNROLLED_ATTEMPTS

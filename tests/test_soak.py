@@ -32,8 +32,9 @@ from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
 from engine.config import VoiceChatConfig
 from engine.errors import ContextLimitError
-from engine.model import VoiceChat, load_voicechat
+from engine.model import load_voicechat
 from engine.session import Session, state_growth_per_frame
+from tests.test_rnnt import force_symbol
 
 pytestmark = pytest.mark.slow
 
@@ -81,20 +82,6 @@ def attention_growth_ms(config: VoiceChatConfig, old: Session, fresh: Session) -
     return max(total, 0.0)
 
 
-def keep_emitting(voicechat: VoiceChat, word_id: int) -> None:
-    """Make the RN-T emit ``word_id`` on every attempt, so every frame keeps its full symbol cap.
-
-    The tiny RN-T keeps ~0.5 tokens a frame; the full-size random one keeps its cap of 10, and
-    a transcript whose per-frame cost grew with its length once made the full-size frame 44 ms
-    slower after 8 minutes. Forcing the cap makes this test hold that cost flat too."""
-    joint = voicechat.model.stt_model.rnnt_joint  # type: ignore[attr-defined]
-    output = joint.joint_net[2]
-    bias = np.full(output.bias.shape[0], -30.0, dtype=np.float32)
-    bias[word_id] = 30.0
-    output.weight = mx.zeros_like(output.weight)
-    output.bias = mx.array(bias).astype(output.bias.dtype)
-
-
 def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path) -> None:
     assert DEFAULT_MAX_CONVERSATION_S == LIMIT_FRAMES * 0.08
     voicechat = load_voicechat(tiny_q4)
@@ -102,7 +89,10 @@ def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path)
     word_id = next(
         i for i, piece in enumerate(voicechat.rnnt_vocabulary.pieces) if piece.startswith("\u2581") and len(piece) > 1
     )
-    keep_emitting(voicechat, word_id)
+    # The tiny RN-T keeps ~0.5 tokens a frame; the full-size random one keeps its cap of 10, and a transcript
+    # whose per-frame cost grew with its length once made the full-size frame 44 ms slower after 8 minutes.
+    # Forcing the cap on every frame makes this test hold that cost flat too.
+    force_symbol(voicechat.model.stt_model.rnnt_joint, word_id)  # type: ignore[attr-defined]
     samples = bench_input(LIMIT_FRAMES, speech_every=375)  # the question every 30 s, silence between
 
     long = Session(voicechat, seed=0, max_seconds=DEFAULT_MAX_CONVERSATION_S)
