@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import select
 import shutil
 import signal
@@ -45,6 +46,7 @@ SOURCES = ("app", "engine", "ui", "assets", "packaging", "pyproject.toml")
 MAX_BUNDLE_MB = 300  # measured 269 MB; a jump means something unwanted was collected
 TEST_PACKAGES = ("mlx_vlm", "mlx_audio", "transformers", "pytest", "_pytest", "pytestqt")
 X_TOOLS = ("Xvfb", "xwininfo", "import", "identify")
+ALSA_RECOVERED_UNDERRUN = re.compile(r"ALSA lib pcm\.c:\d+:\(snd_pcm_recover\) underrun occurred")
 RUN_FOR_S = 5.0  # the window must still be up this long after launch
 
 
@@ -177,7 +179,6 @@ def test_bundled_self_test_plays_the_answer_on_the_virtual_speaker(
     (line,) = result.stdout.splitlines()
     assert line.startswith(f"parley self-test passed (bundle): {SELF_TEST_FRAMES} frames")
     assert "realtime factor " in line and "played 2.4 s on 'default'" in line
-    assert result.stderr == ""
 
     # The answer the bundle played is the one the sources compute on the checkpoint the bundle generated.
     from engine.model import load_voicechat
@@ -188,6 +189,10 @@ def test_bundled_self_test_plays_the_answer_on_the_virtual_speaker(
     assert r > 0.9, f"the virtual speaker did not receive the answer (r={r:.3f})"
     heard = recording.samples[lag : lag + expected.shape[0]]
     assert np.sqrt(np.mean(heard**2)) == pytest.approx(np.sqrt(np.mean(expected**2)), rel=0.3)
+    # Nothing else on stderr (no missing library, no warning), except the line alsa-lib prints when it recovers
+    # from an underrun: on a loaded shared machine the audio thread is sometimes descheduled (seen once in ~20
+    # runs here), which is the machine, not the bundle; the recording above checks what was heard.
+    assert [line for line in result.stderr.splitlines() if not ALSA_RECOVERED_UNDERRUN.fullmatch(line)] == []
 
 
 def test_bundled_self_test_without_a_sound_server_skips_playback(
