@@ -190,7 +190,7 @@ def test_bundled_self_test_plays_the_answer_on_the_virtual_speaker(
     heard = recording.samples[lag : lag + expected.shape[0]]
     assert np.sqrt(np.mean(heard**2)) == pytest.approx(np.sqrt(np.mean(expected**2)), rel=0.3)
     # Nothing else on stderr (no missing library, no warning), except the line alsa-lib prints when it recovers
-    # from an underrun: on a loaded shared machine the audio thread is sometimes descheduled (seen once in ~20
+    # from an underrun: on a loaded shared machine the audio thread is sometimes descheduled (seen in 2 of ~20
     # runs here), which is the machine, not the bundle; the recording above checks what was heard.
     assert [line for line in result.stderr.splitlines() if not ALSA_RECOVERED_UNDERRUN.fullmatch(line)] == []
 
