@@ -166,13 +166,11 @@ def stream_test_input(voicechat: Any, frames: int = SELF_TEST_FRAMES) -> Pipelin
     from engine.events import AudioChunk, Done, FrameTiming
     from engine.session import Session
 
-    from .bench import question_audio
+    from .bench import bench_input
 
     config = voicechat.config
     size = config.frame_samples
-    samples = np.zeros(frames * size, dtype=np.float32)
-    speech = question_audio()[: samples.shape[0]]
-    samples[: speech.shape[0]] = speech
+    samples = bench_input(frames)
 
     session = Session(voicechat, seed=0)
     chunks: list[np.ndarray] = []
