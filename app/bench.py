@@ -24,16 +24,21 @@ from typing import Any
 
 import numpy as np
 
+from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, STAGES
+
 from .paths import resource_path
 
-FRAME = 1280
+FRAME = INPUT_FRAME_SAMPLES
 WINDOWS = {"cold": (0, 5), "early": (6, 70), "steady": (71, None), "late": (700, 750)}
+# Counters are reported before and after the encoder's attention cache fills (frame 70).
+COUNTER_WINDOWS = {"early": (6, 70), "steady": (71, None)}
+COUNTER_BITS = (4, 8)
 
 
 def question_audio() -> np.ndarray:
     """The bundled espeak-ng question, 16 kHz mono float32 (read without audio libraries)."""
     with wave.open(str(resource_path("speech", "question-16k.wav")), "rb") as stream:
-        if stream.getframerate() != 16_000 or stream.getnchannels() != 1 or stream.getsampwidth() != 2:
+        if stream.getframerate() != INPUT_SAMPLE_RATE or stream.getnchannels() != 1 or stream.getsampwidth() != 2:
             raise ValueError("the bundled question must be 16 kHz mono 16-bit")
         raw = stream.readframes(stream.getnframes())
     return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
@@ -85,7 +90,7 @@ def curve_point(
     totals_ms: list[float], state_bytes: list[int], active_bytes: list[int], start: int, end: int
 ) -> dict[str, float]:
     """Frame time over frames ``start``–``end`` and the memory held after the last of them."""
-    point = {"start_frame": start, "end_frame": end, "minutes": end * 0.08 / 60}
+    point = {"start_frame": start, "end_frame": end, "minutes": end * FRAME_SECONDS / 60}
     point.update(_stats(totals_ms[start:end]))
     if state_bytes:
         point["state_gb"] = state_bytes[end - 1] / 1e9
@@ -113,7 +118,7 @@ def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str
     return {
         "label": record.label,
         "frames": len(totals),
-        "realtime_factor": mean / 80.0,
+        "realtime_factor": mean / FRAME_MS,
         "total": _stats(steady),
         "windows": windows,
         "stages": {name: _stats(values[6:] or values) for name, values in record.stages_ms.items()},
@@ -143,8 +148,7 @@ def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
     """
     import mlx.core as mx
 
-    from engine.llm import AttentionCache
-    from engine.tts import SlidingKVCache
+    from engine.cache import KVCache, SlidingKVCache
 
     key = mx.random.key(seed)
 
@@ -154,8 +158,8 @@ def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
 
     caches = session.caches
     for layer in caches.language.layers:
-        if isinstance(layer, AttentionCache) and layer.keys is not None and layer.values is not None:
-            layer.append(history_like(layer.keys), history_like(layer.values))
+        if isinstance(layer, KVCache) and layer.keys is not None and layer.values is not None:
+            layer.update(history_like(layer.keys), history_like(layer.values))
     caches.language.position += positions
     for layer in caches.tts.layers:
         if layer.keys is None or layer.values is None:
@@ -191,7 +195,7 @@ def run_ours(
     mx.reset_peak_memory()
     session = Session(voicechat, seed=seed, sub_stages=sub_stages)
     totals: list[float] = []
-    stages: dict[str, list[float]] = {s: [] for s in ("perception", "rnnt", "language", "tts", "codec")}
+    stages: dict[str, list[float]] = {s: [] for s in STAGES}
     subs: dict[str, list[float]] = {}
     syncs: list[int] = []
     codes: list[list[int]] = []
@@ -199,7 +203,7 @@ def run_ours(
     active_bytes: list[int] = []
     for start in range(0, samples.shape[0], FRAME):
         began = time.perf_counter()
-        events = session.push(samples[start : start + FRAME], 16_000)
+        events = session.push(samples[start : start + FRAME], INPUT_SAMPLE_RATE)
         totals.append((time.perf_counter() - began) * 1000.0)
         if history and start == 0:
             age_conversation(session, history, seed=seed)
@@ -208,7 +212,7 @@ def run_ours(
         for event in events:
             if isinstance(event, FrameTiming):
                 for name in stages:
-                    stages[name].append(getattr(event, f"{name}_ms"))
+                    stages[name].append(event.stage_ms(name))
                 for name, value in event.sub_stages.items():
                     subs.setdefault(name, []).append(value)
                 syncs.append(event.host_syncs)
@@ -239,6 +243,88 @@ def run_ours(
     return record
 
 
+def count_frames(voicechat: Any, samples: np.ndarray, *, seed: int) -> tuple[list[Any], list[int]]:
+    """One pass of our session with a graph census: each frame's counts and host syncs."""
+    from engine.counters import GraphCensus, named_weights
+    from engine.events import FrameTiming
+    from engine.session import Session
+
+    session = Session(voicechat, seed=seed, census=GraphCensus(named_weights(voicechat.model)))
+    censuses, syncs = [], []
+    for start in range(0, samples.shape[0], FRAME):
+        for event in session.push(samples[start : start + FRAME], INPUT_SAMPLE_RATE):
+            if isinstance(event, FrameTiming):
+                syncs.append(event.host_syncs)
+                assert session.profiler.last_census is not None
+                censuses.append(session.profiler.last_census)
+    session.close()
+    return censuses, syncs
+
+
+def _window_mean(values: list[float], window: tuple[int, int | None]) -> float | None:
+    start, end = window
+    part = values[start : None if end is None else end + 1]
+    return round(sum(part) / len(part), 1) if part else None
+
+
+def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> dict[str, Any]:
+    """``counters`` of the JSON report: per frame and per stage, early (6–70) and steady (71+)."""
+    from collections import Counter
+
+    from engine.counters import full_size_prices, weight_bytes
+
+    def windows(values: list[float]) -> dict[str, float | None]:
+        return {name: _window_mean(values, window) for name, window in COUNTER_WINDOWS.items()}
+
+    per_stage = {}
+    for stage in STAGES:
+        parts = [census.stages.get(stage) for census in censuses]
+        per_stage[stage] = {
+            "primitives": windows([part.primitives if part else 0 for part in parts]),
+            "kernels": windows([part.kernels if part else 0 for part in parts]),
+        }
+    steady = censuses[COUNTER_WINDOWS["steady"][0] :] or censuses[COUNTER_WINDOWS["early"][0] :] or censuses
+    uses: Counter[Any] = Counter()
+    by_primitive: Counter[str] = Counter()
+    for census in steady:
+        uses.update(census.weight_uses())
+        for stage in census.stages.values():
+            by_primitive.update(stage.by_primitive)
+    frames = max(len(steady), 1)
+    uses = Counter({use: count / frames for use, count in uses.items()})
+    kept_syncs = syncs[COUNTER_WINDOWS["early"][0] :] or syncs
+    return {
+        "primitives_per_frame": windows([float(c.primitives) for c in censuses]),
+        "kernels_per_frame": windows([float(c.kernels) for c in censuses]),
+        "host_syncs_per_frame": round(sum(kept_syncs) / len(kept_syncs), 2) if kept_syncs else None,
+        "weight_bytes_per_frame": {
+            str(bits): weight_bytes(uses, full_size_prices(voicechat.model, bits)) for bits in COUNTER_BITS
+        },
+        "per_stage": per_stage,
+        "steady_by_primitive": {name: round(count / frames, 1) for name, count in by_primitive.most_common()},
+        "frames": len(censuses),
+        "device": None,
+    }
+
+
+def format_counters(counters: dict[str, Any]) -> str:
+    def pair(values: dict[str, float | None]) -> str:
+        return " / ".join("-" if values[w] is None else f"{values[w]:,.0f}" for w in COUNTER_WINDOWS)
+
+    lines = [
+        f"counters per frame (early 6-70 / steady 71+), {counters['frames']} frames on {counters['device']}:",
+        f"  primitives {pair(counters['primitives_per_frame'])}, kernels {pair(counters['kernels_per_frame'])}, "
+        f"host syncs {counters['host_syncs_per_frame']}",
+        "  weight bytes a full-size frame reads: "
+        + ", ".join(f"{bits}-bit {value / 1e9:.2f} GB" for bits, value in counters["weight_bytes_per_frame"].items()),
+    ]
+    for stage, values in counters["per_stage"].items():
+        lines.append(f"  {stage:10} primitives {pair(values['primitives'])}, kernels {pair(values['kernels'])}")
+    top = ", ".join(f"{name} {count:g}" for name, count in list(counters["steady_by_primitive"].items())[:12])
+    lines.append(f"  most frequent (steady, per frame): {top}")
+    return "\n".join(lines)
+
+
 class Reference:
     """mlx-vlm 0.7.10's model and streaming session on the same weights (benchmark and cross-check only)."""
 
@@ -264,13 +350,10 @@ class Reference:
         codes: list[list[int]] = []
         for start in range(0, samples.shape[0], FRAME):
             began = time.perf_counter()
-            events = session.push_audio(mx.array(samples[start : start + FRAME]), sample_rate=16_000)
+            events = session.push_audio(mx.array(samples[start : start + FRAME]), sample_rate=INPUT_SAMPLE_RATE)
             totals.append((time.perf_counter() - began) * 1000.0)
             codes += [np.array(e.audio_codes).astype(int).tolist() for e in events if e.kind == "audio"]
-        stages = {
-            name: [getattr(frame, f"{name}_ms") for frame in session.profile.frames]
-            for name in ("perception", "rnnt", "language", "tts", "codec")
-        }
+        stages = {name: [getattr(frame, f"{name}_ms") for frame in session.profile.frames] for name in STAGES}
         prompt_steps = len(session._text_tokens) - len(codes)
         return RunRecord(
             "mlx-vlm",
@@ -321,11 +404,13 @@ def bench(
     curve_every: int | None = None,
     speech_every: int | None = None,
     history: int = 0,
+    counters: bool = False,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the JSON-ready report."""
+    """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report."""
     import mlx.core as mx
 
+    from engine.jit import compile_enabled
     from engine.profile_log import device_description
 
     started = time.perf_counter()
@@ -355,6 +440,22 @@ def bench(
     from engine.session import warm_up
 
     warm_s = warm_up(voicechat)
+    if counters:
+        censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
+        report_counters = counters_report(voicechat, censuses, syncs)
+        report_counters["device"] = device_description()["type"]
+        counted = {
+            "device": device_description(),
+            "mlx_version": mx.__version__,
+            "model": voicechat.describe(),
+            "frames": frames,
+            "seed": seed,
+            "compiled": compile_enabled(),
+            "counters": report_counters,
+        }
+        out(f"model {voicechat.name}, {frames} frames counted")
+        out(format_counters(report_counters))
+        return counted
     reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
     if compare not in (None, "mlx-vlm"):
         raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
@@ -427,8 +528,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{name:10} {run['total']['p50_ms']:8.2f} {run['total']['p95_ms']:8.2f} {run['total']['mean_ms']:8.2f} "
             f"{run['realtime_factor']:6.3f} {syncs if syncs is None else round(syncs, 2)!s:>6} "
-            f"{run['peak_memory_gb']:8.2f} "
-            + " ".join(f"{stages[s]['p50_ms']:7.2f}" for s in ("perception", "rnnt", "language", "tts", "codec"))
+            f"{run['peak_memory_gb']:8.2f} " + " ".join(f"{stages[s]['p50_ms']:7.2f}" for s in STAGES)
         )
     for name, run in rows:
         windows = ", ".join(f"{w} p50 {s['p50_ms']:.2f}" for w, s in run["windows"].items())

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.layout import RANDOM_SIZES
+
 
 def _quantize_arg(value: str) -> int | None:
     if value.lower() in ("none", "bf16", "0"):
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         "mlx-community/NemotronLabs-VoiceChat-11B-{bf16,8bit,4bit}.",
     )
     make.add_argument("out", type=Path, help="target folder (must be empty or absent)")
-    make.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    make.add_argument("--size", choices=RANDOM_SIZES, default="tiny")
     make.add_argument("--quantize", type=_quantize_arg, default=None, metavar="{none,4,8}")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--overwrite", action="store_true", help="replace a non-empty target folder")
@@ -64,9 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark the streaming session frame by frame on a checkpoint folder or on seeded random "
         "weights made in memory.",
     )
-    source = bench.add_mutually_exclusive_group(required=True)
+    source = bench.add_mutually_exclusive_group()
     source.add_argument("--model", type=Path, help="checkpoint folder")
-    source.add_argument("--random", choices=("tiny", "full"), help="random weights made in memory")
+    source.add_argument(
+        "--random",
+        choices=RANDOM_SIZES,
+        help="random weights made in memory (structure: full layer counts, tiny widths; for --counters)",
+    )
     bench.add_argument("--quantize", type=_quantize_arg, default=4, metavar="{none,4,8}", help="with --random")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--frames", type=int, default=100, help="80 ms frames per run (speech, then silence)")
@@ -84,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="after the first frame, age the conversation by N frames of random attention history "
         "(times a late frame without running the whole conversation; outputs are not meaningful)",
+    )
+    bench.add_argument(
+        "--counters",
+        action="store_true",
+        help="count what each frame evaluates (primitives, kernels, host syncs, weight bytes at full size) "
+        "instead of timing it; without --model or --random, on --random structure",
     )
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
     return parser
@@ -119,6 +131,10 @@ def _run(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from .bench import bench, write_report
 
+    if args.model is None and args.random is None:
+        if not args.counters:
+            raise ValueError("say what to benchmark: --model FOLDER or --random tiny|structure|full")
+        args.random = "structure"
     if args.frames < 8 or args.rounds < 1:
         raise ValueError("--frames must be at least 8 and --rounds at least 1")
     if args.history < 0:
@@ -139,6 +155,7 @@ def _bench(args: argparse.Namespace) -> int:
         curve_every=args.curve_every,
         speech_every=args.speech_every,
         history=args.history,
+        counters=args.counters,
     )
     if args.json:
         write_report(report, args.json)

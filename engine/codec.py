@@ -45,7 +45,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .config import CodecConfig
-from .jit import jit
+from .jit import jit, materialize
 from .profiler import Probe
 
 CODEC_PREFIX = "tts_model.audio_codec."
@@ -99,7 +99,11 @@ class ConvTranspose1d(nn.Module):
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over the channel axis with the biased variance, written out op by op.
 
-    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept.
+    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept:
+    ``mx.mean`` and ``mx.var`` (which MLX computes as a sum times ``1/n``, the variance as
+    the mean of the squared deviations from that mean), then the affine map. Each product
+    that is then added to is stored first, as the reference's separate kernels store it
+    (see :func:`engine.jit.materialize`).
     """
 
     def __init__(self, channels: int, eps: float = _LAYER_NORM_EPS) -> None:
@@ -109,9 +113,10 @@ class ChannelLayerNorm(nn.Module):
         self.bias = mx.zeros((channels,))
 
     def __call__(self, inputs: mx.array) -> mx.array:
-        mean = mx.mean(inputs, axis=-1, keepdims=True)
-        variance = mx.var(inputs, axis=-1, keepdims=True)
-        return (inputs - mean) * mx.rsqrt(variance + self.eps) * self.weight + self.bias
+        mean = materialize(mx.mean(inputs, axis=-1, keepdims=True))
+        deviation = inputs - mean
+        variance = materialize(mx.mean(mx.square(deviation), axis=-1, keepdims=True))  # = mx.var(inputs, axis=-1)
+        return materialize(deviation * mx.rsqrt(variance + self.eps) * self.weight) + self.bias
 
 
 class ConvNeXtBlock(nn.Module):

@@ -34,7 +34,7 @@ import mlx.nn as nn
 
 from .config import EncoderConfig, PerceptionConfig
 from .fused import Stacked, stack_projections
-from .jit import jit
+from .jit import compile_enabled, jit, materialize
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
 
@@ -59,9 +59,10 @@ def _relative_position_table(d_model: int, max_len: int) -> mx.array:
     offsets = mx.expand_dims(mx.arange(max_len - 1, -max_len, -1, dtype=mx.int32), axis=1).astype(mx.float32)
     rates = mx.exp(mx.arange(0, d_model, 2, dtype=mx.float32) * -(math.log(10000.0) / d_model))
     angles = offsets * rates
-    table = mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model)
-    # Lazy: the first forward evaluates it and the cached array keeps its data afterwards.
-    return mx.expand_dims(table, axis=0)
+    table = mx.expand_dims(mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model), 0)
+    # Evaluated now, op by op as the reference builds it: a compiled stream then reads it as a constant.
+    mx.eval(table)
+    return table
 
 
 def relative_positions(config: EncoderConfig, length: int, dtype: mx.Dtype) -> mx.array:
@@ -181,7 +182,7 @@ class RelativePositionAttention(nn.Module):
         self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
 
     def fuse_projections(self) -> int:
-        self.stacked = stack_projections([self.linear_k, self.linear_v])
+        self.stacked = stack_projections(self, ("linear_k", "linear_v"))
         return int(self.stacked is not None)
 
     @staticmethod
@@ -223,7 +224,8 @@ class RelativePositionAttention(nn.Module):
         p = p.reshape(1, offsets, self.heads, self.head_dim).transpose(0, 2, 1, 3)
 
         position_scores = self._relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
-        position_scores = position_scores[:, :, :, :key_len] * self.scale
+        # Stored before SDPA adds it to the content scores (its fallback does, outside the fused kernel).
+        position_scores = materialize(position_scores[:, :, :, :key_len] * self.scale)
         if mask is not None:
             position_scores = position_scores + mask
         attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=self.scale, mask=position_scores)
@@ -294,22 +296,23 @@ class ConformerLayer(nn.Module):
         conv_cache: mx.array | None,
         left_context: int,
     ) -> tuple[mx.array, mx.array, mx.array]:
-        """Streaming: new frames ``x`` attend to ``[attention_cache ‖ x]`` and convolve over ``[conv_cache ‖ gate(x)]``.
+        """Streaming, op by op: new frames ``x`` attend to ``[attention_cache ‖ x]`` and convolve over
+        ``[conv_cache ‖ gate(x)]``.
 
         Returns the block output and both updated caches (last ``left_context``
         attention inputs including the new ones; last ``kernel-1`` gate outputs).
-        Once the attention cache is full (and for one new frame) the shapes no longer
-        change, and the block runs compiled with its position projection reused.
+        Once the attention cache is full the position projection no longer changes and
+        is reused. (A stream of single frames runs all layers compiled instead:
+        :meth:`FastConformer.stream_layers`.)
         """
         if conv_cache is None:
             history = config.conv_kernel_size - 1
             conv_cache = mx.zeros((x.shape[0], history, config.d_model), dtype=x.dtype)
         key_len = x.shape[1] + (0 if attention_cache is None else attention_cache.shape[1])
-        steady = attention_cache is not None and x.shape[1] == 1 and key_len == left_context + 1
-        if steady:
-            assert attention_cache is not None
-            return self._compiled_stream(x, attention_cache, conv_cache, self._positions(config, key_len, x.dtype))
-        projected = self.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
+        if key_len == left_context + 1:
+            projected = self._positions(config, key_len, x.dtype)
+        else:
+            projected = self.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
         return self._stream_ops(x, attention_cache, conv_cache, projected, left_context=left_context)
 
     def _positions(self, config: EncoderConfig, key_len: int, dtype: mx.Dtype) -> mx.array:
@@ -323,11 +326,6 @@ class ConformerLayer(nn.Module):
     @functools.cached_property
     def _projected_positions(self) -> dict[tuple[int, mx.Dtype], mx.array]:
         return {}  # in the instance __dict__, outside the parameter tree
-
-    @functools.cached_property
-    def _compiled_stream(self) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
-        left = self.self_attn_left_context
-        return jit(functools.partial(self._stream_ops, left_context=left))
 
     def _stream_ops(
         self,
@@ -456,15 +454,115 @@ class FastConformer(nn.Module):
             return None
         cache.frames_emitted = first_index + hi
 
-        x = subsampled[:, lo:hi]
-        left = self.config.left_context
-        for index, layer in enumerate(self.layers):
-            x, cache.attention[index], cache.convolution[index] = layer.stream(
-                x, self.config, cache.attention[index], cache.convolution[index], left
-            )
+        x = self.stream_layers(cache, subsampled[:, lo:hi])
         if probe is not None:
             probe("perception.layers", x)
         return x
+
+    def stream_layers(self, cache: PerceptionCache, x: mx.array) -> mx.array:
+        """Run new encoder frames ``x`` (1, n, d_model) through every layer, updating the layer caches.
+
+        A single new frame, the streaming case, runs as one compiled program over all the
+        layers: one per attention cache length (0 … 70 cached frames; the programs are traced
+        at load, see :func:`engine.session.warm_up`), the same operations as layer by layer.
+        Until its cache is full, a layer projects the relative positions of its key window
+        inside the program, as the reference does; once full (71 keys), it reuses that
+        projection, which no longer changes.
+        """
+        config, left = self.config, self.config.left_context
+        if x.shape[1] != 1 or not compile_enabled():
+            for index, layer in enumerate(self.layers):
+                x, cache.attention[index], cache.convolution[index] = layer.stream(
+                    x, config, cache.attention[index], cache.convolution[index], left
+                )
+            return x
+        layers = len(self.layers)
+        convolution = [
+            mx.zeros((1, config.conv_kernel_size - 1, config.d_model), dtype=x.dtype) if state is None else state
+            for state in cache.convolution
+        ]
+        attention = cache.attention
+        if attention[0] is None:
+            outputs = self._fresh_stream(x, *convolution)
+        elif attention[0].shape[1] + 1 == left + 1:
+            key_len = left + 1
+            positions = [layer._positions(config, key_len, x.dtype) for layer in self.layers]
+            outputs = self._steady_stream(x, *attention, *convolution, *positions)
+        else:
+            outputs = self._filling_stream(x, *attention, *convolution)
+        x, states = outputs[0], outputs[1:]
+        cache.attention = list(states[:layers])
+        cache.convolution = list(states[layers:])
+        return x
+
+    def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
+        """Trace the stream's programs for every attention cache length (0 … 70) on zeros; returns outputs
+        to evaluate (evaluation compiles their kernels). Nothing is stored."""
+        config = self.config
+        outputs: list[mx.array] = []
+        for cached in range(config.left_context + 1):
+            history = None if cached == 0 else mx.zeros((1, cached, config.d_model), dtype=dtype)
+            scratch = PerceptionCache(
+                mel=None,  # type: ignore[arg-type]  # the layers never touch the front end
+                attention=[history] * len(self.layers),
+                convolution=[None] * len(self.layers),
+            )
+            outputs.append(self.stream_layers(scratch, mx.zeros((1, 1, config.d_model), dtype=dtype)))
+        return outputs
+
+    def _layers_ops(
+        self,
+        x: mx.array,
+        attention: list[mx.array | None],
+        convolution: list[mx.array],
+        positions: list[mx.array] | None,
+    ) -> tuple[mx.array, ...]:
+        """Every layer's :meth:`ConformerLayer._stream_ops` in turn; returns ``(x, *attention, *convolution)``."""
+        config, left = self.config, self.config.left_context
+        key_len = x.shape[1] + (0 if attention[0] is None else attention[0].shape[1])
+        next_attention, next_convolution = [], []
+        for index, layer in enumerate(self.layers):
+            if positions is None:
+                projected = layer.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
+            else:
+                projected = positions[index]
+            x, attention_state, conv_state = layer._stream_ops(
+                x, attention[index], convolution[index], projected, left_context=left
+            )
+            next_attention.append(attention_state)
+            next_convolution.append(conv_state)
+        return (x, *next_attention, *next_convolution)
+
+    @functools.cached_property
+    def _fresh_stream(self) -> Callable[..., tuple[mx.array, ...]]:
+        """The first frame: no attention cache yet; inputs ``(x, *convolution)``."""
+        layers = len(self.layers)
+
+        def program(x: mx.array, *convolution: mx.array) -> tuple[mx.array, ...]:
+            return self._layers_ops(x, [None] * layers, list(convolution), None)
+
+        return jit(program)
+
+    @functools.cached_property
+    def _filling_stream(self) -> Callable[..., tuple[mx.array, ...]]:
+        """Frames 2 … 70, while the attention caches fill; inputs ``(x, *attention, *convolution)``."""
+        layers = len(self.layers)
+
+        def program(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+            return self._layers_ops(x, list(states[:layers]), list(states[layers:]), None)
+
+        return jit(program)
+
+    @functools.cached_property
+    def _steady_stream(self) -> Callable[..., tuple[mx.array, ...]]:
+        """Full caches; inputs ``(x, *attention, *convolution, *projected positions)``."""
+        layers = len(self.layers)
+
+        def program(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+            attention, convolution, positions = states[:layers], states[layers : 2 * layers], states[2 * layers :]
+            return self._layers_ops(x, list(attention), list(convolution), list(positions))
+
+        return jit(program)
 
 
 class Perception(nn.Module):

@@ -70,18 +70,25 @@ class AudioChunk:
 
 @dataclass(frozen=True)
 class FrameTiming:
-    """Where one frame's wall time went, in milliseconds."""
+    """Where one frame's wall time went, in milliseconds.
+
+    ``stages_ms`` is keyed by :data:`engine.timeline.STAGES`, whose order the stages
+    followed one another in. ``timing_mode`` says what a stage's time means: ``"host"``,
+    where the host waited (device work lands in the stage that read it back), or
+    ``"device"``, each stage's outputs evaluated at its boundary (exact per stage, at the
+    cost of more host syncs).
+    """
 
     frame_index: int
-    start_ms: float  # since the session started; stages follow one another in the order below
-    perception_ms: float
-    rnnt_ms: float
-    language_ms: float
-    tts_ms: float
-    codec_ms: float
+    start_ms: float  # since the session started
+    stages_ms: dict[str, float]
     total_ms: float
     host_syncs: int
     sub_stages: dict[str, float] = field(default_factory=dict)
+    timing_mode: str = "host"
+
+    def stage_ms(self, name: str) -> float:
+        return self.stages_ms.get(name, 0.0)
 
 
 @dataclass(frozen=True)

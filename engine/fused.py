@@ -32,13 +32,15 @@ class Stacked:
 
     weight: mx.array  # (sum of output sizes, input size)
     splits: tuple[int, ...]  # cumulative output sizes, without the last
+    members: tuple[str, ...]  # the stacked projections' attribute names, in order
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         return mx.split(x @ self.weight.T, list(self.splits), axis=-1)
 
 
-def stack_projections(layers: Sequence[nn.Linear]) -> Stacked | None:
-    """Stack bias-free, unquantized projections of one input; None when they cannot be stacked."""
+def stack_projections(module: nn.Module, names: Sequence[str]) -> Stacked | None:
+    """Stack the bias-free, unquantized projections ``names`` of ``module`` (one input); None when they cannot be."""
+    layers = [getattr(module, name) for name in names]
     if any(type(layer) is not nn.Linear or "bias" in layer for layer in layers):
         return None
     weights = [layer.weight for layer in layers]
@@ -51,7 +53,7 @@ def stack_projections(layers: Sequence[nn.Linear]) -> Stacked | None:
         layer.weight = stacked[start : start + weight.shape[0]]
         start += weight.shape[0]
         offsets.append(start)
-    return Stacked(stacked, tuple(offsets[:-1]))
+    return Stacked(stacked, tuple(offsets[:-1]), tuple(names))
 
 
 def stacking_is_exact() -> bool:

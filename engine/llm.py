@@ -8,9 +8,9 @@ and audio channels before the LLM) and returns the final hidden states; the
 vocabulary heads live with the caller.
 
 Streaming state is explicit: :meth:`NemotronH.make_cache` returns an :class:`LLMCache`
-holding one :class:`MambaCache` per Mamba block and one :class:`AttentionCache` per
+holding one :class:`MambaCache` per Mamba block and one :class:`KVCache` per
 attention block. The caches reproduce the reference runtime's dtype behaviour
-exactly (see :class:`AttentionCache`), because the attention results depend on it.
+exactly (see :class:`KVCache`), because the attention results depend on it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
 from .ssm import silu_gate, ssm_scan
@@ -31,8 +32,6 @@ MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
 MLP: Literal["-"] = "-"
 BLOCK_KINDS = (MAMBA, ATTENTION, MLP)
-
-AttentionMask = mx.array | Literal["causal"] | None
 
 
 # --------------------------------------------------------------------------- caches
@@ -55,65 +54,7 @@ class MambaCache:
         return [a for a in (self.conv_state, self.ssm_state) if a is not None]
 
 
-@dataclass(eq=False)
-class AttentionCache:
-    """Keys and values of one attention block, in a buffer that grows in 256-slot steps.
-
-    The behaviour is the reference ``KVCache``'s, which the attention results depend on:
-
-    * a buffer is allocated (zeros) in the dtype of the keys that need the space;
-    * later keys are cast into the existing buffer's dtype (bf16 prompt-prefill keys
-      make a bf16 buffer that also stores the following float32 steps rounded to bf16);
-    * growth concatenates the old buffer (cut to ``offset`` when it is not a multiple
-      of the step) with the new zeros, so an f32 step that triggers growth of a bf16
-      buffer promotes the whole buffer to f32;
-    * attention reads ``keys[..., :offset, :]``.
-
-    Any other store (e.g. a preallocated static buffer) must keep :meth:`append`'s
-    contract: return the keys/values for positions ``0 .. offset`` after appending.
-    """
-
-    keys: mx.array | None = None  # (B, kv_heads, capacity, head_dim)
-    values: mx.array | None = None
-    offset: int = 0
-
-    GROWTH_STEP: ClassVar[int] = 256
-
-    @property
-    def capacity(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
-
-    def append(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Store (B, kv_heads, L, head_dim) keys/values; return all stored positions."""
-        start = self.offset
-        new_positions = keys.shape[2]
-        if self.keys is None or self.values is None or start + new_positions > self.keys.shape[2]:
-            self._grow(keys, values)
-        assert self.keys is not None and self.values is not None
-        self.offset = start + new_positions
-        self.keys[..., start : self.offset, :] = keys
-        self.values[..., start : self.offset, :] = values
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-
-    def _grow(self, keys: mx.array, values: mx.array) -> None:
-        batch, kv_heads, new_positions, key_dim = keys.shape
-        steps = (self.GROWTH_STEP + new_positions - 1) // self.GROWTH_STEP
-        extra_keys = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, key_dim), keys.dtype)
-        extra_values = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, values.shape[3]), values.dtype)
-        if self.keys is None or self.values is None:
-            self.keys, self.values = extra_keys, extra_values
-            return
-        if self.offset % self.GROWTH_STEP != 0:
-            self.keys = self.keys[..., : self.offset, :]
-            self.values = self.values[..., : self.offset, :]
-        self.keys = mx.concatenate([self.keys, extra_keys], axis=2)
-        self.values = mx.concatenate([self.values, extra_values], axis=2)
-
-    def arrays(self) -> list[mx.array]:
-        return [a for a in (self.keys, self.values) if a is not None]
-
-
-LayerCache = MambaCache | AttentionCache | None
+LayerCache = MambaCache | KVCache | None
 
 
 @dataclass(eq=False)
@@ -250,17 +191,17 @@ class CausalSelfAttention(nn.Module):
         )
 
     def attend(
-        self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: AttentionCache | None
+        self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: KVCache | None
     ) -> mx.array:
         if cache is not None:
-            keys, values = cache.append(keys, values)
+            keys, values = cache.update(keys, values)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
     def output(self, attended: mx.array) -> mx.array:
         batch, _, length, _ = attended.shape
         return self.o_proj(attended.transpose(0, 2, 1, 3).reshape(batch, length, -1))
 
-    def __call__(self, x: mx.array, mask: AttentionMask, cache: AttentionCache | None = None) -> mx.array:
+    def __call__(self, x: mx.array, mask: AttentionMask, cache: KVCache | None = None) -> mx.array:
         return self.output(self.attend(*self.project(x), mask, cache))
 
 
@@ -299,7 +240,7 @@ class HybridBlock(nn.Module):
             assert cache is None or isinstance(cache, MambaCache)
             update = self.mixer(normed, cache)
         elif isinstance(self.mixer, CausalSelfAttention):
-            assert cache is None or isinstance(cache, AttentionCache)
+            assert cache is None or isinstance(cache, KVCache)
             update = self.mixer(normed, mask, cache)
         else:
             update = self.mixer(normed)
@@ -325,7 +266,7 @@ class NemotronH(nn.Module):
             if layer.kind == MAMBA:
                 layers.append(MambaCache())
             elif layer.kind == ATTENTION:
-                layers.append(AttentionCache())
+                layers.append(KVCache())
             else:
                 layers.append(None)
         return LLMCache(layers)
@@ -410,7 +351,7 @@ class NemotronH(nn.Module):
                 (index,) = indices
                 layer = self.layers[index]
                 layer_cache = cache.layers[index]
-                assert isinstance(layer.mixer, CausalSelfAttention) and isinstance(layer_cache, AttentionCache)
+                assert isinstance(layer.mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
                 queries, keys, values = program(hidden)
                 attended = layer.mixer.attend(queries, keys, values, None, layer_cache)
                 hidden = self._attention_residual(index)(hidden, attended)

@@ -8,7 +8,6 @@ only assembles them and owns the load procedure.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .checkpoint import CheckpointFiles, load_arrays, load_into, open_checkpoint, sanitize, verify_layout
+from . import memory
+from .checkpoint import load_arrays, load_into, open_checkpoint, sanitize, verify_layout
 from .codec import Codec
 from .config import VoiceChatConfig
 from .encoder import Perception
@@ -26,6 +26,7 @@ from .fused import fuse_projections
 from .jit import jit
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
+from .memory import check_fits, format_bytes, precast_budget
 from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
@@ -190,44 +191,6 @@ def assemble_voicechat(
     )
 
 
-def physical_memory_bytes() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def format_bytes(count: float) -> str:
-    """``count`` bytes in the unit people read sizes in (MB below a gigabyte)."""
-    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
-
-
-MEMORY_SHARE = 0.85  # of physical memory, for weights and everything planned next to them
-
-
-def _check_memory(files: CheckpointFiles) -> None:
-    total = physical_memory_bytes()
-    needed = files.nbytes
-    # Weights plus the runtime's working set must fit; refuse clearly instead of swapping to death.
-    if total is not None and needed > MEMORY_SHARE * total:
-        raise CheckpointMemoryError(
-            f"{files.root}: the checkpoint needs {format_bytes(needed)} of memory but this machine has "
-            f"{format_bytes(total)}; use a smaller quantization (4-bit) or a machine with more memory"
-        )
-
-
-def _precast_budget(files: CheckpointFiles, conversation_seconds: float) -> int | None:
-    """Memory left for precast copies under the same 85 % line as :func:`_check_memory` (None: unknown)."""
-    from .session import state_growth_per_frame  # the session module imports this one
-
-    total = physical_memory_bytes()
-    if total is None:
-        return None
-    frames = round(conversation_seconds / files.config.frame_duration)
-    conversation = sum(state_growth_per_frame(files.config, frame) for frame in range(frames))
-    return int(MEMORY_SHARE * total) - files.nbytes - conversation
-
-
 def evaluate_weights(model: nn.Module) -> None:
     """Read every weight into memory now (loading is lazy until this)."""
     mx.eval(model.parameters())
@@ -246,7 +209,7 @@ def load_voicechat(path: str | Path, *, lazy: bool = False, conversation_seconds
     """
     files = open_checkpoint(path)
     quantized = verify_layout(files)
-    _check_memory(files)
+    check_fits(files)
     tokenizer = TextTokenizer.from_file(files.tokenizer_file)
     weights = sanitize(load_arrays(files), files.config)
     voicechat = assemble_voicechat(
@@ -257,14 +220,14 @@ def load_voicechat(path: str | Path, *, lazy: bool = False, conversation_seconds
         name=files.root.name,
         source=files.root,
         nbytes=files.nbytes,
-        precast_budget=_precast_budget(files, conversation_seconds),
+        precast_budget=precast_budget(files, conversation_seconds),
     )
     if not lazy:
         try:
             evaluate_weights(voicechat.model)
         except (MemoryError, RuntimeError) as exc:
             if isinstance(exc, MemoryError) or "malloc" in str(exc).lower() or "memory" in str(exc).lower():
-                total = physical_memory_bytes()
+                total = memory.physical_memory_bytes()
                 have = format_bytes(total) if total else "unknown"
                 raise CheckpointMemoryError(
                     f"{files.root}: out of memory while loading {format_bytes(files.nbytes)} of weights "

@@ -13,7 +13,6 @@ import io
 import json
 import platform
 from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -23,7 +22,8 @@ import mlx.core as mx
 
 from .events import FrameTiming
 from .files import write_atomic
-from .profiler import DEFAULT_COLD_FRAMES, STAGES, summarize
+from .profiler import DEFAULT_COLD_FRAMES, summarize
+from .timeline import STAGES
 
 SCHEMA_NAME = "parley.session-profile"
 SCHEMA_VERSION = 1
@@ -83,6 +83,7 @@ PROFILE_LOG_SCHEMA: dict[str, Any] = {
                     "frame_index": {"type": "integer", "minimum": 0},
                     "host_syncs": {"type": "integer", "minimum": 0},
                     "sub_stages": {"type": "object"},
+                    "timing_mode": {"type": "string", "enum": ["host", "device"]},
                 },
             },
         },
@@ -123,6 +124,19 @@ def parley_version() -> str:
         return "0+unknown"
 
 
+def frame_record(timing: FrameTiming) -> dict[str, Any]:
+    """One frame as the log stores it: a flat row, one ``<stage>_ms`` column per stage."""
+    return {
+        "frame_index": timing.frame_index,
+        "start_ms": timing.start_ms,
+        **{f"{stage}_ms": timing.stage_ms(stage) for stage in STAGES},
+        "total_ms": timing.total_ms,
+        "host_syncs": timing.host_syncs,
+        "sub_stages": dict(timing.sub_stages),
+        "timing_mode": timing.timing_mode,
+    }
+
+
 def build_profile_log(
     frames: Sequence[FrameTiming],
     *,
@@ -140,7 +154,7 @@ def build_profile_log(
         "device": device_description(),
         "checkpoint": dict(checkpoint),
         "settings": dict(settings),
-        "frames": [asdict(frame) for frame in frames],
+        "frames": [frame_record(frame) for frame in frames],
         "summary": summarize(frames, drop_first=drop_first),
     }
 

@@ -21,22 +21,25 @@ from typing import Any
 
 import mlx.core as mx
 
+from .counters import FrameCensus, GraphCensus
 from .events import FrameTiming
-
-STAGES = ("perception", "rnnt", "language", "tts", "codec")
+from .timeline import FRAME_MS, STAGES
 
 # A sub-stage probe: ``probe(name, *arrays)`` closes the sub-stage ``name`` once ``arrays`` are computed.
 # Networks take one optionally and call it at their internal boundaries; None means no probing.
 Probe = Callable[..., None]
-FRAME_MS = 80.0
 DEFAULT_COLD_FRAMES = 5
 
 
 class FrameProfiler:
     """Times the stages of one frame after another; the session owns one."""
 
-    def __init__(self, *, stage_timing: bool = False, sub_stages: bool = False) -> None:
+    def __init__(
+        self, *, stage_timing: bool = False, sub_stages: bool = False, census: GraphCensus | None = None
+    ) -> None:
         self.stage_timing = stage_timing or sub_stages
+        self.census = census  # when set, every evaluation's graph is counted first (slow; for counters only)
+        self.last_census: FrameCensus | None = None
         self.sub_stages_enabled = sub_stages
         self._origin = time.perf_counter()
         self._frame_start = 0.0
@@ -46,6 +49,7 @@ class FrameProfiler:
         self._stage_ms: dict[str, float] = {}
         self._sub_ms: dict[str, float] = {}
         self._syncs = 0
+        self._stage = STAGES[0]
 
     def begin_frame(self, frame_index: int) -> None:
         now = time.perf_counter()
@@ -54,49 +58,69 @@ class FrameProfiler:
         self._stage_ms = dict.fromkeys(STAGES, 0.0)
         self._sub_ms = {}
         self._syncs = 0
+        self._stage = STAGES[0]
+        if self.census is not None:
+            self.census.begin_frame(frame_index)
+
+    def _evaluate(self, arrays: Sequence[Any]) -> None:
+        if self.census is not None:
+            self.census.count(self._stage, arrays)
+        mx.eval(*arrays)
+        if self.census is not None:
+            self.census.evaluated()
 
     def sync(self, *arrays: Any) -> None:
         """The pipeline's own wait for the device: evaluate ``arrays`` and count it."""
-        mx.eval(*arrays)
+        self._evaluate(arrays)
         self._syncs += 1
 
-    def count_readback(self) -> None:
-        """Count a readback (``.item()``/``.tolist()``) of a value that was not yet evaluated."""
+    def readback(self, array: Any) -> list[Any] | int | float | bool:
+        """Read a not yet evaluated value back to the host (``tolist``), counted as a sync."""
+        self._evaluate([array])
         self._syncs += 1
+        return array.tolist()
 
     def sub_stage(self, name: str, *arrays: Any) -> None:
         """Close sub-stage ``name``; only active (and forcing evaluation) with ``sub_stages``."""
         if not self.sub_stages_enabled:
             return
         if arrays:
-            mx.eval(*arrays)
+            self._evaluate(arrays)
             self._syncs += 1
         now = time.perf_counter()
         self._sub_ms[name] = self._sub_ms.get(name, 0.0) + (now - self._sub_mark) * 1000.0
         self._sub_mark = now
 
     def stage(self, name: str, *arrays: Any) -> None:
-        """Close stage ``name`` (one of :data:`STAGES`) at the current time."""
+        """Close stage ``name`` (one of :data:`STAGES`); ``arrays`` are its outputs.
+
+        With stage timing they are evaluated first (billing the device time to this
+        stage); otherwise they are only counted, when a census is kept.
+        """
+        self._stage = name
         if self.stage_timing and arrays:
-            mx.eval(*arrays)
+            self._evaluate(arrays)
             self._syncs += 1
+        elif self.census is not None and arrays:
+            self.census.count(name, arrays)
         now = time.perf_counter()
         self._stage_ms[name] += (now - self._mark) * 1000.0
         self._mark = self._sub_mark = now
+        following = STAGES.index(name) + 1
+        self._stage = STAGES[min(following, len(STAGES) - 1)]
 
     def end_frame(self) -> FrameTiming:
         now = time.perf_counter()
+        if self.census is not None:
+            self.last_census = self.census.end_frame()
         return FrameTiming(
             frame_index=self._frame_index,
             start_ms=(self._frame_start - self._origin) * 1000.0,
-            perception_ms=self._stage_ms["perception"],
-            rnnt_ms=self._stage_ms["rnnt"],
-            language_ms=self._stage_ms["language"],
-            tts_ms=self._stage_ms["tts"],
-            codec_ms=self._stage_ms["codec"],
+            stages_ms=dict(self._stage_ms),
             total_ms=(now - self._frame_start) * 1000.0,
             host_syncs=self._syncs,
             sub_stages=dict(self._sub_ms),
+            timing_mode="device" if self.stage_timing else "host",
         )
 
 
@@ -125,7 +149,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Mean/p50/p95/max per stage, realtime factor and host syncs, after dropping cold frames."""
     kept = list(frames[drop_first:])
-    stages = {name: stage_stats([getattr(f, f"{name}_ms") for f in kept]) for name in (*STAGES, "total")}
+    stages = {name: stage_stats([f.stage_ms(name) for f in kept]) for name in STAGES}
+    stages["total"] = stage_stats([f.total_ms for f in kept])
     sub_names = sorted({name for f in kept for name in f.sub_stages})
     mean_total = stages["total"]["mean_ms"]
     return {

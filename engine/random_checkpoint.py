@@ -3,7 +3,10 @@
 The real 11B weights cannot be fetched where Parley is developed and tested, so
 correctness is shown on seeded random weights: ``tiny`` shrinks every width while
 keeping every component (Mamba and attention LLM layers, sliding and global TTS
-layers, every codec stage), ``full`` has the real shapes of
+layers, every codec stage), ``structure`` has tiny widths but the full size's layer
+counts (24 Conformer layers, the 56-block Nemotron-H pattern, 28 TTS layers) and
+sliding window, so a frame runs the same operations as at full size (for counting
+them; see engine.counters), and ``full`` has the real shapes of
 ``mlx-community/NemotronLabs-VoiceChat-11B-{bf16,8bit,4bit}`` and is written shard
 by shard. Weights are scaled so that the untrained pipeline produces finite,
 varied outputs: text and function ids that change from frame to frame with PAD and
@@ -18,19 +21,19 @@ import shutil
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from .config import VoiceChatConfig
-from .layout import SUBWORD_TABLE_SIZE, TensorSpec, checkpoint_tensors, quantized_modules
+from .layout import RANDOM_SIZES, SUBWORD_TABLE_SIZE, RandomSize, TensorSpec, checkpoint_tensors, quantized_modules
 
-Size = Literal["tiny", "full"]
+Size = RandomSize
 QUANTIZE_CHOICES = (None, 4, 8)
 GROUP_SIZE = 64
-SHARD_BYTES = {"tiny": 2 << 20, "full": 5 << 30}
+SHARD_BYTES = {"tiny": 2 << 20, "structure": 2 << 20, "full": 5 << 30}
 
 # Same split as the Nemotron-Nano tokenizer's pre-tokenizer.
 _PRETOKENIZE_PATTERN = (
@@ -96,7 +99,7 @@ def base_config(size: Size) -> dict[str, Any]:
         }
         mog = {"intermediate_size": 4608, "low_rank": 64, "num_layers": 3, "num_predictions": 1024}
         codec_channels = 384
-    elif size == "tiny":
+    elif size in ("tiny", "structure"):
         text = {
             "vocab_size": 1024,
             "hidden_size": 64,
@@ -134,8 +137,13 @@ def base_config(size: Size) -> dict[str, Any]:
         }
         mog = {"intermediate_size": 128, "low_rank": 8, "num_layers": 3, "num_predictions": 64}
         codec_channels = 8
+        if size == "structure":
+            # Full layer counts, and the full head sizes: a GPU picks its attention kernel by head size.
+            text.update(hybrid_override_pattern=_nemotron_pattern_full(), head_dim=128)
+            encoder.update(n_layers=24, d_model=128, n_heads=1)
+            tts.update(num_hidden_layers=28, sliding_window=7500, head_dim=72)
     else:
-        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+        raise ValueError(f"size must be one of {', '.join(RANDOM_SIZES)}; got {size!r}")
 
     text.update(
         model_type="nemotron_h",

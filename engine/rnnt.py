@@ -32,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
-from .jit import jit
+from .jit import jit, materialize
 from .tokenizer import RNNTVocabulary
 
 LSTMState = tuple[mx.array, mx.array]
@@ -41,6 +41,25 @@ LSTMState = tuple[mx.array, mx.array]
 # and one that emits a symbol needs two (the second sees blank); unrolling all ``max_symbols`` (10)
 # would run ten predictor and joint passes every frame for the rare frame that emits more.
 UNROLLED_ATTEMPTS = 2
+
+
+def _lstm(layer: nn.LSTM, x: mx.array, hidden: mx.array | None, cell: mx.array | None) -> tuple[mx.array, mx.array]:
+    """``nn.LSTM.__call__``, operation for operation, with the cell update's two products stored before they are
+    added (compiled on a GPU, ``f * c + i * g`` would otherwise become a fused multiply-add)."""
+    bias = getattr(layer, "bias", None)
+    x = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
+    all_hidden, all_cell = [], []
+    for index in range(x.shape[-2]):
+        gates = x[..., index, :]
+        if hidden is not None:
+            gates = mx.addmm(gates, hidden, layer.Wh.T)
+        i, f, g, o = mx.split(gates, 4, axis=-1)
+        i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
+        cell = i * g if cell is None else materialize(f * cell) + materialize(i * g)
+        hidden = o * mx.tanh(cell)
+        all_cell.append(cell)
+        all_hidden.append(hidden)
+    return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
 
 
 class _StackedLSTM(nn.Module):
@@ -58,7 +77,7 @@ class _StackedLSTM(nn.Module):
         cell: list[mx.array | None] = [None] * len(self.lstm) if state is None else list(state[1])
         last_hidden, last_cell = [], []
         for index, layer in enumerate(self.lstm):
-            x, cells = layer(x, hidden=hidden[index], cell=cell[index])
+            x, cells = _lstm(layer, x, hidden[index], cell[index])
             last_hidden.append(x[-1])
             last_cell.append(cells[-1])
         return mx.transpose(x, (1, 0, 2)), (mx.stack(last_hidden, axis=0), mx.stack(last_cell, axis=0))
@@ -341,22 +360,21 @@ def rnnt_commit(
     blank_id: int,
     max_symbols: int,
     vocabulary: RNNTVocabulary,
-    on_readback: Callable[[], None] | None = None,
+    read_back: Callable[[mx.array], list[int]] | None = None,
 ) -> tuple[str, str] | None:
     """Adopt a proposal whose ``symbols`` were read back, and finish the frame's greedy loop.
 
     If every proposed attempt emitted, the frame is not done: the remaining attempts (up to
     ``max_symbols`` emissions in all) are unrolled from the new state and read back, which is
-    one more readback. Returns ``(delta, transcript)`` if the transcript changed, exactly as
-    :func:`rnnt_step` does.
+    one more readback (through ``read_back``, e.g. a profiler that counts it). Returns
+    ``(delta, transcript)`` if the transcript changed, exactly as :func:`rnnt_step` does.
     """
     kept_before = len(state.tokens)
     _adopt(state, symbols, proposal.hidden, vocabulary)
     if all(symbol >= 0 for symbol in symbols) and len(symbols) < max_symbols:
         rest = rnnt_propose(predictor, joint, state, encoded, blank_id=blank_id, attempts=max_symbols - len(symbols))
-        if on_readback is not None:
-            on_readback()
-        _adopt(state, rest.symbols.tolist(), rest.hidden, vocabulary)
+        more = read_back(rest.symbols) if read_back is not None else rest.symbols.tolist()
+        _adopt(state, more, rest.hidden, vocabulary)
     return _update_transcript(state, kept_before, vocabulary)
 
 

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from .codec import CodecCache, replace_control_codes
-from .config import VoiceChatConfig
+from .counters import GraphCensus
 from .encoder import PerceptionCache
 from .errors import AudioInputError, ContextLimitError, SessionClosedError
 from .events import (
@@ -75,28 +75,6 @@ class SessionCaches:
         return out
 
 
-def state_growth_per_frame(config: VoiceChatConfig, frames_so_far: int = 0) -> int:
-    """Bytes the conversation state grows by per 80 ms frame (upper bound).
-
-    Everything else a session holds is fixed-size (Mamba states, encoder and codec caches).
-    What grows is attention history: the LLM's attention layers (one position per frame)
-    and the TTS backbone at batch 2 (CFG), whose sliding-window layers stop growing once
-    ``frames_so_far`` reaches their window. Keys and values are counted as float32, the
-    dtype frame steps store (a bf16 buffer is promoted to float32 at its first growth).
-    Buffers grow in 256-position blocks, so the measured state leads this by < 1 block.
-    """
-    float32 = 4
-    llm = config.text_config
-    attention_layers = llm.hybrid_override_pattern.count("*")
-    llm_bytes = attention_layers * 2 * llm.num_key_value_heads * llm.attention_head_dim * float32
-    tts = config.tts_config
-    growing_layers = sum(
-        1 for index in range(tts.num_hidden_layers) if tts.is_global_layer(index) or frames_so_far < tts.sliding_window
-    )
-    tts_bytes = growing_layers * 2 * 2 * tts.num_key_value_heads * tts.head_dim * float32
-    return llm_bytes + tts_bytes
-
-
 class Session:
     """One conversation on a loaded :class:`VoiceChat`.
 
@@ -109,6 +87,8 @@ class Session:
             boundary (three more host syncs per frame, counted as such); otherwise stages show
             where the host waited and a frame needs two syncs.
         sub_stages: also time sub-stages inside the networks (forces more evaluation; slower).
+        census: count every frame's graph, stage by stage, before it is evaluated (slow; for
+            ``parley bench --counters``); each frame's counts are in ``profiler.last_census``.
     """
 
     def __init__(
@@ -120,6 +100,7 @@ class Session:
         max_seconds: float | None = None,
         stage_timing: bool = False,
         sub_stages: bool = False,
+        census: GraphCensus | None = None,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
@@ -132,7 +113,7 @@ class Session:
         self.max_frames = None if max_seconds is None else int(max_seconds / self.config.frame_duration)
         self.system_prompt = self.config.default_system_prompt if system_prompt is None else system_prompt
         self.seed = seed
-        self.profiler = FrameProfiler(stage_timing=stage_timing or sub_stages, sub_stages=sub_stages)
+        self.profiler = FrameProfiler(stage_timing=stage_timing or sub_stages, sub_stages=sub_stages, census=census)
 
         self._pending = np.zeros(0, dtype=np.float32)
         self._closed = False
@@ -175,7 +156,7 @@ class Session:
 
     @property
     def state_nbytes(self) -> int:
-        """Bytes held by this conversation's caches; grows by :func:`state_growth_per_frame` per frame."""
+        """Bytes held by this conversation's caches; grows by :func:`engine.memory.state_growth_per_frame` per frame."""
         return sum(array.nbytes for array in self.caches.arrays())
 
     @property
@@ -291,7 +272,7 @@ class Session:
                 blank_id=config.rnnt_blank_id,
                 attempts=self._rnnt_attempts,
             )
-        profiler.stage("rnnt", *([proposal.symbols] if proposal else []))
+        profiler.stage("rnnt", *([proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
         readback = [text_array, function_array, *([proposal.symbols] if proposal else [])]
         profiler.sync(*readback, *caches.perception.arrays(), *caches.language.arrays())
@@ -311,7 +292,7 @@ class Session:
                 blank_id=config.rnnt_blank_id,
                 max_symbols=config.audio_config.max_symbols,
                 vocabulary=self.voicechat.rnnt_vocabulary,
-                on_readback=profiler.count_readback,
+                read_back=profiler.readback,
             )
             if transcript is not None:
                 events.append(UserTranscriptDelta(self._frame_index, *transcript))
@@ -435,10 +416,10 @@ class Session:
 def warm_up(voicechat: VoiceChat, frames: int = 3) -> float:
     """Trace and compile every per-frame program once, so no conversation frame pays for it.
 
-    Runs a throwaway session on silence (the paths of the first frames and of steady
-    state), then the programs that only start later: the Conformer layers once their
-    attention cache is full (frame 71) and the RN-T loop after its first emission.
-    Returns the seconds spent. Outputs of later sessions are unaffected.
+    Runs a throwaway session on silence (the paths of the first frames), then the
+    programs that only start later: the Conformer stack for every attention cache length
+    up to full (frame 71 on) and the RN-T loop after its first emission. Returns the
+    seconds spent. Outputs of later sessions are unaffected.
     """
     started = time.perf_counter()
     session = Session(voicechat, seed=0)
@@ -446,15 +427,9 @@ def warm_up(voicechat: VoiceChat, frames: int = 3) -> float:
     for _ in range(frames):
         session.push(silence)
     perception = voicechat.model.stt_model.perception
-    cache = session.caches.perception
-    encoder_config = voicechat.config.audio_config.encoder
-    d_model, left = encoder_config.d_model, encoder_config.left_context
-    frame = mx.zeros((1, 1, d_model))
-    attention = mx.zeros((1, left, d_model))
-    outputs = []
-    for layer, conv in zip(perception.encoder.layers, cache.convolution, strict=True):
-        assert conv is not None
-        outputs.append(layer.stream(frame, encoder_config, attention, conv, left))
+    d_model = voicechat.config.audio_config.encoder.d_model
+    encoded = session.caches.perception.attention[0]
+    outputs = perception.encoder.trace_stream(mx.float32 if encoded is None else encoded.dtype)
     stt, config = voicechat.model.stt_model, voicechat.config
     if len(voicechat.rnnt_vocabulary):
         started_state = RNNTState(last_token=0, hidden=session.caches.rnnt.hidden)

@@ -16,6 +16,10 @@ exactly this formulation on every non-Metal device, including single-token steps
 with a carried state, so it is also used here for L = 1: the op sequence below is
 what makes our outputs bit-identical to it.
 
+Products that are then added (the skip term, the carried-in state) are stored first
+(:func:`engine.jit.materialize`): compiled on a GPU, a multiply-add would otherwise be
+contracted into one rounding.
+
 Padding masks and per-row lengths are not supported: Parley runs one stream (or
 equal-length rows) per call.
 """
@@ -26,6 +30,8 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from .jit import materialize
 
 # Positions per chunk of the quadratic form; the quadratic work is O(chunk²) per head.
 SCAN_CHUNK = 256
@@ -98,11 +104,11 @@ def _carry_in(
     (b, s, h)) into the next state, and is read out by C into every position's output."""
     batch, steps, groups, state_size = c_mat.shape
     heads, head_dim = state.shape[1], state.shape[2]
-    next_state = next_state + decay_from_start[:, -1, :, None, None] * state
+    next_state = next_state + materialize(decay_from_start[:, -1, :, None, None] * state)
     c_column = c_mat.reshape(batch, steps, groups, 1, state_size, 1)
     grouped_state = state.reshape(batch, 1, groups, heads // groups, head_dim, state_size)
     carried = (grouped_state @ c_column).squeeze(-1).flatten(2, 3)  # (b, s, h, p)
-    return outputs + decay_from_start[..., None] * carried, next_state
+    return outputs + materialize(decay_from_start[..., None] * carried), next_state
 
 
 def _scan_single(
@@ -164,7 +170,7 @@ def ssm_scan(
 
     if length == 1:
         outputs, next_state = _scan_single(dt_x, dt_a, b_mat, c_mat, state, x.dtype)
-        return outputs + x * skip.reshape(1, 1, heads, 1), next_state
+        return outputs + materialize(x * skip.reshape(1, 1, heads, 1)), next_state
 
     chunks: list[mx.array] = []
     carried = state
@@ -175,5 +181,5 @@ def ssm_scan(
         )
         chunks.append(outputs)
         carried = next_state
-    y = mx.concatenate(chunks, axis=1) + x * skip.reshape(1, 1, heads, 1)
+    y = mx.concatenate(chunks, axis=1) + materialize(x * skip.reshape(1, 1, heads, 1))
     return y, next_state

@@ -56,7 +56,7 @@ class GeluGatedMLP(nn.Module):
         self.stacked: Stacked | None = None  # gate and up in one product, after fuse_projections()
 
     def fuse_projections(self) -> int:
-        self.stacked = stack_projections([self.gate_proj, self.up_proj])
+        self.stacked = stack_projections(self, ("gate_proj", "up_proj"))
         return int(self.stacked is not None)
 
     def __call__(self, x: mx.array) -> mx.array:

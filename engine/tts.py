@@ -24,163 +24,21 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .cache import AttentionMask, KVCache, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
 from .fused import Stacked, stack_projections
-from .jit import jit
+from .jit import jit, materialize
 from .profiler import Probe
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
-# KV buffers grow in blocks of this many positions.
-_CACHE_BLOCK = 256
 # Text tokens whose conditioning is memoised (about 4.6 KB each at full size).
 _CONDITION_MEMO_SIZE = 8192
-
-# What sdpa accepts as a mask: nothing, the "causal" shortcut, or a boolean (L, S) array.
-AttentionMask = mx.array | str | None
-
 
 # --------------------------------------------------------------------------- attention caches
 
 
-def _causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
-    """Boolean (length, offset + length) mask: query i (at position offset + i) sees keys at or before it."""
-    key_pos = mx.arange(offset + length)
-    query_pos = mx.arange(offset, offset + length) if offset else key_pos
-    visible = query_pos[:, None] >= key_pos[None]
-    if window is not None:
-        visible = visible & (query_pos[:, None] < key_pos[None] + window)
-    return visible
-
-
-@dataclass
-class FullKVCache:
-    """Keys and values of every position so far (global-attention layers).
-
-    Storage is a zero-initialised buffer grown in blocks of 256 positions and
-    written in place; attention reads the filled prefix.
-    """
-
-    keys: mx.array | None = None
-    values: mx.array | None = None
-    offset: int = 0
-
-    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Append (B, H, L, D) keys/values; returns every stored position in order."""
-        start, length = self.offset, keys.shape[2]
-        if self.keys is None or self.values is None or start + length > self.keys.shape[2]:
-            batch, heads, _, key_dim = keys.shape
-            blocks = (_CACHE_BLOCK + length - 1) // _CACHE_BLOCK
-            fresh_keys = mx.zeros((batch, heads, blocks * _CACHE_BLOCK, key_dim), keys.dtype)
-            fresh_values = mx.zeros((batch, heads, blocks * _CACHE_BLOCK, values.shape[3]), values.dtype)
-            if self.keys is None or self.values is None:
-                self.keys, self.values = fresh_keys, fresh_values
-            else:
-                if start % _CACHE_BLOCK:
-                    self.keys, self.values = self.keys[..., :start, :], self.values[..., :start, :]
-                self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
-                self.values = mx.concatenate([self.values, fresh_values], axis=2)
-        self.offset += length
-        self.keys[..., start : self.offset, :] = keys
-        self.values[..., start : self.offset, :] = values
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-
-    def attention_mask(self, length: int) -> AttentionMask:
-        return None if length == 1 else "causal"
-
-    def arrays(self) -> list[mx.array]:
-        return [] if self.keys is None or self.values is None else [self.keys, self.values]
-
-
-@dataclass
-class SlidingKVCache:
-    """Keys and values of the last ``window`` positions (sliding-window layers).
-
-    Single positions are written into a ring buffer of ``window`` slots (grown in
-    blocks of 256 until full, then overwritten from slot 0), and attention reads the
-    buffer as stored, i.e. in rotated order once it has wrapped. A block of several
-    positions is appended after reordering the buffer in time and dropping what falls
-    out of the window. This layout is the reference's, so attention reduces over
-    the same keys in the same order.
-    """
-
-    window: int
-    keys: mx.array | None = None
-    values: mx.array | None = None
-    offset: int = 0  # positions seen (the RoPE position of the next one)
-    write_index: int = 0  # next slot of the ring buffer
-
-    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Add (B, H, L, D) keys/values; returns the keys/values attention reads."""
-        if keys.shape[2] == 1:
-            return self._write_one(keys, values)
-        return self._append_block(keys, values)
-
-    def _in_time_order(self, buffer: mx.array) -> mx.array:
-        if self.write_index == buffer.shape[2]:
-            return buffer
-        if self.write_index < self.offset:
-            return mx.concatenate([buffer[..., self.write_index :, :], buffer[..., : self.write_index, :]], axis=2)
-        return buffer[..., : self.write_index, :]
-
-    def _append_block(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is None or self.values is None:
-            self.keys, self.values = keys, values
-        else:
-            ordered_keys, ordered_values = self._in_time_order(self.keys), self._in_time_order(self.values)
-            # Keep window - 1 old positions so that every new position sees a full window.
-            drop = max(ordered_keys.shape[2] - self.window + 1, 0)
-            self.keys = mx.concatenate([ordered_keys[..., drop:, :], keys], axis=2)
-            self.values = mx.concatenate([ordered_values[..., drop:, :], values], axis=2)
-        self.offset += keys.shape[2]
-        self.write_index = self.keys.shape[2]
-        return self.keys, self.values
-
-    def _write_one(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        start = self.offset
-        if (
-            self.keys is None
-            or self.values is None
-            or (start >= self.keys.shape[2] and self.keys.shape[2] < self.window)
-        ):
-            batch, heads, _, key_dim = keys.shape
-            grow = min(_CACHE_BLOCK, self.window - start)
-            fresh_keys = mx.zeros((batch, heads, grow, key_dim), keys.dtype)
-            fresh_values = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
-            if self.keys is None or self.values is None:
-                self.keys, self.values = fresh_keys, fresh_values
-            else:
-                self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
-                self.values = mx.concatenate([self.values, fresh_values], axis=2)
-            self.write_index = start
-        excess = self.keys.shape[2] - self.window
-        if excess > 0:  # a block append left more than a window: keep the newest slots
-            self.keys, self.values = self.keys[..., excess:, :], self.values[..., excess:, :]
-            self.write_index = self.window
-        if self.write_index == self.window:
-            self.write_index = 0
-        slot = self.write_index
-        self.keys[..., slot : slot + 1, :] = keys
-        self.values[..., slot : slot + 1, :] = values
-        self.offset += 1
-        self.write_index += 1
-        if self.offset < self.window:
-            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-        return self.keys, self.values
-
-    def attention_mask(self, length: int) -> AttentionMask:
-        if length == 1:
-            return None  # the buffer never holds more than the window
-        seen = min(self.window - 1, self.offset)
-        if seen + length > self.window:
-            return _causal_mask(length, seen, self.window)
-        return "causal"
-
-    def arrays(self) -> list[mx.array]:
-        return [] if self.keys is None or self.values is None else [self.keys, self.values]
-
-
-LayerCache = FullKVCache | SlidingKVCache
+LayerCache = KVCache | SlidingKVCache
 
 
 @dataclass
@@ -234,7 +92,7 @@ class BackboneAttention(nn.Module):
         self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
 
     def fuse_projections(self) -> int:
-        self.stacked = stack_projections([self.q_proj, self.k_proj, self.v_proj])
+        self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
         return int(self.stacked is not None)
 
     def _heads(self, x: mx.array, heads: int) -> mx.array:
@@ -324,7 +182,7 @@ class Backbone(nn.Module):
             if length == 1:
                 sliding: AttentionMask = None
             elif length > self.window:
-                sliding = _causal_mask(length, window=self.window)
+                sliding = causal_mask(length, window=self.window)
             else:
                 sliding = "causal"
             return full, sliding
@@ -408,7 +266,7 @@ class MixtureHead(nn.Module):
         self.stacked: Stacked | None = None  # proj_logits, proj_else and proj_logs in one product
 
     def fuse_projections(self) -> int:
-        self.stacked = stack_projections([self.proj_logits, self.proj_else, self.proj_logs])
+        self.stacked = stack_projections(self, ("proj_logits", "proj_else", "proj_logs"))
         return int(self.stacked is not None)
 
     def sample_gaussian(self, x: mx.array, guidance_scale: float, top_p: float) -> tuple[mx.array, mx.array]:
@@ -422,7 +280,7 @@ class MixtureHead(nn.Module):
         if guidance_scale > 0.0:
             half = x.shape[0] // 2
             conditional, unconditional = x[:half], x[half:]
-            x = conditional + guidance_scale * (conditional - unconditional)
+            x = conditional + materialize(guidance_scale * (conditional - unconditional))
         batch, length, _ = x.shape
         if self.stacked is not None:
             logits, residual, log_std_raw = self.stacked(x)
@@ -435,7 +293,7 @@ class MixtureHead(nn.Module):
         low_mean = (mean_projection @ rows[..., None]).squeeze(-1)
         mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1).reshape(batch, length, self.latent_size)
         log_std = mx.maximum(log_std_raw, self.min_log_std)
-        return mean * mx.exp(log_std) + residual, log_std
+        return materialize(mean * mx.exp(log_std)) + residual, log_std
 
 
 # --------------------------------------------------------------------------- speaker prompt
@@ -537,8 +395,7 @@ class EarTTS(nn.Module):
         window = self.config.sliding_window
         return TTSCache(
             layers=[
-                FullKVCache() if is_global else SlidingKVCache(window=window)
-                for is_global in self.backbone.global_layers
+                KVCache() if is_global else SlidingKVCache(window=window) for is_global in self.backbone.global_layers
             ]
         )
 
@@ -687,7 +544,7 @@ class EarTTS(nn.Module):
             embedded = self.embed_code(chosen_sum)
             features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
             mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
-            latent = mean + mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale
+            latent = mean + materialize(mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale)
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):

@@ -31,6 +31,7 @@ from app.messages import (
 )
 from app.settings import Settings
 from engine.events import AssistantTextDelta, FrameTiming, UserTranscriptDelta
+from engine.timeline import STAGES
 
 FRAME_S = 0.08
 CONVERSATION_LIMIT_S = 300.0
@@ -50,9 +51,8 @@ def make_frame_stats(
     p95: float = 71.0,
 ) -> FrameStats:
     """One ``FrameStats`` with the given per-stage milliseconds (perception, RNN-T, language, TTS, codec)."""
-    perception, rnnt, language, tts, codec = stages
     total = sum(stages) + other
-    timing = FrameTiming(index, index * 80.0, perception, rnnt, language, tts, codec, total, 3)
+    timing = FrameTiming(index, index * 80.0, dict(zip(STAGES, stages, strict=True)), total, 3)
     return FrameStats(timing, backlog, overflows, underruns, p50, p95, realtime_factor=total / 80.0)
 
 

@@ -24,6 +24,7 @@ import soundfile
 
 from app.audio_files import AudioFileError, read_audio
 from app.cli import main as parley
+from engine import memory as engine_memory
 from engine import model as engine_model
 from engine.errors import (
     CheckpointMemoryError,
@@ -219,7 +220,7 @@ def test_bad_checkpoint_gives_a_specific_error(case: BadCheckpoint, checkpoint_f
 
 
 def test_checkpoint_too_big_for_this_machine_names_both_sizes(tiny_q4: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_model, "physical_memory_bytes", lambda: 4_000_000)
+    monkeypatch.setattr(engine_memory, "physical_memory_bytes", lambda: 4_000_000)
     with pytest.raises(
         CheckpointMemoryError, match=r"the checkpoint needs \d\.\d MB of memory but this machine has 4\.0 MB"
     ):

@@ -138,16 +138,17 @@ def test_precast_copies_are_made_only_when_they_fit_and_change_nothing(
 ) -> None:
     """The float32 copies are skipped when the weights, a 10-minute conversation and the copies would not
     fit in memory together; the conversation is then slower but says exactly the same."""
-    import engine.model as engine_model
+    import engine.memory as engine_memory
     from app.bench import FRAME, bench_input
+    from engine.memory import state_growth_per_frame
     from engine.model import load_voicechat
-    from engine.session import Session, state_growth_per_frame
+    from engine.session import Session
 
     roomy = load_voicechat(tiny_q4, conversation_seconds=600)
     assert roomy.precast_bytes > 0 and roomy.describe()["precast_bytes"] == roomy.precast_bytes
     conversation = sum(state_growth_per_frame(roomy.config, frame) for frame in range(7500))
     just_short = roomy.nbytes + conversation + roomy.precast_bytes // 2  # room for half the copies
-    monkeypatch.setattr(engine_model, "physical_memory_bytes", lambda: int(just_short / engine_model.MEMORY_SHARE))
+    monkeypatch.setattr(engine_memory, "physical_memory_bytes", lambda: int(just_short / engine_memory.MEMORY_SHARE))
     tight = load_voicechat(tiny_q4, conversation_seconds=600)
     assert tight.precast_bytes == 0
     assert load_voicechat(tiny_q4, conversation_seconds=0).precast_bytes == roomy.precast_bytes  # no conversation

@@ -14,10 +14,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from engine.cache import KVCache
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import LLMConfig
 from engine.llm import (
-    AttentionCache,
     CausalSelfAttention,
     HybridBlock,
     LLMCache,
@@ -174,9 +174,9 @@ def test_cached_attention_equals_full_causal_pass(llm: NemotronH) -> None:
     assert isinstance(attention, CausalSelfAttention)
     x = _inputs(llm.config, batch=1, length=300)
     full = attention(x, "causal", None)
-    step_cache = AttentionCache()
+    step_cache = KVCache()
     steps = mx.concatenate([attention(x[:, t : t + 1], None, step_cache) for t in range(x.shape[1])], axis=1)
-    block_cache = AttentionCache()
+    block_cache = KVCache()
     blocks = mx.concatenate(
         [attention(x[:, :7], "causal", block_cache), attention(x[:, 7:], "causal", block_cache)], axis=1
     )
@@ -192,12 +192,12 @@ def _kv(length: int, dtype: mx.Dtype, seed: int) -> mx.array:
 
 
 def test_attention_cache_dtype_and_growth() -> None:
-    cache = AttentionCache()
+    cache = KVCache()
     assert cache.capacity == 0 and cache.arrays() == []
 
     # bf16 keys allocate a bf16 buffer of one growth step.
     first = _kv(1, BF16, 0)
-    keys, values = cache.append(first, first * 2)
+    keys, values = cache.update(first, first * 2)
     assert cache.keys is not None and cache.keys.dtype == BF16 and cache.values is not None
     assert cache.capacity == 256 and cache.offset == 1 and keys.shape == (1, 2, 1, 4)
 
@@ -205,7 +205,7 @@ def test_attention_cache_dtype_and_growth() -> None:
     stored = []
     for t in range(255):
         step = _kv(1, F32, t + 1)
-        keys, values = cache.append(step, step)
+        keys, values = cache.update(step, step)
         stored.append(step)
     assert cache.capacity == 256 and cache.offset == 256 and keys.dtype == BF16
     assert mx.array_equal(keys[..., 1:, :], mx.concatenate(stored, axis=2).astype(BF16)).item()
@@ -213,7 +213,7 @@ def test_attention_cache_dtype_and_growth() -> None:
     # A float32 step that needs more room promotes the whole buffer to float32 (old values exact).
     before = keys
     last = _kv(1, F32, 999)
-    keys, values = cache.append(last, last)
+    keys, values = cache.update(last, last)
     assert cache.keys.dtype == F32 and cache.values.dtype == F32 and cache.capacity == 512
     assert cache.offset == 257 and keys.shape == (1, 2, 257, 4)
     assert mx.array_equal(keys[..., :256, :], before.astype(F32)).item()
@@ -223,19 +223,19 @@ def test_attention_cache_dtype_and_growth() -> None:
 
 
 def test_attention_cache_block_growth_cuts_to_offset() -> None:
-    cache = AttentionCache()
-    cache.append(_kv(5, F32, 0), _kv(5, F32, 1))
+    cache = KVCache()
+    cache.update(_kv(5, F32, 0), _kv(5, F32, 1))
     assert cache.capacity == 256
     # 5 + 300 > 256: the buffer is cut to the 5 used slots and extended by two steps.
     block = _kv(300, BF16, 2)
-    keys, _ = cache.append(block, block)
+    keys, _ = cache.update(block, block)
     assert cache.capacity == 5 + 512 and cache.offset == 305
     assert cache.keys is not None and cache.keys.dtype == F32  # f32 buffer; bf16 zeros widen to it
     assert mx.array_equal(keys[..., 5:, :], block.astype(F32)).item()
     # A float32 first step makes a float32 buffer that stores bf16 keys exactly.
-    fresh = AttentionCache()
-    fresh.append(_kv(1, F32, 3), _kv(1, F32, 3))
-    keys, _ = fresh.append(_kv(2, BF16, 4), _kv(2, BF16, 4))
+    fresh = KVCache()
+    fresh.update(_kv(1, F32, 3), _kv(1, F32, 3))
+    keys, _ = fresh.update(_kv(2, BF16, 4), _kv(2, BF16, 4))
     assert keys.dtype == F32 and fresh.capacity == 256
 
 
@@ -249,7 +249,7 @@ def test_block_shapes_and_finiteness(llm: NemotronH, kind: str) -> None:
     expected_mixer = {"M": Mamba2Mixer, "*": CausalSelfAttention, "-": ReLU2MLP}[kind]
     assert isinstance(block.mixer, expected_mixer) and isinstance(block.norm, nn.RMSNorm)
     x = _inputs(config, batch=2, length=5)
-    cache = {"M": MambaCache(), "*": AttentionCache(), "-": None}[kind]
+    cache = {"M": MambaCache(), "*": KVCache(), "-": None}[kind]
     for inputs, mask in ((x, "causal"), (x[:, :1], None)):
         out = block(inputs, mask, cache)
         assert out.shape == inputs.shape and out.dtype == F32
@@ -260,7 +260,7 @@ def test_block_shapes_and_finiteness(llm: NemotronH, kind: str) -> None:
         assert cache.conv_state.shape == (2, config.conv_kernel - 1, config.mamba_conv_dim)
         assert cache.ssm_state.shape == (2, config.mamba_num_heads, config.mamba_head_dim, config.ssm_state_size)
         assert cache.ssm_state.dtype == F32
-    elif isinstance(cache, AttentionCache):
+    elif isinstance(cache, KVCache):
         assert cache.offset == 6 and cache.keys is not None
         assert cache.keys.shape == (2, config.num_key_value_heads, 256, config.attention_head_dim)
 
@@ -268,7 +268,7 @@ def test_block_shapes_and_finiteness(llm: NemotronH, kind: str) -> None:
 def test_make_cache_structure(llm: NemotronH) -> None:
     cache = llm.make_cache()
     assert isinstance(cache, LLMCache) and cache.arrays() == [] and cache.position == 0
-    kinds = {"M": MambaCache, "*": AttentionCache}
+    kinds = {"M": MambaCache, "*": KVCache}
     for kind, entry in zip(llm.config.hybrid_override_pattern, cache.layers, strict=True):
         assert entry is None if kind == "-" else isinstance(entry, kinds[kind])
     out = llm(_inputs(llm.config, batch=1, length=3), cache)

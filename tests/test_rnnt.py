@@ -261,7 +261,7 @@ def _device_frame(
         blank_id=BLANK,
         max_symbols=max_symbols,
         vocabulary=VOCABULARY,
-        on_readback=lambda: readbacks.append(1),
+        read_back=lambda array: readbacks.append(1) or array.tolist(),
     )
     return update, symbols
 

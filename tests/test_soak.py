@@ -32,8 +32,9 @@ from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
 from engine.config import VoiceChatConfig
 from engine.errors import ContextLimitError
+from engine.memory import state_growth_per_frame
 from engine.model import load_voicechat
-from engine.session import Session, state_growth_per_frame
+from engine.session import Session
 from tests.test_rnnt import force_symbol
 
 pytestmark = pytest.mark.slow

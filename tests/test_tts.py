@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine.cache import KVCache, SlidingKVCache
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import TTSConfig, VoiceChatConfig
 from engine.errors import TokenizerError
@@ -17,9 +18,7 @@ from engine.subword import CharacterTable, spell_tokens
 from engine.tokenizer import TextTokenizer
 from engine.tts import (
     EarTTS,
-    FullKVCache,
     RefinementRound,
-    SlidingKVCache,
     SpeakerPrompt,
     build_speaker_prompt,
     refinement_plan,
@@ -125,7 +124,7 @@ def test_make_cache_kinds(loaded: Loaded) -> None:
     assert len(cache.layers) == config.num_hidden_layers
     for index, layer in enumerate(cache.layers):
         if (index + 1) % 6 == 0:
-            assert isinstance(layer, FullKVCache)
+            assert isinstance(layer, KVCache)
         else:
             assert isinstance(layer, SlidingKVCache) and layer.window == config.sliding_window == 48
     assert cache.arrays() == [] and cache.offset == 0
@@ -156,7 +155,7 @@ def test_sliding_cache_rotates_like_a_ring() -> None:
 
 
 def test_full_cache_grows_in_blocks() -> None:
-    cache = FullKVCache()
+    cache = KVCache()
     block = mx.arange(3, dtype=mx.float32).reshape(1, 1, 3, 1)
     keys, _ = cache.update(block, block)
     assert cache.keys is not None and cache.keys.shape[2] == 256

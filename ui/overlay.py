@@ -53,7 +53,7 @@ _AXIS_W: Final = 40.0
 
 def other_ms(timing: FrameTiming) -> float:
     """Frame time not attributed to any stage (queueing, host work between stages)."""
-    return max(0.0, timing.total_ms - sum(getattr(timing, f"{s.field}_ms") for s in STAGES))
+    return max(0.0, timing.total_ms - sum(timing.stage_ms(s.field) for s in STAGES))
 
 
 def scale_for(frames: Sequence[FrameTiming]) -> float:
@@ -189,7 +189,7 @@ class FrameOverlay(QWidget):
             right = round(plot.left() + (first_slot + index + 1) * slot - gap)
             width = max(1, right - left)
             base = plot.bottom()
-            parts = [(getattr(timing, f"{stage.field}_ms"), stage_colors[i]) for i, stage in enumerate(STAGES)]
+            parts = [(timing.stage_ms(stage.field), stage_colors[i]) for i, stage in enumerate(STAGES)]
             parts.append((other_ms(timing), other))
             for ms, colour in parts:
                 if ms <= 0 or base <= plot.top():

@@ -20,8 +20,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine.cache import KVCache
 from engine.checkpoint import load_into, read_runtime_weights
-from engine.llm import AttentionCache, LLMCache, MambaCache, NemotronH
+from engine.llm import LLMCache, MambaCache, NemotronH
 from tests.conftest import PARITY_CHECKPOINTS, CheckpointFactory, parity_id
 from tests.reference import load_reference
 
@@ -94,7 +95,7 @@ def _compare_caches(ours: LLMCache, reference_caches: Sequence[Any]) -> None:
     stateful = [layer for layer in ours.layers if layer is not None]
     assert len(stateful) == len(reference_caches)
     for mine, theirs in zip(stateful, reference_caches, strict=True):
-        if isinstance(mine, AttentionCache):
+        if isinstance(mine, KVCache):
             assert mine.offset == theirs.offset
             assert mine.keys is not None and mine.values is not None
             assert mine.keys.dtype == theirs.keys.dtype and mine.keys.shape == theirs.keys.shape

@@ -18,11 +18,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine.cache import KVCache, SlidingKVCache
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import VoiceChatConfig
 from engine.subword import CharacterTable
 from engine.tokenizer import TextTokenizer
-from engine.tts import EarTTS, FullKVCache, SlidingKVCache, SpeakerPrompt, TTSCache, build_speaker_prompt
+from engine.tts import EarTTS, SpeakerPrompt, TTSCache, build_speaker_prompt
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
 
@@ -169,7 +170,7 @@ def _our_cache_state(cache: TTSCache) -> CacheState:
         if isinstance(layer, SlidingKVCache):
             state.append(("sliding", np.array(layer.keys), np.array(layer.values), layer.offset, layer.write_index))
         else:
-            assert isinstance(layer, FullKVCache)
+            assert isinstance(layer, KVCache)
             state.append(("full", np.array(layer.keys), np.array(layer.values), layer.offset, None))
     return state
 

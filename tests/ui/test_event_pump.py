@@ -30,7 +30,7 @@ def test_messages_become_typed_signals_in_order(qtbot: QtBot) -> None:
         ToolCall(4, "{}", "lookup", {}),
         Notice("done"),
     ]
-    unknown = [object(), FrameTiming(1, 0.0, 1, 1, 1, 1, 1, 5, 1)]  # no signal for these: skipped
+    unknown = [object(), FrameTiming(1, 0.0, {"perception": 1.0}, 5, 1)]  # no signal for these: skipped
     fake.queue(messages[0], unknown[0], *messages[1:3], unknown[1], *messages[3:])
     assert pump.drain() == 7
     assert seen == messages

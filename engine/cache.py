@@ -1,0 +1,187 @@
+"""Attention caches: the keys and values a layer has seen, for the LLM and the TTS backbone.
+
+Two stores, both written in place and both in the layout the reference runtime uses,
+because attention results depend on it (the buffer dtype, and the order the keys are
+read in):
+
+* :class:`KVCache` keeps every position (the LLM's attention blocks and the TTS
+  backbone's global layers). A zero buffer grows in blocks of :data:`GROWTH_STEP`
+  positions; attention reads the filled prefix.
+* :class:`SlidingKVCache` keeps the last ``window`` positions (the TTS backbone's
+  sliding layers) in a ring buffer read in rotated order once it has wrapped.
+
+Both have the same contract: ``update(keys, values)`` stores ``(B, heads, L, D)``
+arrays and returns the keys and values attention must read, and ``arrays()`` lists
+what a frame's evaluation must materialise. A static, preallocated store (a fast
+numerics mode) would keep that contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import mlx.core as mx
+
+# What sdpa accepts as a mask: nothing, the "causal" shortcut, or a boolean (L, S) array.
+AttentionMask = mx.array | str | None
+
+GROWTH_STEP = 256
+"""Positions a growing buffer adds at a time (the reference's ``KVCache.step``)."""
+
+
+def causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
+    """Boolean (length, offset + length) mask: query i (at position offset + i) sees keys at or before it."""
+    key_pos = mx.arange(offset + length)
+    query_pos = mx.arange(offset, offset + length) if offset else key_pos
+    visible = query_pos[:, None] >= key_pos[None]
+    if window is not None:
+        visible = visible & (query_pos[:, None] < key_pos[None] + window)
+    return visible
+
+
+@dataclass(eq=False)
+class KVCache:
+    """Keys and values of every position so far, in a buffer that grows in :data:`GROWTH_STEP` blocks.
+
+    The reference ``KVCache``'s behaviour, which the attention results depend on:
+
+    * a buffer is allocated (zeros) in the dtype of the keys that need the space;
+    * later keys are cast into the existing buffer's dtype (bf16 prompt-prefill keys
+      make a bf16 buffer that also stores the following float32 steps rounded to bf16);
+    * growth concatenates the old buffer (cut to ``offset`` when that is not a multiple
+      of the step) with the new zeros, so a float32 step that triggers growth of a bf16
+      buffer promotes the whole buffer to float32;
+    * attention reads ``keys[..., :offset, :]``.
+    """
+
+    keys: mx.array | None = None  # (B, kv_heads, capacity, head_dim)
+    values: mx.array | None = None
+    offset: int = 0
+
+    GROWTH_STEP: ClassVar[int] = GROWTH_STEP
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store (B, kv_heads, L, head_dim) keys and values; return every stored position in order."""
+        start = self.offset
+        new_positions = keys.shape[2]
+        if self.keys is None or self.values is None or start + new_positions > self.keys.shape[2]:
+            self._grow(keys, values)
+        assert self.keys is not None and self.values is not None
+        self.offset = start + new_positions
+        self.keys[..., start : self.offset, :] = keys
+        self.values[..., start : self.offset, :] = values
+        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+
+    def _grow(self, keys: mx.array, values: mx.array) -> None:
+        batch, kv_heads, new_positions, key_dim = keys.shape
+        steps = (self.GROWTH_STEP + new_positions - 1) // self.GROWTH_STEP
+        extra_keys = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, key_dim), keys.dtype)
+        extra_values = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, values.shape[3]), values.dtype)
+        if self.keys is None or self.values is None:
+            self.keys, self.values = extra_keys, extra_values
+            return
+        if self.offset % self.GROWTH_STEP != 0:
+            self.keys = self.keys[..., : self.offset, :]
+            self.values = self.values[..., : self.offset, :]
+        self.keys = mx.concatenate([self.keys, extra_keys], axis=2)
+        self.values = mx.concatenate([self.values, extra_values], axis=2)
+
+    def attention_mask(self, length: int) -> AttentionMask:
+        """The mask for ``length`` new positions: none for one, causal for a block."""
+        return None if length == 1 else "causal"
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.keys, self.values) if a is not None]
+
+
+@dataclass(eq=False)
+class SlidingKVCache:
+    """Keys and values of the last ``window`` positions (the TTS backbone's sliding-window layers).
+
+    Single positions are written into a ring buffer of ``window`` slots (grown in
+    :data:`GROWTH_STEP` blocks until full, then overwritten from slot 0), and attention
+    reads the buffer as stored, i.e. in rotated order once it has wrapped. A block of
+    several positions is appended after reordering the buffer in time and dropping what
+    falls out of the window. This layout is the reference's, so attention reduces over
+    the same keys in the same order.
+    """
+
+    window: int
+    keys: mx.array | None = None
+    values: mx.array | None = None
+    offset: int = 0  # positions seen (the RoPE position of the next one)
+    write_index: int = 0  # next slot of the ring buffer
+
+    def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Add (B, H, L, D) keys/values; returns the keys/values attention reads."""
+        if keys.shape[2] == 1:
+            return self._write_one(keys, values)
+        return self._append_block(keys, values)
+
+    def _in_time_order(self, buffer: mx.array) -> mx.array:
+        if self.write_index == buffer.shape[2]:
+            return buffer
+        if self.write_index < self.offset:
+            return mx.concatenate([buffer[..., self.write_index :, :], buffer[..., : self.write_index, :]], axis=2)
+        return buffer[..., : self.write_index, :]
+
+    def _append_block(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.keys is None or self.values is None:
+            self.keys, self.values = keys, values
+        else:
+            ordered_keys, ordered_values = self._in_time_order(self.keys), self._in_time_order(self.values)
+            # Keep window - 1 old positions so that every new position sees a full window.
+            drop = max(ordered_keys.shape[2] - self.window + 1, 0)
+            self.keys = mx.concatenate([ordered_keys[..., drop:, :], keys], axis=2)
+            self.values = mx.concatenate([ordered_values[..., drop:, :], values], axis=2)
+        self.offset += keys.shape[2]
+        self.write_index = self.keys.shape[2]
+        return self.keys, self.values
+
+    def _write_one(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        start = self.offset
+        if (
+            self.keys is None
+            or self.values is None
+            or (start >= self.keys.shape[2] and self.keys.shape[2] < self.window)
+        ):
+            batch, heads, _, key_dim = keys.shape
+            grow = min(GROWTH_STEP, self.window - start)
+            fresh_keys = mx.zeros((batch, heads, grow, key_dim), keys.dtype)
+            fresh_values = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
+            if self.keys is None or self.values is None:
+                self.keys, self.values = fresh_keys, fresh_values
+            else:
+                self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
+                self.values = mx.concatenate([self.values, fresh_values], axis=2)
+            self.write_index = start
+        excess = self.keys.shape[2] - self.window
+        if excess > 0:  # a block append left more than a window: keep the newest slots
+            self.keys, self.values = self.keys[..., excess:, :], self.values[..., excess:, :]
+            self.write_index = self.window
+        if self.write_index == self.window:
+            self.write_index = 0
+        slot = self.write_index
+        self.keys[..., slot : slot + 1, :] = keys
+        self.values[..., slot : slot + 1, :] = values
+        self.offset += 1
+        self.write_index += 1
+        if self.offset < self.window:
+            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values
+
+    def attention_mask(self, length: int) -> AttentionMask:
+        if length == 1:
+            return None  # the buffer never holds more than the window
+        seen = min(self.window - 1, self.offset)
+        if seen + length > self.window:
+            return causal_mask(length, seen, self.window)
+        return "causal"
+
+    def arrays(self) -> list[mx.array]:
+        return [] if self.keys is None or self.values is None else [self.keys, self.values]
