@@ -49,6 +49,8 @@ VIEW_PRIMITIVES = frozenset(
         "Unflatten",
     }
 )
+VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
+
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
 GATHER_PRIMITIVES = frozenset({"Gather", "GatherAxis", "GatherQMM", "GatherMM"})
 
@@ -105,7 +107,9 @@ def named_weights(model: object) -> dict[str, mx.array]:
     """Every array a frame may read as a weight, by parameter name.
 
     Besides the parameters, projections stacked into one matrix (:mod:`engine.fused`) are
-    named ``<module>.stacked``: the stacked matrix is what the product reads.
+    named ``<module>.stacked``: the stacked matrix is what the product reads. Slices of a
+    parameter that a module keeps ready (``weight_views()``, e.g. the TTS codebooks) are
+    named ``<parameter>#<index>`` and priced as one slice of it.
     """
     from mlx.utils import tree_flatten
 
@@ -114,6 +118,10 @@ def named_weights(model: object) -> dict[str, mx.array]:
         stacked = getattr(module, "stacked", None)
         if stacked is not None:
             named[f"{path}.stacked"] = stacked.weight
+        views = getattr(module, "weight_views", None)
+        if callable(views):
+            for name, array in views().items():
+                named[f"{path}.{name}"] = array
     return named
 
 
@@ -173,7 +181,10 @@ class GraphCensus:
         produced_by = {array: node for node, array in _OUTPUT_EDGE.findall(dot)}
 
         # A view of a weight is still that weight (a codebook sliced out of a stack of them, say).
-        origin: dict[str, tuple[str, str]] = {dot: (name, "whole") for dot, name in self._weight_names.items()}
+        origin: dict[str, tuple[str, str]] = {
+            dot: (name.partition(VIEW_MARK)[0], "slice" if VIEW_MARK in name else "whole")
+            for dot, name in self._weight_names.items()
+        }
         for node, name in kinds.items():
             if node in self._seen:
                 continue

@@ -44,6 +44,11 @@ def compile_enabled() -> bool:
     return _mode() != "off"
 
 
+def compile_checking() -> bool:
+    """True when ``PARLEY_COMPILE=check`` is set."""
+    return _mode() == "check"
+
+
 def materialize(x: mx.array) -> mx.array:
     """``x`` itself, stored before its consumers run: compilation does not fuse across this point.
 

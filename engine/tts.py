@@ -407,7 +407,7 @@ class EarTTS(nn.Module):
         total = mx.zeros((*columns[0].shape, self.config.latent_size))
         for quantizer, column in enumerate(columns):
             known = column < mask_code
-            rows = self.rvq_embs[quantizer][mx.where(known, column, 0)]
+            rows = self.codebooks[quantizer][mx.where(known, column, 0)]
             total = total + mx.where(known[..., None], rows, 0.0)
         return total
 
@@ -513,6 +513,29 @@ class EarTTS(nn.Module):
         """Guided hidden states (2, T, H) → codes (1, T, Q) int32, refined round by round."""
         return self._refine(hidden)[0]
 
+    @property
+    def codebooks(self) -> list[mx.array]:
+        """``rvq_embs[q]`` for each quantizer, as views of the stored tensor (no copy).
+
+        Indexing the stack with ``q`` inside a frame would gather (copy) a whole codebook each
+        time, 31 times a frame; these are the same values, sliced once per stored tensor (so
+        again after a precast replaces it).
+        """
+        source, books = self._codebook_views.get("views", (None, []))
+        if source is not self.rvq_embs:
+            books = [self.rvq_embs[q : q + 1].squeeze(0) for q in range(self.rvq_embs.shape[0])]
+            mx.eval(books)
+            self._codebook_views["views"] = (self.rvq_embs, books)
+        return books
+
+    def weight_views(self) -> dict[str, mx.array]:
+        """The codebook views, named for :func:`engine.counters.named_weights`."""
+        return {f"rvq_embs#{quantizer}": book for quantizer, book in enumerate(self.codebooks)}
+
+    @functools.cached_property
+    def _codebook_views(self) -> dict[str, tuple[mx.array | None, list[mx.array]]]:
+        return {}  # in the instance __dict__, outside the parameter tree
+
     @functools.cached_property
     def codebook_norms(self) -> list[mx.array]:
         """‖e‖² of every codebook entry, summed in the codebook dtype exactly as the per-call form does."""
@@ -548,7 +571,7 @@ class EarTTS(nn.Module):
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):
-                book = self.rvq_embs[quantizer]
+                book = self.codebooks[quantizer]
                 # ‖e‖² − 2 z·e ranks entries like ‖z − e‖².
                 chosen = mx.argmin(norms[quantizer] - 2.0 * (latent @ book.T), axis=-1)
                 row = book[chosen]

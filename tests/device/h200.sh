@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU measurements on the lent NVIDIA H200 (never in CI). Run from the repository root:
+#   bash tests/device/h200.sh stash                    first call, carrying .gpu-wheels (part a of MLX CUDA)
+#   bash tests/device/h200.sh setup STEP [STEP ...]    later calls, carrying .gpu-wheels and .whl
+# .gpu-wheels: ../shared/tools/mlx-cuda/get-wheels.sh .gpu-wheels, plus its install.sh copied in.
+# .whl: the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr, mlx-vlm and
+# mlx-audio for --compare) and ../shared/tools/mlx-cuda/peer-shim-sitecustomize.py as sitecustomize.py.
+# Steps write logs and JSON under $OUT; each is time-limited so that one slow step leaves the others' results.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 MLX_PTX_CACHE_DIR=/tmp/ptx
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log ("parley" means python3 -m app.cli).
+step() {
+  local name=$1 limit=$2; shift 2
+  [ "$1" = parley ] && set -- python3 -m app.cli "${@:2}"
+  echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+}
+
+for arg in "$@"; do
+  case "$arg" in
+    stash) bash .gpu-wheels/install.sh stash .gpu-wheels/a ;;
+    setup)
+      [ -d "$HOME/mlx-site/mlx" ] || bash .gpu-wheels/install.sh finish .gpu-wheels/b
+      [ -d /tmp/site/mlx_vlm ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target /tmp/site .whl/*.whl && cp .whl/sitecustomize.py /tmp/site/; }
+      export PYTHONPATH=$HOME/mlx-site:/tmp/site:$PWD
+      python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.device_info())'
+      nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv ;;
+    # Compiled programs against their op-by-op form, bit for bit, on this GPU.
+    check) PARLEY_COMPILE=check step check 300 parley bench --random tiny --frames 80 --json "$OUT/check.json" ;;
+    # Counts on this GPU (the structure model has the full size's layers and head sizes).
+    counters) step counters 400 parley bench --counters --frames 90 --json "$OUT/counters-gpu.json" ;;
+    # Which fused kernels add to a product (they would contract to FMA): scan the generated CUDA.
+    fused) step fused 60 python3 tests/device/fused_products.py /tmp/ptx ;;
+    kernels) find /tmp/ptx -name '*.ptx' | wc -l | tee "$OUT/kernels.log" ;;
+    full4) step full4 590 parley bench --random full --quantize 4 --frames 100 --rounds 3 --compare mlx-vlm \
+      --json "$OUT/full4.json" ;;
+    full8) step full8 590 parley bench --random full --quantize 8 --frames 100 --rounds 3 --compare mlx-vlm \
+      --json "$OUT/full8.json" ;;
+    tiny) step tiny 200 parley bench --random tiny --frames 100 --rounds 2 --compare mlx-vlm --json "$OUT/tiny.json" ;;
+    # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
+    graphs)
+      for round in 1 2; do
+        for setting in "MLX_USE_CUDA_GRAPHS=1" "MLX_USE_CUDA_GRAPHS=0" "MLX_MAX_OPS_PER_BUFFER=400" \
+          "MLX_MAX_OPS_PER_BUFFER=1600"; do
+          echo "--- $setting round $round"
+          env "$setting" timeout 120 python3 -m app.cli bench --random structure --frames 100 2>&1 | grep -E "^parley "
+        done
+      done 2>&1 | tee "$OUT/graphs.log" ;;
+    *) echo "unknown step $arg" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,179 @@
+"""Counts that machine load cannot move: the graph census, its CI guard, and compiled-program exactness.
+
+The guard holds each frame's MLX primitives to the figures the README publishes (table
+"Counters", row "this build"), within 2 %: a change that makes frames do more work fails
+here, on any machine, however busy. Timings are printed by ``parley bench``, never asserted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from app.bench import bench_input, count_frames, counters_report
+from engine.counters import GraphCensus, WeightUse, full_size_prices, named_weights, weight_bytes
+from engine.jit import check_report
+from engine.model import load_voicechat
+from engine.random_checkpoint import random_voicechat
+from engine.session import Session, warm_up
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TOLERANCE = 0.02
+COUNT_FRAMES = 80  # frames 6-70 are the early window, 71-79 steady
+
+
+def readme_counters() -> dict[str, float]:
+    """The README's "this build" row of the counters table, as numbers."""
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| **this build**")]
+    assert len(rows) == 1, "README.md must have exactly one counters row labelled **this build**"
+    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    numbers = [float(value.replace(",", "")) for cell in cells[1:5] for value in re.findall(r"[\d,.]+", cell)]
+    early, steady, kernels_early, kernels_steady = numbers[:4]
+    return {"early": early, "steady": steady, "kernels_early": kernels_early, "kernels_steady": kernels_steady}
+
+
+@pytest.fixture(scope="module")
+def structure_counts() -> dict:
+    voicechat = random_voicechat("structure", quantize=4)
+    mx.eval(voicechat.model.parameters())
+    warm_up(voicechat)
+    censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
+    return counters_report(voicechat, censuses, syncs)
+
+
+def test_primitives_per_frame_stay_within_the_readme_figures(structure_counts: dict) -> None:
+    published = readme_counters()
+    measured = structure_counts
+    print(f"counted {measured['primitives_per_frame']} primitives, {measured['kernels_per_frame']} kernels per frame")
+    for window in ("early", "steady"):
+        primitives = measured["primitives_per_frame"][window]
+        kernels = measured["kernels_per_frame"][window]
+        assert primitives <= published[window] * (1 + TOLERANCE), (
+            f"{window} frames evaluate {primitives:,.0f} primitives, the README says {published[window]:,.0f}: "
+            "find what added work, or measure again and update the README's counters table"
+        )
+        assert kernels <= published[f"kernels_{window}"] * (1 + TOLERANCE)
+    # The encoder runs compiled from frame 1: the first 5.6 s of a conversation are no slower path.
+    early, steady = (measured["primitives_per_frame"][window] for window in ("early", "steady"))
+    assert abs(early - steady) <= 0.05 * steady
+    assert measured["host_syncs_per_frame"] == pytest.approx(2.0)
+
+
+def test_weight_bytes_per_full_size_frame(structure_counts: dict) -> None:
+    """What a full-size frame reads, priced from the full config: the LLM's quantized weights and the float32
+    copies of the dense networks (about 6 GB of them), at 4 and at 8 bits."""
+    four, eight = (structure_counts["weight_bytes_per_frame"][bits] for bits in ("4", "8"))
+    assert 11.0e9 < four < 12.5e9
+    # 8-bit stores twice the packed bits: the LLM's share grows by its 4-bit packed size (~4.4 GB).
+    assert 4.0e9 < eight - four < 5.0e9
+
+
+def test_census_counts_each_primitive_once_and_resolves_weight_views() -> None:
+    weight = mx.random.normal((4, 8))
+    books = mx.random.normal((3, 5, 8))
+    table = mx.random.normal((10, 8))
+    mx.eval(weight, books, table)
+    census = GraphCensus({"weight": weight, "books": books, "table": table})
+    census.begin_frame(0)
+    x = mx.random.normal((1, 8))
+    mx.eval(x)
+    hidden = x @ weight.T  # Transpose (view) + Matmul: one whole read
+    scores = x @ books[1:2].reshape(5, 8).T  # Slice + Reshape + Transpose (views) + Matmul: one codebook of three
+    row = table[mx.array([2])]  # Gather: one row
+    census.count("perception", [hidden])
+    census.count("perception", [hidden, scores])  # the nodes behind hidden are not counted twice
+    census.count("rnnt", [row])
+    frame = census.end_frame()
+    perception = frame.stages["perception"]
+    assert perception.by_primitive["Matmul"] == 2 and perception.kernels == 2
+    assert perception.primitives == 6 and frame.stages["rnnt"].kernels == 1
+    assert frame.weight_uses() == Counter(
+        {WeightUse("weight", "whole"): 1, WeightUse("books", "slice"): 1, WeightUse("table", "row"): 1}
+    )
+    census.evaluated()
+    mx.eval(hidden)
+
+
+def test_full_size_prices_follow_the_full_config_and_the_runtime_dtypes() -> None:
+    structure = random_voicechat("structure", quantize=4)
+    prices = full_size_prices(structure.model, 4)
+    # A 4-bit projection of the full LLM: 4480 -> 15680 (MLP up), packed 8 values per uint32, plus scales and biases.
+    up = "stt_model.llm.layers.1.mixer.up_proj"
+    packed = 15680 * 4480 // 8 * 4
+    groups = 15680 * (4480 // 64)
+    assert prices[f"{up}.weight"].nbytes == packed
+    scale_size = dict(tree_flatten(structure.model.parameters()))[f"{up}.scales"].dtype.size
+    assert prices[f"{up}.scales"].nbytes == prices[f"{up}.biases"].nbytes == groups * scale_size
+    # The encoder is precast to float32: 4 bytes a weight at full size (1024 x 4096 feed-forward).
+    assert prices["stt_model.perception.encoder.layers.0.feed_forward1.linear1.weight"].nbytes == 1024 * 4096 * 4
+    uses = Counter({WeightUse(f"{up}.weight", "whole"): 2, WeightUse("tts_model.tts_model.rvq_embs", "slice"): 31})
+    rvq = prices["tts_model.tts_model.rvq_embs"]
+    assert rvq.leading == 31
+    assert weight_bytes(uses, prices) == 2 * packed + rvq.nbytes
+
+
+def test_named_weights_include_stacked_projections() -> None:
+    voicechat = random_voicechat("tiny", quantize=4)
+    names = named_weights(voicechat.model)
+    stacked = [name for name in names if name.endswith(".stacked")]
+    assert stacked, "the CPU stacks projections that share an input"
+    prices = full_size_prices(voicechat.model, 4)
+    for name in stacked:
+        assert prices[name].nbytes > 0
+
+
+def test_compiled_programs_equal_their_op_by_op_form(tiny_q4: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PARLEY_COMPILE=check runs each compiled program beside its op-by-op form: on this CPU every one is
+    bit-identical. (On a GPU the same check finds fused multiply-adds; see README, "Exact on the GPU".)"""
+    monkeypatch.setenv("PARLEY_COMPILE", "check")
+    voicechat = load_voicechat(tiny_q4)  # programs are built lazily, so these are checked ones
+    session = Session(voicechat, seed=0)
+    samples = bench_input(24)
+    for start in range(0, samples.size, 1280):
+        session.push(samples[start : start + 1280])
+    checks = {check.name: check for check in check_report() if check.calls}
+    assert len(checks) >= 10, sorted(checks)
+    assert any("_refine_ops" in name for name in checks), "the random-drawing program is checked too"
+    differing = [check for check in checks.values() if check.mismatches]
+    assert not differing, differing
+
+
+def test_materialize_keeps_values_and_splits_fusion() -> None:
+    from engine.jit import materialize
+
+    x, y, z = (mx.array(np.random.default_rng(seed).standard_normal(64).astype(np.float32)) for seed in range(3))
+
+    def plain(a: mx.array, b: mx.array, c: mx.array) -> mx.array:
+        return a * b + c
+
+    def stored(a: mx.array, b: mx.array, c: mx.array) -> mx.array:
+        return materialize(a * b) + c
+
+    assert mx.array_equal(mx.compile(stored)(x, y, z), plain(x, y, z)).item()
+    census = GraphCensus({})
+    census.begin_frame(0)
+    census.count("codec", [mx.compile(plain)(x, y, z)])
+    census.count("tts", [mx.compile(stored)(x, y, z)])
+    frame = census.end_frame()
+    assert frame.stages["codec"].kernels == 1  # one fused kernel: a GPU would contract it to an FMA
+    assert frame.stages["tts"].by_primitive["Multiply"] == 1 and frame.stages["tts"].by_primitive["Add"] == 1
+
+
+def test_layer_norm_written_out_equals_mlx_mean_and_var() -> None:
+    from engine.codec import ChannelLayerNorm
+
+    norm = ChannelLayerNorm(48)
+    norm.weight = mx.array(np.random.default_rng(1).standard_normal(48).astype(np.float32)).astype(mx.bfloat16)
+    norm.bias = mx.array(np.random.default_rng(2).standard_normal(48).astype(np.float32)).astype(mx.bfloat16)
+    x = mx.array(np.random.default_rng(3).standard_normal((2, 7, 48)).astype(np.float32)).astype(mx.bfloat16)
+    mean, variance = mx.mean(x, axis=-1, keepdims=True), mx.var(x, axis=-1, keepdims=True)
+    reference = (x - mean) * mx.rsqrt(variance + norm.eps) * norm.weight + norm.bias
+    assert mx.array_equal(norm(x), reference).item()
+    assert isinstance(norm, nn.Module)
