@@ -18,7 +18,7 @@ import json
 import time
 import wave
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class RunRecord:
     function_ids: list[int]
     codes: list[list[int]]
     sub_stages: dict[str, list[float]] = field(default_factory=dict)
+    waveforms: list[np.ndarray] = field(default_factory=list)  # each frame's 1764 output samples
     state_bytes: list[int] = field(default_factory=list)  # the session's caches after each frame
     active_bytes: list[int] = field(default_factory=list)  # all memory MLX holds after each frame
 
@@ -115,6 +116,8 @@ def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str
             windows[name] = _stats(part)
     steady = totals[6:] or totals
     mean = sum(steady) / len(steady)
+    p50 = _stats(steady)["p50_ms"]
+    longest = max(range(len(totals)), key=totals.__getitem__)
     return {
         "label": record.label,
         "frames": len(totals),
@@ -127,6 +130,9 @@ def summarize_run(record: RunRecord, curve_every: int | None = None) -> dict[str
         if record.host_syncs[6:]
         else None,
         "peak_memory_gb": record.peak_memory_bytes / 1e9,
+        # Stalls: every frame after loading counts, the cold ones too.
+        "longest_frame": {"index": longest, "ms": totals[longest]},
+        "frames_over_twice_p50": sum(1 for value in totals if value > 2 * p50),
         "curve": curve(record, curve_every) if curve_every else [],
     }
 
@@ -199,6 +205,7 @@ def run_ours(
     subs: dict[str, list[float]] = {}
     syncs: list[int] = []
     codes: list[list[int]] = []
+    waveforms: list[np.ndarray] = []
     state_bytes: list[int] = []
     active_bytes: list[int] = []
     for start in range(0, samples.shape[0], FRAME):
@@ -218,6 +225,7 @@ def run_ours(
                 syncs.append(event.host_syncs)
             elif isinstance(event, AudioChunk):
                 codes.append(event.codes.tolist())
+                waveforms.append(event.samples)
         if progress_every and len(totals) % progress_every == 0:
             done = len(totals)
             point = format_point(curve_point(totals, state_bytes, active_bytes, done - progress_every, done))
@@ -235,9 +243,10 @@ def run_ours(
         session.text_ids,
         session.function_ids,
         codes,
-        subs,
-        state_bytes,
-        active_bytes,
+        sub_stages=subs,
+        waveforms=waveforms,
+        state_bytes=state_bytes,
+        active_bytes=active_bytes,
     )
     session.close()
     return record
@@ -348,11 +357,14 @@ class Reference:
         session = self.session_factory.create_streaming_session(seed=seed, profile=True)
         totals: list[float] = []
         codes: list[list[int]] = []
+        waveforms: list[np.ndarray] = []
         for start in range(0, samples.shape[0], FRAME):
             began = time.perf_counter()
             events = session.push_audio(mx.array(samples[start : start + FRAME]), sample_rate=INPUT_SAMPLE_RATE)
             totals.append((time.perf_counter() - began) * 1000.0)
-            codes += [np.array(e.audio_codes).astype(int).tolist() for e in events if e.kind == "audio"]
+            audio = [event for event in events if event.kind == "audio"]
+            codes += [np.array(event.audio_codes).astype(int).tolist() for event in audio]
+            waveforms += [np.array(event.samples, dtype=np.float32) for event in audio]
         stages = {name: [getattr(frame, f"{name}_ms") for frame in session.profile.frames] for name in STAGES}
         prompt_steps = len(session._text_tokens) - len(codes)
         return RunRecord(
@@ -364,6 +376,7 @@ class Reference:
             session._text_tokens[prompt_steps:],
             session._function_tokens[prompt_steps:],
             codes,
+            waveforms=waveforms,
         )
 
 
@@ -374,21 +387,58 @@ def weights_gb(model: Any) -> float:
     return sum(value.nbytes for _, value in tree_flatten(model.parameters())) / 1e9
 
 
+WAVEFORM_TOLERANCE = 1e-5
+"""Largest per-sample difference from the reference that still counts as the same waveform."""
+
+
 def agreement(ours: RunRecord, ref: RunRecord) -> dict[str, Any]:
-    """How many frames have identical discrete outputs."""
+    """How many frames have identical outputs: ids and codes equal, and the waveform within
+    :data:`WAVEFORM_TOLERANCE` of the reference's."""
     frames = min(len(ours.codes), len(ref.codes))
 
-    def same(a: list, b: list) -> int:
-        return sum(1 for x, y in zip(a[:frames], b[:frames], strict=True) if x == y)
+    def same(a: list, b: list) -> list[bool]:
+        return [x == y for x, y in zip(a[:frames], b[:frames], strict=True)]
 
+    text, function, codes = (
+        same(ours.text_ids, ref.text_ids),
+        same(ours.function_ids, ref.function_ids),
+        same(ours.codes, ref.codes),
+    )
+    waves = min(len(ours.waveforms), len(ref.waveforms), frames)
+    differences = [float(np.max(np.abs(ours.waveforms[i] - ref.waveforms[i]))) for i in range(waves)]
+    waveform = [difference <= WAVEFORM_TOLERANCE for difference in differences]
+    identical = [all(flags) for flags in zip(text, function, codes, waveform, strict=False)]
     first_diff = next((i for i in range(frames) if ours.codes[i] != ref.codes[i]), None)
     return {
         "frames": frames,
-        "text_ids_identical": same(ours.text_ids, ref.text_ids),
-        "function_ids_identical": same(ours.function_ids, ref.function_ids),
-        "codes_identical": same(ours.codes, ref.codes),
+        "text_ids_identical": sum(text),
+        "function_ids_identical": sum(function),
+        "codes_identical": sum(codes),
+        "waveform_identical": sum(waveform),
+        "waveform_max_abs": max(differences, default=None),
+        "frames_identical": sum(identical),
         "first_code_difference": first_diff,
     }
+
+
+def compiled_kernels() -> int | None:
+    """Kernels MLX has compiled and cached on this machine so far (its JIT cache's files); None if unknown.
+
+    On a GPU these are the fused and generated kernels NVRTC compiles (the minutes a fresh machine
+    spends before its first frame); on the CPU, the fused kernels built with the C++ compiler.
+    """
+    import os
+    import tempfile
+
+    import mlx.core as mx
+
+    kind = "ptx" if mx.default_device().type == mx.gpu else "cpu"
+    folder = os.environ.get("MLX_PTX_CACHE_DIR") if kind == "ptx" else None
+    root = Path(folder) if folder else Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / kind
+    if not root.is_dir():
+        return None
+    suffixes = {".ptx", ".cubin"} if kind == "ptx" else {".so"}
+    return sum(1 for path in root.rglob("*") if path.suffix in suffixes)
 
 
 def bench(
@@ -410,10 +460,11 @@ def bench(
     """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report."""
     import mlx.core as mx
 
-    from engine.jit import compile_enabled
+    from engine.jit import check_report, compile_checking, compile_enabled
     from engine.profile_log import device_description
 
     started = time.perf_counter()
+    kernels_before = compiled_kernels()
     if model is not None:
         from engine.checkpoint import read_runtime_weights
         from engine.model import assemble_voicechat
@@ -439,7 +490,8 @@ def bench(
     mx.eval(voicechat.model.parameters())
     from engine.session import warm_up
 
-    warm_s = warm_up(voicechat)
+    warm_s = warm_up(voicechat, speech=question_audio())
+    kernels_warm = compiled_kernels()
     if counters:
         censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
         report_counters = counters_report(voicechat, censuses, syncs)
@@ -498,6 +550,13 @@ def bench(
         "seed": seed,
         "history_frames": history,
         "warm_up_s": warm_s,
+        # Kernels compiled on this machine (JIT cache files): at start, after warm-up, after the rounds.
+        # More after the rounds than after warm-up means a frame compiled a kernel: a stall.
+        "compiled_kernels": {
+            "at_start": kernels_before,
+            "after_warm_up": kernels_warm,
+            "after_runs": compiled_kernels(),
+        },
         "weights_gb": weights_gb(voicechat.model),
         "parley": summarize_run(best, curve_every),
         "parley_rounds": [summarize_run(r) for r in ours_runs],
@@ -510,6 +569,8 @@ def bench(
         report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
         report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
         report["agreement"] = agreement(best, ref_best)
+    if compile_checking():
+        report["compile_check"] = [asdict(check) for check in check_report()]
     out(format_report(report))
     return report
 
@@ -533,6 +594,24 @@ def format_report(report: dict[str, Any]) -> str:
     for name, run in rows:
         windows = ", ".join(f"{w} p50 {s['p50_ms']:.2f}" for w, s in run["windows"].items())
         lines.append(f"{name} windows: {windows}")
+    for key, name in (("parley_rounds", "parley"), ("mlx_vlm_rounds", "mlx-vlm")):
+        rounds = report.get(key, [])
+        if len(rounds) > 1:
+            each = "; ".join(f"p50 {r['total']['p50_ms']:.2f}, mean {r['total']['mean_ms']:.2f}" for r in rounds)
+            lines.append(f"{name} rounds: {each}")
+    for key, name in (("parley_rounds", "parley"),):
+        stalls = ", ".join(
+            f"longest {r['longest_frame']['ms']:.1f} ms (frame {r['longest_frame']['index']}), "
+            f"{r['frames_over_twice_p50']} over 2x p50"
+            for r in report.get(key, [])
+        )
+        lines.append(f"{name} stalls per round: {stalls}")
+    kernels = report.get("compiled_kernels", {})
+    if kernels.get("after_warm_up") is not None:
+        lines.append(
+            f"compiled kernels cached: {kernels['at_start']} at start, {kernels['after_warm_up']} after warm-up "
+            f"({report['warm_up_s']:.1f} s), {kernels['after_runs']} after the runs"
+        )
     subs = report["parley"].get("sub_stages", {})
     if subs:
         lines.append(
@@ -549,7 +628,24 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"speedup vs mlx-vlm: p50 {report['speedup_p50']:.2f}x, mean {report['speedup_mean']:.2f}x; identical "
             f"frames: text {agree['text_ids_identical']}/{agree['frames']}, function "
-            f"{agree['function_ids_identical']}/{agree['frames']}, codes {agree['codes_identical']}/{agree['frames']}"
+            f"{agree['function_ids_identical']}/{agree['frames']}, codes {agree['codes_identical']}/{agree['frames']}, "
+            f"waveform {agree['waveform_identical']}/{agree['frames']} (max abs difference "
+            f"{agree['waveform_max_abs']:.2g}); all four: {agree['frames_identical']}/{agree['frames']}"
+        )
+    checks = report.get("compile_check")
+    if checks is not None:
+        differing = [check for check in checks if check["mismatches"]]
+        lines.append(
+            f"PARLEY_COMPILE=check: {len(checks)} compiled programs run beside their op-by-op form, "
+            + (
+                "all bit-identical"
+                if not differing
+                else "differing: "
+                + ", ".join(
+                    f"{c['name']} ({c['mismatches']}/{c['calls']} calls, max {c['max_abs_difference']:.3g})"
+                    for c in differing
+                )
+            )
         )
     return "\n".join(lines)
 
