@@ -47,6 +47,13 @@ for arg in "$@"; do
           env "$setting" timeout 120 python3 -m app.cli bench --random structure --frames 100 2>&1 | grep -E "^parley "
         done
       done 2>&1 | tee "$OUT/graphs.log" ;;
+    # The same at full size with --compare, the first process (which compiles) included.
+    graphsfull)
+      for setting in "MLX_USE_CUDA_GRAPHS=0" "MLX_USE_CUDA_GRAPHS=1" "MLX_USE_CUDA_GRAPHS=0"; do
+        echo "--- $setting"
+        env "$setting" timeout 330 python3 -m app.cli bench --random full --quantize 4 --frames 100 --rounds 2 \
+          --compare mlx-vlm 2>&1 | grep -E "^(parley|mlx-vlm|speedup|compiled|model)"
+      done 2>&1 | tee "$OUT/graphsfull.log" ;;
     *) echo "unknown step $arg" >&2; exit 2 ;;
   esac
 done
