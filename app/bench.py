@@ -455,12 +455,14 @@ def bench(
     speech_every: int | None = None,
     history: int = 0,
     counters: bool = False,
+    numerics: str = "exact",
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report."""
     import mlx.core as mx
 
     from engine.jit import check_report, compile_checking, compile_enabled
+    from engine.numerics import check_numerics
     from engine.profile_log import device_description
 
     started = time.perf_counter()
@@ -474,7 +476,14 @@ def bench(
         raw = files.raw_config
         tokenizer = TextTokenizer.from_file(files.tokenizer_file)
         voicechat = assemble_voicechat(
-            files.config, weights, quantized, tokenizer, name=files.root.name, source=files.root, nbytes=files.nbytes
+            files.config,
+            weights,
+            quantized,
+            tokenizer,
+            name=files.root.name,
+            source=files.root,
+            nbytes=files.nbytes,
+            numerics=check_numerics(numerics),
         )
     else:
         from engine.model import assemble_voicechat
@@ -486,7 +495,9 @@ def bench(
         )
         tokenizer = TextTokenizer(raw_tokenizer, "random")
         label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
-        voicechat = assemble_voicechat(config, weights, quantized, tokenizer, name=label, nbytes=nbytes)
+        voicechat = assemble_voicechat(
+            config, weights, quantized, tokenizer, name=label, nbytes=nbytes, numerics=check_numerics(numerics)
+        )
     mx.eval(voicechat.model.parameters())
     from engine.session import warm_up
 

@@ -13,6 +13,12 @@ from pathlib import Path
 
 from engine.layout import RANDOM_SIZES
 
+NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
+NUMERICS_HELP = (
+    "exact: the reference's arithmetic, bit for bit (default); fast: fused kernels and stacked products, "
+    "slightly different rounding (README, 'Fast numerics')"
+)
+
 
 def _quantize_arg(value: str) -> int | None:
     if value.lower() in ("none", "bf16", "0"):
@@ -59,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile-json", type=Path, help="write the session profile log (JSON)")
     run.add_argument("--output-audio", type=Path, help="write the 22.05 kHz answer as WAV")
     run.add_argument("--dump", type=Path, help="write frame-aligned ids, codes, waveform and events to a folder")
+    run.add_argument("--numerics", choices=NUMERICS, default="exact", help=NUMERICS_HELP)
 
     bench = commands.add_parser(
         "bench",
@@ -97,7 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="count what each frame evaluates (primitives, kernels, host syncs, weight bytes at full size) "
         "instead of timing it; without --model or --random, on --random structure",
     )
+    bench.add_argument("--numerics", choices=NUMERICS, default="exact", help=NUMERICS_HELP)
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
+
+    drift = commands.add_parser(
+        "drift",
+        help="measure how far fast numerics drift from exact (per network and end to end)",
+        description="Load seeded random weights in both numerics modes and compare them: teacher-forced per "
+        "network (LLM logits, TTS hidden states and codes, codec waveform) and free-running.",
+    )
+    drift.add_argument("--random", choices=RANDOM_SIZES, default="tiny", help="random weights made in memory")
+    drift.add_argument("--quantize", type=_quantize_arg, default=4, metavar="{none,4,8}")
+    drift.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="weight and sampling seeds")
+    drift.add_argument("--frames", type=int, default=60, help="80 ms frames per seed (speech, then silence)")
+    drift.add_argument("--json", type=Path, help="write the report as JSON")
     return parser
 
 
@@ -156,7 +176,21 @@ def _bench(args: argparse.Namespace) -> int:
         speech_every=args.speech_every,
         history=args.history,
         counters=args.counters,
+        numerics=args.numerics,
     )
+    if args.json:
+        write_report(report, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _drift(args: argparse.Namespace) -> int:
+    from .bench import write_report
+    from .drift import measure_drift
+
+    if args.frames < 8:
+        raise ValueError("--frames must be at least 8")
+    report = measure_drift(size=args.random, quantize=args.quantize, seeds=args.seeds, frames=args.frames)
     if args.json:
         write_report(report, args.json)
         print(f"wrote {args.json}")
@@ -173,7 +207,7 @@ def run_command(args: argparse.Namespace) -> int:
         from .selftest import self_test_command
 
         return self_test_command()
-    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench}
+    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench, "drift": _drift}
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")

@@ -107,7 +107,7 @@ def run_audio(
 
 def _event_record(event: Event) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": type(event).__name__}
-    for key, value in asdict(event).items():  # type: ignore[call-overload]
+    for key, value in asdict(event).items():
         if key == "samples":
             record["num_samples"] = int(value.shape[0])
         elif isinstance(value, np.ndarray):
@@ -163,7 +163,7 @@ def run_command(args: Any, out: Callable[[str], None] = print) -> int:
     extra = np.zeros(round(args.extra_seconds * 16_000), dtype=np.float32)
     samples = np.concatenate([audio.samples, extra])
     started = time.perf_counter()
-    voicechat = load_voicechat(args.model)
+    voicechat = load_voicechat(args.model, numerics=getattr(args, "numerics", "exact"))
     load_seconds = time.perf_counter() - started
     bits = voicechat.quantization_bits
     out(f"model: {voicechat.name} ({'bf16' if bits is None else f'{bits}-bit'}), loaded in {load_seconds:.1f} s")

@@ -82,7 +82,10 @@ class GroupedGatedRMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, values: mx.array, gate: mx.array) -> mx.array:
-        gated = silu_gate(gate, values)
+        return self.normalize(silu_gate(gate, values))
+
+    def normalize(self, gated: mx.array) -> mx.array:
+        """The norm of already gated values (the fused step gates them itself)."""
         grouped = mx.unflatten(gated, axis=-1, shape=(-1, self.group_width))
         normalised = mx.fast.rms_norm(grouped, weight=None, eps=self.eps)
         return self.weight * normalised.flatten(-2)
@@ -120,6 +123,13 @@ class Mamba2Mixer(nn.Module):
             self.inner_size, self.inner_size // self.n_groups, eps=config.layer_norm_epsilon
         )
         self.out_proj = nn.Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
+        # Fast numerics: one position's step after the convolution as one kernel (or its operations fallback).
+        self.fast_step: Callable[..., tuple[mx.array, mx.array]] | None = None
+
+    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array]] | None) -> None:
+        """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""
+        self.fast_step = step
+        self._step_limits = mx.array([self.dt_min, self.dt_max], dtype=mx.float32)
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -143,6 +153,20 @@ class Mamba2Mixer(nn.Module):
         dt_raw = projected[..., dt_start:]
 
         mixed = self._causal_conv(conv_input, cache)
+        single_step = cache is not None and cache.ssm_state is not None and batch == length == 1
+        if self.fast_step is not None and single_step and mixed.dtype == mx.float32:
+            assert cache is not None and cache.ssm_state is not None
+            gated, cache.ssm_state = self.fast_step(
+                mixed.reshape(-1),
+                dt_raw.reshape(-1),
+                gate.reshape(-1),
+                self.dt_bias,
+                self.A_log,
+                self.D,
+                cache.ssm_state,
+                self._step_limits,
+            )
+            return self.out_proj(self.norm.normalize(gated.reshape(batch, length, self.inner_size)))
         bc_width = self.n_groups * self.state_size
         head_inputs, b_mat, c_mat = mx.split(mixed, [self.inner_size, self.inner_size + bc_width], axis=-1)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from .jit import jit
 from .layout import PROMPT_FRAMES
 from .llm import NemotronH
 from .memory import check_fits, format_bytes, precast_budget
+from .numerics import Numerics, apply_numerics
 from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
@@ -129,6 +130,8 @@ class VoiceChat:
     source: Path | None  # the checkpoint folder; None for weights made in memory
     nbytes: int  # bytes of weights
     precast_bytes: int = 0  # memory the float32 precast copies added (0: not precast, to save memory)
+    numerics: Numerics = "exact"
+    fast_changes: dict[str, bool] = field(default_factory=dict)  # which of fast mode's changes are in use
 
     @property
     def quantization_bits(self) -> int | None:
@@ -143,6 +146,8 @@ class VoiceChat:
             "quantization_bits": self.quantization_bits,
             "size_bytes": self.nbytes,
             "precast_bytes": self.precast_bytes,
+            "numerics": self.numerics,
+            "fast_changes": dict(self.fast_changes),
         }
 
 
@@ -157,12 +162,14 @@ def assemble_voicechat(
     nbytes: int = 0,
     precast: bool = True,
     precast_budget: int | None = None,
+    numerics: Numerics = "exact",
 ) -> VoiceChat:
     """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up.
 
     With ``precast`` the weights that only meet float32 activations are converted once
     (see :mod:`engine.precast`; exact, faster, more memory), unless the copies would take
-    more than ``precast_budget`` bytes; the rest stays lazy.
+    more than ``precast_budget`` bytes; the rest stays lazy. ``numerics`` picks exact or fast
+    arithmetic (see :mod:`engine.numerics`).
     """
     if tokenizer.vocab_size > config.text_config.vocab_size:
         raise TokenizerError(
@@ -177,6 +184,7 @@ def assemble_voicechat(
     load_into(model, weights, quantized)
     added = precast_float32(model, budget=precast_budget) if precast else 0
     fuse_projections(model)
+    fast_changes = apply_numerics(model, numerics)
     return VoiceChat(
         model=model,
         config=config,
@@ -188,6 +196,8 @@ def assemble_voicechat(
         source=source,
         nbytes=nbytes,
         precast_bytes=added,
+        numerics=numerics,
+        fast_changes=fast_changes,
     )
 
 
@@ -196,7 +206,9 @@ def evaluate_weights(model: nn.Module) -> None:
     mx.eval(model.parameters())
 
 
-def load_voicechat(path: str | Path, *, lazy: bool = False, conversation_seconds: float = 0.0) -> VoiceChat:
+def load_voicechat(
+    path: str | Path, *, lazy: bool = False, conversation_seconds: float = 0.0, numerics: Numerics = "exact"
+) -> VoiceChat:
     """Verify and load a checkpoint folder.
 
     The float32 precast copies (faster, same outputs) are made only if they fit in memory
@@ -221,6 +233,7 @@ def load_voicechat(path: str | Path, *, lazy: bool = False, conversation_seconds
         source=files.root,
         nbytes=files.nbytes,
         precast_budget=precast_budget(files, conversation_seconds),
+        numerics=numerics,
     )
     if not lazy:
         try:

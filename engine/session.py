@@ -53,7 +53,7 @@ from .rnnt import (
 )
 from .tokenizer import StreamingDetokenizer
 from .tools import ToolCallParser
-from .tts import TTSCache, build_speaker_prompt
+from .tts import SpeakerPrompt, TTSCache, build_speaker_prompt
 
 
 @dataclass
@@ -74,6 +74,17 @@ class SessionCaches:
         if self.previous_code_sum is not None:
             out.append(self.previous_code_sum)
         return out
+
+
+def speaker_prompt(voicechat: VoiceChat) -> SpeakerPrompt:
+    """The Aria warm-up prompt of the TTS: codec codes of silence plus the stored speaker latent."""
+    speech = voicechat.model.tts_model
+    frames = speech.audio_prompt_latents.Aria.shape[1] + 1
+    silence = mx.zeros((1, 1, frames * voicechat.config.output_frame_samples), dtype=mx.float32)
+    codes = speech.audio_codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
+    return build_speaker_prompt(
+        codes, speech.audio_prompt_latents.Aria, voicechat.config.tts_config, voicechat.config.pad_token_id
+    )
 
 
 class Session:
@@ -115,6 +126,10 @@ class Session:
         self.system_prompt = self.config.default_system_prompt if system_prompt is None else system_prompt
         self.seed = seed
         self.profiler = FrameProfiler(stage_timing=stage_timing or sub_stages, sub_stages=sub_stages, census=census)
+        # Sees each network's inputs and outputs as they are built (lazy arrays): "language.input",
+        # "language.hidden", "tts.input" (previous codes, their sum, text id), "tts.output", "codec.codes",
+        # "codec.samples". For measuring (app/drift.py); None in normal use.
+        self.observer: Callable[[str, Any], None] | None = None
 
         self._pending = np.zeros(0, dtype=np.float32)
         self._closed = False
@@ -132,7 +147,7 @@ class Session:
         mx.random.seed(seed)
         tts = self._speech.tts_model
         tts_cache = tts.make_cache()
-        previous_code = tts.warmup(self._speaker_prompt(), tts_cache, voicechat.characters)
+        previous_code = tts.warmup(speaker_prompt(voicechat), tts_cache, voicechat.characters)
         self.caches = SessionCaches(
             perception=self._stt.perception.make_cache(),
             rnnt=make_rnnt_state(self.config.rnnt_blank_id),
@@ -179,16 +194,6 @@ class Session:
 
     # ------------------------------------------------------------------ setup
 
-    def _speaker_prompt(self) -> Any:
-        """The Aria warm-up prompt: codec codes of silence plus the stored speaker latent."""
-        codec = self._speech.audio_codec
-        frames = self._speech.audio_prompt_latents.Aria.shape[1] + 1
-        silence = mx.zeros((1, 1, frames * self.config.output_frame_samples), dtype=mx.float32)
-        codes = codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
-        return build_speaker_prompt(
-            codes, self._speech.audio_prompt_latents.Aria, self.config.tts_config, self.config.pad_token_id
-        )
-
     def _prefill(self, prompt: str) -> None:
         self._prompt_steps = 0
         if not prompt.strip():
@@ -218,7 +223,11 @@ class Session:
         fused = self._stt.fuse_inputs(previous_text, audio_embedding, previous_function)
         if probe is not None:
             probe("language.fusion", fused)
+        if self.observer is not None:
+            self.observer("language.input", fused)
         hidden = self._stt.llm(fused, self.caches.language)
+        if self.observer is not None:
+            self.observer("language.hidden", hidden)
         if probe is not None:
             probe("language.llm", hidden)
         if not generate:
@@ -237,6 +246,8 @@ class Session:
             caches.previous_code = mx.broadcast_to(self._silence_codes, caches.previous_code.shape)
             caches.previous_code_sum = None
         token = mx.array([[text_id]], dtype=mx.int32)
+        if self.observer is not None:
+            self.observer("tts.input", (caches.previous_code, caches.previous_code_sum, text_id))
         result = self._speech.tts_model.step(
             caches.previous_code,
             token,
@@ -247,6 +258,8 @@ class Session:
             text_id=text_id,
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
+        if self.observer is not None:
+            self.observer("tts.output", result)
         return result.codes
 
     def _step_frame(self, frame: np.ndarray) -> list[Event]:
@@ -304,7 +317,11 @@ class Session:
         self._timeline_index += 1
         profiler.stage("tts", codes, *caches.tts.arrays())
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
+        if self.observer is not None:
+            self.observer("codec.codes", clean)
         samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec, probe)[0]
+        if self.observer is not None:
+            self.observer("codec.samples", samples)
         profiler.sync(
             samples,
             clean,

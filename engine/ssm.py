@@ -183,3 +183,150 @@ def ssm_scan(
         carried = next_state
     y = mx.concatenate(chunks, axis=1) + materialize(x * skip.reshape(1, 1, heads, 1))
     return y, next_state
+
+
+# --------------------------------------------------------------------------- fast numerics: one kernel per step
+
+_STEP_CUDA = """
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;  // one warp per (head, channel) row
+    const int lane = threadIdx.x % 32;
+    const int h = row / P;
+    const int g = h / (H / G);
+    const float raw = dt_raw[h] + dt_bias[h];
+    const float top = fmaxf(raw, 0.0f);
+    float dt = top + log1pf(expf(fminf(raw, 0.0f) - top));  // softplus, as logaddexp(raw, 0)
+    dt = fminf(fmaxf(dt, limits[0]), limits[1]);
+    const float rate = -static_cast<float>(static_cast<AT>(expf(static_cast<float>(a_log[h]))));
+    const float decay = expf(dt * rate);
+    const float x = mixed[row];
+    const float dt_x = dt * x;
+    const float* b = mixed + H * P + g * N;
+    const float* c = mixed + H * P + G * N + g * N;
+    const float* old_state = state + static_cast<size_t>(row) * N;
+    float* state_row = new_state + static_cast<size_t>(row) * N;
+    float readout = 0.0f;
+    for (int n = lane; n < N; n += 32) {
+        const float s = old_state[n] * decay + dt_x * b[n];
+        state_row[n] = s;
+        readout += s * c[n];
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        readout += __shfl_down_sync(0xffffffff, readout, offset);
+    }
+    if (lane == 0) {
+        const float gate_value = gate[row];
+        y[row] = gate_value * (1.0f / (1.0f + expf(-gate_value))) * (readout + skip[h] * x);
+    }
+"""
+
+_STEP_METAL = """
+    const uint row = thread_position_in_grid.x / 32;  // one simdgroup per (head, channel) row
+    const uint lane = thread_index_in_simdgroup;
+    const uint h = row / P;
+    const uint g = h / (H / G);
+    const float raw = dt_raw[h] + dt_bias[h];
+    const float top = metal::max(raw, 0.0f);
+    float dt = top + metal::log(1.0f + metal::exp(metal::min(raw, 0.0f) - top));
+    dt = metal::min(metal::max(dt, limits[0]), limits[1]);
+    const float rate = -static_cast<float>(static_cast<AT>(metal::exp(static_cast<float>(a_log[h]))));
+    const float decay = metal::exp(dt * rate);
+    const float x = mixed[row];
+    const float dt_x = dt * x;
+    const uint b = H * P + g * N;
+    const uint c = H * P + G * N + g * N;
+    const uint base = row * N;
+    float readout = 0.0f;
+    for (uint n = lane; n < N; n += 32) {
+        const float s = state[base + n] * decay + dt_x * mixed[b + n];
+        new_state[base + n] = s;
+        readout += s * mixed[c + n];
+    }
+    readout = metal::simd_sum(readout);
+    if (lane == 0) {
+        const float gate_value = gate[row];
+        y[row] = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * (readout + skip[h] * x);
+    }
+"""
+
+_STEP_INPUTS = ["mixed", "dt_raw", "gate", "dt_bias", "a_log", "skip", "state", "limits"]
+_STEP_OUTPUTS = ["y", "new_state"]
+
+
+def fused_step_ops(
+    mixed: mx.array,
+    dt_raw: mx.array,
+    gate: mx.array,
+    dt_bias: mx.array,
+    a_log: mx.array,
+    skip: mx.array,
+    state: mx.array,
+    limits: mx.array,
+    *,
+    groups: int,
+) -> tuple[mx.array, mx.array]:
+    """The fused step's arithmetic as operations: its fallback, and fast mode's step on the CPU.
+
+    ``mixed`` (conv_dim,) holds ``[x (H·P) | B (G·N) | C (G·N)]`` after the convolution, ``dt_raw`` (H,),
+    ``gate`` (H·P,), ``state`` (1, H, P, N) float32, ``limits`` the (2,) time-step clip. Returns
+    ``silu(gate) · y`` (H·P,), the gated readout the mixer's norm takes, and the new state. Unlike the exact
+    form it reads the output from the new state, ``y = C·S_new + D·x``: the same quantity, summed in
+    another order.
+    """
+    _, heads, head_dim, state_size = state.shape
+    inner = heads * head_dim
+    x = mixed[:inner].reshape(heads, head_dim)
+    b_heads = mx.repeat(mixed[inner : inner + groups * state_size].reshape(groups, state_size), heads // groups, 0)
+    c_heads = mx.repeat(mixed[inner + groups * state_size :].reshape(groups, state_size), heads // groups, 0)
+    dt = mx.clip(nn.softplus(dt_raw + dt_bias), limits[0], limits[1])
+    decay = mx.exp(dt * -mx.exp(a_log).astype(mx.float32))
+    new_state = state[0] * decay[:, None, None] + (dt[:, None] * x)[:, :, None] * b_heads[:, None, :]
+    y = mx.sum(new_state * c_heads[:, None, :], axis=-1) + skip[:, None] * x
+    return nn.silu(gate) * y.reshape(inner), new_state[None]
+
+
+class FusedStep:
+    """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see :mod:`engine.numerics`)."""
+
+    def __init__(self, backend: str, heads: int, head_dim: int, groups: int, state_size: int) -> None:
+        if heads % groups:
+            raise ValueError(f"no fused step for {heads} heads in {groups} groups")
+        self.heads, self.head_dim, self.groups, self.state_size = heads, head_dim, groups, state_size
+        if backend == "cuda":
+            self._kernel = mx.fast.cuda_kernel(
+                name="parley_mamba_step", input_names=_STEP_INPUTS, output_names=_STEP_OUTPUTS, source=_STEP_CUDA
+            )
+        elif backend == "metal":
+            self._kernel = mx.fast.metal_kernel(
+                name="parley_mamba_step", input_names=_STEP_INPUTS, output_names=_STEP_OUTPUTS, source=_STEP_METAL
+            )
+        else:
+            raise ValueError(f"no fused step kernel for {backend!r}")
+
+    def __call__(
+        self,
+        mixed: mx.array,
+        dt_raw: mx.array,
+        gate: mx.array,
+        dt_bias: mx.array,
+        a_log: mx.array,
+        skip: mx.array,
+        state: mx.array,
+        limits: mx.array,
+    ) -> tuple[mx.array, mx.array]:
+        rows = self.heads * self.head_dim
+        threads = rows * 32
+        y, new_state = self._kernel(
+            inputs=[mixed, dt_raw, gate, dt_bias, a_log, skip, state, limits],
+            template=[
+                ("H", self.heads),
+                ("P", self.head_dim),
+                ("G", self.groups),
+                ("N", self.state_size),
+                ("AT", a_log.dtype),
+            ],
+            grid=(threads, 1, 1),
+            threadgroup=(128 if rows % 4 == 0 else 32, 1, 1),
+            output_shapes=[(rows,), state.shape],
+            output_dtypes=[mx.float32, mx.float32],
+        )
+        return y, new_state
