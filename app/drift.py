@@ -191,6 +191,7 @@ def measure_drift(
         fast = random_voicechat(size, quantize=quantize, seed=seed, numerics="fast")  # type: ignore[arg-type]
         mx.eval(exact.model.parameters(), fast.model.parameters())
         report["fast_changes"] = fast.fast_changes
+        out(f"seed {seed}: fast changes in use on {mx.default_device()}: {fast.fast_changes}")
         result = drift_for_seed(exact, fast, frames, seed)
         report["seeds"].append(result)
         out(format_seed(result))

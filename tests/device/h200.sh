@@ -38,6 +38,11 @@ for arg in "$@"; do
     full8) step full8 590 parley bench --random full --quantize 8 --frames 100 --rounds 3 --compare mlx-vlm \
       --json "$OUT/full8.json" ;;
     tiny) step tiny 200 parley bench --random tiny --frames 100 --rounds 2 --compare mlx-vlm --json "$OUT/tiny.json" ;;
+    # Fast numerics: speed against mlx-vlm, counts, and drift against exact (the fused kernel admitted or not).
+    fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 2 \
+      --compare mlx-vlm --json "$OUT/fast4.json" ;;
+    fastcount) step fastcount 300 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
+    drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)
       for round in 1 2; do
