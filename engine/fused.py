@@ -61,13 +61,10 @@ def stacking_is_exact() -> bool:
     return mx.default_device().type == mx.cpu
 
 
-def fuse_projections(model: nn.Module, *, everywhere: bool = False) -> int:
-    """Stack the projections that share an input throughout ``model``; returns how many groups were fused.
-
-    Only where stacking is exact, unless ``everywhere`` (fast numerics, see :mod:`engine.numerics`).
-    Projections already stacked are left as they are.
-    """
-    if not (everywhere or stacking_is_exact()):
+def fuse_projections(model: nn.Module) -> int:
+    """Stack the projections that share an input throughout ``model`` where that is exact (the CPU);
+    returns how many groups were fused. Projections already stacked are left as they are."""
+    if not stacking_is_exact():
         return 0
     fused = 0
     for _, module in model.named_modules():

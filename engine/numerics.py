@@ -4,22 +4,22 @@ Exact mode keeps the reference port's decomposition of every network into MLX op
 so outputs equal mlx-vlm 0.7.10's bit for bit on the CPU and the GPU (README, "Exact on
 the GPU"); a frame then stays several thousand operations, and on a GPU each costs host
 time whatever the arithmetic. Fast mode changes the arithmetic where that buys speed, and
-nowhere else. Each change, what differs from the reference, and why it is safe:
+nowhere else. The change, what differs from the reference, and why it is safe:
 
-1. **Projections stacked on every device.** Where a layer multiplies one input by several
-   weights (the TTS backbone's q/k/v and gate/up, the MoG head's gate/up and output heads,
-   the Conformer's k/v), one product with the stacked weight replaces several. Each output
-   is still one dot product over the same input, but a GPU library may pick another
-   algorithm for the taller matrix, so the last bits can differ (exact mode stacks on the
-   CPU only, where they do not).
-2. **A fused Mamba-2 step** (:func:`engine.ssm.fused_step`): the state update, its readout
-   ``C·S``, the skip term and the output gate of one position run as one kernel per layer
-   (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) instead of about thirty operations.
-   The kernel sums ``C·S`` over the state in its own order and reads the new state once,
-   where the reference sums ``(C·B)·dt·x`` and ``C·S_old`` separately: the same quantity,
-   rounded differently (float32 throughout, as the reference). A kernel is used only after
-   it matched its operations fallback on this device at load (:func:`admit_kernel`);
-   otherwise, and on the CPU, the fallback runs.
+* **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): the state update, its readout
+  ``C·S``, the skip term and the output gate of one position run as one kernel per layer
+  (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) instead of about forty operations.
+  The kernel sums ``C·S`` over the state in its own order and reads the new state once,
+  where the reference sums ``(C·B)·dt·x`` and ``C·S_old`` separately: the same quantity,
+  rounded differently, in float32 throughout as the reference. A kernel is used only after
+  it matched its operations fallback (:func:`engine.ssm.fused_step_ops`, the same arithmetic)
+  on this device at load (:func:`admit_kernel`); otherwise, and on the CPU, the fallback runs.
+
+Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
+stacks them on the CPU only). On CUDA the taller products take another library path with
+reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
+codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
+(README, "Fast numerics").
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
 "Fast numerics" section, with the drift each change causes. Random weights make the
@@ -99,19 +99,17 @@ def admit_kernel(
 def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     """Prepare a loaded model for ``numerics``; returns which of fast mode's changes are in use.
 
-    Exact mode changes nothing. Fast mode stacks projections on every device and gives each
-    Mamba-2 mixer the fused step: the kernel where it matched its fallback on this device, else
-    the fallback (the same arithmetic as operations; always so on the CPU).
+    Exact mode changes nothing. Fast mode gives each Mamba-2 mixer the fused step: the kernel
+    where it matched its fallback on this device, else the fallback (the same arithmetic as
+    operations; always so on the CPU).
     """
     if check_numerics(numerics) == "exact":
         return {}
     import functools
 
-    from .fused import fuse_projections
     from .llm import Mamba2Mixer
     from .ssm import FusedStep, fused_step_ops
 
-    stacked = fuse_projections(model, everywhere=True)  # type: ignore[arg-type]
     mixers = [module for _, module in model.named_modules() if isinstance(module, Mamba2Mixer)]  # type: ignore[attr-defined]
     kernel_used = False
     if mixers:
@@ -125,7 +123,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
                 step, kernel_used = kernel, True
         for mixer in mixers:
             mixer.use_fast_step(step)
-    return {"stacked_projections": stacked > 0, "fused_mamba_step": kernel_used}
+    return {"fused_mamba_step": kernel_used}
 
 
 def _step_sample(mixer: object) -> tuple[mx.array, ...]:
