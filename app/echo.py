@@ -49,9 +49,11 @@ Thread safety
 
 Where it runs, and what it costs
     Off the audio callback: on the engine worker, on each 80 ms frame after resampling (that is where
-    the 16 kHz signal first exists, and the callback contract is "copy only"). The cost is about
-    15 µs of AEC3 per 10 ms block on this 2-core CI machine (a few per cent of one core); see
-    ``tests/echo_report.md`` for the measured figures and ``tests/test_echo.py`` for how.
+    the 16 kHz signal first exists, and the callback contract is "copy only"). On this 2-core CI
+    machine AEC3 alone takes 120–130 µs per 10 ms block and the whole ``clean_capture`` 160–210 µs per
+    block (reference resampling and alignment included): 1.3–1.7 ms per 80 ms frame, about 2 % of one
+    core. It would fit a callback's 10 ms budget too, but Python in a callback risks GIL stalls.
+    ``tests/echo_report.md`` has the figures and the commands.
 
 Timing: delay and drift
     Both streams are placed on one 16 kHz timeline of ``clock`` time: each playback chunk at its DAC
@@ -59,8 +61,11 @@ Timing: delay and drift
     reference that reached the speaker at *t* + ``guard_s``; the echo then lags its reference by the
     acoustic path plus the guard, never less (AEC3 cannot cancel an echo that arrives before its
     reference, which over-reported device latencies would otherwise cause). The devices' reported
-    latencies thus take out the bulk delay, and AEC3's own delay estimator finds the rest: it handled
-    echo paths of 40–500 ms beyond the reported latencies in our measurements.
+    latencies thus take out the bulk delay, and AEC3's own delay estimator finds the rest: up to
+    500 ms beyond the reported latencies (measured; from 520 ms on it no longer converges: with the
+    guard, AEC3's default delay search spans about half a second). ``guard_s``
+    must stay below the real output + input latency, or the reference is not there yet when a block is
+    cleaned (``stats.reference_lead_s`` turns negative, ``reference_missing_blocks`` grows).
 
     Clock drift (the speaker's and the microphone's crystals differ by up to a few hundred ppm) shows
     as a slowly growing difference between a stream's sample count and its timestamps. Each stream
@@ -69,23 +74,25 @@ Timing: delay and drift
     ``RESYNC_S`` (a pause in playback, a device restart) re-anchors the stream at once. Playback
     that was never fed for a capture block counts as silence (``stats.reference_missing_blocks``).
 
-Why pywebrtc-audio and not livekit's AudioProcessingModule (both AEC3; ``tests/echo_report.md``
+Why pywebrtc-audio and not livekit's AudioProcessingModule (both are AEC3; ``tests/echo_report.md``
 has the numbers and the commands)
-    - Size: a 0.4 MB wheel (0.9 MB installed, numpy only) against 9–12 MB wheels (30 MB installed:
-      the whole LiveKit client FFI library, plus protobuf and aiofiles) of which we would use one
-      class.
-    - Latency and cost: a direct call per 10 ms block, float32 in and out, GIL released; livekit
-      goes through a protobuf FFI request per block and per direction and takes int16 bytes, about
-      2× the cost per block here.
-    - Echo path: the same AEC3 underneath. On our signals pywebrtc-audio kept ≥ 50 dB ERLE at a
-      500 ms echo delay; livekit's build lost convergence there (14–30 dB windows).
-    - Upkeep: livekit is a company's busy SDK (frequent releases) but its APM is a side feature;
-      pywebrtc-audio (strands-labs, Apache-2.0, 0.2.0 of 2026-09) is young and small. Its API is
-      the narrow one we need (``process(near, far)``), so replacing it (by livekit through the
-      ``BlockCanceller`` protocol) is a small, local change if it stops being kept up.
-    Double talk is the same for both: AEC3's residual suppressor attenuates the user's voice while
-    the assistant speaks, by less than 3 dB when the user is at least 10 dB louder than the echo at
-    the microphone, by about 5 dB at equal levels. Neither binding exposes the suppressor's tuning.
+    - Size: a 0.4 MB wheel (0.9 MB installed, numpy only) against 9–12 MB wheels (30 MB installed: the
+      whole LiveKit client FFI library, plus protobuf and aiofiles) of which we would use one class, and
+      which the app bundle would carry.
+    - Cost and latency: a direct call per 10 ms block, float32 in and out, GIL released; livekit makes
+      one protobuf FFI request per block and direction and takes int16 bytes: 2–2.3× the time per
+      block here (121–130 against 233–286 µs). Both delay the microphone by the same 8 ms (AEC3's).
+    - Echo path: the same AEC3 underneath, handling up to 500 ms of delay beyond the alignment and
+      failing from 520 ms on (ERLE under 6 dB) in both. ERLE on our signals: 53–61 dB against 58–62 dB
+      at 40–300 ms, both far above the 25 dB target; at 500 ms 56 against 49 dB.
+    - Upkeep: livekit is a company's busy SDK (100+ releases) whose APM is a side feature;
+      pywebrtc-audio (strands-labs, Apache-2.0; 0.2.0 of 2026-09, its third release) is young and
+      small. Its API is the narrow one we need (``process(near, far)``), so moving to livekit through
+      the ``BlockCanceller`` protocol (``tests/echo_compare.py`` has the adapter) is a local change if
+      it stops being kept up.
+    Double talk is the same for both: AEC3's residual suppressor attenuates the user's voice while the
+    assistant speaks, by about 2 dB when the echo is 10 dB below the user's voice at the microphone and
+    by about 5 dB at equal levels. Neither binding exposes the suppressor's tuning.
 
 macOS: the system's voice-processing I/O (AVAudioEngine voice processing) is another canceller;
 never run both on one stream (they fight over the same echo). This module is for PortAudio streams.
