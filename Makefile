@@ -1,6 +1,6 @@
 # Parley — developer entry points. Each target creates .venv on first use.
 #   make run    set up and start the app (a demo checkpoint is generated when no real one is configured)
-#   make test   set up everything the tests need and run them (what CI runs)
+#   make test   set up everything the tests need and run them: ruff, mypy (app/ and ui/), pytest (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -31,6 +31,7 @@ run: $(RUN_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/ruff check app engine ui tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 # Linux: dist/Parley/ (run dist/Parley/parley); macOS: dist/Parley.app. See packaging/README.md.
@@ -41,6 +42,7 @@ bundle: $(RUN_STAMP)
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check app engine ui tests
 	$(BIN)/ruff format --check app engine ui tests
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache

@@ -28,7 +28,7 @@ class AudioFile:
 
     @property
     def seconds(self) -> float:
-        return self.samples.shape[0] / self.sample_rate
+        return float(self.samples.shape[0] / self.sample_rate)
 
 
 def read_audio(path: str | Path, *, target_rate: int = 16_000) -> AudioFile:

@@ -12,16 +12,28 @@ Data path::
 Both streams run at the device's native rate; all resampling happens on the engine
 worker's side, never in a callback.
 
+Microphone audio enters the input ring only while ``capturing`` (the engine worker is
+consuming frames, or is about to: the talk key went down). While the engine loads, sleeps
+or waits for the first key press nobody reads the ring, so the callback keeps out of it
+rather than overwrite unread audio. Audio that a full ring does drop is counted in
+seconds (``input_lost_s``).
+
+Output, in the callback: jitter buffer, then one gain (ducking × master volume, 0 when
+muted, ramped), then a peak limiter whose ceiling (:data:`OUTPUT_CEILING`) no sample
+exceeds, whatever the model, the demo or the volume do.
+
 Concurrency contract
     - PortAudio callback threads run the input and output callbacks. They never block
       (the rings hold their locks only for a copy), allocate nothing in the steady state
       (only a short gain ramp when ducking starts or ends), and read ``talking`` /
       ``duck_while_talking`` once per block.
     - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` /
-      ``clear_output()``). ``_in_lock`` / ``_out_lock`` guard the resamplers and the
-      rings' identity on that side, so a reopen at a new rate swaps them safely.
+      ``clear_output()``, ``start_capture()`` / ``stop_capture()``). ``_in_lock`` /
+      ``_out_lock`` guard the resamplers and the rings' identity on that side, so a reopen
+      at a new rate swaps them safely.
     - One controller thread calls ``start()``, ``set_devices()``, ``poll_health()`` and
-      ``close()`` (serialised by a lock) and sets ``talking`` / ``duck_while_talking``.
+      ``close()`` (serialised by a lock) and sets ``talking`` / ``duck_while_talking`` /
+      ``volume`` / ``muted``, ``hush()`` and ``take_turn_latencies()``.
     - Any thread may read the levels, counters and backlogs: plain attribute reads.
 
 Hot-plug: the controller calls ``poll_health()`` periodically (every 0.25–1 s). A stream
@@ -45,21 +57,23 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import soxr
 
 from app.messages import DeviceStatus
 from app.ring_buffer import RingBuffer
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 log = logging.getLogger(__name__)
 
-# The engine's contract (engine.config: input_sample_rate, output_sample_rate, frame_samples);
-# repeated here as defaults so that importing app.audio_io does not import MLX.
-ENGINE_INPUT_RATE = 16_000
-ENGINE_OUTPUT_RATE = 22_050
-FRAME_SAMPLES = 1280
+OUTPUT_CEILING_DBFS: Final = -6.0
+OUTPUT_CEILING: Final = 10.0 ** (OUTPUT_CEILING_DBFS / 20.0)
+"""No sample reaches the speaker louder than this (0.50 of full scale), at any volume."""
+LIMITER_RELEASE_DB_PER_S: Final = 20.0  # how fast the limiter gives back gain after a loud block
+AUDIBLE_PEAK: Final = 10.0 ** (-45.0 / 20.0)
+"""Assistant audio above this peak (-45 dBFS, before the volume) counts as audible: speaking, and the reply's start."""
 
 NO_PORTAUDIO = (
     "The PortAudio sound library is not installed, so Parley cannot use the microphone or speakers. "
@@ -95,7 +109,8 @@ def _sounddevice() -> ModuleType:
         import sounddevice
     except OSError as error:  # "PortAudio library not found"
         raise AudioUnavailable(NO_PORTAUDIO) from error
-    return sounddevice
+    module: ModuleType = sounddevice
+    return module
 
 
 # --------------------------------------------------------------------------- devices
@@ -217,7 +232,9 @@ class _Endpoint:
     # Output only: jitter buffer and ducking state.
     playing: bool = False
     waited: int = 0  # samples played as silence while something short was queued
-    gain: float = 1.0
+    gain: float = 1.0  # ducking × volume, as last applied
+    limit: float = 1.0  # the limiter's gain
+    latency_s: float = 0.0  # output: from handing a block to PortAudio to hearing it (the stream's latency)
     scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
 
     @property
@@ -246,7 +263,10 @@ class AudioIO:
     Args:
         input_device: the microphone's name (exact, or a unique part of it); None for the system default.
         output_device: the speaker's name, likewise.
-        input_ring_s: microphone audio buffered for the engine; beyond it the oldest is dropped.
+        capture: start with the microphone feeding the input ring (the app starts without, and lets the
+            engine worker open it when it begins to read frames).
+        input_ring_s: microphone audio buffered for the engine while it catches up; beyond it the oldest
+            is dropped (and counted in ``input_lost_s``).
         output_ring_s: assistant audio that ``play()`` may queue ahead.
         prefill_frames: engine frames (80 ms) buffered before playback starts or resumes (jitter buffer).
         duck_gain: playback gain while the talk key is held, when ``duck_while_talking`` is set.
@@ -258,6 +278,8 @@ class AudioIO:
     Attributes set by the controller (read once per audio block, no locks):
         talking: True while the talk key is held; otherwise the engine receives silence.
         duck_while_talking: attenuate playback by ``duck_gain`` while ``talking``.
+        volume: the master playback level, 0..1.
+        muted: play silence (the engine keeps running).
     """
 
     def __init__(
@@ -265,23 +287,35 @@ class AudioIO:
         input_device: str | None = None,
         output_device: str | None = None,
         *,
-        input_ring_s: float = 3.0,
+        capture: bool = True,
+        input_ring_s: float = 20.0,
         output_ring_s: float = 10.0,
         prefill_frames: int = 2,
         duck_while_talking: bool = False,
         duck_gain: float = 0.2,
+        volume: float = 1.0,
+        muted: bool = False,
         latency: str | float = "high",
         retry_interval_s: float = 1.0,
         stall_timeout_s: float = 3.0,
-        engine_input_rate: int = ENGINE_INPUT_RATE,
-        engine_output_rate: int = ENGINE_OUTPUT_RATE,
-        frame_samples: int = FRAME_SAMPLES,
+        engine_input_rate: int = INPUT_SAMPLE_RATE,
+        engine_output_rate: int = OUTPUT_SAMPLE_RATE,
+        frame_samples: int = INPUT_FRAME_SAMPLES,
     ) -> None:
         if not 0.0 <= duck_gain <= 1.0:
             raise ValueError(f"duck_gain must be between 0 and 1, got {duck_gain}")
-        self.talking = False
+        if not 0.0 <= volume <= 1.0:
+            raise ValueError(f"volume must be between 0 and 1, got {volume}")
+        self._talking = False
+        self.capturing = capture
         self.duck_while_talking = duck_while_talking
         self.duck_gain = duck_gain
+        self.volume = volume
+        self.muted = muted
+        self._hushed = False  # stop_speaking(): drop the assistant's audio until the key goes down again
+        self._released_at: float | None = None  # when the talk key went up, until the reply is heard
+        self._turn_latencies: list[float] = []
+        self._last_audible = 0.0
         self._input_pref = input_device
         self._output_pref = output_device
         self._input_ring_s = input_ring_s
@@ -323,6 +357,7 @@ class AudioIO:
         self._input_device_overflows = 0
         self._output_device_underflows = 0
         # Counters of rings replaced after a sample-rate change.
+        self._retired_input_lost_s = 0.0
         self._retired_input_overflows = 0
         self._retired_output_overflows = 0
         self._retired_output_underruns = 0
@@ -356,13 +391,15 @@ class AudioIO:
         """Choose the microphone and speaker by name (None = system default) and reopen the streams.
 
         Devices plugged in since the last refresh are found. A device that cannot be
-        opened falls back to the default; with nothing usable audio pauses. Either way
-        the outcome is reported by the next ``poll_health()``.
+        opened falls back to the default; with nothing usable audio pauses. A change of
+        device, a fallback or a pause is reported by the next ``poll_health()``; reopening
+        the same devices is not.
         """
         with self._lifecycle:
             self._input_pref, self._output_pref = input_name, output_name
             if self._state is AudioState.STOPPED:
                 return
+            before = (self.input_device_name, self.output_device_name)
             self._close_streams()
             try:
                 notes = self._open_streams()
@@ -370,7 +407,9 @@ class AudioIO:
                 self._pause(f"{error} Audio is paused and resumes when a device is available.")
                 return
             self._state, self._resuming = AudioState.RUNNING, False
-            self._report(" ".join([*notes, f"Using the {self._input_label()} and the {self._output_label()}."]))
+            # Reopening the same devices (a refresh of the device lists) is nothing to tell the user about.
+            if notes or before != (self.input_device_name, self.output_device_name):
+                self._report(" ".join([*notes, f"Using the {self._input_label()} and the {self._output_label()}."]))
 
     def poll_health(self) -> list[DeviceStatus]:
         """Check the streams, recover from lost devices, and return what changed since the last call.
@@ -397,6 +436,42 @@ class AudioIO:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ push to talk and playback control
+
+    @property
+    def talking(self) -> bool:
+        """True while the talk key is held: the engine gets the microphone, otherwise silence."""
+        return self._talking
+
+    @talking.setter
+    def talking(self, talking: bool) -> None:
+        if talking and not self._talking:
+            self._hushed = False  # the user took the turn; the next answer plays again
+            self._released_at = None
+        elif self._talking and not talking:
+            self._released_at = time.monotonic()  # the reply's delay is measured from here
+        self._talking = talking
+
+    def hush(self) -> None:
+        """Stop the assistant now: drop what is queued for playback, and its audio until the key goes down again."""
+        self._hushed = True
+        self._released_at = None
+        self.clear_output()
+
+    @property
+    def hushed(self) -> bool:
+        return self._hushed
+
+    def take_turn_latencies(self) -> list[float]:
+        """Seconds from each key release to the first audible assistant audio at the speaker, since the last call."""
+        taken, self._turn_latencies = self._turn_latencies, []
+        return taken
+
+    @property
+    def last_audible(self) -> float:
+        """``time.monotonic()`` of the last block of audible assistant audio (0 if none yet)."""
+        return self._last_audible
 
     # ------------------------------------------------------------------ state for anyone
 
@@ -444,8 +519,13 @@ class AudioIO:
 
     @property
     def input_overflows(self) -> int:
-        """Microphone blocks that pushed out unread audio because the engine fell behind."""
+        """Microphone blocks that pushed out unread audio because the engine fell more than ``input_ring_s`` behind."""
         return self._retired_input_overflows + self._in_ring.overflows
+
+    @property
+    def input_lost_s(self) -> float:
+        """Seconds of captured microphone audio dropped unread (the engine fell more than ``input_ring_s`` behind)."""
+        return self._retired_input_lost_s + self._in_ring.dropped / self._in_rate
 
     @property
     def input_device_overflows(self) -> int:
@@ -496,11 +576,30 @@ class AudioIO:
                 return frame
             self._input_ready.wait(remaining)
 
+    def start_capture(self) -> None:
+        """The engine starts reading frames: microphone audio from now on goes to it (nothing older).
+
+        Does nothing while already capturing, so audio captured since the talk key went down is kept.
+        """
+        if self.capturing:
+            return
+        with self._in_lock:
+            self._in_ring.clear()
+            self._in_resampler.clear()
+            self._pending = np.zeros(0, dtype=np.float32)
+            self.capturing = True
+
+    def stop_capture(self) -> None:
+        """The engine stops reading frames (loading, asleep, no conversation): keep the microphone out of the ring."""
+        self.capturing = False
+        self.clear_input()
+
     def play(self, samples: np.ndarray) -> None:
         """Queue assistant speech (mono, at the engine's 22.05 kHz) for playback; never blocks.
 
         Non-finite values become silence and the rest is clipped to [-1, 1]. When more
         than ``output_ring_s`` is queued the oldest audio is dropped (``output_overflows``).
+        After ``hush()`` and until the talk key goes down, the audio is dropped instead.
 
         Raises:
             ValueError: ``samples`` is not one-dimensional.
@@ -511,6 +610,8 @@ class AudioIO:
         if not np.isfinite(data).all():
             data = np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
         data = np.clip(data, -1.0, 1.0)
+        if self._hushed:
+            return
         with self._out_lock:
             self._out_ring.write(self._out_resampler.resample_chunk(data))
 
@@ -624,6 +725,8 @@ class AudioIO:
                     continue
                 raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({error}).") from error
         endpoint.opened_at = endpoint.last_callback = time.monotonic()
+        if direction == "output":
+            endpoint.latency_s = float(endpoint.stream.latency)
         try:
             endpoint.stream.start()
         except sd.PortAudioError as error:
@@ -639,6 +742,7 @@ class AudioIO:
                 assert rest is not None  # no writer while the streams are closed
                 self._pending = np.concatenate((self._pending, self._in_resampler.resample_chunk(rest, last=True)))
                 self._retired_input_overflows += self._in_ring.overflows
+                self._retired_input_lost_s += self._in_ring.dropped / self._in_rate
                 self._in_ring = RingBuffer(round(self._input_ring_s * rate))
                 self._in_resampler = soxr.ResampleStream(rate, self._engine_in_rate, 1, dtype="float32")
                 self._in_rate = rate
@@ -765,7 +869,9 @@ class AudioIO:
                 self._input_device_overflows += 1
             mono = indata[:, 0]
             self._input_peak = _decayed_peak(mono, self._input_peak, frames, rate)
-            if self.talking:
+            if not self.capturing:
+                return  # nobody reads frames now: the meter shows the microphone, the ring stays empty
+            if self._talking:
                 ring.write(mono)
             else:
                 ring.write_zeros(frames)
@@ -797,17 +903,46 @@ class AudioIO:
                     endpoint.playing, endpoint.waited = False, 0
             else:
                 mono.fill(0.0)
-            target = self.duck_gain if self.duck_while_talking and self.talking else 1.0
+            source_peak = max(float(mono.max(initial=0.0)), -float(mono.min(initial=0.0)))
+            if source_peak > AUDIBLE_PEAK:
+                now = time.monotonic()
+                self._last_audible = now
+                released = self._released_at
+                if released is not None:
+                    # The reply's delay, as heard: this block reaches the ear after the stream's latency.
+                    self._released_at = None
+                    self._turn_latencies.append(now + endpoint.latency_s - released)
+            duck = self.duck_gain if self.duck_while_talking and self._talking else 1.0
+            target = 0.0 if self.muted else duck * self.volume
             if endpoint.gain != target:
                 mono *= np.linspace(endpoint.gain, target, frames, dtype=np.float32)  # a ramp, not a click
                 endpoint.gain = target
             elif target != 1.0:
                 mono *= target
+            self._limit(endpoint, mono, frames, rate)
             if outdata.shape[1] != 1:
                 outdata[:] = mono[:, np.newaxis]
             self._output_peak = _decayed_peak(mono, self._output_peak, frames, rate)
 
         return callback
+
+    @staticmethod
+    def _limit(endpoint: _Endpoint, mono: np.ndarray, frames: int, rate: int) -> None:
+        """Peak limiter: a loud block is scaled under the ceiling at once; the gain comes back slowly.
+
+        Each block gets one gain, chosen from its own peak, so no sample exceeds the ceiling
+        (the final clip only guards against rounding); in place, allocating nothing.
+        """
+        peak = max(float(mono.max(initial=0.0)), -float(mono.min(initial=0.0)))
+        wanted = 1.0 if peak * endpoint.limit <= OUTPUT_CEILING else OUTPUT_CEILING / peak
+        if wanted < endpoint.limit:
+            endpoint.limit = wanted
+        elif endpoint.limit < 1.0:
+            recovered = endpoint.limit * 10.0 ** (LIMITER_RELEASE_DB_PER_S * frames / rate / 20.0)
+            endpoint.limit = min(1.0, recovered, OUTPUT_CEILING / peak if peak > 0 else 1.0)
+        if endpoint.limit < 1.0:
+            mono *= endpoint.limit
+        np.clip(mono, -OUTPUT_CEILING, OUTPUT_CEILING, out=mono)
 
 
 def _abort_and_close(stream: Any) -> None:

@@ -1,9 +1,9 @@
 """The demo checkpoint: a tiny random-weight model generated on first use.
 
 It lets Parley start and run the whole pipeline (microphone to speaker) on any machine
-without downloading 9 GB; it produces no real speech. It is generated into the user data
-folder rather than shipped, and written to a temporary folder first so an interrupted
-generation never looks finished.
+without downloading 9 GB; it makes noise, not speech (the worker plays it attenuated).
+It is generated into the user data folder rather than shipped, and written to a
+temporary folder first so an interrupted generation never looks finished.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from .paths import demo_checkpoint_dir
+from .variants import DEMO
 
 DEMO_SEED = 0
-DEMO_QUANTIZATION = 4
+DEMO_QUANTIZATION = DEMO.bits
 _COMPLETE_MARKER = ".parley-demo-complete"
 
 

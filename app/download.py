@@ -47,13 +47,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Final, TypeVar
+from typing import IO, Any, Final, TypeVar, cast
 from urllib.parse import urlsplit
 
 import httpx2
 from huggingface_hub import HfApi, constants, get_session, hf_hub_url, hf_raise_for_status
-from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-from huggingface_hub.utils import OfflineModeIsEnabled, build_hf_headers
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
+from huggingface_hub.utils._headers import build_hf_headers  # huggingface_hub.utils re-exports it lazily (untyped)
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class _Checksum:
 
     def matches(self) -> bool:
         expected = self._remote.sha256 or self._remote.blob_id
-        return self._hasher.hexdigest() == expected
+        return bool(self._hasher.hexdigest() == expected)
 
 
 # --------------------------------------------------------------------------- progress
@@ -548,7 +548,7 @@ class _Download:
             except queue.Empty:
                 continue
             if ok:
-                return value
+                return cast(_T, value)
             raise value
 
     def _network_error(self, exc: Exception) -> DownloadError:

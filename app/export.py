@@ -1,36 +1,42 @@
-"""Saving a conversation (both sides as WAV plus a transcript) and exporting its profile log.
+"""Saving a conversation (both sides as WAV plus a transcript) and exporting the session's profile log.
 
 Every file is written to a temporary name in the target folder and renamed into place,
 so a full disk or a read-only folder raises an ``ExportError`` naming the path and
 leaves neither a partial file nor a changed recording behind: the user can pick
-another folder and try again.
+another folder and try again. Every file gets the same permissions (``app.files``).
+Nothing to write is a ``NothingToExport`` error, never an empty file.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engine.events import AssistantTextDelta, FrameTiming, ToolCall, UserTranscriptDelta
+from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .audio_files import write_wav
-
-FRAME_S = 0.08
+from .files import apply_file_mode, write_text_file
 
 
 class ExportError(OSError):
     """A file could not be written; the message names it and says why."""
 
 
-class ConversationRecording:
-    """Both sides of the current conversation, as the model heard and spoke them (thread-safe)."""
+class NothingToExport(Exception):
+    """There is nothing to write yet; the message says why, for the user."""
 
-    def __init__(self, input_rate: int = 16_000, output_rate: int = 22_050) -> None:
+
+class ConversationRecording:
+    """Both sides of the current conversation, as the model heard and as it played them (thread-safe)."""
+
+    def __init__(self, input_rate: int = INPUT_SAMPLE_RATE, output_rate: int = OUTPUT_SAMPLE_RATE) -> None:
         self.input_rate = input_rate
         self.output_rate = output_rate
         self._lock = threading.Lock()
@@ -50,6 +56,11 @@ class ConversationRecording:
             self._input.clear()
             self._output.clear()
 
+    @property
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._input and not self._output
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
             user = np.concatenate(self._input) if self._input else np.zeros(0, np.float32)
@@ -65,12 +76,16 @@ class TranscriptEntry:
 
     @property
     def seconds(self) -> float:
-        return self.frame_index * FRAME_S
+        return self.frame_index * FRAME_SECONDS
 
 
 @dataclass
 class Transcript:
-    """Turns built from the streamed deltas: consecutive deltas of one role form one entry."""
+    """Turns built from the streamed deltas: consecutive deltas of one role form one entry.
+
+    Holds one conversation (the controller clears it when the next begins); text is kept as
+    the model produced it, special markers included, since exports keep them.
+    """
 
     entries: list[TranscriptEntry] = field(default_factory=list)
 
@@ -93,30 +108,64 @@ class Transcript:
         self.entries.clear()
 
     def to_markdown(self, title: str = "Parley conversation") -> str:
+        """One line per entry, in time order (an entry's time is its first delta's frame)."""
         lines = [f"# {title}", ""]
-        for entry in self.entries:
+        for entry in sorted(self.entries, key=lambda entry: entry.frame_index):
             minutes, seconds = divmod(entry.seconds, 60)
             lines.append(f"**[{int(minutes):02d}:{seconds:05.2f}] {entry.role}:** {entry.text.strip()}")
             lines.append("")
         return "\n".join(lines)
 
 
-def _write_text(path: Path, text: str) -> Path:
-    from engine.files import write_atomic
+@dataclass
+class ConversationProfile:
+    """One conversation's frame timings and turn delays, as the session profile keeps them."""
 
-    return write_atomic(path, text)
+    number: int
+    started: datetime
+    variant: str
+    checkpoint: dict[str, Any]
+    timings: list[FrameTiming] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
 
 
-def _guarded(path: Path, action: Any) -> Path:
+@dataclass
+class SessionProfile:
+    """Every conversation since launch (one thread: the controller's)."""
+
+    conversations: list[ConversationProfile] = field(default_factory=list)
+
+    def begin(self, number: int, variant: str, checkpoint: dict[str, Any]) -> ConversationProfile:
+        conversation = ConversationProfile(number, datetime.now(UTC), variant, dict(checkpoint))
+        self.conversations.append(conversation)
+        return conversation
+
+    @property
+    def current(self) -> ConversationProfile | None:
+        return self.conversations[-1] if self.conversations else None
+
+    @property
+    def frame_count(self) -> int:
+        return sum(len(c.timings) for c in self.conversations)
+
+
+def _guarded(path: Path, action: Callable[[], Path]) -> Path:
     try:
-        return action()
+        return apply_file_mode(action())
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ExportError(f"Could not write {path}: {reason}") from exc
 
 
 def save_conversation(folder: Path, recording: ConversationRecording, transcript: Transcript) -> list[Path]:
-    """Write ``user.wav`` (16 kHz, what the model heard), ``assistant.wav`` (22.05 kHz) and ``transcript.md``."""
+    """Write ``user.wav`` (16 kHz, what the model heard), ``assistant.wav`` (22.05 kHz) and ``transcript.md``.
+
+    Raises:
+        NothingToExport: the conversation has no audio and no text yet.
+        ExportError: a file could not be written.
+    """
+    if recording.empty and not transcript.entries:
+        raise NothingToExport("Nothing to save yet: this conversation has no audio or text. Talk first, then save.")
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -128,25 +177,39 @@ def save_conversation(folder: Path, recording: ConversationRecording, transcript
         _guarded(
             folder / "assistant.wav", lambda: write_wav(folder / "assistant.wav", assistant, recording.output_rate)
         ),
-        _guarded(folder / "transcript.md", lambda: _write_text(folder / "transcript.md", transcript.to_markdown())),
+        _guarded(folder / "transcript.md", lambda: write_text_file(folder / "transcript.md", transcript.to_markdown())),
     ]
 
 
-def export_profile(
-    path: Path, timings: Sequence[FrameTiming], *, checkpoint: dict[str, Any], settings: dict[str, Any]
-) -> list[Path]:
-    """Write the session profile log as ``<stem>.json``, ``<stem>.csv`` and ``<stem>.trace.json``."""
-    from engine.profile_log import build_profile_log, write_profile_log
+def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, Any]) -> list[Path]:
+    """Write every conversation's frame log as ``<stem>.json``, ``<stem>.csv`` and ``<stem>.trace.json``.
 
+    Raises:
+        NothingToExport: no frame has run since launch.
+        ExportError: a file could not be written.
+    """
+    from engine.profile_log import ConversationLog, build_session_profile_log, write_profile_log
+
+    conversations = [c for c in profile.conversations if c.timings]
+    if not conversations:
+        raise NothingToExport(
+            "Nothing to export yet: no conversation has run since Parley started. Talk first, then export."
+        )
     path = Path(path)
     stem = path.name.removesuffix(".trace.json").removesuffix(".json").removesuffix(".csv")
-    log = build_profile_log(list(timings), checkpoint=checkpoint, settings=settings)
+    log = build_session_profile_log(
+        [
+            ConversationLog(c.number, c.started, c.variant, c.checkpoint, list(c.timings), list(c.latencies_s))
+            for c in conversations
+        ],
+        settings=settings,
+    )
     targets = {
         "json": path.with_name(f"{stem}.json"),
         "csv": path.with_name(f"{stem}.csv"),
         "trace": path.with_name(f"{stem}.trace.json"),
     }
     return [
-        _guarded(target, lambda target=target, fmt=fmt: write_profile_log(log, target, fmt))
+        _guarded(target, lambda target=target, fmt=fmt: write_profile_log(log, target, fmt))  # type: ignore[misc]
         for fmt, target in targets.items()
     ]

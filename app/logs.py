@@ -1,14 +1,35 @@
-"""Logging to a rotating file in the platform's log folder (the menu's *Open log folder*)."""
+"""Logging to a rotating file in the platform's log folder (the menu's *Open log folder*), and crash capture.
+
+``configure_logging`` sends ``logging`` to ``parley.log`` (INFO and up: loads, switches,
+conversations, exports, device changes, and errors with their tracebacks).
+``install_crash_handlers`` makes sure nothing that goes wrong only reaches stderr, which a
+windowed app throws away: ``faulthandler`` writes fatal errors (segfaults, aborts, with
+every thread's stack) to ``crash.log``, and uncaught exceptions, on the main thread
+(``sys.excepthook``, which Qt also calls for exceptions in slots) or any other
+(``threading.excepthook``), go to the log with their traceback and to a callback that
+shows them to the user.
+"""
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import logging.handlers
+import sys
+import threading
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
+from typing import IO
 
+from .files import apply_file_mode
 from .paths import log_dir
 
 LOG_FILE = "parley.log"
+CRASH_FILE = "crash.log"
+
+log = logging.getLogger("parley.crash")
 
 
 def configure_logging(folder: Path | None = None, *, level: int = logging.INFO) -> Path:
@@ -20,14 +41,84 @@ def configure_logging(folder: Path | None = None, *, level: int = logging.INFO) 
     root = logging.getLogger()
     root.setLevel(level)
     path = folder / LOG_FILE
+    if any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
+        return path
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handler: logging.Handler = logging.handlers.RotatingFileHandler(
             path, maxBytes=1 << 20, backupCount=5, encoding="utf-8"
         )
+        apply_file_mode(path)
     except OSError:
         handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
-    if not any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
-        root.addHandler(handler)
+    root.addHandler(handler)
     return path
+
+
+CrashReport = Callable[[str, str], None]
+"""Receives a one-line message and the traceback of an uncaught exception."""
+
+
+class CrashHandlers:
+    """Installed crash capture; ``uninstall()`` puts back what was there before."""
+
+    def __init__(self, folder: Path, report: CrashReport) -> None:
+        self.crash_file = folder / CRASH_FILE
+        self._report = report
+        self._previous_excepthook = sys.excepthook
+        self._previous_threading_hook = threading.excepthook
+        self._fault_stream: IO[str] | None = None
+        self._fault_was_enabled = faulthandler.is_enabled()
+
+    def install(self) -> CrashHandlers:
+        try:
+            self.crash_file.parent.mkdir(parents=True, exist_ok=True)
+            # Kept open for the life of the process: faulthandler writes to it from a dying process.
+            self._fault_stream = open(self.crash_file, "a", encoding="utf-8")  # noqa: SIM115
+            apply_file_mode(self.crash_file)
+            faulthandler.enable(file=self._fault_stream, all_threads=True)
+        except OSError:
+            log.warning("Could not open %s for fatal-error reports", self.crash_file, exc_info=True)
+        sys.excepthook = self._excepthook
+        threading.excepthook = self._threading_hook
+        return self
+
+    def uninstall(self) -> None:
+        sys.excepthook = self._previous_excepthook
+        threading.excepthook = self._previous_threading_hook
+        if self._fault_stream is not None:
+            if self._fault_was_enabled:
+                faulthandler.enable(file=sys.stderr)
+            else:
+                faulthandler.disable()
+            self._fault_stream.close()
+            self._fault_stream = None
+
+    def _excepthook(self, kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            self._previous_excepthook(kind, value, trace)
+            return
+        self._handle("the main thread", kind, value, trace)
+
+    def _threading_hook(self, args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread is not None else "a thread"
+        self._handle(f"the thread '{name}'", args.exc_type, args.exc_value, args.exc_traceback)
+
+    def _handle(
+        self, where: str, kind: type[BaseException], value: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        details = "".join(traceback.format_exception(kind, value, trace))
+        message = f"Unexpected error in {where}: {kind.__name__}: {value}"
+        log.error("%s\n%s", message, details)
+        try:
+            self._report(message, details)
+        except Exception:  # the report must never raise from inside an exception hook
+            log.exception("Could not report an uncaught exception")
+
+
+def install_crash_handlers(report: CrashReport, folder: Path | None = None) -> CrashHandlers:
+    """Capture fatal errors to ``crash.log`` and uncaught exceptions to the log and ``report``."""
+    return CrashHandlers(log_dir() if folder is None else folder, report).install()

@@ -5,6 +5,12 @@ levels, device changes, load progress, failures — into these plain frozen
 dataclasses and queues them; the UI drains the queue on its own thread
 (``AppController.poll()``). Engine events (``engine.events``: transcript and text
 deltas, tool calls) are forwarded unchanged alongside them.
+
+What state the app is in has one message: :class:`StateChanged`, a whole snapshot
+(state, loaded model, devices, load progress, whether a conversation runs) made by
+``app.status.StatusBoard``. Everything else is an event. The worker reports to the
+controller with :class:`EngineState`, :class:`LoadProgress`, :class:`InputFrame` and
+:class:`EngineInfo`, which the controller folds in and does not pass on.
 """
 
 from __future__ import annotations
@@ -12,8 +18,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from engine.events import FrameTiming
+
+from .variants import Variant
 
 
 class AppState(enum.Enum):
@@ -26,26 +37,96 @@ class AppState(enum.Enum):
     SPEAKING = "assistant speaking"
     FALLING_BEHIND = "falling behind"  # frames queue up faster than the engine processes them
     PAUSED = "paused"  # idle pause: the timeline sleeps until the key is pressed
+    NO_AUDIO = "no sound device"  # a model is loaded, but there is no microphone or speaker to use
     ERROR = "error"
 
 
 @dataclass(frozen=True)
+class ModelLoaded:
+    """A checkpoint finished loading (warm-up and speed check included) and can converse."""
+
+    name: str
+    path: Path
+    variant: Variant  # what the checkpoint is (from its own quantization, or the demo marker)
+    checkpoint: dict[str, Any] = field(default_factory=dict, compare=False)  # for profile logs
+
+    @property
+    def description(self) -> str:
+        """``"NemotronLabs-VoiceChat-11B-4bit · 4-bit"``; the demo is just "Demo"."""
+        return self.variant.label if self.variant.demo else f"{self.name} · {self.variant.label}"
+
+
+@dataclass(frozen=True)
 class StateChanged:
+    """The whole app state, as one snapshot: every part of the window renders from the latest one."""
+
     state: AppState
     detail: str = ""
+    model: ModelLoaded | None = None  # loaded and usable; None while loading or when there is none
+    microphone: str | None = None  # the device in use; None: no microphone
+    speaker: str | None = None  # likewise; None: no speaker
+    progress: float | None = None  # while loading: 0..1, or -1 when unknown
+    conversation: bool = False  # a conversation is open (its timeline runs unless paused)
+
+    @property
+    def audio_available(self) -> bool:
+        return self.microphone is not None and self.speaker is not None
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The worker's own state (no model / loading / ready / paused / falling behind / error), to the controller."""
+
+    state: AppState
+    detail: str = ""
+    conversation: bool = False
+
+
+@dataclass(frozen=True)
+class ConversationStarted:
+    """A new conversation began (frame indices restart at 0); everything of the previous one is complete."""
+
+    number: int  # 1, 2, … since launch
+    model: ModelLoaded
+
+
+@dataclass(frozen=True, eq=False)
+class InputFrame:
+    """One 80 ms frame as the engine heard it (16 kHz), for Save Conversation."""
+
+    samples: np.ndarray
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the worker's MLX runs on, for Help → About and the diagnostics."""
+
+    mlx_version: str
+    device: str  # e.g. "gpu: NVIDIA H200" or "cpu: x86_64"
 
 
 @dataclass(frozen=True)
 class FrameStats:
-    """One processed frame, for the live overlay."""
+    """One processed frame, for the live overlay. Counters are this conversation's."""
 
-    timing: FrameTiming
+    timing: FrameTiming  # timing_mode "device" on the frames timed stage by stage (one in N)
     backlog_frames: int  # input frames waiting for the engine
-    input_overflows: int  # microphone blocks dropped because the input ring was full
+    input_lost_s: float  # microphone audio dropped because the engine fell more than the input ring behind
     output_underruns: int  # playback callbacks that ran out of audio
     p50_ms: float  # over the recent window
     p95_ms: float
     realtime_factor: float  # mean total / 80 ms over the recent window
+    exact_every: int = 25  # one frame in this many is timed stage by stage
+
+
+@dataclass(frozen=True)
+class TurnLatency:
+    """The delay the user feels: key release to the assistant's first audible output, this conversation."""
+
+    latency_s: float  # the latest turn's
+    p50_s: float
+    p95_s: float
+    turns: int
 
 
 @dataclass(frozen=True)
@@ -60,14 +141,6 @@ class Levels:
 class LoadProgress:
     fraction: float  # 0..1, or -1 when unknown
     message: str
-
-
-@dataclass(frozen=True)
-class ModelLoaded:
-    name: str
-    path: Path
-    quantization_bits: int | None
-    demo: bool  # a generated random-weight checkpoint: produces no real speech
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,9 @@
-"""Where Parley finds its resources and keeps its files, the same way from source and from a bundle."""
+"""Where Parley finds its resources and keeps its files, the same way from source and from a bundle.
+
+One home for every location (the README's "Where things live" lists the same):
+settings in :func:`config_dir`, downloaded and generated checkpoints under :func:`data_dir`,
+the rotating log and the crash log in :func:`log_dir`.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +29,23 @@ def resource_path(*parts: str) -> Path:
     return root.joinpath("assets", *parts)
 
 
+def config_dir() -> Path:
+    """Per-user settings (``~/.config/Parley``, ``~/Library/Application Support/Parley``)."""
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+
+
 def data_dir() -> Path:
-    """Per-user data (downloaded and generated checkpoints)."""
+    """Per-user data (downloaded and generated checkpoints): ``~/.local/share/Parley``."""
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
 
 
+def models_dir() -> Path:
+    """Where downloaded checkpoints go unless the user picks another folder."""
+    return data_dir() / "models"
+
+
 def log_dir() -> Path:
+    """The rotating log and the crash log (``~/.local/state/Parley/log``, ``~/Library/Logs/Parley``)."""
     return Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
 
 

@@ -23,8 +23,9 @@ class RingBuffer:
     Args:
         capacity: the most samples it holds; allocated once, up front.
 
-    ``overflows`` counts writes that had to drop old samples; ``underruns`` counts
-    ``read_into`` calls that found fewer samples than asked for.
+    ``overflows`` counts writes that had to drop old samples and ``dropped`` the samples
+    they dropped; ``underruns`` counts ``read_into`` calls that found fewer samples than
+    asked for.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -37,6 +38,7 @@ class RingBuffer:
         self._read = 0
         self._lock = threading.Lock()
         self.overflows = 0
+        self.dropped = 0
         self.underruns = 0
 
     @property
@@ -59,22 +61,24 @@ class RingBuffer:
         data = np.asarray(samples, dtype=np.float32)
         if data.ndim != 1:
             raise ValueError(f"expected 1-D samples, got shape {data.shape}")
-        truncated = len(data) > self._capacity
-        if truncated:
+        truncated = len(data) - self._capacity
+        if truncated > 0:
             data = data[-self._capacity :]
         with self._lock:
-            if self._make_room(len(data)) or truncated:
+            if self._make_room(len(data)) or truncated > 0:
                 self.overflows += 1
+                self.dropped += max(0, truncated)
             self._copy_in(data)
         return len(data)
 
     def write_zeros(self, count: int) -> int:
         """Append ``count`` zero samples (silence) without allocating; returns how many were stored."""
-        truncated = count > self._capacity
+        truncated = count - self._capacity
         count = min(max(count, 0), self._capacity)
         with self._lock:
-            if self._make_room(count) or truncated:
+            if self._make_room(count) or truncated > 0:
                 self.overflows += 1
+                self.dropped += max(0, truncated)
             start = self._written % self._capacity
             first = min(count, self._capacity - start)
             self._buffer[start : start + first] = 0.0
@@ -117,6 +121,7 @@ class RingBuffer:
         excess = self._written - self._read + count - self._capacity
         if excess > 0:
             self._read += excess
+            self.dropped += excess
         return excess > 0
 
     def _copy_in(self, data: np.ndarray) -> None:

@@ -20,30 +20,23 @@ import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-import platformdirs
-
-from engine.files import write_atomic
+from .files import write_text_file
+from .paths import config_dir
+from .variants import MODEL_VARIANTS, variant
 
 log = logging.getLogger(__name__)
 
-APP_NAME: Final = "Parley"
 SETTINGS_FILENAME: Final = "settings.json"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2  # 2: checkpoints keyed by variant (1 had checkpoint_4bit / checkpoint_8bit)
 
-VARIANTS: Final = ("4bit", "8bit")
 TALK_MODES: Final = ("hold", "toggle")
 THEMES: Final = ("system", "light", "dark")
-
-# The published repositories for each variant, with their download sizes for the first-run screen.
-VARIANT_REPOS: Final = {
-    "4bit": "mlx-community/NemotronLabs-VoiceChat-11B-4bit",
-    "8bit": "mlx-community/NemotronLabs-VoiceChat-11B-8bit",
-}
-VARIANT_SIZES_GB: Final = {"4bit": 9.2, "8bit": 13.9}
+CONFIGURABLE_VARIANTS: Final = tuple(v.key for v in MODEL_VARIANTS)
+DEFAULT_VOLUME: Final = 0.8
 
 # The prompt NVIDIA's reference client uses (mlx-audio DEFAULT_SYSTEM_PROMPT); the model was tuned with it.
 DEFAULT_SYSTEM_PROMPT: Final = (
@@ -60,9 +53,8 @@ IDLE_PAUSE_MAX_S: Final = 600.0
 class Settings:
     """Everything the user can configure. ``None`` device names mean the system default device."""
 
-    checkpoint_4bit: Path | None = None
-    checkpoint_8bit: Path | None = None
-    active_variant: str = "4bit"  # one of VARIANTS
+    checkpoints: dict[str, Path] = field(default_factory=dict)  # variant key ("4bit", "8bit", "bf16") -> folder
+    active_variant: str | None = None  # the variant to load at start; None: none chosen yet (the demo)
     input_device: str | None = None
     output_device: str | None = None
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -74,12 +66,23 @@ class Settings:
     overlay: bool = True  # show the live frame-time overlay
     theme: str = "system"  # one of THEMES
     window_geometry: str | None = None  # opaque (base64 of Qt's saveGeometry), owned by the window
+    volume: float = DEFAULT_VOLUME  # the assistant's playback level, 0..1 (before the output limiter)
+    muted: bool = False
 
     def __post_init__(self) -> None:
-        for name, allowed in (("active_variant", VARIANTS), ("talk_mode", TALK_MODES), ("theme", THEMES)):
+        for name, allowed in (("talk_mode", TALK_MODES), ("theme", THEMES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.active_variant is not None and self.active_variant not in CONFIGURABLE_VARIANTS:
+            raise ValueError(
+                f"active_variant must be one of {', '.join(CONFIGURABLE_VARIANTS)} or null; got {self.active_variant!r}"
+            )
+        unknown = sorted(set(self.checkpoints) - set(CONFIGURABLE_VARIANTS))
+        if unknown:
+            raise ValueError(f"checkpoints has unknown variants {unknown}; use {', '.join(CONFIGURABLE_VARIANTS)}")
+        if not 0.0 <= self.volume <= 1.0:
+            raise ValueError(f"volume must be between 0 and 1; got {self.volume!r}")
         if not IDLE_PAUSE_MIN_S <= self.idle_pause_delay_s <= IDLE_PAUSE_MAX_S:
             raise ValueError(
                 f"idle_pause_delay_s must be between {IDLE_PAUSE_MIN_S:g} and {IDLE_PAUSE_MAX_S:g} s; "
@@ -90,14 +93,21 @@ class Settings:
 
     @property
     def active_checkpoint(self) -> Path | None:
-        """The checkpoint folder of the active variant, if one is configured."""
-        return self.checkpoint_for(self.active_variant)
+        """The checkpoint folder of the active variant, if one is chosen and configured."""
+        return None if self.active_variant is None else self.checkpoint_for(self.active_variant)
 
-    def checkpoint_for(self, variant: str) -> Path | None:
-        """The configured folder for ``variant`` ("4bit" or "8bit")."""
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}; got {variant!r}")
-        return self.checkpoint_4bit if variant == "4bit" else self.checkpoint_8bit
+    def checkpoint_for(self, key: str) -> Path | None:
+        """The configured folder for the variant stored as ``key`` ("4bit", "8bit", "bf16")."""
+        if variant(key).demo:
+            raise ValueError("the demo checkpoint has no configurable folder")
+        return self.checkpoints.get(key)
+
+    def with_checkpoint(self, key: str, folder: Path | None) -> Settings:
+        """A copy with the folder of variant ``key`` set (or removed, with None)."""
+        checkpoints = {k: v for k, v in self.checkpoints.items() if k != key}
+        if folder is not None:
+            checkpoints[key] = Path(folder)
+        return self.with_changes(checkpoints=checkpoints)
 
     def with_changes(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (validated like a new instance)."""
@@ -108,6 +118,8 @@ class Settings:
         data: dict[str, Any] = {"version": SCHEMA_VERSION}
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
+            if item.name == "checkpoints":
+                value = {key: str(value[key]) for key in CONFIGURABLE_VARIANTS if key in value}
             data[item.name] = str(value) if isinstance(value, Path) else value
         return data
 
@@ -121,6 +133,7 @@ class Settings:
         defaults = cls()
         values: dict[str, Any] = {}
         problems: list[str] = []
+        data = _migrate(data)
         for item in dataclasses.fields(cls):
             if item.name not in data:
                 continue
@@ -143,16 +156,11 @@ class SettingsLoad(NamedTuple):
 
 def settings_dir() -> Path:
     """The per-user config folder (``~/.config/Parley``, ``~/Library/Application Support/Parley``)."""
-    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+    return config_dir()
 
 
 def default_settings_path() -> Path:
     return settings_dir() / SETTINGS_FILENAME
-
-
-def default_models_dir() -> Path:
-    """Where downloaded checkpoints go unless the user picks another folder."""
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)) / "models"
 
 
 def load_settings(path: Path | None = None) -> SettingsLoad:
@@ -190,28 +198,45 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path = default_settings_path() if path is None else path
     text = json.dumps(settings.to_dict(), indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(path, text)
+    return write_text_file(path, text)
+
+
+def _migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """Read version 1 files: ``checkpoint_4bit`` / ``checkpoint_8bit`` become ``checkpoints``."""
+    old = {key: data[f"checkpoint_{key}"] for key in ("4bit", "8bit") if f"checkpoint_{key}" in data}
+    if not old or "checkpoints" in data:
+        return data
+    migrated = {key: value for key, value in data.items() if not key.startswith("checkpoint_")}
+    migrated["checkpoints"] = {key: value for key, value in old.items() if value not in (None, "")}
+    if not isinstance(migrated.get("active_variant"), str) or not migrated["checkpoints"].get(
+        migrated["active_variant"]
+    ):
+        migrated.pop("active_variant", None)  # version 1 said "4bit" even with no folder configured
+    return migrated
 
 
 def _coerce(name: str, value: Any) -> Any:
     """Turn a JSON value into the field's Python type, or raise ``TypeError``."""
-    if name in ("checkpoint_4bit", "checkpoint_8bit"):
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str):
-            raise TypeError(f"expected a folder path, got {type(value).__name__}")
-        return Path(value)
-    if name in ("input_device", "output_device", "window_geometry"):
+    if name == "checkpoints":
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object of folder paths, got {type(value).__name__}")
+        folders = {}
+        for key, folder in value.items():
+            if not isinstance(folder, str) or not folder:
+                raise TypeError(f"expected a folder path for {key!r}, got {type(folder).__name__}")
+            folders[key] = Path(folder)
+        return folders
+    if name in ("input_device", "output_device", "window_geometry", "active_variant"):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"expected text or null, got {type(value).__name__}")
         return value
-    if name in ("idle_pause", "ducking", "overlay"):
+    if name in ("idle_pause", "ducking", "overlay", "muted"):
         if not isinstance(value, bool):
             raise TypeError(f"expected true or false, got {type(value).__name__}")
         return value
-    if name == "idle_pause_delay_s":
+    if name in ("idle_pause_delay_s", "volume"):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise TypeError(f"expected a number of seconds, got {type(value).__name__}")
+            raise TypeError(f"expected a number, got {type(value).__name__}")
         return float(value)
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")

@@ -2,15 +2,25 @@
 
 Loading, warm-up, the speed check and every frame run on this thread (MLX streams and
 its random generator are per thread; a lazy array must be evaluated where it was made).
-Other threads talk to it only through its command queue and receive plain messages
-(``app.messages`` and ``engine.events``, NumPy arrays only) through ``emit``.
+Other threads talk to it only through its command queue and hear back only through
+``emit`` (``app.messages`` and ``engine.events``, NumPy arrays only); its audio comes and
+goes through one ``AudioPort``.
+
+A loaded model does not start a conversation by itself: nothing runs, and nothing plays,
+until ``StartConversation`` (the talk key, or a start button) or ``NewConversation``. The
+session is prepared (its system prompt prefilled) as soon as the model is ready, so the
+first press of the talk key starts it without a wait.
+
+Every ``exact_every``-th frame is timed stage by stage (``FrameTiming.timing_mode`` is
+"device"): the session evaluates at each stage boundary for that one frame, so the
+overlay can show exact per-stage times without paying three extra host syncs on every
+frame. The other frames are timed where the host waited ("host"), which is exact for the
+two phases (listening: perception + RN-T + language; speaking: TTS + codec).
 
 Concurrency contract
     - ``submit()`` may be called from any thread; commands run in order on the worker.
     - ``emit`` is called on the worker thread and must not block (the controller's
       queue ``put_nowait``).
-    - ``frame_source(timeout)`` and ``play(samples)`` are the audio side (``AudioIO``
-      ``read_frame`` / ``play``), thread-safe by contract.
     - An exception while loading or inside a frame is caught here, logged with its
       traceback and reported as ``Failure``; the worker keeps running and accepts
       ``Load`` / ``NewConversation`` to recover.
@@ -18,6 +28,7 @@ Concurrency contract
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -27,31 +38,42 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.events import AssistantTextDelta, AudioChunk, FrameTiming
+from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_SAMPLE_RATE
 
-from .export import ConversationRecording
+from .audio_port import AudioCounters, AudioPort
 from .messages import (
     AppState,
+    ConversationStarted,
     ConversationTime,
+    EngineInfo,
+    EngineState,
     Failure,
     FrameStats,
+    InputFrame,
     LoadProgress,
     ModelLoaded,
     SpeedCheck,
-    StateChanged,
 )
+from .variants import Q4, Variant, variant_for_checkpoint
+
+if TYPE_CHECKING:
+    from engine.model import VoiceChat
+    from engine.session import Session
 
 log = logging.getLogger(__name__)
 
-FRAME_S = 0.08
 STATS_WINDOW = 100  # frames behind the overlay's live p50 / p95 / realtime factor
 FALLING_BEHIND_FRAMES = 4  # queued input frames that count as "falling behind" (320 ms)
 SPEED_CHECK_FRAMES = 30  # frames of silence in the post-load speed check (5 of them warm-up)
 DEFAULT_MAX_CONVERSATION_S = 600.0
+EXACT_TIMING_EVERY = 25  # one frame in 25 (every 2 s) is timed stage by stage
+DEMO_OUTPUT_GAIN = 10.0 ** (-26.0 / 20.0)
+"""The demo's random weights make full-scale noise; it plays 26 dB down (about -35 dBFS RMS)."""
 
 
 # --------------------------------------------------------------------------- commands
@@ -59,11 +81,23 @@ DEFAULT_MAX_CONVERSATION_S = 600.0
 
 @dataclass(frozen=True)
 class Load:
-    """Load a checkpoint folder (or generate the demo checkpoint first when ``demo``)."""
+    """Load a checkpoint folder; the conversation waits for ``StartConversation``."""
 
     path: Path
     demo: bool = False
     system_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class LoadDemo:
+    """Generate the demo checkpoint if needed (MLX work, so here), then load it."""
+
+    system_prompt: str = ""
+
+
+@dataclass(frozen=True)
+class StartConversation:
+    """The user wants to talk: open a conversation if none is open, or wake a sleeping one."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +107,15 @@ class NewConversation:
 
 @dataclass(frozen=True)
 class Pause:
-    """Stop consuming frames (idle pause); audio input is discarded meanwhile."""
+    """Stop consuming frames (idle pause); the microphone is kept out meanwhile."""
 
 
 @dataclass(frozen=True)
-class Resume:
-    pass
+class SetIdlePause:
+    """Sleep after ``delay_s`` in which the assistant said nothing and the key was up (when ``enabled``)."""
+
+    enabled: bool
+    delay_s: float
 
 
 @dataclass(frozen=True)
@@ -86,15 +123,7 @@ class Shutdown:
     pass
 
 
-@dataclass(frozen=True)
-class Call:
-    """Run ``function(worker)`` on the worker thread (for MLX work such as generating the demo checkpoint)."""
-
-    function: Callable[[EngineWorker], Any]
-    description: str = ""
-
-
-Command = Load | NewConversation | Pause | Resume | Shutdown | Call
+Command = Load | LoadDemo | StartConversation | NewConversation | Pause | SetIdlePause | Shutdown
 
 
 @dataclass
@@ -108,19 +137,27 @@ class FrameWindow:
 
         self.totals.append(timing.total_ms)
         totals = list(self.totals)
-        return percentile(totals, 0.5), percentile(totals, 0.95), sum(totals) / len(totals) / (FRAME_S * 1000.0)
+        return percentile(totals, 0.5), percentile(totals, 0.95), sum(totals) / len(totals) / FRAME_MS
 
 
-def speed_verdict(realtime_factor: float) -> str:
+def speed_verdict(realtime_factor: float, variant: Variant) -> str:
+    """The speed check in plain words, with advice that fits the variant that was measured."""
+    share = f"{realtime_factor:.0%} of its {FRAME_MS:.0f} ms"
+    if variant.demo:
+        return (
+            f"The tiny demo model takes {share} per frame here. The real model is far larger, "
+            "so this says little about how it will run: load it to find out."
+        )
     if realtime_factor < 0.6:
-        return f"This machine keeps up easily: a frame takes {realtime_factor:.0%} of its 80 ms."
+        return f"This machine keeps up easily: a frame takes {share}."
     if realtime_factor < 0.9:
-        return f"This machine keeps up: a frame takes {realtime_factor:.0%} of its 80 ms (little headroom)."
+        return f"This machine keeps up: a frame takes {share} (little headroom)."
     if realtime_factor < 1.0:
         return f"This machine only just keeps up ({realtime_factor:.0%} of real time); expect occasional lag."
+    advice = "try the 4-bit model or a faster machine" if variant != Q4 else "try a faster machine"
     return (
-        f"This machine is too slow for live conversation: each 80 ms frame takes {realtime_factor * 80:.0f} ms. "
-        "The assistant will fall behind; try the 4-bit model or a faster machine."
+        f"This machine is too slow for live conversation: each {FRAME_MS:.0f} ms frame takes "
+        f"{realtime_factor * FRAME_MS:.0f} ms. The assistant will fall behind; {advice}."
     )
 
 
@@ -131,35 +168,35 @@ class EngineWorker(threading.Thread):
         self,
         *,
         emit: Callable[[object], None],
-        frame_source: Callable[[float], np.ndarray | None],
-        play: Callable[[np.ndarray], None],
-        backlog: Callable[[], int] = lambda: 0,
-        counters: Callable[[], tuple[int, int]] = lambda: (0, 0),
-        discard_audio: Callable[[], None] = lambda: None,
+        audio: AudioPort,
         max_conversation_s: float = DEFAULT_MAX_CONVERSATION_S,
         speed_check: bool = True,
-        recording: ConversationRecording | None = None,
+        exact_every: int = EXACT_TIMING_EVERY,
     ) -> None:
         super().__init__(name="parley-engine", daemon=True)
+        if exact_every < 1:
+            raise ValueError(f"exact_every must be at least 1, got {exact_every}")
         self._emit = emit
-        self._frame_source = frame_source
-        self._play = play
-        self._backlog = backlog
-        self._counters = counters
-        self._discard_audio = discard_audio
-        self._recording = recording
+        self._audio = audio
         self._commands: queue.Queue[Command] = queue.Queue()
         self.max_conversation_s = max_conversation_s
         self.speed_check_enabled = speed_check
-        self.voicechat: Any = None
-        self.session: Any = None
-        self.system_prompt = ""
-        self.paused = False
-        self.frames = FrameWindow()
-        self.timings: list[FrameTiming] = []  # the current conversation's, for profile export
+        self.exact_every = exact_every
+        # Everything below belongs to the worker thread.
+        self._voicechat: VoiceChat | None = None
+        self._model: ModelLoaded | None = None
+        self._session: Session | None = None  # prepared, or running once started
+        self._conversation_open = False  # the session's timeline runs (it consumes frames unless paused)
+        self._system_prompt = ""
+        self._paused = False
+        self._conversations = 0
+        self._frames = FrameWindow()
+        self._counters_start = AudioCounters()
         self._stopping = False
-        self._last_state: AppState | None = None
+        self._stopped = threading.Event()
+        self._state = AppState.NO_MODEL
         self._last_speech_frame = 0
+        self._idle_pause: SetIdlePause | None = None
 
     # ------------------------------------------------------------------ any thread
 
@@ -167,8 +204,11 @@ class EngineWorker(threading.Thread):
         self._commands.put(command)
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Close the session and release the model; returns once the worker is done (or after ``timeout``)."""
+        if not self.is_alive():
+            return
         self.submit(Shutdown())
-        self.join(timeout)
+        self._stopped.wait(timeout)
 
     # ------------------------------------------------------------------ worker thread
 
@@ -177,8 +217,9 @@ class EngineWorker(threading.Thread):
 
         # A stream of our own on the default device: everything MLX does happens on this thread.
         mx.set_default_stream(mx.new_stream(mx.default_device()))
+        self._emit(EngineInfo(str(getattr(mx, "__version__", "unknown")), describe_device()))
         while not self._stopping:
-            live = self.session is not None and not self.paused
+            live = self._session is not None and self._conversation_open and not self._paused
             try:
                 # Idle: sleep until a command arrives. Live: take commands between frames.
                 command = self._commands.get_nowait() if live else self._commands.get()
@@ -188,6 +229,13 @@ class EngineWorker(threading.Thread):
                 self._handle(command)
             elif live:
                 self._pump_frame()
+        self._voicechat = self._model = None
+        self._stopped.set()
+        # Parked, never returning: a thread that used MLX tears down MLX's per-thread state when it ends,
+        # and that needs the GIL; if the interpreter is finalizing by then, the process aborts
+        # ("terminate called without an active exception") on an ordinary quit. A daemon thread
+        # parked here simply ends with the process.
+        threading.Event().wait()
 
     def _handle(self, command: Command) -> None:
         try:
@@ -196,99 +244,164 @@ class EngineWorker(threading.Thread):
                 self._close_session()
             elif isinstance(command, Load):
                 self._load(command)
+            elif isinstance(command, LoadDemo):
+                self._load_demo(command)
+            elif isinstance(command, StartConversation):
+                if self._session is None or not self._conversation_open:
+                    self._start_session()
+                elif self._paused:
+                    self._resume()
             elif isinstance(command, NewConversation):
                 if command.system_prompt is not None:
-                    self.system_prompt = command.system_prompt
-                self._open_session()
+                    self._system_prompt = command.system_prompt
+                self._prepare_session()
+                self._start_session()
             elif isinstance(command, Pause):
-                self.paused = True
-                self._set_state(AppState.PAUSED, "Idle: the conversation sleeps until you talk.")
-            elif isinstance(command, Resume):
-                if self.paused:
-                    self.paused = False
-                    self._set_state(AppState.READY)
-            elif isinstance(command, Call):
-                command.function(self)
+                self._pause()
+            elif isinstance(command, SetIdlePause):
+                self._idle_pause = command
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
-            self._fail(f"{command.__class__.__name__.lower()} failed: {exc}", exc)
+            self._fail(f"{command.__class__.__name__} failed: {exc}", exc)
+
+    def _load_demo(self, command: LoadDemo) -> None:
+        from .demo import ensure_demo_checkpoint
+
+        self._close_session()
+        self._set_state(AppState.LOADING, "Preparing the demo checkpoint…")
+        path = ensure_demo_checkpoint()
+        self._load(Load(path, demo=True, system_prompt=command.system_prompt))
 
     def _load(self, command: Load) -> None:
         from engine.model import load_voicechat
 
         self._close_session()
-        self.voicechat = None
+        self._voicechat = self._model = None
+        log.info("Loading %s%s", command.path, " (demo)" if command.demo else "")
         self._set_state(AppState.LOADING, f"Loading {command.path.name}…")
         self._emit(LoadProgress(-1.0, f"Reading {command.path}"))
         started = time.perf_counter()
         try:
             voicechat = load_voicechat(command.path, conversation_seconds=self.max_conversation_s)
+            model = ModelLoaded(
+                voicechat.name,
+                Path(command.path),
+                variant_for_checkpoint(voicechat.quantization_bits, demo=command.demo),
+                voicechat.describe(),
+            )
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, the app stays usable
             self._fail(f"Could not load {command.path}: {exc}", exc, state=AppState.NO_MODEL)
             return
-        self.voicechat = voicechat
-        self.system_prompt = command.system_prompt
+        self._system_prompt = command.system_prompt
         saving = "" if voicechat.precast_bytes else " (memory-saving mode: weights kept as stored, a little slower)"
-        self._emit(LoadProgress(0.6, f"Loaded in {time.perf_counter() - started:.1f} s{saving}; preparing the engine"))
+        preparing = f"Loaded in {time.perf_counter() - started:.1f} s{saving}; preparing the engine"
+        self._emit(LoadProgress(0.6, preparing))
         from engine.session import warm_up
 
-        warm_up(voicechat)
-        self._emit(LoadProgress(0.8, "Checking this machine's speed"))
-        self._emit(ModelLoaded(voicechat.name, Path(command.path), voicechat.quantization_bits, command.demo))
-        if self.speed_check_enabled:
-            self._run_speed_check()
-        self._emit(LoadProgress(1.0, "Ready"))
-        self._open_session()
+        from .bench import question_audio
 
-    def _run_speed_check(self) -> None:
+        shown = [-1]
+
+        def preparation(fraction: float) -> None:
+            # A fresh GPU machine compiles its kernels here, for minutes: say how far it got.
+            percent = int(fraction * 100)
+            if percent != shown[0]:
+                shown[0] = percent
+                self._emit(LoadProgress(0.6 + 0.2 * fraction, f"{preparing} ({percent} %)"))
+
+        warm_up(voicechat, speech=question_audio(), progress=preparation)
+        if self.speed_check_enabled:
+            self._emit(LoadProgress(0.8, "Checking this machine's speed"))
+            self._run_speed_check(voicechat, model.variant)
+        self._voicechat, self._model = voicechat, model
+        self._emit(LoadProgress(0.95, "Preparing the conversation (reading the system prompt)"))
+        self._prepare_session()
+        self._emit(model)
+        self._set_state(AppState.READY)
+        log.info(
+            "Loaded %s (%s) from %s in %.1f s; ready",
+            model.name,
+            model.variant.label,
+            model.path,
+            time.perf_counter() - started,
+        )
+
+    def _run_speed_check(self, voicechat: VoiceChat, variant: Variant) -> None:
         from engine.profiler import summarize
         from engine.session import Session
 
-        session = Session(self.voicechat, seed=0)
-        silence = np.zeros(self.voicechat.config.frame_samples, dtype=np.float32)
+        session = Session(voicechat, seed=0)
+        silence = np.zeros(voicechat.config.frame_samples, dtype=np.float32)
         timings = []
         for _ in range(SPEED_CHECK_FRAMES):
-            timings += [e for e in session.push(silence, 16_000) if isinstance(e, FrameTiming)]
+            timings += [e for e in session.push(silence, INPUT_SAMPLE_RATE) if isinstance(e, FrameTiming)]
         session.close()
         rtf = summarize(timings, drop_first=5)["realtime_factor"]
-        self._emit(SpeedCheck(rtf, speed_verdict(rtf)))
+        log.info("Speed check: realtime factor %.2f", rtf)
+        self._emit(SpeedCheck(rtf, speed_verdict(rtf, variant)))
 
-    def _open_session(self) -> None:
+    def _prepare_session(self) -> None:
+        """A fresh session with its prompt prefilled, not yet started (nothing reads or plays)."""
         from engine.session import Session
 
-        if self.voicechat is None:
+        self._close_session()  # also keeps the old conversation's unread microphone audio out of the next one
+        if self._voicechat is None:
             return
-        self._close_session()
-        self.session = Session(self.voicechat, system_prompt=self.system_prompt, max_seconds=self.max_conversation_s)
-        self.timings = []
-        self.frames = FrameWindow()
-        if self._recording is not None:
-            self._recording.clear()
-        self.paused = False
+        self._session = Session(self._voicechat, system_prompt=self._system_prompt, max_seconds=self.max_conversation_s)
+
+    def _start_session(self) -> None:
+        """Start the prepared session (preparing one first if there is none): the conversation begins."""
+        if self._session is None:
+            self._prepare_session()
+        if self._session is None or self._model is None:
+            return
+        self._conversation_open = True
+        self._conversations += 1
+        self._frames = FrameWindow()
+        self._paused = False
         self._last_speech_frame = 0
-        # Microphone audio that queued while loading (or in the old conversation) is not part of this one;
-        # feeding it would start the conversation a backlog behind.
-        self._discard_audio()
+        self._counters_start = self._audio.counters()
+        log.info("Conversation %d started on %s", self._conversations, self._model.description)
+        self._emit(ConversationStarted(self._conversations, self._model))
+        self._audio.start_capture()
         self._set_state(AppState.READY)
         self._emit(ConversationTime(0.0, self.max_conversation_s))
 
     def _close_session(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+            if self._conversation_open:
+                self._audio.stop_capture()
+        self._conversation_open = False
+
+    def _pause(self) -> None:
+        if self._session is None or self._paused:
+            return
+        self._paused = True
+        self._audio.stop_capture()
+        self._set_state(AppState.PAUSED, "Idle: the conversation sleeps until you talk.")
+
+    def _resume(self) -> None:
+        self._paused = False
+        self._last_speech_frame = self._session.frame_index if self._session is not None else 0
+        self._audio.start_capture()
+        self._set_state(AppState.READY)
 
     def _pump_frame(self) -> None:
-        frame = self._frame_source(0.02)
-        if frame is None:
+        session = self._session
+        frame = self._audio.read_frame(0.02)
+        if frame is None or session is None:
             return
         from engine.errors import ContextLimitError
 
-        session = self.session
-        if self._recording is not None:
-            self._recording.add_input(frame)
+        self._emit(InputFrame(frame))
+        index = session.frame_index
+        # One frame in N pays for exact per-stage times; the others keep the two-sync fast path.
+        session.profiler.stage_timing = index % self.exact_every == 0
         try:
-            events = session.push(frame, 16_000)
+            events = session.push(frame, INPUT_SAMPLE_RATE)
         except ContextLimitError as exc:
-            self._close_session()
+            self._prepare_session()  # the next press of the talk key starts a new conversation at once
             self._emit(ConversationTime(self.max_conversation_s, 0.0))
             self._set_state(AppState.READY, str(exc))
             return
@@ -296,44 +409,62 @@ class EngineWorker(threading.Thread):
             self._close_session()
             self._fail(f"The engine failed on a frame: {exc}. Start a new conversation to continue.", exc)
             return
+        finally:
+            session.profiler.stage_timing = False
+        gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.variant.demo else 1.0
         for event in events:
             if isinstance(event, AudioChunk):
-                self._play(event.samples)
-                if self._recording is not None:
-                    self._recording.add_output(event.samples)
-            if isinstance(event, FrameTiming):
+                if gain != 1.0:
+                    event = dataclasses.replace(event, samples=event.samples * np.float32(gain))
+                self._audio.play(event.samples)
+                self._emit(event)  # for Save Conversation: what was played
+            elif isinstance(event, FrameTiming):
                 self._record(event)
-            elif isinstance(event, AssistantTextDelta):
-                self._last_speech_frame = event.frame_index
-                self._emit(event)
             else:
+                if isinstance(event, AssistantTextDelta):
+                    self._last_speech_frame = event.frame_index
                 self._emit(event)
+        self._maybe_idle_pause(session)
 
     def _record(self, timing: FrameTiming) -> None:
-        self.timings.append(timing)
-        p50, p95, rtf = self.frames.add(timing)
-        overflows, underruns = self._counters()
-        backlog = self._backlog()
-        self._emit(FrameStats(timing, backlog, overflows, underruns, p50, p95, rtf))
-        elapsed = (timing.frame_index + 1) * FRAME_S
+        p50, p95, rtf = self._frames.add(timing)
+        counters = self._audio.counters().since(self._counters_start)
+        backlog = counters.backlog_frames
+        lost, underruns = counters.input_lost_s, counters.output_underruns
+        self._emit(FrameStats(timing, backlog, lost, underruns, p50, p95, rtf, self.exact_every))
+        elapsed = (timing.frame_index + 1) * FRAME_SECONDS
         if timing.frame_index % 12 == 0:
             self._emit(ConversationTime(elapsed, max(0.0, self.max_conversation_s - elapsed)))
         if backlog >= FALLING_BEHIND_FRAMES:
-            self._set_state(AppState.FALLING_BEHIND, f"{backlog} frames ({backlog * 80} ms) waiting")
-        elif self._last_state is AppState.FALLING_BEHIND:
+            self._set_state(AppState.FALLING_BEHIND, f"{backlog} frames ({backlog * FRAME_MS:.0f} ms) waiting")
+        elif self._state is AppState.FALLING_BEHIND:
             self._set_state(AppState.READY)
 
-    def frames_since_speech(self) -> int:
-        """Frames since the assistant last produced text (for the idle pause)."""
-        session = self.session
-        return 0 if session is None else session.frame_index - self._last_speech_frame
+    def _frames_since_speech(self, session: Session) -> int:
+        """Frames since the assistant last produced text (what the idle pause waits on)."""
+        return session.frame_index - self._last_speech_frame
+
+    def _maybe_idle_pause(self, session: Session) -> None:
+        idle = self._idle_pause
+        if idle is None or not idle.enabled or self._audio.talking or self._paused:
+            return
+        if self._frames_since_speech(session) * FRAME_SECONDS >= idle.delay_s:
+            self._pause()
 
     def _set_state(self, state: AppState, detail: str = "") -> None:
-        self._last_state = state
-        self._emit(StateChanged(state, detail))
+        self._state = state
+        self._emit(EngineState(state, detail, conversation=self._session is not None and self._conversation_open))
 
     def _fail(self, message: str, exc: BaseException, *, state: AppState = AppState.ERROR) -> None:
         details = "".join(traceback.format_exception(exc))
         log.error("%s\n%s", message, details)
         self._emit(Failure(message, details))
         self._set_state(state, message)
+
+
+def describe_device() -> str:
+    """``"gpu: NVIDIA H200"`` or ``"cpu: Intel(R) Xeon(R) Processor"``: the device MLX computes on."""
+    from engine.profile_log import device_description
+
+    device = device_description()
+    return f"{device['type']}: {device['name']}"

@@ -1,7 +1,10 @@
 """The session profile log: one schema, written as JSON, CSV or a Chrome/Perfetto trace.
 
 ``parley run --profile-json`` and the app's *Export profile…* both produce this
-document. Files are written to a temporary name in the target folder and renamed
+document. The app's covers every conversation since launch: each frame carries its
+conversation's number, and ``conversations`` lists each one with its model, its own
+summary and the delay the user felt in each turn (key release to the assistant's first
+audible output, ``latency``). Files are written to a temporary name in the target folder and renamed
 into place, so a full disk or an unwritable folder never leaves a half-written log
 behind and the in-memory log stays available for another try.
 """
@@ -13,6 +16,7 @@ import io
 import json
 import platform
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +26,7 @@ import mlx.core as mx
 
 from .events import FrameTiming
 from .files import write_atomic
-from .profiler import DEFAULT_COLD_FRAMES, summarize
+from .profiler import DEFAULT_COLD_FRAMES, percentile, summarize
 from .timeline import STAGES
 
 SCHEMA_NAME = "parley.session-profile"
@@ -35,6 +39,17 @@ _STAGE_STATS = {
     "properties": {key: _NUMBER for key in ("mean_ms", "p50_ms", "p95_ms", "max_ms")},
 }
 _FRAME_FIELDS = ("frame_index", "start_ms", *(f"{s}_ms" for s in STAGES), "total_ms", "host_syncs")
+_OPTIONAL_FRAME_FIELDS = ("timing_mode", "conversation")  # CSV columns after the required ones
+_LATENCY = {
+    "type": "object",
+    "required": ["turns", "p50_ms", "p95_ms", "latencies_ms"],
+    "properties": {
+        "turns": {"type": "integer", "minimum": 0},
+        "p50_ms": {"type": ["number", "null"]},
+        "p95_ms": {"type": ["number", "null"]},
+        "latencies_ms": {"type": "array", "items": _NUMBER},
+    },
+}
 
 # JSON Schema (the subset :func:`validate_profile_log` checks) of the whole document.
 PROFILE_LOG_SCHEMA: dict[str, Any] = {
@@ -84,6 +99,23 @@ PROFILE_LOG_SCHEMA: dict[str, Any] = {
                     "host_syncs": {"type": "integer", "minimum": 0},
                     "sub_stages": {"type": "object"},
                     "timing_mode": {"type": "string", "enum": ["host", "device"]},
+                    "conversation": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
+        "conversations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["conversation", "started", "variant", "checkpoint", "frames", "summary", "latency"],
+                "properties": {
+                    "conversation": {"type": "integer", "minimum": 1},
+                    "started": {"type": "string"},
+                    "variant": {"type": "string"},
+                    "checkpoint": {"type": "object"},
+                    "frames": {"type": "integer", "minimum": 0},
+                    "summary": {"type": "object"},
+                    "latency": _LATENCY,
                 },
             },
         },
@@ -124,9 +156,9 @@ def parley_version() -> str:
         return "0+unknown"
 
 
-def frame_record(timing: FrameTiming) -> dict[str, Any]:
+def frame_record(timing: FrameTiming, conversation: int | None = None) -> dict[str, Any]:
     """One frame as the log stores it: a flat row, one ``<stage>_ms`` column per stage."""
-    return {
+    record = {
         "frame_index": timing.frame_index,
         "start_ms": timing.start_ms,
         **{f"{stage}_ms": timing.stage_ms(stage) for stage in STAGES},
@@ -134,6 +166,74 @@ def frame_record(timing: FrameTiming) -> dict[str, Any]:
         "host_syncs": timing.host_syncs,
         "sub_stages": dict(timing.sub_stages),
         "timing_mode": timing.timing_mode,
+    }
+    if conversation is not None:
+        record["conversation"] = conversation
+    return record
+
+
+@dataclass(frozen=True)
+class ConversationLog:
+    """One conversation of an app session, as the profile log records it."""
+
+    number: int  # 1, 2, … since launch
+    started: datetime
+    variant: str  # "demo", "4bit", "8bit", "bf16"
+    checkpoint: dict[str, Any]
+    frames: Sequence[FrameTiming]
+    latencies_s: Sequence[float] = field(default_factory=tuple)  # key release -> first audible reply, per turn
+
+
+def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
+    """Turns, p50 and p95 (None without turns) and every turn's delay, in milliseconds."""
+    values = [value * 1000.0 for value in latencies_s]
+    return {
+        "turns": len(values),
+        "p50_ms": percentile(values, 0.5) if values else None,
+        "p95_ms": percentile(values, 0.95) if values else None,
+        "latencies_ms": values,
+    }
+
+
+def build_session_profile_log(
+    conversations: Sequence[ConversationLog],
+    *,
+    settings: dict[str, Any],
+    drop_first: int = DEFAULT_COLD_FRAMES,
+) -> dict[str, Any]:
+    """The profile log of every conversation since launch, each marked (in ``frames`` and ``conversations``).
+
+    ``checkpoint`` is the last conversation's; ``summary`` covers all frames, less each
+    conversation's first ``drop_first``.
+    """
+    if not conversations:
+        raise ValueError("a session profile needs at least one conversation")
+    kept = [frame for conversation in conversations for frame in conversation.frames[drop_first:]]
+    summary = summarize(kept, drop_first=0)
+    summary["dropped_cold_frames"] = sum(min(drop_first, len(c.frames)) for c in conversations)
+    return {
+        "schema": SCHEMA_NAME,
+        "version": SCHEMA_VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "parley_version": parley_version(),
+        "mlx_version": mx.__version__,
+        "device": device_description(),
+        "checkpoint": dict(conversations[-1].checkpoint),
+        "settings": dict(settings),
+        "frames": [frame_record(frame, c.number) for c in conversations for frame in c.frames],
+        "summary": summary,
+        "conversations": [
+            {
+                "conversation": c.number,
+                "started": c.started.isoformat(timespec="seconds"),
+                "variant": c.variant,
+                "checkpoint": dict(c.checkpoint),
+                "frames": len(c.frames),
+                "summary": summarize(c.frames, drop_first=drop_first),
+                "latency": latency_summary(c.latencies_s),
+            }
+            for c in conversations
+        ],
     }
 
 
@@ -206,41 +306,51 @@ def to_csv(log: dict[str, Any]) -> str:
     """One row per frame; sub-stages become extra columns."""
     frames = log["frames"]
     sub_names = sorted({name for frame in frames for name in frame.get("sub_stages", {})})
+    optional = [name for name in _OPTIONAL_FRAME_FIELDS if any(name in frame for frame in frames)]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow([*_FRAME_FIELDS, *sub_names])
+    writer.writerow([*_FRAME_FIELDS, *optional, *sub_names])
     for frame in frames:
         row = [frame[name] for name in _FRAME_FIELDS]
+        row += [frame.get(name, "") for name in optional]
         row += [frame.get("sub_stages", {}).get(name, "") for name in sub_names]
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def to_chrome_trace(log: dict[str, Any]) -> str:
-    """Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one slice per frame and per stage."""
-    events: list[dict[str, Any]] = [
-        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "Parley engine"}},
-        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "frames"}},
-        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 2, "args": {"name": "stages"}},
-    ]
+    """Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one slice per frame and per stage.
+
+    Each conversation is its own process (its frame times start at 0).
+    """
+    events: list[dict[str, Any]] = []
+    for pid in sorted({frame.get("conversation", 1) for frame in log["frames"]} or {1}):
+        name = "Parley engine" if "conversation" not in (log["frames"] or [{}])[0] else f"Conversation {pid}"
+        events += [
+            {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "frames"}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}},
+        ]
     for frame in log["frames"]:
         start = frame["start_ms"] * 1000.0
+        pid = frame.get("conversation", 1)
         events.append(
             {
                 "name": f"frame {frame['frame_index']}",
                 "cat": "frame",
                 "ph": "X",
-                "pid": 1,
+                "pid": pid,
                 "tid": 1,
                 "ts": start,
                 "dur": frame["total_ms"] * 1000.0,
-                "args": {"host_syncs": frame["host_syncs"]},
+                "args": {"host_syncs": frame["host_syncs"], "timing_mode": frame.get("timing_mode", "host")},
             }
         )
         offset = start
         for stage in STAGES:
             duration = frame[f"{stage}_ms"] * 1000.0
-            events.append({"name": stage, "cat": "stage", "ph": "X", "pid": 1, "tid": 2, "ts": offset, "dur": duration})
+            slice_ = {"name": stage, "cat": "stage", "ph": "X", "pid": pid, "tid": 2, "ts": offset, "dur": duration}
+            events.append(slice_)
             offset += duration
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"schema": SCHEMA_NAME}}) + "\n"
 

@@ -1,10 +1,12 @@
 """A scripted stand-in for ``app.controller.AppController`` (the interface in ``ui.contracts``).
 
 ``FakeController`` records every call, returns queued messages from ``poll()`` and can be
-told to raise from any method. With ``live=True`` it also simulates a running model on
-the wall clock — frame timings, levels, transcript and assistant text, conversation
-time — which is enough to develop the UI without MLX (``parley --fake-engine``).
-It imports no Qt and is used from the Qt main thread only.
+told to raise from any method. Like the real controller it folds state reports
+(``EngineState``, ``LoadProgress``, ``ModelLoaded``) into ``StateChanged`` snapshots with
+the real ``StatusBoard``, so the window sees snapshots made the same way. With
+``live=True`` it also simulates a running model on the wall clock — frame timings,
+levels, transcript and assistant text, conversation time — which is enough to develop
+the UI without MLX. It imports no Qt and is used from the Qt main thread only.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 
 from app.messages import (
     AppState,
+    ConversationStarted,
     ConversationTime,
-    DeviceStatus,
     DownloadProgress,
+    EngineState,
     FrameStats,
     Levels,
     LoadProgress,
@@ -30,10 +33,11 @@ from app.messages import (
     StateChanged,
 )
 from app.settings import Settings
+from app.status import StatusBoard
+from app.variants import DEMO, Variant, variant
 from engine.events import AssistantTextDelta, FrameTiming, UserTranscriptDelta
-from engine.timeline import STAGES
+from engine.timeline import FRAME_MS, FRAME_SECONDS, STAGES
 
-FRAME_S = 0.08
 CONVERSATION_LIMIT_S = 300.0
 USER_LINE = "What is the capital of France?"
 ASSISTANT_LINE = "The capital of France is Paris. It sits on the Seine, in the north of the country."
@@ -46,14 +50,17 @@ def make_frame_stats(
     other: float = 0.0,
     backlog: int = 0,
     underruns: int = 0,
-    overflows: int = 0,
+    lost_s: float = 0.0,
     p50: float = 52.0,
     p95: float = 71.0,
+    mode: str = "host",
 ) -> FrameStats:
     """One ``FrameStats`` with the given per-stage milliseconds (perception, RNN-T, language, TTS, codec)."""
     total = sum(stages) + other
-    timing = FrameTiming(index, index * 80.0, dict(zip(STAGES, stages, strict=True)), total, 3)
-    return FrameStats(timing, backlog, overflows, underruns, p50, p95, realtime_factor=total / 80.0)
+    syncs = 5 if mode == "device" else 2
+    stages_ms = dict(zip(STAGES, stages, strict=True))
+    timing = FrameTiming(index, index * FRAME_MS, stages_ms, total, syncs, timing_mode=mode)
+    return FrameStats(timing, backlog, lost_s, underruns, p50, p95, realtime_factor=total / FRAME_MS)
 
 
 class FakeController:
@@ -68,9 +75,15 @@ class FakeController:
         outputs: Iterable[str] = ("Built-in Speakers", "USB Headset"),
         log_dir: Path | None = None,
         seed: int = 0,
+        devices: tuple[str | None, str | None] = ("Built-in Microphone", "Built-in Speakers"),
     ) -> None:
         self.settings = settings if settings is not None else Settings()
         self.live = live
+        self.board = StatusBoard()
+        self.board.set_audio(*devices)
+        self._shown: StateChanged | None = None
+        self.frames_exported = 0
+        self.conversations = 0
         self.inputs = list(inputs)
         self.outputs = list(outputs)
         self._log_dir = log_dir or Path("/tmp/parley-fake-logs")
@@ -112,49 +125,90 @@ class FakeController:
         self._record("start")
         folder = self.settings.active_checkpoint
         if folder is None:
-            self.queue(StateChanged(AppState.NO_MODEL))
+            self.queue(EngineState(AppState.NO_MODEL, "No model configured"))
         else:
-            self._load(folder.name, folder, 4 if self.settings.active_variant == "4bit" else 8, demo=False)
-        self.queue(DeviceStatus(self.settings.input_device, self.settings.output_device))
+            assert self.settings.active_variant is not None
+            self._load(folder.name, folder, variant(self.settings.active_variant))
 
     def poll(self) -> list[object]:
+        """Queued messages, state reports folded into snapshots as the real controller does."""
         self._record("poll")
         if self.live and self._loaded:
             self._simulate()
-        messages = list(self._queue)
+        incoming = list(self._queue)
         self._queue.clear()
-        return messages
+        out: list[object] = []
+        for message in incoming:
+            if not self.board.observe(message):
+                out.append(message)
+            self._snapshot_into(out)
+        self.board.talking = self.talking
+        self._snapshot_into(out)
+        return out
+
+    def _snapshot_into(self, out: list[object]) -> None:
+        snapshot = self.board.snapshot()
+        if snapshot != self._shown:
+            self._shown = snapshot
+            out.append(snapshot)
+
+    def set_devices(self, microphone: str | None, speaker: str | None, problem: str | None = None) -> None:
+        """Test control: the sound devices in use now (None: none)."""
+        self.board.set_audio(microphone, speaker, problem)
 
     def set_talking(self, talking: bool) -> None:
         self._record("set_talking", talking)
         self.talking = talking
-        if self._loaded:
-            self.queue(StateChanged(AppState.LISTENING if talking else AppState.READY))
-            if self.live:
-                self._script_turn(talking)
+        if talking and self.board.model is not None and not self.board.engine.conversation:
+            self._start_conversation()
+        if self._loaded and self.live:
+            self._script_turn(talking)
+
+    def start_conversation(self) -> None:
+        self._record("start_conversation")
+        if self.board.model is not None and not self.board.engine.conversation:
+            self._start_conversation()
+
+    def _start_conversation(self) -> None:
+        assert self.board.model is not None
+        self.conversations += 1
+        self.queue(
+            ConversationStarted(self.conversations, self.board.model),
+            EngineState(AppState.READY, conversation=True),
+            ConversationTime(0.0, CONVERSATION_LIMIT_S),
+        )
 
     def new_conversation(self) -> None:
         self._record("new_conversation")
         self._elapsed = 0.0
         self._script.clear()
+        if self.board.model is not None:
+            self._start_conversation()
+
+    def stop_speaking(self) -> None:
+        self._record("stop_speaking")
+
+    def set_volume(self, volume: float, muted: bool) -> None:
+        self._record("set_volume", volume, muted)
+        self.settings = self.settings.with_changes(volume=volume, muted=muted)
 
     def apply_settings(self, settings: Settings) -> None:
         self._record("apply_settings", settings)
         self.settings = settings
 
-    def switch_variant(self, variant: str) -> None:
-        self._record("switch_variant", variant)
-        self.settings = self.settings.with_changes(active_variant=variant)
-        folder = self.settings.active_checkpoint or Path(f"/models/VoiceChat-{variant}")
-        self._load(folder.name, folder, 4 if variant == "4bit" else 8, demo=False)
+    def switch_variant(self, key: str) -> None:
+        self._record("switch_variant", key)
+        self.settings = self.settings.with_changes(active_variant=key)
+        folder = self.settings.active_checkpoint or Path(f"/models/VoiceChat-{key}")
+        self._load(folder.name, folder, variant(key))
 
     def use_checkpoint(self, path: Path) -> None:
         self._record("use_checkpoint", path)
-        self._load(path.name, path, None, demo=False)
+        self._load(path.name, path, variant("bf16"))
 
     def start_demo(self) -> None:
         self._record("start_demo")
-        self._load("Demo checkpoint", Path("/tmp/parley-demo"), None, demo=True)
+        self._load("Demo checkpoint", Path("/tmp/parley-demo"), DEMO)
 
     def start_download(self, repo_id: str, target: Path) -> None:
         self._record("start_download", repo_id, target)
@@ -166,6 +220,10 @@ class FakeController:
     def refresh_devices(self) -> tuple[list[str], list[str]]:
         self._record("refresh_devices")
         return list(self.inputs), list(self.outputs)
+
+    def profile_frames(self) -> int:
+        self._record("profile_frames")
+        return self.frames_exported
 
     def export_profile(self, path: Path) -> list[Path]:
         self._record("export_profile", path)
@@ -186,30 +244,34 @@ class FakeController:
         self._record("log_dir")
         return self._log_dir
 
+    def diagnostics(self) -> dict[str, str]:
+        self._record("diagnostics")
+        return {"Parley": "0.1.0", "MLX": "0.32.4", "Device": "cpu: fake", "Logs": str(self._log_dir)}
+
     def shutdown(self) -> None:
         self._record("shutdown")
         self.shut_down = True
 
     # -- scripted behaviour -------------------------------------------------------------------------------------------
 
-    def _load(self, name: str, path: Path, bits: int | None, *, demo: bool) -> None:
+    def _load(self, name: str, path: Path, loaded: Variant) -> None:
+        """The real worker's report sequence for a load: it ends ready, with no conversation yet."""
         self._loaded = True
         self._clock = time.monotonic()
         self.queue(
-            StateChanged(AppState.LOADING, f"Opening {name}"),
+            EngineState(AppState.LOADING, f"Opening {name}"),
             LoadProgress(0.4, "Reading weights"),
-            LoadProgress(1.0, "Warming up"),
-            ModelLoaded(name, path, bits, demo),
+            LoadProgress(0.8, "Checking this machine's speed"),
             SpeedCheck(0.62, "This computer keeps up with real time comfortably."),
-            StateChanged(AppState.READY),
+            ModelLoaded(name, path, loaded, {"name": name, "path": str(path), "quantization_bits": loaded.bits}),
+            EngineState(AppState.READY),
         )
 
     def _script_turn(self, talking: bool) -> None:
         """Queue a user line while talking and an assistant answer after release, word by word."""
         words = (USER_LINE if talking else ASSISTANT_LINE).split(" ")
         kind = UserTranscriptDelta if talking else AssistantTextDelta
-        if not talking:
-            self._script.append(StateChanged(AppState.SPEAKING))
+
         text = ""
         for word in words:
             delta = f" {word}" if text else word
@@ -218,16 +280,14 @@ class FakeController:
                 self._script.append(UserTranscriptDelta(self._frame, delta, text))
             else:
                 self._script.append(AssistantTextDelta(self._frame, 0, delta, text))
-        if not talking:
-            self._script.append(StateChanged(AppState.READY))
 
     def _simulate(self) -> None:
         now = time.monotonic()
-        frames = min(25, int((now - self._clock) / FRAME_S))
-        self._clock += frames * FRAME_S
+        frames = min(25, int((now - self._clock) / FRAME_SECONDS))
+        self._clock += frames * FRAME_SECONDS
         for _ in range(frames):
             self._frame += 1
-            self._elapsed += FRAME_S
+            self._elapsed += FRAME_SECONDS
             jitter = self._random.uniform(0.8, 1.3)
             stages = (6.0 * jitter, 2.0, 26.0 * jitter, 18.0 * self._random.uniform(0.9, 1.6), 5.0)
             self.queue(make_frame_stats(self._frame, stages, other=1.0, p50=54.0, p95=78.0))

@@ -244,6 +244,8 @@ def test_lost_chosen_microphone_falls_back_to_the_default_and_returns_on_request
         assert io.input_device_name == ALSA_MIC
         assert [s.input_name for s in io.poll_health()] == [ALSA_MIC]
         assert io.read_frame(timeout=1.0) is not None
+        io.set_devices(ALSA_MIC, None)  # a refresh of the device lists reopens the same devices
+        assert io.poll_health() == [], "reopening the devices already in use is nothing to report"
 
 
 def test_audio_queued_before_start_is_converted_to_the_device_rate(devices: PulseServer) -> None:

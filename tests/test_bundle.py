@@ -7,8 +7,9 @@ in which case that one is tested. Then:
 - its contents: assets, the SVG plugins, PortAudio, and none of the test packages or unused Qt parts;
 - ``parley --self-test`` against the PulseAudio virtual devices: the answer reaches the virtual
   speaker, and with no sound server at all it skips playback and still exits 0;
-- the window under Xvfb (started here): the demo's audio reaches the virtual speaker, the
-  screenshot is not blank, the app still runs after a few seconds, and closed as a window
+- the window under Xvfb (started here), as a newcomer meets it: the demo is prepared and nothing
+  plays until the talk key is pressed; then the demo's (quiet) noise reaches the virtual speaker,
+  the screenshot is not blank, the app still runs after a few seconds, and closed as a window
   manager closes it, it exits 0 with nothing on stderr and no warning or error in its log.
 """
 
@@ -259,15 +260,50 @@ def find_window(display: str, wm_class: str, timeout: float) -> int:
     raise AssertionError(f"no {wm_class} window appeared within {timeout:.0f} s")
 
 
-def wait_for_sound(pulse: PulseServer, timeout: float) -> float:
-    """Listen to the virtual speaker a second at a time until something plays on it; returns that second's RMS."""
+def wait_for_sound(pulse: PulseServer, timeout: float) -> tuple[float, float]:
+    """Listen to the virtual speaker a second at a time until something plays; returns that second's RMS and peak."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with pulse.record_speaker() as recording:
             time.sleep(1.0)
-        if recording.samples.size and (rms := float(np.sqrt(np.mean(recording.samples**2)))) > 0.01:
-            return rms
+        if recording.samples.size and (rms := float(np.sqrt(np.mean(recording.samples**2)))) > 1e-3:
+            return rms, float(np.abs(recording.samples).max())
     raise AssertionError(f"nothing was played on the virtual speaker within {timeout:.0f} s")
+
+
+def wait_for_log_line(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.is_file() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{log} did not say {text!r} within {timeout:.0f} s")
+
+
+def press_key(display: str, window: int, keysym: int, seconds: float) -> None:
+    """Give ``window`` the keyboard focus and hold a key for ``seconds`` (XTEST: as if typed)."""
+    x11 = ctypes.CDLL(ctypes.util.find_library("X11") or "libX11.so.6")
+    xtst = ctypes.CDLL(ctypes.util.find_library("Xtst") or "libXtst.so.6")
+    x11.XOpenDisplay.restype = ctypes.c_void_p
+    x11.XOpenDisplay.argtypes = [ctypes.c_char_p]
+    x11.XKeysymToKeycode.argtypes = [ctypes.c_void_p, ctypes.c_ulong]
+    x11.XSetInputFocus.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_ulong]
+    x11.XFlush.argtypes = x11.XCloseDisplay.argtypes = [ctypes.c_void_p]
+    xtst.XTestFakeKeyEvent.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong]
+    connection = x11.XOpenDisplay(display.encode())
+    assert connection, f"cannot open display {display}"
+    try:
+        x11.XSetInputFocus(connection, window, 2, 0)  # RevertToParent, CurrentTime
+        x11.XFlush(connection)
+        time.sleep(0.3)
+        keycode = x11.XKeysymToKeycode(connection, keysym)
+        assert xtst.XTestFakeKeyEvent(connection, keycode, 1, 0)
+        x11.XFlush(connection)
+        time.sleep(seconds)
+        assert xtst.XTestFakeKeyEvent(connection, keycode, 0, 0)
+        x11.XFlush(connection)
+    finally:
+        x11.XCloseDisplay(connection)
 
 
 class _ClientMessage(ctypes.Structure):
@@ -324,11 +360,20 @@ def test_bundled_window_runs_under_xvfb_and_closes_cleanly(
             stderr=subprocess.PIPE,
             text=True,
         )
+        log = Path(user_dirs["XDG_STATE_HOME"]) / "Parley" / "log" / "parley.log"
         try:
             window = find_window(display, "Parley", timeout=30)
-            # The demo checkpoint is generated, loaded and timed, then the timeline runs: the demo's (noise)
-            # answer reaches the speaker, so the whole live pipeline works inside the bundle.
-            assert wait_for_sound(pulse, timeout=60) > 0.01
+            # The demo checkpoint is generated, loaded and timed, then waits: nothing plays untouched.
+            wait_for_log_line(log, "Loaded demo-checkpoint", timeout=120)
+            with pulse.record_speaker() as untouched:
+                time.sleep(2.0)
+            assert untouched.samples.size, "nothing was recorded"
+            assert np.abs(untouched.samples).max() < 1e-4, "the untouched launch played sound"
+            # The first press of the talk key starts the demo: its quiet noise reaches the speaker, so the
+            # whole live pipeline works inside the bundle.
+            press_key(display, window, 0x20, seconds=1.0)  # XK_space, the default talk key
+            rms, peak = wait_for_sound(pulse, timeout=30)
+            assert peak <= 0.51 and rms < 10 ** (-30 / 20), f"the demo is loud: RMS {rms:.3f}, peak {peak:.3f}"
             time.sleep(max(0.0, launched + RUN_FOR_S - time.monotonic()))
             assert app.poll() is None, f"the app exited with {app.returncode}"
 
@@ -346,7 +391,6 @@ def test_bundled_window_runs_under_xvfb_and_closes_cleanly(
 
     assert app.returncode == 0, f"exit code {app.returncode}; output:\n{out}{err}"
     assert "traceback" not in err.lower() and "error" not in err.lower(), err
-    log = Path(user_dirs["XDG_STATE_HOME"]) / "Parley" / "log" / "parley.log"
     problems = [line for line in log.read_text().splitlines() if " ERROR " in line or " WARNING " in line]
     assert not problems, "\n".join(problems)
     assert (Path(user_dirs["XDG_DATA_HOME"]) / "Parley" / "demo-checkpoint" / ".parley-demo-complete").is_file()

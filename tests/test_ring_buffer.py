@@ -46,6 +46,7 @@ def test_overflow_drops_the_oldest_and_counts_once_per_write() -> None:
     ring.write(ramp(0, 6))
     assert ring.write(ramp(6, 11)) == 5
     assert ring.overflows == 1
+    assert ring.dropped == 3  # samples, for the lost-audio seconds
     assert ring.available == 8
     np.testing.assert_array_equal(ring.read(8), ramp(3, 11))
 
@@ -55,6 +56,7 @@ def test_write_larger_than_capacity_keeps_the_newest() -> None:
     ring.write(ramp(0, 2))
     assert ring.write(ramp(2, 12)) == 4
     assert ring.overflows == 1
+    assert ring.dropped == 12 - 4  # everything written but the 4 kept
     np.testing.assert_array_equal(ring.read(4), ramp(8, 12))
 
 
@@ -84,6 +86,7 @@ def test_write_zeros_wraps_and_counts_overflow() -> None:
     ring.write(ramp(1, 4))
     ring.write_zeros(3)
     assert ring.overflows == 1
+    assert ring.dropped == 2
     np.testing.assert_array_equal(ring.read(4), [3, 0, 0, 0])
 
 

@@ -18,8 +18,11 @@ from app.settings import (
 )
 
 CUSTOM = Settings(
-    checkpoint_4bit=Path("/models/VoiceChat-4bit"),
-    checkpoint_8bit=Path("/models/Voice Chat 8bit — ünïcode"),
+    checkpoints={
+        "4bit": Path("/models/VoiceChat-4bit"),
+        "8bit": Path("/models/Voice Chat 8bit — ünïcode"),
+        "bf16": Path("/models/VoiceChat-bf16"),
+    },
     active_variant="8bit",
     input_device="USB Microphone",
     output_device=None,
@@ -32,6 +35,8 @@ CUSTOM = Settings(
     overlay=False,
     theme="dark",
     window_geometry="AdnQywADAAAAAAA=",
+    volume=0.35,
+    muted=True,
 )
 
 
@@ -58,11 +63,26 @@ def test_missing_file_gives_defaults_without_warning(tmp_path: Path) -> None:
 
 def test_missing_keys_take_defaults(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"talk_mode": "toggle", "checkpoint_4bit": "/m/4"}), encoding="utf-8")
+    path.write_text(json.dumps({"talk_mode": "toggle", "checkpoints": {"4bit": "/m/4"}}), encoding="utf-8")
     loaded, warning = load_settings(path)
     assert warning is None
-    assert loaded == Settings(talk_mode="toggle", checkpoint_4bit=Path("/m/4"))
-    assert loaded.active_checkpoint == Path("/m/4")
+    assert loaded == Settings(talk_mode="toggle", checkpoints={"4bit": Path("/m/4")})
+    assert loaded.active_checkpoint is None, "a folder alone is not a choice of variant"
+    assert loaded.volume == 0.8 and loaded.muted is False
+
+
+def test_version_1_files_are_migrated_to_the_variant_table(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    old = {"version": 1, "checkpoint_4bit": "/m/4", "checkpoint_8bit": None, "active_variant": "4bit"}
+    path.write_text(json.dumps(old), encoding="utf-8")
+    loaded, warning = load_settings(path)
+    assert warning is None
+    assert loaded == Settings(checkpoints={"4bit": Path("/m/4")}, active_variant="4bit")
+    # Version 1 stored "4bit" even without any folder: that was no choice, so the demo runs, as before.
+    path.write_text(json.dumps({"version": 1, "checkpoint_4bit": None, "active_variant": "4bit"}), encoding="utf-8")
+    assert load_settings(path) == (Settings(), None)
+    save_settings(load_settings(path).settings, path)
+    assert json.loads(path.read_text())["version"] == 2
 
 
 def test_unknown_keys_are_ignored(tmp_path: Path) -> None:
@@ -104,14 +124,16 @@ def test_invalid_values_are_reset_one_by_one(tmp_path: Path) -> None:
         "talk_mode": "toggle",
         "idle_pause": "yes",
         "idle_pause_delay_s": -3,
-        "checkpoint_8bit": 42,
+        "checkpoints": {"8bit": 42},
         "input_device": "Mic",
+        "volume": 3,
+        "active_variant": "16bit",
     }
     path.write_text(json.dumps(data), encoding="utf-8")
     loaded, warning = load_settings(path)
     assert loaded == Settings(talk_mode="toggle", input_device="Mic")
     assert warning is not None
-    for key in ("theme", "idle_pause", "idle_pause_delay_s", "checkpoint_8bit"):
+    for key in ("theme", "idle_pause", "idle_pause_delay_s", "checkpoints", "volume", "active_variant"):
         assert key in warning
     assert path.exists(), "a file with a few bad values is not set aside"
 
@@ -139,13 +161,22 @@ def test_validation_messages_name_the_field() -> None:
         Settings(idle_pause_delay_s=0.0)
     with pytest.raises(ValueError, match="variant"):
         Settings().checkpoint_for("2bit")
+    with pytest.raises(ValueError, match="demo"):
+        Settings().checkpoint_for("demo")
+    with pytest.raises(ValueError, match="volume"):
+        Settings(volume=1.5)
+    with pytest.raises(ValueError, match="unknown variants"):
+        Settings(checkpoints={"demo": Path("/x")})
 
 
 def test_with_changes_and_checkpoint_lookup() -> None:
     changed = CUSTOM.with_changes(active_variant="4bit")
     assert changed.active_checkpoint == Path("/models/VoiceChat-4bit")
-    assert CUSTOM.active_checkpoint == CUSTOM.checkpoint_8bit
+    assert CUSTOM.active_checkpoint == CUSTOM.checkpoint_for("8bit")
     assert changed.theme == CUSTOM.theme
+    assert CUSTOM.with_checkpoint("8bit", None).checkpoint_for("8bit") is None
+    assert CUSTOM.with_checkpoint("bf16", Path("/b")).checkpoint_for("bf16") == Path("/b")
+    assert CUSTOM.checkpoints["bf16"] == Path("/models/VoiceChat-bf16"), "with_checkpoint makes a copy"
 
 
 def test_default_path_is_in_the_user_config_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -5,6 +5,12 @@ factory (tests and ``--fake-engine`` inject a fake), shows one :class:`MainWindo
 runs the event loop. The window talks to the app core only through the controller's
 methods, always on the Qt main thread, and hears back only through the event pump.
 Every controller call it makes is guarded: a failure becomes a banner, never a crash.
+
+What state the app is in — the state line, whether the talk key works, the devices in
+the status bar, the loaded model's chip, the first-run page's progress, the overlay's
+empty text, the settings dialog's model switch — is rendered from one place, the latest
+``StateChanged`` snapshot (:meth:`MainWindow.handle_state`), so they cannot disagree.
+The window repaints on the event pump's timer; no input event is needed for anything.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Final, TypeVar
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QCloseEvent, QDesktopServices, QIcon
 from PySide6.QtWidgets import (
+    QAbstractButton,
     QApplication,
     QFileDialog,
     QLabel,
@@ -32,20 +39,22 @@ from PySide6.QtWidgets import (
 
 from app.messages import (
     AppState,
+    ConversationStarted,
     ConversationTime,
     DeviceStatus,
     DownloadProgress,
     Failure,
     Levels,
-    LoadProgress,
     ModelLoaded,
     Notice,
     SpeedCheck,
     StateChanged,
+    TurnLatency,
 )
 from app.paths import resource_path
 from app.settings import Settings, load_settings
 
+from .about import AboutDialog
 from .banner import BannerArea
 from .contracts import Controller, ControllerFactory
 from .conversation_page import ConversationPage
@@ -63,6 +72,15 @@ T = TypeVar("T")
 TALKABLE: Final = {AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED}
 INFO_TIMEOUT_MS: Final = 20_000
 
+# What the empty overlay says, by state: why no frames are running.
+WAITING_TEXT: Final = {
+    AppState.NO_MODEL: "No model is loaded yet",
+    AppState.LOADING: "Loading the model — frames appear once a conversation runs",
+    AppState.NO_AUDIO: "No frames: there is no microphone or speaker to use",
+    AppState.ERROR: "No frames: see the message above",
+    AppState.PAUSED: "Paused — press the talk key to resume",
+}
+
 
 class MainWindow(QMainWindow):
     """The single app window: header, banners, first-run or conversation page, menus, status bar."""
@@ -71,8 +89,10 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.controller = controller
         self._first_run_active = controller.settings.active_checkpoint is None
+        self._welcome = self._first_run_active  # on the launch's welcome page, not yet moved on
         self._time_up_offered = False
-        self._model_loaded = False
+        self.status = StateChanged(AppState.NO_MODEL)  # the latest snapshot: all the window shows of the state
+        self._settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Parley")
         self.setWindowIcon(QIcon(str(resource_path("parley.svg"))))
         self.setMinimumSize(760, 640)
@@ -99,42 +119,49 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
         self.device_label = QLabel(self)
+        self.device_label.setAccessibleName("Sound devices")
         self.statusBar().addPermanentWidget(self.device_label)
         self.statusBar().setSizeGripEnabled(False)
 
-        self.actions = build_menus(self)
+        self.menu_actions = build_menus(self)
         self._connect_actions()
         self.pump = EventPump(controller, self)
         self._connect_pump()
-        self.first_run.start_requested.connect(self.show_conversation)
+        self.first_run.start_requested.connect(self.start_from_first_run)
         talk = self.conversation.talk
         talk.talking_changed.connect(self._talking_changed)
         talk.failed.connect(self.show_failure)
+        talk.reveal = self._reveal_talk_control
         self.apply_ui_settings(controller.settings)
         restore_geometry(self, controller.settings.window_geometry)
-        self._set_model_actions_enabled(False)
+        self.handle_state(self.status)
 
     # -- wiring ----------------------------------------------------------------------------------------------------
 
     def _connect_actions(self) -> None:
-        actions = self.actions
+        actions = self.menu_actions
         actions.export_profile.triggered.connect(self.export_profile)
         actions.save_conversation.triggered.connect(self.save_conversation)
         actions.get_model.triggered.connect(self.show_model_setup)
         actions.open_log_folder.triggered.connect(self.open_log_folder)
         actions.quit.triggered.connect(self.close)
         actions.new_conversation.triggered.connect(self.new_conversation)
+        actions.stop_speaking.triggered.connect(self.conversation.volume.stop)
+        actions.mute.triggered.connect(self.conversation.volume.mute_button.setChecked)
+        self.conversation.volume.mute_button.toggled.connect(actions.mute.setChecked)
         actions.show_overlay.toggled.connect(self._overlay_toggled)
         actions.theme_group.triggered.connect(lambda action: self.set_theme(action.data()))
         actions.settings.triggered.connect(self.open_settings)
+        actions.about.triggered.connect(self.show_about)
 
     def _connect_pump(self) -> None:
         pump, page = self.pump, self.conversation
         pump.state_changed.connect(self.handle_state)
         pump.frame_stats.connect(page.overlay.add_stats)
         pump.levels.connect(self.handle_levels)
-        pump.load_progress.connect(self.handle_load_progress)
         pump.model_loaded.connect(self.handle_model_loaded)
+        pump.conversation_started.connect(self.handle_conversation_started)
+        pump.turn_latency.connect(self.handle_turn_latency)
         pump.speed_check.connect(self.handle_speed_check)
         pump.conversation_time.connect(self.handle_conversation_time)
         pump.device_status.connect(self.handle_device_status)
@@ -152,16 +179,48 @@ class MainWindow(QMainWindow):
 
     # -- message handlers ------------------------------------------------------------------------------------------
 
-    def handle_state(self, message: StateChanged) -> None:
-        state = message.state
-        self.indicator.set_state(state, message.detail)
+    def handle_state(self, status: StateChanged) -> None:
+        """Render the app's state snapshot everywhere it shows."""
+        previous, self.status = self.status, status
+        state = status.state
+        detail = status.detail
+        if state is AppState.LOADING and status.progress is not None and status.progress >= 0 and "%" not in detail:
+            detail = f"{detail} ({status.progress:.0%})" if detail else f"{status.progress:.0%}"
+        self.indicator.set_state(state, detail)
         self.conversation.talk.set_available(state in TALKABLE)
-        if state is AppState.NO_MODEL:
-            self._model_loaded = False
-            self._set_model_actions_enabled(False)
+        self.header.show_model(status.model)
+        self._set_model_actions_enabled(status.model is not None)
+        self._show_devices(status)
+        overlay = self.conversation.overlay
+        if state in WAITING_TEXT:
+            overlay.set_waiting_text(WAITING_TEXT[state])
+        elif not status.conversation:
+            overlay.set_waiting_text("The conversation starts when you press the talk key; its frames appear here")
+        else:
+            overlay.set_waiting_text("Waiting for the first frame…")
+        self.first_run.show_status(status)
+        if self._settings_dialog is not None:
+            self._settings_dialog.show_status(status)
+        if state is AppState.NO_MODEL and previous.state is not AppState.NO_MODEL:
             self._first_run_active = True
             self.first_run.reset()
             self.pages.setCurrentWidget(self.first_run)
+
+    def _show_devices(self, status: StateChanged) -> None:
+        mic = status.microphone or "none"
+        speaker = status.speaker or "none"
+        if status.audio_available:
+            text = f"Mic: {mic}  ·  Speaker: {speaker}"
+        elif status.microphone is None and status.speaker is None:
+            text = "No microphone or speaker"
+        else:
+            text = f"Mic: {mic}  ·  Speaker: {speaker}"
+        self.device_label.setText(text)
+        self.device_label.setToolTip(text)
+        self.conversation.mic_meter.set_caption(status.microphone or "No microphone")
+        demo = status.model is not None and status.model.variant.demo
+        speaker_caption = status.speaker or "No speaker"
+        self.conversation.speaker_meter.set_caption(f"{speaker_caption} · demo noise" if demo else speaker_caption)
 
     def handle_levels(self, levels: Levels) -> None:
         page = self.conversation
@@ -169,26 +228,19 @@ class MainWindow(QMainWindow):
         page.speaker_meter.set_peak(levels.output_peak)
         page.talk.set_level(levels.input_peak)
 
-    def handle_load_progress(self, progress: LoadProgress) -> None:
-        """On the first-run page as a progress bar; otherwise (a reload) in the state line."""
-        if self._first_run_active:
-            self.first_run.handle_load_progress(progress)
-        elif progress.fraction < 1.0:
-            share = f" ({progress.fraction:.0%})" if progress.fraction >= 0 else ""
-            self.indicator.set_state(AppState.LOADING, f"{progress.message}{share}")
-            self.conversation.talk.set_available(False)
-
     def handle_model_loaded(self, loaded: ModelLoaded) -> None:
-        self._model_loaded = True
-        self._set_model_actions_enabled(True)
-        description = self.header.show_model(loaded)
+        if not self._first_run_active:
+            self.statusBar().showMessage(f"Loaded {loaded.description}.", 8000)
+
+    def handle_conversation_started(self, started: ConversationStarted) -> None:
+        """A new conversation: the previous one's transcript, frames and time are done with."""
         self.conversation.transcript.clear()
         self.conversation.overlay.clear()
+        self.header.hide_time_left()
         self._time_up_offered = False
-        if self._first_run_active:
-            self.first_run.handle_model_loaded(loaded)
-        else:
-            self.statusBar().showMessage(f"Loaded {description}.", 8000)
+
+    def handle_turn_latency(self, latency: TurnLatency) -> None:
+        self.conversation.overlay.set_latency(latency)
 
     def handle_speed_check(self, check: SpeedCheck) -> None:
         if self._first_run_active:
@@ -213,11 +265,7 @@ class MainWindow(QMainWindow):
             )
 
     def handle_device_status(self, status: DeviceStatus) -> None:
-        mic = status.input_name or "default microphone"
-        speaker = status.output_name or "default speaker"
-        self.device_label.setText(f"Mic: {mic}  ·  Speaker: {speaker}")
-        self.conversation.mic_meter.set_caption(mic)
-        self.conversation.speaker_meter.set_caption(speaker)
+        """A device change worth telling (a fallback, a lost device, audio resumed); the names come with the state."""
         if status.message:
             self.banners.show_message(status.message, kind="warning")
 
@@ -225,6 +273,9 @@ class MainWindow(QMainWindow):
         self.first_run.handle_download_progress(progress)  # a failure also arrives as a Failure (the banner)
 
     def handle_notice(self, notice: Notice) -> None:
+        if not notice.paths:  # nothing was written: say so where it is seen, not in the status bar
+            self.banners.show_message(notice.message, kind="info", timeout_ms=INFO_TIMEOUT_MS)
+            return
         text = notice.message
         folder = str(notice.paths[0].parent) if notice.paths else ""
         if folder and folder not in text:
@@ -234,7 +285,7 @@ class MainWindow(QMainWindow):
     def show_failure(self, failure: Failure) -> None:
         """Show a failure in a banner (with the traceback under "Details"); the window stays usable."""
         self.banners.show_message(failure.message, kind="error", details=failure.details)
-        if self._first_run_active and not self._model_loaded:
+        if self._first_run_active and self.status.state in (AppState.NO_MODEL, AppState.LOADING):
             self.first_run.handle_failure(failure.message)
 
     # -- user actions ----------------------------------------------------------------------------------------------
@@ -246,18 +297,48 @@ class MainWindow(QMainWindow):
         self.pages.setCurrentWidget(self.first_run)
 
     def show_conversation(self) -> None:
-        self._first_run_active = False
+        self._first_run_active = self._welcome = False
         self.pages.setCurrentWidget(self.conversation)
         self.conversation.talk.button.setFocus()
 
+    def start_from_first_run(self) -> None:
+        """ "Try the demo" / "Start talking": the user chose, so the conversation starts now."""
+        self.show_conversation()
+        self._attempt("start the conversation", self.controller.start_conversation)
+
+    def _reveal_talk_control(self) -> bool:
+        """The talk key on the launch's welcome page, a model loaded: go to the conversation (it starts there)."""
+        if not self._welcome or self.status.model is None or self.status.state not in TALKABLE:
+            return False
+        focus = QApplication.focusWidget()
+        if isinstance(focus, QAbstractButton) and focus is not self.first_run.start_button:
+            return False  # Space on a focused button presses that button
+        self.show_conversation()
+        return True
+
     def new_conversation(self) -> None:
-        ok, _ = self._attempt("start a new conversation", self.controller.new_conversation)
-        if ok:
-            self.conversation.transcript.clear()
-            self._time_up_offered = False
-            self.header.hide_time_left()
+        # The transcript and overlay clear when the new conversation starts (ConversationStarted), not before:
+        # what the old one still said arrives first and must not land in the new one.
+        self._attempt("start a new conversation", self.controller.new_conversation)
+
+    def show_about(self) -> AboutDialog | None:
+        ok, facts = self._attempt("collect the diagnostics", self.controller.diagnostics)
+        if not ok or facts is None:
+            return None
+        dialog = AboutDialog(facts, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
 
     def export_profile(self) -> None:
+        ok, frames = self._attempt("read the profile", self.controller.profile_frames)
+        if ok and not frames:
+            self.banners.show_message(
+                "Nothing to export yet: no conversation has run since Parley started. Talk first, then export.",
+                kind="info",
+                timeout_ms=INFO_TIMEOUT_MS,
+            )
+            return
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         suggested = str(Path.home() / f"parley-profile-{stamp}.json")
         chosen, _ = QFileDialog.getSaveFileName(self, "Export Profile", suggested, "Session profile (*.json)")
@@ -284,11 +365,17 @@ class MainWindow(QMainWindow):
 
     def open_settings(self) -> SettingsDialog:
         """Open the settings dialog (window-modal, non-blocking); returns it."""
-        dialog = SettingsDialog(self.controller, self)
+        dialog = SettingsDialog(self.controller, self, self.status)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.accepted.connect(lambda: self.apply_ui_settings(self.controller.settings))
+        self._settings_dialog = dialog
+        dialog.finished.connect(lambda _result: self._forget_settings_dialog(dialog))
         dialog.open()
         return dialog
+
+    def _forget_settings_dialog(self, dialog: SettingsDialog) -> None:
+        if self._settings_dialog is dialog:
+            self._settings_dialog = None
 
     def set_theme(self, theme: str) -> None:
         self._update_settings(theme=theme)
@@ -310,9 +397,11 @@ class MainWindow(QMainWindow):
         app = QApplication.instance()
         if isinstance(app, QApplication):
             apply_theme(app, settings.theme)
-        self.actions.themes[settings.theme].setChecked(True)
-        self.actions.show_overlay.setChecked(settings.overlay)
+        self.menu_actions.themes[settings.theme].setChecked(True)
+        self.menu_actions.show_overlay.setChecked(settings.overlay)
         self.conversation.set_overlay_visible(settings.overlay)
+        self.conversation.volume.load(settings)
+        self.menu_actions.mute.setChecked(settings.muted)
         try:
             self.conversation.talk.configure(settings.talk_key, settings.talk_mode)
         except ValueError as exc:
@@ -346,9 +435,9 @@ class MainWindow(QMainWindow):
             return False, None
 
     def _set_model_actions_enabled(self, enabled: bool) -> None:
-        self.actions.export_profile.setEnabled(enabled)
-        self.actions.save_conversation.setEnabled(enabled)
-        self.actions.new_conversation.setEnabled(enabled)
+        self.menu_actions.export_profile.setEnabled(enabled)
+        self.menu_actions.save_conversation.setEnabled(enabled)
+        self.menu_actions.new_conversation.setEnabled(enabled)
 
 
 def _real_controller_factory(settings_path: Path | None) -> ControllerFactory:

@@ -161,7 +161,8 @@ class BannerArea(QWidget):
         """The banners still shown, newest first."""
         found = []
         for index in range(self._layout.count()):
-            widget = self._layout.itemAt(index).widget()
+            item = self._layout.itemAt(index)
+            widget = item.widget() if item is not None else None
             if isinstance(widget, Banner) and not widget.is_dismissed:
                 found.append(widget)
         return found

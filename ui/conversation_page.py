@@ -1,4 +1,7 @@
-"""The conversation page: transcript card, the talk control between the two level meters, the overlay."""
+"""The conversation page: transcript card, the talk control between the two level meters, the overlay.
+
+Under the Assistant meter: its volume, mute and Stop (``ui.volume_control``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from .level_meter import LevelMeter
 from .overlay import FrameOverlay
 from .talk_button import TalkControl
 from .transcript_view import TranscriptView
+from .volume_control import VolumeControl
 
 
 class ConversationPage(QWidget):
@@ -26,13 +30,18 @@ class ConversationPage(QWidget):
 
         self.mic_meter = LevelMeter("Microphone", self)
         self.speaker_meter = LevelMeter("Assistant", self)
+        self.volume = VolumeControl(controller, self)
+        assistant = QVBoxLayout()
+        assistant.setSpacing(8)
+        assistant.addWidget(self.speaker_meter)
+        assistant.addWidget(self.volume)
         self.talk = TalkControl(controller, self)
         controls = QHBoxLayout()
         controls.setContentsMargins(8, 4, 8, 0)
         controls.setSpacing(24)
         controls.addWidget(self.mic_meter, 1, Qt.AlignmentFlag.AlignVCenter)
         controls.addWidget(self.talk, 0, Qt.AlignmentFlag.AlignCenter)
-        controls.addWidget(self.speaker_meter, 1, Qt.AlignmentFlag.AlignVCenter)
+        controls.addLayout(assistant, 1)
 
         self.overlay = FrameOverlay(self)
         self.overlay_card = QFrame(self)

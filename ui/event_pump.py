@@ -18,17 +18,18 @@ from typing import Final
 from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from app.messages import (
+    ConversationStarted,
     ConversationTime,
     DeviceStatus,
     DownloadProgress,
     Failure,
     FrameStats,
     Levels,
-    LoadProgress,
     ModelLoaded,
     Notice,
     SpeedCheck,
     StateChanged,
+    TurnLatency,
 )
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
 
@@ -46,8 +47,9 @@ class EventPump(QObject):
     state_changed = Signal(StateChanged)
     frame_stats = Signal(FrameStats)
     levels = Signal(Levels)
-    load_progress = Signal(LoadProgress)
     model_loaded = Signal(ModelLoaded)
+    conversation_started = Signal(ConversationStarted)
+    turn_latency = Signal(TurnLatency)
     speed_check = Signal(SpeedCheck)
     conversation_time = Signal(ConversationTime)
     device_status = Signal(DeviceStatus)
@@ -77,8 +79,9 @@ class EventPump(QObject):
             StateChanged: self.state_changed,
             FrameStats: self.frame_stats,
             Levels: self.levels,
-            LoadProgress: self.load_progress,
             ModelLoaded: self.model_loaded,
+            ConversationStarted: self.conversation_started,
+            TurnLatency: self.turn_latency,
             SpeedCheck: self.speed_check,
             ConversationTime: self.conversation_time,
             DeviceStatus: self.device_status,
@@ -116,8 +119,8 @@ class EventPump(QObject):
             log.exception("controller.poll() failed")
             if not self._poll_failed:  # report once, not 30 times a second
                 self._poll_failed = True
-                message = f"The app core stopped responding: {exc}"
-                self.failure.emit(Failure(message, traceback.format_exc(), recoverable=False))
+                problem = f"The app core stopped responding: {exc}"
+                self.failure.emit(Failure(problem, traceback.format_exc(), recoverable=False))
         emitted = 0
         while self._pending and emitted < self._max_per_tick:
             message = self._pending.popleft()

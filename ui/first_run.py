@@ -1,10 +1,12 @@
 """The first-run page, shown in the window while no model is loaded.
 
-Three ways to get a model: download a published checkpoint (4-bit or 8-bit, with
+Three ways to get a model: download a published checkpoint (4-bit, 8-bit or bf16, with
 progress, speed and cancel; resuming is the controller's job), point at a folder that
-is already on disk, or start the demo checkpoint — clearly marked as producing no real
+is already on disk, or start the demo checkpoint — clearly marked as making noise, not
 speech. While a model loads the page shows progress; once it is loaded it shows the
-speed check's verdict in plain words and a button to start. Main thread only.
+speed check's verdict in plain words and a button to start. Nothing runs, and nothing
+plays, until that button (or the talk key) is pressed. What is loading or loaded comes
+only from the app's ``StateChanged`` snapshots. Main thread only.
 """
 
 from __future__ import annotations
@@ -28,17 +30,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.messages import DownloadProgress, LoadProgress, ModelLoaded, SpeedCheck
-from app.paths import resource_path
-from app.settings import VARIANT_REPOS, VARIANT_SIZES_GB, default_models_dir
+from app.messages import AppState, DownloadProgress, ModelLoaded, SpeedCheck, StateChanged
+from app.paths import models_dir, resource_path
+from app.variants import MODEL_VARIANTS, Q4, variant
 
 from .contracts import Controller
 from .download_status import DownloadStatus
 
-VARIANT_NOTES: Final = {
-    "4bit": "Recommended. Faster, and fits machines with 16 GB of memory or more.",
-    "8bit": "Closer to the original model. Needs more memory and a faster machine.",
-}
+DEMO_NOISE: Final = (
+    "The demo uses a tiny model with random weights: the window, meters and overlay work, but the assistant "
+    "makes noise, not speech. It plays quietly; the volume control is next to the Assistant meter."
+)
 
 
 def _card(parent: QWidget) -> tuple[QFrame, QVBoxLayout]:
@@ -66,10 +68,12 @@ class FirstRunPage(QWidget):
     def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._controller = controller
-        self._download_root = default_models_dir()
+        self._download_root = models_dir()
         self._downloading: str | None = None
         self._status = DownloadStatus()
         self.loaded: ModelLoaded | None = None
+        self._loading = False
+        self._verdict: SpeedCheck | None = None
 
         content = QWidget()
         column = QVBoxLayout(content)
@@ -124,19 +128,19 @@ class FirstRunPage(QWidget):
         grid.setHorizontalSpacing(14)
         grid.setVerticalSpacing(10)
         self.download_buttons: dict[str, QPushButton] = {}
-        for row, variant in enumerate(("4bit", "8bit")):
-            name = _label(f"{variant[0]}-bit · {VARIANT_SIZES_GB[variant]} GB", card)
+        for row, offered in enumerate(MODEL_VARIANTS):
+            name = _label(f"{offered.label} · {offered.download_gb} GB", card)
             name.setStyleSheet("font-weight: 600;")
-            note = _label(VARIANT_NOTES[variant], card, "muted")
-            button = QPushButton(f"Download {variant[0]}-bit", card)
-            button.setAccessibleName(f"Download the {variant[0]}-bit model, {VARIANT_SIZES_GB[variant]} gigabytes")
-            if variant == "4bit":
+            note = _label(offered.note, card, "muted")
+            button = QPushButton(f"Download {offered.label}", card)
+            button.setAccessibleName(f"Download the {offered.label} model, {offered.download_gb} gigabytes")
+            if offered == Q4:
                 button.setProperty("kind", "primary")
-            button.clicked.connect(lambda _checked=False, v=variant: self.start_download(v))
+            button.clicked.connect(lambda _checked=False, key=offered.key: self.start_download(key))
             grid.addWidget(name, row, 0)
             grid.addWidget(note, row, 1)
             grid.addWidget(button, row, 2)
-            self.download_buttons[variant] = button
+            self.download_buttons[offered.key] = button
         grid.setColumnStretch(1, 1)
         layout.addLayout(grid)
 
@@ -181,17 +185,10 @@ class FirstRunPage(QWidget):
 
         demo_card, demo = _card(row)
         demo.addWidget(_label("Just looking around?", demo_card, "heading"))
-        demo.addWidget(
-            _label(
-                "The demo uses a tiny model with random weights: the window, meters and overlay work, "
-                "but the assistant produces no real speech.",
-                demo_card,
-                "muted",
-            )
-        )
+        demo.addWidget(_label(DEMO_NOISE, demo_card, "muted"))
         demo.addStretch(1)
-        self.demo_button = QPushButton("Start the demo (no real speech)", demo_card)
-        self.demo_button.setAccessibleName("Start the demo checkpoint, which produces no real speech")
+        self.demo_button = QPushButton("Load the demo (noise, not speech)", demo_card)
+        self.demo_button.setAccessibleName("Load the demo checkpoint, which makes noise, not speech")
         self.demo_button.clicked.connect(self.start_demo)
         demo.addWidget(self.demo_button, 0, Qt.AlignmentFlag.AlignLeft)
 
@@ -224,15 +221,16 @@ class FirstRunPage(QWidget):
 
     # -- user actions ----------------------------------------------------------------------------------------------
 
-    def download_target(self, variant: str) -> Path:
-        """Where ``variant`` is downloaded to: ``<download folder>/<repository name>``."""
-        return self._download_root / VARIANT_REPOS[variant].split("/")[1]
+    def download_target(self, key: str) -> Path:
+        """Where the variant ``key`` is downloaded to: ``<download folder>/<repository name>``."""
+        return self._download_root / variant(key).folder_name
 
-    def start_download(self, variant: str) -> None:
-        repo = VARIANT_REPOS[variant]
+    def start_download(self, key: str) -> None:
+        repo = variant(key).repo
+        assert repo is not None
         self._downloading = repo
         self._status.reset()
-        self._controller.start_download(repo, self.download_target(variant))
+        self._controller.start_download(repo, self.download_target(key))
         self._set_downloading(True)
         self.download_progress.setRange(0, 0)
         self.download_text.setText(f"Starting the download of {repo}…")
@@ -292,24 +290,26 @@ class FirstRunPage(QWidget):
         self.download_text.setText(view.text)
         self.download_progress.setAccessibleDescription(view.text)
 
-    def handle_load_progress(self, progress: LoadProgress) -> None:
-        if progress.fraction >= 1.0 and self.loaded is not None:
-            return  # the load's closing report comes after ModelLoaded; the verdict stays up
-        if progress.fraction < 1.0:
-            self.loaded = None  # a new load replaces whatever was loaded
-        self._show_loading(progress.message)
-        if progress.fraction < 0:
-            self.load_progress.setRange(0, 0)
-        else:
-            self.load_progress.setRange(0, 1000)
-            self.load_progress.setValue(round(min(1.0, progress.fraction) * 1000))
-
-    def handle_model_loaded(self, loaded: ModelLoaded) -> None:
-        """Show what loaded and wait for the speed check. With the demo, the real options stay offered."""
-        self.loaded = loaded
-        self.verdict.setText("Checking whether this computer keeps up with real time…")
-        self._show_loaded(keep_choices=loaded.demo)
-        self.start_button.setFocus()
+    def show_status(self, status: StateChanged) -> None:
+        """Follow the app state: load progress while loading, then what loaded (the demo keeps the choices)."""
+        if status.state is AppState.LOADING:
+            if not self._loading:
+                self._verdict = None  # a new load: its own speed check follows
+            self._loading = True
+            self.loaded = None
+            self._show_loading(status.detail)
+            fraction = -1.0 if status.progress is None else status.progress
+            if fraction < 0:
+                self.load_progress.setRange(0, 0)
+            else:
+                self.load_progress.setRange(0, 1000)
+                self.load_progress.setValue(round(min(1.0, fraction) * 1000))
+            return
+        self._loading = False
+        if status.model is not None and status.model != self.loaded:
+            self.loaded = status.model
+            self._show_loaded(keep_choices=status.model.variant.demo)
+            self.start_button.setFocus()
 
     def open_setup(self) -> None:
         """Offer the choices again (from the menu); a loaded model stays one click away."""
@@ -318,8 +318,9 @@ class FirstRunPage(QWidget):
             self._show_loaded(keep_choices=True)
 
     def handle_speed_check(self, check: SpeedCheck) -> None:
+        self._verdict = check
         self.verdict.setText(f"{check.verdict} (realtime factor {check.realtime_factor:.2f}; below 1 keeps up.)")
-        self.verdict.show()
+        self.verdict.setVisible(self.loaded is not None)
 
     def handle_failure(self, message: str) -> None:
         """A load or download failed: offer the choices again, with the reason."""
@@ -345,23 +346,24 @@ class FirstRunPage(QWidget):
         self.subtitle.setText("The model is loaded. Hold the talk key and speak; let go to hear the answer.")
         self.download_card.setVisible(keep_choices)
         self.other_sources.setVisible(keep_choices)
-        self.demo_card.setVisible(not loaded.demo)
+        self.demo_card.setVisible(not loaded.variant.demo)
         self._set_buttons_enabled(True)
         self.status_card.show()
         self.load_progress.hide()
-        if loaded.demo:
-            self.status_title.setText("Demo ready")
+        if loaded.variant.demo:
+            self.status_title.setText("Demo ready — noise, not speech")
             self.status_text.setText(
-                "The demo checkpoint is loaded. Everything works — talk key, meters, overlay — but its weights "
-                "are random, so the assistant produces no real speech, only noise or silence. "
-                "Download or choose the real model below whenever you like."
+                "The demo checkpoint is loaded and waiting: nothing plays until you press Try the demo or the "
+                "talk key. Everything works — talk key, meters, overlay — but its weights are random, so the "
+                "assistant makes quiet noise, not speech. Download or choose the real model below whenever you like."
             )
         else:
-            bits = f"{loaded.quantization_bits}-bit" if loaded.quantization_bits else "full precision"
             self.status_title.setText("Model ready")
-            self.status_text.setText(f"{loaded.name} ({bits}) is loaded from {loaded.path}.")
-        self.verdict.show()
-        self.start_button.setText("Try the demo" if loaded.demo else "Start talking")
+            self.status_text.setText(f"{loaded.name} ({loaded.variant.label}) is loaded from {loaded.path}.")
+        if self._verdict is None:
+            self.verdict.setText("")
+        self.verdict.setVisible(self._verdict is not None)
+        self.start_button.setText("Try the demo" if loaded.variant.demo else "Start talking")
         self.start_button.show()
 
     def _show_choices(self) -> None:

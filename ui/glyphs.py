@@ -64,6 +64,30 @@ def speaker(painter: QPainter, rect: QRectF, color: QColor) -> None:
     painter.restore()
 
 
+def speaker_muted(painter: QPainter, rect: QRectF, color: QColor) -> None:
+    """A loudspeaker with a cross instead of sound waves."""
+    painter.save()
+    s = min(rect.width(), rect.height())
+    x0, y0 = rect.center().x() - s / 2, rect.center().y() - s / 2
+    body = QPolygonF(
+        [
+            QPointF(x0 + s * 0.08, y0 + s * 0.36),
+            QPointF(x0 + s * 0.26, y0 + s * 0.36),
+            QPointF(x0 + s * 0.48, y0 + s * 0.16),
+            QPointF(x0 + s * 0.48, y0 + s * 0.84),
+            QPointF(x0 + s * 0.26, y0 + s * 0.64),
+            QPointF(x0 + s * 0.08, y0 + s * 0.64),
+        ]
+    )
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(color)
+    painter.drawPolygon(body)
+    painter.setPen(_pen(color, max(1.5, s * 0.08)))
+    painter.drawLine(QPointF(x0 + s * 0.62, y0 + s * 0.36), QPointF(x0 + s * 0.90, y0 + s * 0.64))
+    painter.drawLine(QPointF(x0 + s * 0.62, y0 + s * 0.64), QPointF(x0 + s * 0.90, y0 + s * 0.36))
+    painter.restore()
+
+
 def check_circle(painter: QPainter, rect: QRectF, color: QColor, mark: QColor) -> None:
     """A filled disc with a check mark."""
     painter.save()

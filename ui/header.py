@@ -38,7 +38,8 @@ class HeaderBar(QWidget):
         self.model_chip = _chip(self)
         self.model_chip.setAccessibleName("Loaded model")
         self.demo_badge = _chip(self, "DemoBadge")
-        self.demo_badge.setText("Demo — no real speech")
+        self.demo_badge.setText("Demo — noise, not speech")
+        self.demo_badge.setToolTip("A tiny random-weight model: it makes quiet noise, not speech")
         self.time_chip = _chip(self)
         self.time_chip.setAccessibleName("Conversation time left")
         layout = QHBoxLayout(self)
@@ -49,15 +50,16 @@ class HeaderBar(QWidget):
         layout.addWidget(self.model_chip)
         layout.addWidget(self.time_chip)
 
-    def show_model(self, loaded: ModelLoaded) -> str:
-        """Show the loaded model; returns its short description ("name · 4-bit")."""
-        bits = f"{loaded.quantization_bits}-bit" if loaded.quantization_bits else "bf16"
-        description = f"{loaded.name} · {bits}"
-        self.model_chip.setText(description)
+    def show_model(self, loaded: ModelLoaded | None) -> None:
+        """Show the loaded model ("name · 4-bit", or the demo badge); nothing while none is loaded."""
+        if loaded is None:
+            self.model_chip.hide()
+            self.demo_badge.hide()
+            return
+        self.model_chip.setText(loaded.description)
         self.model_chip.setToolTip(str(loaded.path))
-        self.model_chip.setVisible(not loaded.demo)  # the demo badge says it all
-        self.demo_badge.setVisible(loaded.demo)
-        return description
+        self.model_chip.setVisible(not loaded.variant.demo)  # the demo badge says it all
+        self.demo_badge.setVisible(loaded.variant.demo)
 
     def show_time_left(self, remaining_s: float) -> None:
         chip = self.time_chip

@@ -1,9 +1,10 @@
-"""The window's menu bar: File, Conversation, View, Settings. Actions only; the window connects them."""
+"""The window's menu bar: File, Conversation, View, Settings, Help. Actions only; the window connects them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QMainWindow
 
@@ -20,10 +21,13 @@ class WindowActions:
     open_log_folder: QAction
     quit: QAction
     new_conversation: QAction
+    stop_speaking: QAction
+    mute: QAction
     show_overlay: QAction
     themes: dict[str, QAction]
     theme_group: QActionGroup
     settings: QAction
+    about: QAction
 
 
 def build_menus(window: QMainWindow) -> WindowActions:
@@ -51,6 +55,13 @@ def build_menus(window: QMainWindow) -> WindowActions:
     new_conversation = conversation_menu.addAction("&New Conversation")
     new_conversation.setShortcut(QKeySequence.StandardKey.New)
     new_conversation.setStatusTip("Forget this conversation and start again")
+    conversation_menu.addSeparator()
+    stop_speaking = conversation_menu.addAction("&Stop Speaking")
+    stop_speaking.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+    stop_speaking.setStatusTip("Drop what the assistant was about to say; it speaks again after your next turn")
+    mute = conversation_menu.addAction("&Mute the Assistant")
+    mute.setCheckable(True)
+    mute.setShortcut(QKeySequence("Ctrl+M"))
 
     view_menu = bar.addMenu("&View")
     show_overlay = view_menu.addAction("Frame-Time &Overlay")
@@ -72,6 +83,10 @@ def build_menus(window: QMainWindow) -> WindowActions:
     settings.setShortcut(QKeySequence("Ctrl+,"))
     settings.setMenuRole(QAction.MenuRole.PreferencesRole)
 
+    help_menu = bar.addMenu("&Help")
+    about = help_menu.addAction("&About Parley")
+    about.setMenuRole(QAction.MenuRole.AboutRole)
+
     return WindowActions(
         get_model=get_model,
         export_profile=export_profile,
@@ -79,8 +94,11 @@ def build_menus(window: QMainWindow) -> WindowActions:
         open_log_folder=open_log_folder,
         quit=quit_action,
         new_conversation=new_conversation,
+        stop_speaking=stop_speaking,
+        mute=mute,
         show_overlay=show_overlay,
         themes=themes,
         theme_group=theme_group,
         settings=settings,
+        about=about,
     )

@@ -1,9 +1,11 @@
-"""The settings dialog's Model page: the two checkpoint folders and the one-click 4-bit/8-bit toggle.
+"""The settings dialog's Model page: a folder per published variant and the one-click switch between them.
 
-The toggle acts at once: it saves an edited folder for that variant first (if any),
-then calls ``controller.switch_variant``; the reload reports progress in the main
-window and the conversation restarts. A variant without a folder is not switched to;
-the page says what to do instead. Main thread only.
+The variants come from ``app.variants`` (4-bit, 8-bit, bf16). The switch shows the variant
+that is *loaded* (from the app's state snapshot), not the one last configured: with the
+demo loaded, none is checked and the page says so. Switching acts at once: it saves an
+edited folder for that variant first (if any), then calls ``controller.switch_variant``;
+the reload reports progress in the main window and the conversation restarts. A variant
+without a folder is not switched to; the page says what to do instead. Main thread only.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
 
 from PySide6.QtWidgets import (
     QButtonGroup,
@@ -26,14 +27,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings import VARIANT_REPOS, VARIANT_SIZES_GB, VARIANTS, Settings
+from app.messages import AppState, StateChanged
+from app.settings import Settings
+from app.variants import MODEL_VARIANTS, Variant, variant
 
 from .contracts import Controller
 from .theme import repolish
 
 log = logging.getLogger(__name__)
-
-VARIANT_LABELS: Final = {"4bit": "4-bit", "8bit": "8-bit"}
 
 
 def muted_label(text: str, parent: QWidget) -> QLabel:
@@ -45,32 +46,32 @@ def muted_label(text: str, parent: QWidget) -> QLabel:
 
 
 class ModelSettingsPage(QWidget):
-    """Checkpoint folders (with Browse…) and the active-variant toggle."""
+    """Checkpoint folders (with Browse…) and the switch between the loaded variants."""
 
     def __init__(self, controller: Controller, report: Callable[[str], None], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._controller = controller
         self._report = report
-        self._variant = controller.settings.active_variant
+        self._variant = controller.settings.active_variant  # the variant chosen here (saved as active_variant)
+        self._loaded: Variant | None = None  # the variant actually loaded, from the state snapshot
 
         folders = QGroupBox("Checkpoint folders", self)
         form = QFormLayout(folders)
         form.setSpacing(10)
         self.folder_edits: dict[str, QLineEdit] = {}
-        for variant in VARIANTS:
-            label = VARIANT_LABELS[variant]
+        for offered in MODEL_VARIANTS:
             edit = QLineEdit(folders)
-            edit.setPlaceholderText(f"Folder with {VARIANT_REPOS[variant].split('/')[1]}")
-            edit.setAccessibleName(f"{label} checkpoint folder")
+            edit.setPlaceholderText(f"Folder with {offered.folder_name}")
+            edit.setAccessibleName(f"{offered.label} checkpoint folder")
             edit.setClearButtonEnabled(True)
             browse = QPushButton("Browse…", folders)
-            browse.setAccessibleName(f"Browse for the {label} checkpoint folder")
-            browse.clicked.connect(lambda _checked=False, v=variant: self.browse(v))
+            browse.setAccessibleName(f"Browse for the {offered.label} checkpoint folder")
+            browse.clicked.connect(lambda _checked=False, key=offered.key: self.browse(key))
             row = QHBoxLayout()
             row.addWidget(edit, 1)
             row.addWidget(browse)
-            form.addRow(f"{label}:", row)
-            self.folder_edits[variant] = edit
+            form.addRow(f"{offered.label}:", row)
+            self.folder_edits[offered.key] = edit
         form.addRow(muted_label("Each folder holds config.json and the .safetensors files of one checkpoint.", folders))
 
         active = QGroupBox("Model in use", self)
@@ -78,26 +79,30 @@ class ModelSettingsPage(QWidget):
         self.variant_group = QButtonGroup(self)
         toggle = QHBoxLayout()
         toggle.setSpacing(0)
-        for variant, segment in (("4bit", "left"), ("8bit", "right")):
-            button = QPushButton(VARIANT_LABELS[variant], active)
+        last = len(MODEL_VARIANTS) - 1
+        for index, offered in enumerate(MODEL_VARIANTS):
+            button = QPushButton(offered.label, active)
             button.setCheckable(True)
-            button.setProperty("segment", segment)
-            button.setAccessibleName(f"Use the {VARIANT_LABELS[variant]} model")
-            button.clicked.connect(lambda _checked=False, v=variant: self.switch_variant(v))
+            button.setProperty("segment", "left" if index == 0 else "right" if index == last else "middle")
+            button.setAccessibleName(f"Use the {offered.label} model")
+            button.setToolTip(offered.note)
+            button.clicked.connect(lambda _checked=False, key=offered.key: self.switch_variant(key))
             self.variant_group.addButton(button)
-            self.variant_buttons[variant] = button
+            self.variant_buttons[offered.key] = button
             toggle.addWidget(button)
         toggle.addStretch(1)
+        self.loaded_label = muted_label("", active)
+        self.loaded_label.setAccessibleName("Model loaded now")
         self.variant_status = muted_label("", active)
         self.variant_status.setAccessibleName("Model switch status")
         box = QVBoxLayout(active)
         box.setSpacing(8)
         box.addLayout(toggle)
+        box.addWidget(self.loaded_label)
         box.addWidget(
             muted_label(
-                f"4-bit ({VARIANT_SIZES_GB['4bit']} GB) is faster and fits most machines. 8-bit "
-                f"({VARIANT_SIZES_GB['8bit']} GB) is closer to the original but needs more memory and speed. "
-                "Switching reloads the model right away and starts a new conversation.",
+                " ".join(f"{v.label} ({v.download_gb} GB): {v.note}" for v in MODEL_VARIANTS)
+                + " Switching reloads the model right away and starts a new conversation.",
                 active,
             )
         )
@@ -111,76 +116,98 @@ class ModelSettingsPage(QWidget):
         layout.addStretch(1)
 
     @property
-    def variant(self) -> str:
-        """The variant in use (changed by the toggle)."""
+    def variant(self) -> str | None:
+        """The variant chosen to load at start (changed by the switch); None when none was ever chosen."""
         return self._variant
 
     def load(self, settings: Settings) -> None:
         self._variant = settings.active_variant
-        for variant, edit in self.folder_edits.items():
-            folder = settings.checkpoint_for(variant)
+        for key, edit in self.folder_edits.items():
+            folder = settings.checkpoint_for(key)
             edit.setText("" if folder is None else str(folder))
-        self.variant_buttons[settings.active_variant].setChecked(True)
+        self._check_loaded()
 
-    def folders(self) -> dict[str, Path | None]:
-        """The folders as typed (``~`` expanded); ``None`` where empty."""
-        found: dict[str, Path | None] = {}
-        for variant, edit in self.folder_edits.items():
+    def show_status(self, status: StateChanged) -> None:
+        """Check the variant that is loaded now, and say what is loaded (or loading)."""
+        self._loaded = status.model.variant if status.model is not None else None
+        if status.state is AppState.LOADING:
+            self.loaded_label.setText("Loading a model…")
+        elif status.model is None:
+            self.loaded_label.setText("No model is loaded.")
+        elif status.model.variant.demo:
+            self.loaded_label.setText("The demo is loaded (noise, not speech). Choose a model above to use it.")
+        else:
+            self.loaded_label.setText(f"Loaded: {status.model.description}.")
+        self._check_loaded()
+
+    def _check_loaded(self) -> None:
+        # Only the loaded variant is checked: with the demo (or nothing) loaded, none is.
+        self.variant_group.setExclusive(False)
+        for key, button in self.variant_buttons.items():
+            button.setChecked(self._loaded is not None and key == self._loaded.key)
+        self.variant_group.setExclusive(True)
+
+    def folders(self) -> dict[str, Path]:
+        """The folders as typed (``~`` expanded), for the variants that have one."""
+        found: dict[str, Path] = {}
+        for key, edit in self.folder_edits.items():
             text = edit.text().strip()
-            found[variant] = Path(text).expanduser() if text else None
+            if text:
+                found[key] = Path(text).expanduser()
         return found
 
     def check_folders(self, settings: Settings) -> None:
         """Raise ``ValueError`` naming the first configured folder that does not exist (and mark its field)."""
         problem: str | None = None
-        for variant, edit in self.folder_edits.items():
-            folder = settings.checkpoint_for(variant)
+        for key, edit in self.folder_edits.items():
+            folder = settings.checkpoint_for(key)
             invalid = folder is not None and not folder.is_dir()
             edit.setProperty("invalid", invalid)
             repolish(edit)
             if invalid and problem is None:
-                problem = f"The {VARIANT_LABELS[variant]} folder {folder} does not exist."
+                problem = f"The {variant(key).label} folder {folder} does not exist."
         if problem is not None:
             raise ValueError(problem)
 
     def has_invalid_folder(self) -> bool:
         return any(edit.property("invalid") for edit in self.folder_edits.values())
 
-    def browse(self, variant: str) -> None:
-        current = self.folder_edits[variant].text().strip()
+    def browse(self, key: str) -> None:
+        label = variant(key).label
+        current = self.folder_edits[key].text().strip()
         chosen = QFileDialog.getExistingDirectory(
-            self, f"Choose the {VARIANT_LABELS[variant]} checkpoint folder", current or str(Path.home())
+            self, f"Choose the {label} checkpoint folder", current or str(Path.home())
         )
         if not chosen:
             return
-        self.folder_edits[variant].setText(chosen)
+        self.folder_edits[key].setText(chosen)
         if not (Path(chosen) / "config.json").is_file():
             self._report(f"{chosen} has no config.json — is it a VoiceChat checkpoint folder?")
 
-    def switch_variant(self, variant: str) -> None:
-        """The one-click toggle: reload the other checkpoint now."""
-        if variant == self._variant:
+    def switch_variant(self, key: str) -> None:
+        """The one-click switch: reload that checkpoint now."""
+        chosen = variant(key)
+        if self._loaded is not None and key == self._loaded.key == self._variant:
+            self._check_loaded()
             return
-        folder = self.folders()[variant]
+        folder = self.folders().get(key)
         if folder is None:
-            self.variant_buttons[self._variant].setChecked(True)
+            self._check_loaded()
             self.variant_status.setText(
-                f"Choose the {VARIANT_LABELS[variant]} folder above first, or download "
-                f"{VARIANT_REPOS[variant]} from the first-run screen."
+                f"Choose the {chosen.label} folder above first, or download {chosen.repo} from the first-run screen."
             )
             return
         try:
             current = self._controller.settings
-            if current.checkpoint_for(variant) != folder:
-                self._controller.apply_settings(current.with_changes(**{f"checkpoint_{variant}": folder}))
-            self._controller.switch_variant(variant)
+            if current.checkpoint_for(key) != folder:
+                self._controller.apply_settings(current.with_checkpoint(key, folder))
+            self._controller.switch_variant(key)
         except Exception as exc:  # report on the page, keep the previous choice
-            log.exception("switch_variant(%s) failed", variant)
-            self.variant_buttons[self._variant].setChecked(True)
-            self.variant_status.setText(f"Could not switch to {VARIANT_LABELS[variant]}: {exc}")
+            log.exception("switch_variant(%s) failed", key)
+            self._check_loaded()
+            self.variant_status.setText(f"Could not switch to {chosen.label}: {exc}")
             return
-        self._variant = variant
+        self._variant = key
         self.variant_status.setText(
-            f"Loading the {VARIANT_LABELS[variant]} model — progress shows in the main window; "
-            "the conversation starts over."
+            f"Loading the {chosen.label} model — progress shows in the main window; the conversation starts over."
         )

@@ -2,9 +2,10 @@
 
 The form edits a copy of the settings; *Save* validates it, hands it to
 ``controller.apply_settings`` and closes, *Cancel* discards it. Problems are shown in the
-dialog, which stays open, so nothing typed is lost. The 4-bit/8-bit toggle acts at once:
-it calls ``controller.switch_variant`` (the reload reports progress through the window's
-state line and the conversation restarts). Main thread only.
+dialog, which stays open, so nothing typed is lost. The model switch acts at once: it
+calls ``controller.switch_variant`` (the reload reports progress through the window's
+state line and the conversation restarts); which model is loaded comes from the window's
+latest state snapshot (:meth:`SettingsDialog.show_status`). Main thread only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.messages import StateChanged
 from app.settings import (
     DEFAULT_SYSTEM_PROMPT,
     IDLE_PAUSE_MAX_S,
@@ -51,7 +53,9 @@ THEME_CHOICES: Final = (("system", "Same as the system"), ("light", "Light"), ("
 class SettingsDialog(QDialog):
     """Edits :class:`~app.settings.Settings`; see the module docstring for what applies when."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, controller: Controller, parent: QWidget | None = None, status: StateChanged | None = None
+    ) -> None:
         super().__init__(parent)
         self._controller = controller
         self._base = controller.settings
@@ -87,6 +91,12 @@ class SettingsDialog(QDialog):
         layout.addWidget(self.error)
         layout.addWidget(self.buttons)
         self.load(self._base)
+        if status is not None:
+            self.show_status(status)
+
+    def show_status(self, status: StateChanged) -> None:
+        """The app's state changed (a model loaded, a switch began): the Model page follows it."""
+        self.model_page.show_status(status)
 
     # -- tabs ------------------------------------------------------------------------------------------------------
 
@@ -235,8 +245,7 @@ class SettingsDialog(QDialog):
         if not key:
             raise ValueError("Choose a push-to-talk key (click the Key field, then press the key).")
         return self._base.with_changes(
-            checkpoint_4bit=folders["4bit"],
-            checkpoint_8bit=folders["8bit"],
+            checkpoints=folders,
             active_variant=self.model_page.variant,
             input_device=self.input_combo.currentData(),
             output_device=self.output_combo.currentData(),

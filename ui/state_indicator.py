@@ -26,6 +26,7 @@ STATE_TEXT: Final[dict[AppState, str]] = {
     AppState.SPEAKING: "Assistant speaking",
     AppState.FALLING_BEHIND: "Falling behind",
     AppState.PAUSED: "Paused",
+    AppState.NO_AUDIO: "No sound device",
     AppState.ERROR: "Error",
 }
 
@@ -38,10 +39,11 @@ STATE_HINT: Final[dict[AppState, str]] = {
     AppState.SPEAKING: "",
     AppState.FALLING_BEHIND: "This computer is not keeping up with real time",
     AppState.PAUSED: "Idle — press the talk key to resume",
+    AppState.NO_AUDIO: "Connect a microphone and a speaker",
     AppState.ERROR: "See the message above",
 }
 
-_URGENT: Final = {AppState.ERROR, AppState.FALLING_BEHIND}
+_URGENT: Final = {AppState.ERROR, AppState.FALLING_BEHIND, AppState.NO_AUDIO}
 
 
 class StateIcon(QWidget):
@@ -94,6 +96,8 @@ class StateIcon(QWidget):
             glyphs.warning_triangle(painter, rect, theme.qcolor("warning"), white)
         elif state is AppState.PAUSED:
             glyphs.pause_bars(painter, rect, theme.qcolor("muted"))
+        elif state is AppState.NO_AUDIO:
+            glyphs.speaker_muted(painter, rect, theme.qcolor("warning"))
         else:
             glyphs.cross_octagon(painter, rect, theme.qcolor("danger"), white)
         painter.end()

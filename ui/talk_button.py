@@ -13,10 +13,21 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Callable
 from typing import Final
 
-from PySide6.QtCore import QEvent, QObject, QPointF, QRectF, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFocusEvent, QHideEvent, QKeyEvent, QKeySequence, QPainter, QPaintEvent, QPen
+from PySide6.QtCore import QEvent, QKeyCombination, QObject, QPointF, QRectF, QSize, Qt, Signal
+from PySide6.QtGui import (
+    QColor,
+    QEnterEvent,
+    QFocusEvent,
+    QHideEvent,
+    QKeyEvent,
+    QKeySequence,
+    QPainter,
+    QPaintEvent,
+    QPen,
+)
 from PySide6.QtWidgets import (
     QAbstractButton,
     QAbstractSpinBox,
@@ -43,10 +54,16 @@ BUTTON_DIAMETER: Final = 116
 _HALO: Final = 22  # room around the disc for the level halo
 
 
+def first_key(sequence: QKeySequence) -> QKeyCombination:
+    """The sequence's first key with its modifiers."""
+    combination: QKeyCombination = sequence[0]  # type: ignore[index]  # PySide6's stubs omit __getitem__
+    return combination
+
+
 def parse_talk_key(text: str) -> QKeySequence:
     """A one-key sequence from settings text such as ``"Space"`` or ``"Ctrl+F5"``; raises ``ValueError``."""
     sequence = QKeySequence.fromString(text, QKeySequence.SequenceFormat.PortableText)
-    if sequence.count() != 1 or sequence[0].key() in (Qt.Key.Key_unknown, 0):
+    if sequence.count() != 1 or first_key(sequence).key() in (Qt.Key.Key_unknown, 0):
         raise ValueError(f"{text!r} is not a single key (examples: Space, F5, Ctrl+Space)")
     return sequence
 
@@ -123,7 +140,7 @@ class TalkButton(QAbstractButton):
         self._focus_ring = False
         super().focusOutEvent(event)
 
-    def enterEvent(self, event: QEvent) -> None:
+    def enterEvent(self, event: QEnterEvent) -> None:
         self._hovered = True
         self.update()
         super().enterEvent(event)
@@ -174,7 +191,11 @@ class TalkButton(QAbstractButton):
 
 
 class TalkControl(QWidget):
-    """The talk button with its hint line, and the talk-key handling for the window it lives in."""
+    """The talk button with its hint line, and the talk-key handling for the window it lives in.
+
+    ``reveal``, when set, is asked on a talk-key press while the control is out of sight (the
+    first-run page): if it brings the control on screen (and returns True), the press counts.
+    """
 
     talking_changed = Signal(bool)
     failed = Signal(Failure)
@@ -188,6 +209,7 @@ class TalkControl(QWidget):
         self._mode = "hold"
         self._key_text = "Space"
         self._key = parse_talk_key("Space")
+        self.reveal: Callable[[], bool] | None = None
 
         self.button = TalkButton(self)
         self.hint = QLabel(self)
@@ -266,13 +288,15 @@ class TalkControl(QWidget):
             return False
         if kind not in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease, QEvent.Type.ShortcutOverride):
             return False
-        if not isinstance(watched, QWidget) or watched.window() is not self.window() or not self.isVisible():
-            return False  # another window, or a page of this one without the talk control (first run)
+        if not isinstance(watched, QWidget) or watched.window() is not self.window():
+            return False  # another window
         assert isinstance(event, QKeyEvent)
         if not self._matches(event, release=kind == QEvent.Type.KeyRelease):
             return False
         if _is_text_input(QApplication.focusWidget()):
             return False
+        if not self.isVisible() and not self._revealed_by(event):
+            return False  # a page of this window without the talk control (first run)
         if kind == QEvent.Type.ShortcutOverride:
             event.accept()  # we want it as a key press, not as a menu shortcut
             return True
@@ -284,14 +308,20 @@ class TalkControl(QWidget):
             self._key_released()
         return True
 
+    def _revealed_by(self, event: QKeyEvent) -> bool:
+        """A talk-key press while out of sight: ``reveal`` may bring the control on screen."""
+        if event.type() != QEvent.Type.KeyPress or event.isAutoRepeat() or self.reveal is None:
+            return False
+        return self.reveal()
+
     def _matches(self, event: QKeyEvent, *, release: bool) -> bool:
-        wanted = self._key[0]
+        wanted = first_key(self._key)
         if event.key() != wanted.key():
             return False
         if release:
             return True  # modifiers may already be up when the key is released
         modifiers = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
-        return modifiers == wanted.keyboardModifiers()
+        return bool(modifiers == wanted.keyboardModifiers())
 
     def _key_pressed(self) -> None:
         if not self._available:

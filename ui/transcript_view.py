@@ -2,14 +2,17 @@
 
 A new entry starts when the speaker changes (user ↔ assistant), after a tool call, and
 after :meth:`TranscriptView.start_new_turn` (the window calls it when the talk key goes
-down). All text is shown as plain text — model output is never interpreted as markup.
-The view follows the newest entry unless the user has scrolled up. Main thread only.
+down). All text is shown as plain text — model output is never interpreted as markup —
+and the model's special markers (``<SPECIAL_12>``) are left out of the bubbles; Save
+Conversation keeps them. The view follows the newest entry unless the user has scrolled
+up. Main thread only.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Final
 
 from PySide6.QtCore import QSize, Qt
@@ -19,6 +22,14 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePol
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
 
 _BUBBLE_WIDTH: Final = 0.78  # of the visible width
+SPECIAL_MARKER: Final = re.compile(r"<SPECIAL_\d+>")
+
+
+def visible_text(text: str) -> str:
+    """``text`` as a bubble shows it: without the model's special markers."""
+    return SPECIAL_MARKER.sub("", text)
+
+
 _SELECTABLE: Final = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
 
 
@@ -128,21 +139,21 @@ class TranscriptView(QWidget):
         self._list.setSpacing(10)
         self._list.addStretch(1)
 
-        self.scroll = QScrollArea(self)
-        self.scroll.setObjectName("TranscriptScroll")
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setWidget(self._content)
-        bar = self.scroll.verticalScrollBar()
+        self.scroll_area = QScrollArea(self)
+        self.scroll_area.setObjectName("TranscriptScroll")
+        self.scroll_area.setWidgetResizable(True)
+        self.scroll_area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll_area.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll_area.setWidget(self._content)
+        bar = self.scroll_area.verticalScrollBar()
         bar.rangeChanged.connect(self._keep_following)
         bar.valueChanged.connect(self._track_follow)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.placeholder, 1)
-        layout.addWidget(self.scroll, 1)
-        self.scroll.hide()
+        layout.addWidget(self.scroll_area, 1)
+        self.scroll_area.hide()
         self.setAccessibleName("Conversation transcript")
 
     # -- feeding ---------------------------------------------------------------------------------------------------
@@ -167,12 +178,14 @@ class TranscriptView(QWidget):
 
     def clear(self) -> None:
         for entry in self._entries:
-            self._list.removeWidget(entry.parentWidget())
-            entry.parentWidget().deleteLater()
+            row = entry.parentWidget()
+            if row is not None:
+                self._list.removeWidget(row)
+                row.deleteLater()
         self._entries.clear()
         self._open_turn = False
         self._follow = True
-        self.scroll.hide()
+        self.scroll_area.hide()
         self.placeholder.show()
 
     # -- reading ---------------------------------------------------------------------------------------------------
@@ -197,6 +210,7 @@ class TranscriptView(QWidget):
     # -- internals -------------------------------------------------------------------------------------------------
 
     def _append(self, role: Role, delta: str) -> None:
+        delta = visible_text(delta)
         if not delta:
             return
         last = self._entries[-1] if self._entries else None
@@ -222,22 +236,23 @@ class TranscriptView(QWidget):
         entry.set_width_limit(self._bubble_width())
         self._list.insertWidget(self._list.count() - 1, row)
         self._entries.append(entry)
-        if self.placeholder.isVisible() or not self.scroll.isVisibleTo(self):
+        if self.placeholder.isVisible() or not self.scroll_area.isVisibleTo(self):
             self.placeholder.hide()
-            self.scroll.show()
+            self.scroll_area.show()
 
     def _bubble_width(self) -> int:
         # From the view's own width: the scroll area's viewport is not laid out yet while it is hidden.
         margins = self._list.contentsMargins()
-        usable = self.width() - margins.left() - margins.right() - self.scroll.verticalScrollBar().sizeHint().width()
+        scrollbar = self.scroll_area.verticalScrollBar().sizeHint().width()
+        usable = self.width() - margins.left() - margins.right() - scrollbar
         return max(200, int(usable * _BUBBLE_WIDTH))
 
     def _keep_following(self, _minimum: int, maximum: int) -> None:
         if self._follow:
-            self.scroll.verticalScrollBar().setValue(maximum)
+            self.scroll_area.verticalScrollBar().setValue(maximum)
 
     def _track_follow(self, value: int) -> None:
-        self._follow = value >= self.scroll.verticalScrollBar().maximum() - 8
+        self._follow = value >= self.scroll_area.verticalScrollBar().maximum() - 8
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         super().resizeEvent(event)

@@ -37,7 +37,7 @@ def model_dirs(tmp_path: Path) -> dict[str, Path]:
 @pytest.fixture
 def fake(model_dirs: dict[str, Path], tmp_path: Path) -> FakeController:
     """A controller whose 4-bit model loads on start()."""
-    settings = Settings(checkpoint_4bit=model_dirs["4bit"], checkpoint_8bit=model_dirs["8bit"], theme="light")
+    settings = Settings(checkpoints=dict(model_dirs), active_variant="4bit", theme="light")
     return FakeController(settings, log_dir=tmp_path / "logs")
 
 

@@ -31,6 +31,7 @@ def test_messages_become_typed_signals_in_order(qtbot: QtBot) -> None:
         Notice("done"),
     ]
     unknown = [object(), FrameTiming(1, 0.0, {"perception": 1.0}, 5, 1)]  # no signal for these: skipped
+    fake.poll()  # the fake's own first state snapshot
     fake.queue(messages[0], unknown[0], *messages[1:3], unknown[1], *messages[3:])
     assert pump.drain() == 7
     assert seen == messages
@@ -38,6 +39,7 @@ def test_messages_become_typed_signals_in_order(qtbot: QtBot) -> None:
 
 def test_timer_drains_without_being_asked(qtbot: QtBot) -> None:
     fake = FakeController()
+    fake.poll()  # the fake's own first state snapshot
     pump = EventPump(fake, interval_ms=5)
     pump.start()
     assert pump.is_running()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from app.messages import AppState, DownloadProgress, Failure, LoadProgress, ModelLoaded, SpeedCheck, StateChanged
+from app.messages import AppState, DownloadProgress, EngineState, Failure, LoadProgress, ModelLoaded, SpeedCheck
 from app.settings import Settings
+from app.variants import Q4
 from tests.fakes import FakeController
 from ui.app_window import MainWindow
 from ui.download_status import DownloadStatus, format_bytes, format_duration
@@ -31,7 +32,7 @@ def first_run_window(make_window: Callable[[FakeController], MainWindow], fresh:
 def test_no_model_shows_the_first_run_page(first_run_window: MainWindow) -> None:
     assert first_run_window.pages.currentWidget() is first_run_window.first_run
     assert first_run_window.indicator.text() == "No model"
-    assert not first_run_window.actions.export_profile.isEnabled()
+    assert not first_run_window.menu_actions.export_profile.isEnabled()
 
 
 def test_download_buttons_start_the_right_download(
@@ -87,26 +88,32 @@ def test_cancelled_folder_dialog_does_nothing(
 
 def test_demo_is_labelled_and_ends_with_the_speed_verdict(first_run_window: MainWindow, fresh: FakeController) -> None:
     page = first_run_window.first_run
-    assert "no real speech" in page.demo_button.text()
+    assert "noise, not speech" in page.demo_button.text()
     page.demo_button.click()
     assert fresh.calls_to("start_demo") == [()]
     first_run_window.pump.drain()
-    assert "no real speech" in page.status_text.text()
+    assert "noise, not speech" in page.status_title.text() and "nothing plays until" in page.status_text.text()
     assert first_run_window.header.demo_badge.isVisibleTo(first_run_window)
+    assert first_run_window.header.demo_badge.text() == "Demo — noise, not speech"
     assert page.verdict.text().startswith("This computer keeps up with real time comfortably.")
     assert "0.62" in page.verdict.text()
     assert first_run_window.pages.currentWidget() is page, "the verdict stays until the user moves on"
+    assert fresh.calls_to("start_conversation") == [], "loaded is not started: nothing runs on the welcome page"
+    assert not first_run_window.status.conversation
     page.start_button.click()
     assert first_run_window.pages.currentWidget() is first_run_window.conversation
+    assert fresh.calls_to("start_conversation") == [()]
+    first_run_window.pump.drain()
+    assert first_run_window.status.conversation
 
 
 def test_load_progress_and_failure(first_run_window: MainWindow, fresh: FakeController) -> None:
     page = first_run_window.first_run
-    fresh.queue(StateChanged(AppState.LOADING), LoadProgress(0.5, "Reading weights"))
+    fresh.queue(EngineState(AppState.LOADING), LoadProgress(0.5, "Reading weights"))
     first_run_window.pump.drain()
     assert page.status_text.text() == "Reading weights" and page.load_progress.value() == 500
     assert not page.demo_button.isEnabled()
-    fresh.queue(Failure("config.json is missing in /x"), StateChanged(AppState.NO_MODEL))
+    fresh.queue(Failure("config.json is missing in /x"), EngineState(AppState.NO_MODEL))
     first_run_window.pump.drain()
     assert page.demo_button.isEnabled()
     assert any("config.json is missing" in b.text() for b in first_run_window.banners.banners())
@@ -129,7 +136,7 @@ def test_with_the_demo_loaded_the_real_model_is_still_offered(
     page = first_run_window.first_run
     page.demo_button.click()
     first_run_window.pump.drain()
-    assert page.status_title.text() == "Demo ready"
+    assert page.status_title.text() == "Demo ready — noise, not speech"
     assert page.download_card.isVisibleTo(page) and page.download_buttons["4bit"].isEnabled()
     assert page.folder_button.isVisibleTo(page) and not page.demo_card.isVisibleTo(page)
 
@@ -144,7 +151,7 @@ def test_a_real_model_hides_the_choices_and_the_menu_brings_them_back(
     page.start_button.click()
     assert first_run_window.pages.currentWidget() is first_run_window.conversation
 
-    first_run_window.actions.get_model.trigger()
+    first_run_window.menu_actions.get_model.trigger()
     assert first_run_window.pages.currentWidget() is page
     assert page.download_card.isVisibleTo(page) and page.start_button.isVisibleTo(page)
     page.start_button.click()
@@ -162,15 +169,15 @@ def test_late_progress_after_cancel_keeps_it_cancelled(first_run_window: MainWin
 
 
 def test_real_load_sequence_ends_on_the_verdict(first_run_window: MainWindow, fresh: FakeController) -> None:
-    """The worker's order: progress, progress, loaded, speed check, a closing 100 % report, ready."""
+    """The worker's order: loading, progress, progress, speed check, loaded, ready."""
     page = first_run_window.first_run
     fresh.queue(
+        EngineState(AppState.LOADING, "Loading x…"),
         LoadProgress(-1.0, "Reading /models/x"),
-        LoadProgress(0.7, "Loaded in 2.0 s; warming up"),
-        ModelLoaded("VoiceChat-11B-4bit", Path("/models/x"), 4, False),
+        LoadProgress(0.7, "Loaded in 2.0 s; preparing the engine (50 %)"),
         SpeedCheck(0.8, "This computer keeps up."),
-        LoadProgress(1.0, "Ready"),
-        StateChanged(AppState.READY),
+        ModelLoaded("VoiceChat-11B-4bit", Path("/models/x"), Q4),
+        EngineState(AppState.READY),
     )
     first_run_window.pump.drain()
     assert page.status_title.text() == "Model ready"

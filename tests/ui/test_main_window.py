@@ -15,18 +15,20 @@ from app.messages import (
     AppState,
     ConversationTime,
     DeviceStatus,
+    EngineState,
     Failure,
     Levels,
     LoadProgress,
     Notice,
     SpeedCheck,
     StateChanged,
+    TurnLatency,
 )
 from app.settings import Settings, save_settings
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
 from tests.fakes import FakeController, make_frame_stats
 from ui.app_window import MainWindow, run_gui
-from ui.overlay import STAGE_COLORS
+from ui.overlay import PHASE_COLORS, STAGE_COLORS
 from ui.theme import DARK, LIGHT
 
 
@@ -46,10 +48,10 @@ def test_failure_shows_a_banner_and_the_window_keeps_working(window: MainWindow,
     assert banner.details.isVisibleTo(window) and "RuntimeError: Metal OOM" in banner.details.toPlainText()
 
     # Still usable: new messages are shown, menus work, the talk key works.
-    fake.queue(StateChanged(AppState.READY), UserTranscriptDelta(1, "Still here", "Still here"))
+    fake.queue(EngineState(AppState.READY), UserTranscriptDelta(1, "Still here", "Still here"))
     window.pump.drain()
     assert window.conversation.transcript.entries()[-1][1] == "Still here"
-    window.actions.new_conversation.trigger()
+    window.menu_actions.new_conversation.trigger()
     assert fake.calls_to("new_conversation") == [()]
     banner.close_button.click()
     assert window.banners.banners() == []
@@ -66,10 +68,11 @@ def test_controller_errors_become_banners(
     window: MainWindow, fake: FakeController, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "profile.json"), ""))
+    fake.frames_exported = 12
     fake.fail("export_profile", PermissionError(13, "Permission denied", str(tmp_path)))
-    window.actions.export_profile.trigger()
+    window.menu_actions.export_profile.trigger()
     assert any("Could not export the profile" in text and "Permission denied" in text for text in banner_texts(window))
-    window.actions.export_profile.trigger()  # the next try works
+    window.menu_actions.export_profile.trigger()  # the next try works
     assert (tmp_path / "profile.csv").exists()
     assert "profile.json" in window.statusBar().currentMessage()
 
@@ -78,13 +81,13 @@ def test_save_conversation_and_log_folder(
     window: MainWindow, fake: FakeController, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(tmp_path))
-    window.actions.save_conversation.trigger()
+    window.menu_actions.save_conversation.trigger()
     assert fake.calls_to("save_conversation") == [(tmp_path,)]
     assert "Saved 3 files" in window.statusBar().currentMessage()
 
     opened: list[str] = []
     monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toLocalFile()) or False)
-    window.actions.open_log_folder.trigger()
+    window.menu_actions.open_log_folder.trigger()
     assert opened == [str(tmp_path / "logs")]
     assert any(str(tmp_path / "logs") in text for text in banner_texts(window)), "the path is shown if no browser opens"
 
@@ -104,7 +107,8 @@ def test_conversation_time_counts_down_and_offers_a_new_conversation(window: Mai
     assert "length limit" in banner.text() and banner.action_button is not None
     banner.action_button.click()
     assert fake.calls_to("new_conversation") == [()]
-    assert not window.header.time_chip.isVisibleTo(window)
+    window.pump.drain()  # the new conversation starts, with all its time
+    assert window.header.time_chip.text() == "5:00 left" and window.header.time_chip.property("level") == ""
 
 
 def test_speed_check_device_status_and_notices(window: MainWindow, fake: FakeController) -> None:
@@ -118,16 +122,17 @@ def test_speed_check_device_status_and_notices(window: MainWindow, fake: FakeCon
     window.pump.drain()
     texts = banner_texts(window)
     assert any("too slow" in t for t in texts) and any("Microphone disconnected" in t for t in texts)
-    assert window.device_label.text() == "Mic: default microphone  ·  Speaker: USB Headset"
+    # The device names come with the state snapshot, not with the event's message.
+    assert window.device_label.text() == "Mic: Built-in Microphone  ·  Speaker: Built-in Speakers"
     assert window.statusBar().currentMessage() == "Profile exported (/tmp)"
     assert window.conversation.mic_meter.bar.fraction > 0.8
 
 
 def test_theme_switch_from_the_view_menu(window: MainWindow, fake: FakeController) -> None:
-    window.actions.themes["dark"].trigger()
+    window.menu_actions.themes["dark"].trigger()
     assert fake.settings.theme == "dark"
     assert QApplication.palette().color(QPalette.ColorRole.Window) == QColor(DARK.window)
-    window.actions.themes["light"].trigger()
+    window.menu_actions.themes["light"].trigger()
     assert QApplication.palette().color(QPalette.ColorRole.Window) == QColor(LIGHT.window)
 
 
@@ -145,17 +150,24 @@ def test_geometry_is_saved_on_close(window: MainWindow, fake: FakeController, qt
 
 
 def test_screenshot_of_the_whole_window(window: MainWindow, fake: FakeController, tmp_path: Path) -> None:
-    window.show_conversation()
+    window.start_from_first_run()
+    fake.board.speaking = True
     fake.queue(
-        *(make_frame_stats(i, (6.0, 2.0, 26.0 + i % 9, 18.0 + i % 13, 5.0), other=1.0) for i in range(120)),
+        *(
+            make_frame_stats(
+                i, (6.0, 2.0, 26.0 + i % 9, 18.0 + i % 13, 5.0), other=1.0, mode="device" if i % 25 == 0 else "host"
+            )
+            for i in range(120)
+        ),
         Levels(0.3, 0.2),
         UserTranscriptDelta(1, "What is the capital of France?", ""),
         AssistantTextDelta(2, 5, "Paris is the capital of France.", ""),
         ToolCall(3, "{}", "get_weather", {"city": "Paris"}),
         ConversationTime(30.0, 270.0),
-        StateChanged(AppState.SPEAKING),
+        TurnLatency(0.52, 0.48, 0.61, 3),
     )
     window.pump.drain()
+    assert window.indicator.text() == "Assistant speaking"
     QApplication.processEvents()
     path = tmp_path / "main-window.png"
     assert window.grab().save(str(path))
@@ -165,8 +177,10 @@ def test_screenshot_of_the_whole_window(window: MainWindow, fake: FakeController
         image.pixel(x, y) & 0xFFFFFF for y in range(0, image.height(), 2) for x in range(0, image.width(), 2)
     )
     assert len(colours) > 100, "a real window has text, bars and icons, not a flat fill"
+    for phase, colour in PHASE_COLORS.items():
+        assert colours[QColor(colour).rgb() & 0xFFFFFF] > 50, f"overlay bars for {phase}"
     for stage, colour in STAGE_COLORS.items():
-        assert colours[QColor(colour).rgb() & 0xFFFFFF] > 50, f"overlay bars for {stage}"
+        assert colours[QColor(colour).rgb() & 0xFFFFFF] > 3, f"the exact-stage panel's bar for {stage}"
     assert colours[QColor(LIGHT.accent).rgb() & 0xFFFFFF] > 1000, "the talk button"
 
 
@@ -230,7 +244,7 @@ def test_variant_reload_shows_progress_in_the_state_line(window: MainWindow, fak
     assert window.header.model_chip.text().endswith("8-bit")
     assert window.pages.currentWidget() is window.conversation
 
-    fake.queue(StateChanged(AppState.LOADING), LoadProgress(0.25, "Reading weights"))
+    fake.queue(EngineState(AppState.LOADING), LoadProgress(0.25, "Reading weights"))
     window.pump.drain()
     assert window.indicator.text() == "Loading model…"
     assert window.indicator.detail() == "Reading weights (25%)"

@@ -1,16 +1,32 @@
-"""The frame-time overlay renders from FrameStats alone: stage bars, budget line, figures; and it toggles."""
+"""The frame-time overlay: both phases of every frame, the exact stages of sampled frames, figures and tooltips."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from PySide6.QtCore import QRectF
+from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QColor, QImage
 from pytestqt.qtbot import QtBot
 
+from app.messages import TurnLatency
 from tests.fakes import FakeController, make_frame_stats
 from ui.app_window import MainWindow
-from ui.overlay import BUDGET_COLOR, HISTORY, OTHER_COLOR, STAGE_COLORS, STAGES, FrameOverlay, format_stats, scale_for
+from ui.overlay import (
+    BUDGET_COLOR,
+    EXACT_MARK_COLOR,
+    HISTORY,
+    OTHER_COLOR,
+    PHASE_COLORS,
+    PHASES,
+    STAGE_COLORS,
+    STAGES,
+    WAITING,
+    FrameOverlay,
+    describe_frame,
+    figures,
+    format_stats,
+    scale_for,
+)
 
 
 def grab(overlay: FrameOverlay) -> QImage:
@@ -31,25 +47,25 @@ def rgb(name: str) -> int:
     return QColor(name).rgb() & 0xFFFFFF
 
 
-def make_overlay(qtbot: QtBot, width: int = 600) -> FrameOverlay:
+def make_overlay(qtbot: QtBot, width: int = 820) -> FrameOverlay:
     overlay = FrameOverlay()
     qtbot.addWidget(overlay)
     overlay.resize(width, overlay.height())
     return overlay
 
 
-def test_bars_in_every_stage_colour_and_the_budget_line(qtbot: QtBot) -> None:
+def test_every_frame_shows_both_phases_other_time_and_the_budget_line(qtbot: QtBot) -> None:
     overlay = make_overlay(qtbot)
     for index in range(HISTORY):
         overlay.add_stats(make_frame_stats(index, (8.0, 4.0, 30.0, 20.0, 6.0), other=2.0, backlog=1, underruns=3))
     image = grab(overlay)
     counts = colour_counts(image, overlay.plot_rect())
     slot = overlay.plot_rect().width() / HISTORY
-    for stage in STAGES:
-        minimum_ms = 4.0  # the thinnest stage: 120 bars of at least this height must be there
-        expected = HISTORY * (slot - 1) * minimum_ms * overlay.plot_rect().height() / overlay.scale_ms() * 0.8
-        assert counts[rgb(stage.color)] > expected, f"too few {stage.label} pixels"
-    assert counts[rgb(OTHER_COLOR)] > 0, "unattributed time is drawn as 'other'"
+    per_ms = overlay.plot_rect().height() / overlay.scale_ms()
+    for phase, ms in zip(PHASES, (42.0, 26.0), strict=True):
+        expected = HISTORY * (slot - 1) * ms * per_ms * 0.8
+        assert counts[rgb(phase.color)] > expected, f"too few {phase.label} pixels"
+    assert counts[rgb(OTHER_COLOR)] > 0, "time after the codec is drawn as 'other'"
 
     # The 80 ms budget line spans the plot at the right height.
     y = round(overlay.value_to_y(80.0))
@@ -58,29 +74,69 @@ def test_bars_in_every_stage_colour_and_the_budget_line(qtbot: QtBot) -> None:
     assert row.count(rgb(BUDGET_COLOR)) > 0.95 * len(row)
     assert overlay.accessibleDescription() == format_stats(overlay.latest)  # type: ignore[arg-type]
     assert "backlog 1" in overlay.accessibleDescription() and "underruns 3" in overlay.accessibleDescription()
+    assert "lost 0.0 s" in overlay.accessibleDescription()
 
 
-def test_bar_heights_follow_the_stage_times(qtbot: QtBot) -> None:
+def test_bar_heights_follow_the_phase_times(qtbot: QtBot) -> None:
     overlay = make_overlay(qtbot)
-    overlay.add_stats(make_frame_stats(0, (10.0, 0.0, 40.0, 0.0, 20.0)))
+    overlay.add_stats(make_frame_stats(0, (10.0, 0.0, 40.0, 0.0, 20.0)))  # listening 50 ms, speaking 20 ms
     image = grab(overlay)
     per_ms = overlay.plot_rect().height() / overlay.scale_ms()
     column = int(overlay.plot_rect().right()) - 2  # the newest frame is on the right
     heights = Counter(image.pixel(column, y) & 0xFFFFFF for y in range(image.height()))
-    for field, ms in (("perception", 10.0), ("language", 40.0), ("codec", 20.0)):
-        assert abs(heights[rgb(STAGE_COLORS[field])] - ms * per_ms) <= 2, field
-    assert heights[rgb(STAGE_COLORS["rnnt"])] == 0 and heights[rgb(STAGE_COLORS["tts"])] == 0
+    assert abs(heights[rgb(PHASE_COLORS["listening"])] - 50.0 * per_ms) <= 2
+    assert abs(heights[rgb(PHASE_COLORS["speaking"])] - 20.0 * per_ms) <= 2
 
 
-def test_frames_over_budget_get_a_marker_and_the_scale_grows(qtbot: QtBot) -> None:
+def test_only_frames_timed_stage_by_stage_feed_the_exact_panel(qtbot: QtBot) -> None:
     overlay = make_overlay(qtbot)
-    overlay.add_stats(make_frame_stats(0, (10.0, 5.0, 80.0, 40.0, 10.0)))  # 145 ms
-    assert overlay.scale_ms() == 160.0
+    for index in range(60):
+        # Host-timed frames bill the device work to the phase's last stage; these numbers must not reach the panel.
+        overlay.add_stats(make_frame_stats(index, (1.0, 0.1, 40.0, 1.0, 20.0)))
+    assert overlay.exact_stages() == {}
+    panel = colour_counts(grab(overlay), overlay.panel_rect())
+    assert all(panel[rgb(stage.color)] == 0 for stage in STAGES), "no exact frame yet: no stage bars"
+
+    for index, perception in ((60, 20.0), (85, 24.0), (110, 22.0)):
+        overlay.add_stats(make_frame_stats(index, (perception, 1.0, 17.0, 14.0, 6.0), mode="device"))
+    overlay.add_stats(make_frame_stats(111, (1.0, 0.1, 40.0, 1.0, 20.0)))
+    exact = overlay.exact_stages()
+    assert exact == {"perception": 22.0, "rnnt": 1.0, "language": 17.0, "tts": 14.0, "codec": 6.0}  # medians
     image = grab(overlay)
-    column = int(overlay.plot_rect().right()) - 2
-    budget_y = round(overlay.value_to_y(80.0))
-    above = [y for y in range(image.height()) if image.pixel(column, y) & 0xFFFFFF == rgb(BUDGET_COLOR)]
-    assert any(y < budget_y - 3 for y in above), "a missed frame has a marker above its bar"
+    panel = colour_counts(image, overlay.panel_rect())
+    assert all(panel[rgb(stage.color)] > 0 for stage in STAGES), "every stage has its bar in the panel"
+    marks = colour_counts(image, QRectF(overlay.plot_rect().left(), overlay.plot_rect().bottom(), 10_000, 6))
+    assert marks[rgb(EXACT_MARK_COLOR)] >= 3 * 2, "a dot under each exactly timed bar"
+    overlay.clear()
+    assert overlay.exact_stages() == {}
+
+
+def test_every_figure_bar_and_legend_entry_explains_itself(qtbot: QtBot) -> None:
+    overlay = make_overlay(qtbot)
+    overlay.add_stats(make_frame_stats(0, (22.0, 1.0, 17.0, 14.0, 6.0), other=1.5, mode="device"))
+    overlay.add_stats(make_frame_stats(1, (4.0, 0.2, 36.0, 4.0, 24.0), other=1.0, lost_s=0.4))
+    overlay.set_latency(TurnLatency(0.52, 0.48, 0.61, 3))
+    grab(overlay)  # painting places the hover areas
+    shown = figures(overlay.latest, overlay.latency)  # type: ignore[arg-type]
+    assert [f.text.split()[0] for f in shown] == ["p50", "p95", "RTF", "reply", "backlog", "lost", "underruns"]
+    assert "0.48 s" in shown[3].text and "95th percentile 0.61 s" in shown[3].meaning and "3 turns" in shown[3].meaning
+    assert shown[5].text == "lost 0.4 s" and shown[5].role == "danger"
+    tips = {text for _, text in overlay._tips}
+    for figure in shown:
+        assert figure.meaning in tips, f"no tooltip for {figure.text}"
+    for phase in PHASES:
+        assert any(text.startswith(f"{phase.label}: ") for text in tips), f"no legend tooltip for {phase.label}"
+    assert any(text.startswith("Other: host work after the codec") for text in tips)
+    for stage in STAGES:
+        assert any(text.startswith(f"{stage.label}: ") for text in tips), f"no panel tooltip for {stage.label}"
+
+    plot = overlay.plot_rect()
+    newest = overlay.tooltip_at(QPointF(plot.right() - 2, plot.bottom() - 3))
+    assert newest == describe_frame(overlay.frames[-1]) and "Timed per phase" in newest
+    slot = plot.width() / HISTORY
+    sampled = overlay.tooltip_at(QPointF(plot.right() - slot * 1.5, plot.bottom() - 3))
+    assert "Timed stage by stage" in sampled and "Perception 22.0 ms" in sampled
+    assert overlay.tooltip_at(QPointF(plot.left() + 2, plot.bottom() - 3)) == "", "no frame there yet"
 
 
 def test_history_is_bounded(qtbot: QtBot) -> None:
@@ -93,14 +149,17 @@ def test_history_is_bounded(qtbot: QtBot) -> None:
     assert overlay.frames == [] and overlay.latest is None
 
 
-def test_empty_overlay_has_no_bars(qtbot: QtBot) -> None:
+def test_empty_overlay_says_why_and_shows_the_legend(qtbot: QtBot) -> None:
     overlay = make_overlay(qtbot)
+    assert overlay.accessibleDescription() == WAITING
     image = grab(overlay)
     plot = colour_counts(image, overlay.plot_rect())
-    assert all(plot[rgb(stage.color)] == 0 for stage in STAGES)
+    assert all(plot[rgb(phase.color)] == 0 for phase in PHASES)
     assert plot[rgb(BUDGET_COLOR)] > 0  # the budget line is there from the start
     legend = colour_counts(image)
-    assert all(legend[rgb(stage.color)] > 0 for stage in STAGES), "the legend shows every stage colour"
+    assert all(legend[rgb(phase.color)] > 0 for phase in PHASES), "the legend shows every phase colour"
+    overlay.set_waiting_text("No frames: there is no microphone or speaker to use")
+    assert overlay.accessibleDescription() == "No frames: there is no microphone or speaker to use"
 
 
 def test_scale_steps() -> None:
@@ -114,14 +173,17 @@ def test_overlay_toggles_from_the_view_menu(window: MainWindow, fake: FakeContro
     card = window.conversation.overlay_card
     window.show_conversation()
     assert card.isVisible()
-    window.actions.show_overlay.trigger()
+    window.menu_actions.show_overlay.trigger()
     assert not card.isVisible()
     assert fake.settings.overlay is False
-    window.actions.show_overlay.trigger()
+    window.menu_actions.show_overlay.trigger()
     assert card.isVisible() and fake.settings.overlay is True
 
 
 def test_window_feeds_the_overlay_from_the_pump(window: MainWindow, fake: FakeController) -> None:
-    fake.queue(*(make_frame_stats(i) for i in range(10)))
+    fake.queue(*(make_frame_stats(i) for i in range(10)), TurnLatency(0.4, 0.4, 0.4, 1))
     window.pump.drain()
-    assert [f.frame_index for f in window.conversation.overlay.frames] == list(range(10))
+    overlay = window.conversation.overlay
+    assert [f.frame_index for f in overlay.frames] == list(range(10))
+    assert "reply 0.40 s" in overlay.accessibleDescription()
+    assert STAGE_COLORS.keys() == {stage.field for stage in STAGES}

@@ -9,7 +9,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from pytestqt.qtbot import QtBot
 
+from app.messages import AppState, ModelLoaded, StateChanged
 from app.settings import Settings
+from app.variants import variant
 from tests.fakes import FakeController
 from ui.app_window import MainWindow
 from ui.settings_dialog import SettingsDialog
@@ -18,8 +20,7 @@ from ui.settings_dialog import SettingsDialog
 @pytest.fixture
 def custom(model_dirs: dict[str, Path]) -> Settings:
     return Settings(
-        checkpoint_4bit=model_dirs["4bit"],
-        checkpoint_8bit=model_dirs["8bit"],
+        checkpoints=dict(model_dirs),
         active_variant="4bit",
         input_device="USB Headset",
         output_device="Unplugged Speakers",  # not in the fake's list: must survive as "(not connected)"
@@ -35,9 +36,17 @@ def custom(model_dirs: dict[str, Path]) -> Settings:
     )
 
 
-def make_dialog(qtbot: QtBot, settings: Settings) -> tuple[SettingsDialog, FakeController]:
+def loaded(key: str) -> StateChanged:
+    """The state with the variant ``key`` loaded."""
+    model = ModelLoaded(f"VoiceChat-{key}", Path(f"/models/{key}"), variant(key))
+    return StateChanged(AppState.READY, model=model, microphone="Mic", speaker="Speaker")
+
+
+def make_dialog(
+    qtbot: QtBot, settings: Settings, status: StateChanged | None = None
+) -> tuple[SettingsDialog, FakeController]:
     fake = FakeController(settings)
-    dialog = SettingsDialog(fake)
+    dialog = SettingsDialog(fake, status=status if status is not None else loaded("4bit"))
     qtbot.addWidget(dialog)
     return dialog, fake
 
@@ -123,12 +132,12 @@ def test_variant_toggle_uses_an_edited_folder(qtbot: QtBot, custom: Settings, tm
     dialog.model_page.folder_edits["8bit"].setText(str(new_folder))
     dialog.model_page.variant_buttons["8bit"].click()
     (saved,) = fake.calls_to("apply_settings")
-    assert saved[0].checkpoint_8bit == new_folder and saved[0].active_variant == "4bit"
+    assert saved[0].checkpoint_for("8bit") == new_folder and saved[0].active_variant == "4bit"
     assert fake.calls_to("switch_variant") == [("8bit",)]
 
 
 def test_variant_toggle_without_a_folder_explains(qtbot: QtBot, custom: Settings) -> None:
-    dialog, fake = make_dialog(qtbot, custom.with_changes(checkpoint_8bit=None))
+    dialog, fake = make_dialog(qtbot, custom.with_checkpoint("8bit", None))
     dialog.model_page.variant_buttons["8bit"].click()
     assert fake.calls_to("switch_variant") == []
     assert dialog.model_page.variant_buttons["4bit"].isChecked()
@@ -160,4 +169,4 @@ def test_window_applies_saved_settings(window: MainWindow, fake: FakeController,
     dialog.accept()
     assert fake.settings.talk_mode == "toggle" and fake.settings.overlay is False
     assert window.conversation.talk.mode == "toggle"
-    assert not window.actions.show_overlay.isChecked()
+    assert not window.menu_actions.show_overlay.isChecked()

@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtGui import QImage
 from pytestqt.qtbot import QtBot
 
-from app.messages import AppState, StateChanged
+from app.messages import AppState, EngineState
 from ui.app_window import MainWindow
 from ui.state_indicator import STATE_HINT, STATE_TEXT, StateIndicator
 
@@ -18,6 +18,7 @@ EXPECTED_WORDS = {
     AppState.SPEAKING: "Assistant speaking",
     AppState.FALLING_BEHIND: "Falling behind",
     AppState.PAUSED: "Paused",
+    AppState.NO_AUDIO: "No sound device",
     AppState.ERROR: "Error",
 }
 
@@ -59,7 +60,7 @@ def test_every_state_has_a_different_shape_not_only_a_colour(indicator: StateInd
 
 def test_window_shows_state_changes(window: MainWindow) -> None:
     assert window.indicator.text() == "Ready"  # the fake loaded its model on start()
-    window.controller.queue(StateChanged(AppState.FALLING_BEHIND))  # type: ignore[attr-defined]
+    window.controller.queue(EngineState(AppState.FALLING_BEHIND, conversation=True))  # type: ignore[attr-defined]
     window.pump.drain()
     assert window.indicator.text() == "Falling behind"
     assert "keeping up" in window.indicator.detail()

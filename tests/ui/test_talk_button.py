@@ -61,7 +61,7 @@ def test_auto_repeat_is_ignored(window: MainWindow, fake: FakeController) -> Non
 
 
 def test_key_works_whatever_has_focus_and_is_swallowed(window: MainWindow, fake: FakeController, qtbot: QtBot) -> None:
-    focused = window.conversation.transcript.scroll
+    focused = window.conversation.transcript.scroll_area
     focused.setFocus()
     press(focused)
     release(focused)

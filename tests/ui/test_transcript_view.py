@@ -32,13 +32,13 @@ def view(qtbot: QtBot) -> TranscriptView:
 
 
 def test_deltas_are_appended_per_turn(view: TranscriptView) -> None:
-    assert view.placeholder.isVisible() and not view.scroll.isVisible()
+    assert view.placeholder.isVisible() and not view.scroll_area.isVisible()
     for delta in ("What", " is", " the", " capital", "?"):
         view.add_user_delta(user(delta))
     for delta in (" Paris", " is", " the", " capital."):
         view.add_assistant_delta(assistant(delta))
     assert view.entries() == [(Role.USER, "What is the capital?"), (Role.ASSISTANT, "Paris is the capital.")]
-    assert view.scroll.isVisible() and not view.placeholder.isVisible()
+    assert view.scroll_area.isVisible() and not view.placeholder.isVisible()
     assert view.plain_text() == "You: What is the capital?\n\nAssistant: Paris is the capital."
 
 
@@ -100,6 +100,9 @@ def test_window_streams_events_into_the_transcript(window: MainWindow, fake: Fak
     transcript = window.conversation.transcript
     assert transcript.entries()[:2] == [(Role.USER, "Hi there"), (Role.ASSISTANT, "Hello!")]
     assert transcript.entries()[2][0] is Role.TOOL
-    window.actions.new_conversation.trigger()
+    # The old conversation's last words may still be on their way: the view clears when the new one starts.
+    fake.queue(assistant(" late words of the old conversation"))
+    window.menu_actions.new_conversation.trigger()
     assert fake.calls_to("new_conversation") == [()]
+    window.pump.drain()
     assert transcript.entries() == []
