@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.timeline import INPUT_SAMPLE_RATE
+
 
 class AudioFileError(ValueError):
     """An audio file cannot be used; the message says why in plain words."""
@@ -31,7 +33,7 @@ class AudioFile:
         return float(self.samples.shape[0] / self.sample_rate)
 
 
-def read_audio(path: str | Path, *, target_rate: int = 16_000) -> AudioFile:
+def read_audio(path: str | Path, *, target_rate: int = INPUT_SAMPLE_RATE) -> AudioFile:
     """Read ``path`` as mono float32 at ``target_rate`` (soxr high-quality resampling)."""
     import soundfile
     import soxr

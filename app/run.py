@@ -20,8 +20,10 @@ from engine.events import (
     ToolCall,
     UserTranscriptDelta,
 )
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_files import read_audio, write_wav
+from .files import apply_file_mode
 
 
 @dataclass
@@ -53,7 +55,7 @@ def run_audio(
     *,
     system_prompt: str | None = None,
     seed: int = 0,
-    chunk_samples: int = 1280,
+    chunk_samples: int = INPUT_FRAME_SAMPLES,
     sub_stages: bool = False,
     drop_first: int = 5,
     on_event: Callable[[Event], None] | None = None,
@@ -65,7 +67,7 @@ def run_audio(
     session = Session(voicechat, system_prompt=system_prompt, seed=seed, sub_stages=sub_stages)
     events: list[Event] = []
     for start in range(0, samples.shape[0], chunk_samples):
-        for event in session.push(samples[start : start + chunk_samples], sample_rate=16_000):
+        for event in session.push(samples[start : start + chunk_samples], sample_rate=INPUT_SAMPLE_RATE):
             events.append(event)
             if on_event is not None:
                 on_event(event)
@@ -160,14 +162,16 @@ def run_command(args: Any, out: Callable[[str], None] = print) -> int:
     audio = read_audio(args.audio)
     for note in audio.notes:
         out(f"input: {note}")
-    extra = np.zeros(round(args.extra_seconds * 16_000), dtype=np.float32)
+    extra = np.zeros(round(args.extra_seconds * INPUT_SAMPLE_RATE), dtype=np.float32)
     samples = np.concatenate([audio.samples, extra])
     started = time.perf_counter()
     voicechat = load_voicechat(args.model, numerics=getattr(args, "numerics", "exact"))
     load_seconds = time.perf_counter() - started
     bits = voicechat.quantization_bits
     out(f"model: {voicechat.name} ({'bf16' if bits is None else f'{bits}-bit'}), loaded in {load_seconds:.1f} s")
-    out(f"input: {audio.seconds:.2f} s + {args.extra_seconds:g} s of silence = {samples.shape[0] // 1280} frames")
+    # The session pads the last partial frame (Session.flush), so it counts: the same number the profile holds.
+    frames = -(-samples.shape[0] // INPUT_FRAME_SAMPLES)
+    out(f"input: {audio.seconds:.2f} s + {args.extra_seconds:g} s of silence = {frames} frames")
 
     result = run_audio(
         voicechat,
@@ -195,7 +199,7 @@ def run_command(args: Any, out: Callable[[str], None] = print) -> int:
         out(f"wrote {args.dump}/")
     if args.profile_json:
         log = build_profile_log(result.timings, checkpoint=result.checkpoint, settings=result.settings)
-        write_profile_log(log, args.profile_json)
+        apply_file_mode(write_profile_log(log, args.profile_json))
         out(f"wrote {args.profile_json}")
     if args.profile or args.profile_stages:
         out(json.dumps(result.summary, indent=2))

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
+from engine.timeline import FRAME_MS
+
 from .paths import is_frozen
 
 if TYPE_CHECKING:
@@ -106,7 +108,7 @@ class SelfTestReport:
         return (
             f"parley self-test passed ({origin}): {self.frames} frames ({self.input_seconds:.1f} s of speech and "
             f"silence) through the demo checkpoint on {self.device} after {self.setup_seconds:.1f} s of setup; "
-            f"realtime factor {self.realtime_factor:.2f} (p50 {self.p50_ms:.1f} ms per 80 ms frame); "
+            f"realtime factor {self.realtime_factor:.2f} (p50 {self.p50_ms:.1f} ms per {FRAME_MS:.0f} ms frame); "
             f"{self.playback.describe()}"
         )
 

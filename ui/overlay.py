@@ -55,7 +55,7 @@ _STAGE_LOOK: Final = {
     "rnnt": ("RN-T", "#e69f00", "the RN-T decoder that transcribes what you say"),
     "language": ("Language", "#0072b2", "the language model choosing the next text and tool tokens"),
     "tts": ("TTS", "#cc79a7", "the speech model turning text into audio codes"),
-    "codec": ("Codec", "#009e73", "the codec turning audio codes into 80 ms of sound"),
+    "codec": ("Codec", "#009e73", f"the codec turning audio codes into {FRAME_MS:.0f} ms of sound"),
 }
 STAGES: Final = tuple(Stage(name, *_STAGE_LOOK[name]) for name in STAGE_ORDER)  # the engine's stages, in its order
 STAGE_COLORS: Final = {stage.field: stage.color for stage in STAGES}
@@ -67,7 +67,9 @@ PHASES: Final = (
         "#0072b2",
         "perception + RN-T + language model: hearing the frame and deciding what to say",
     ),
-    Phase("speaking", "Speaking", SPEAK_STAGES, "#009e73", "TTS + codec: making the next 80 ms of the voice"),
+    Phase(
+        "speaking", "Speaking", SPEAK_STAGES, "#009e73", f"TTS + codec: making the next {FRAME_MS:.0f} ms of the voice"
+    ),
 )
 PHASE_COLORS: Final = {phase.name: phase.color for phase in PHASES}
 OTHER_COLOR: Final = "#9a9a9a"

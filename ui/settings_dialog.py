@@ -40,6 +40,7 @@ from app.settings import (
     IDLE_PAUSE_MIN_S,
     Settings,
 )
+from engine.timeline import FRAME_MS
 
 from .contracts import Controller
 from .model_settings import ModelSettingsPage, muted_label
@@ -209,7 +210,9 @@ class SettingsDialog(QDialog):
         form.setSpacing(10)
         form.addRow("Theme:", self.theme_combo)
         form.addRow(self.overlay_check)
-        form.addRow(muted_label("The overlay shows how long each 80 ms frame took, stage by stage.", box))
+        form.addRow(
+            muted_label(f"The overlay shows how long each {FRAME_MS:.0f} ms frame took, phase by phase.", box)
+        )
         layout = QVBoxLayout(page)
         layout.setContentsMargins(4, 12, 4, 4)
         layout.addWidget(box)
