@@ -70,6 +70,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TALKABLE: Final = {AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED}
+# Why the talk button is off, by state (the hint under it).
+NOT_TALKABLE: Final = {
+    AppState.NO_MODEL: "Load a model to talk",
+    AppState.LOADING: "Talking starts once the model is loaded",
+    AppState.NO_AUDIO: "Connect a microphone and a speaker to talk",
+    AppState.ERROR: "Start a new conversation to talk again",
+}
 INFO_TIMEOUT_MS: Final = 20_000
 
 # What the empty overlay says, by state: why no frames are running.
@@ -147,7 +154,7 @@ class MainWindow(QMainWindow):
         actions.quit.triggered.connect(self.close)
         actions.new_conversation.triggered.connect(self.new_conversation)
         actions.stop_speaking.triggered.connect(self.conversation.volume.stop)
-        actions.mute.triggered.connect(self.conversation.volume.mute_button.setChecked)
+        actions.mute.toggled.connect(self.conversation.volume.mute_button.setChecked)
         self.conversation.volume.mute_button.toggled.connect(actions.mute.setChecked)
         actions.show_overlay.toggled.connect(self._overlay_toggled)
         actions.theme_group.triggered.connect(lambda action: self.set_theme(action.data()))
@@ -187,7 +194,7 @@ class MainWindow(QMainWindow):
         if state is AppState.LOADING and status.progress is not None and status.progress >= 0 and "%" not in detail:
             detail = f"{detail} ({status.progress:.0%})" if detail else f"{status.progress:.0%}"
         self.indicator.set_state(state, detail)
-        self.conversation.talk.set_available(state in TALKABLE)
+        self.conversation.talk.set_available(state in TALKABLE, NOT_TALKABLE.get(state, ""))
         self.header.show_model(status.model)
         self._set_model_actions_enabled(status.model is not None)
         self._show_devices(status)
@@ -201,6 +208,8 @@ class MainWindow(QMainWindow):
         self.first_run.show_status(status)
         if self._settings_dialog is not None:
             self._settings_dialog.show_status(status)
+        if state is AppState.LOADING and previous.state is not AppState.LOADING:
+            self.statusBar().clearMessage()  # an earlier "Loaded …" must not outlive the model it named
         if state is AppState.NO_MODEL and previous.state is not AppState.NO_MODEL:
             self._first_run_active = True
             self.first_run.reset()
@@ -218,6 +227,11 @@ class MainWindow(QMainWindow):
         self.device_label.setText(text)
         self.device_label.setToolTip(text)
         self.conversation.mic_meter.set_caption(status.microphone or "No microphone")
+        if status.microphone is None:
+            self.conversation.mic_meter.set_peak(0.0)  # no more levels come from a device that is gone
+            self.conversation.talk.set_level(0.0)
+        if status.speaker is None:
+            self.conversation.speaker_meter.set_peak(0.0)
         demo = status.model is not None and status.model.variant.demo
         speaker_caption = status.speaker or "No speaker"
         self.conversation.speaker_meter.set_caption(f"{speaker_caption} · demo noise" if demo else speaker_caption)

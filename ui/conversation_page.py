@@ -31,17 +31,17 @@ class ConversationPage(QWidget):
         self.mic_meter = LevelMeter("Microphone", self)
         self.speaker_meter = LevelMeter("Assistant", self)
         self.volume = VolumeControl(controller, self)
-        assistant = QVBoxLayout()
-        assistant.setSpacing(8)
-        assistant.addWidget(self.speaker_meter)
-        assistant.addWidget(self.volume)
         self.talk = TalkControl(controller, self)
+        # The volume row sits under the Assistant meter; an empty row of the same height under the
+        # Microphone meter keeps the two bars level.
+        balance = QWidget(self)
+        balance.setFixedHeight(self.volume.sizeHint().height())
         controls = QHBoxLayout()
         controls.setContentsMargins(8, 4, 8, 0)
         controls.setSpacing(24)
-        controls.addWidget(self.mic_meter, 1, Qt.AlignmentFlag.AlignVCenter)
+        controls.addLayout(_column(self.mic_meter, balance), 1)
         controls.addWidget(self.talk, 0, Qt.AlignmentFlag.AlignCenter)
-        controls.addLayout(assistant, 1)
+        controls.addLayout(_column(self.speaker_meter, self.volume), 1)
 
         self.overlay = FrameOverlay(self)
         self.overlay_card = QFrame(self)
@@ -59,3 +59,14 @@ class ConversationPage(QWidget):
 
     def set_overlay_visible(self, visible: bool) -> None:
         self.overlay_card.setVisible(visible)
+
+
+def _column(meter: QWidget, below: QWidget) -> QVBoxLayout:
+    """A meter and the row under it, centred vertically beside the talk button."""
+    column = QVBoxLayout()
+    column.setSpacing(10)
+    column.addStretch(1)
+    column.addWidget(meter)
+    column.addWidget(below)
+    column.addStretch(1)
+    return column

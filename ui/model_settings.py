@@ -85,7 +85,7 @@ class ModelSettingsPage(QWidget):
             button.setCheckable(True)
             button.setProperty("segment", "left" if index == 0 else "right" if index == last else "middle")
             button.setAccessibleName(f"Use the {offered.label} model")
-            button.setToolTip(offered.note)
+            button.setToolTip(f"{offered.label}, {offered.download_gb} GB: {offered.note}")
             button.clicked.connect(lambda _checked=False, key=offered.key: self.switch_variant(key))
             self.variant_group.addButton(button)
             self.variant_buttons[offered.key] = button
@@ -101,8 +101,9 @@ class ModelSettingsPage(QWidget):
         box.addWidget(self.loaded_label)
         box.addWidget(
             muted_label(
-                " ".join(f"{v.label} ({v.download_gb} GB): {v.note}" for v in MODEL_VARIANTS)
-                + " Switching reloads the model right away and starts a new conversation.",
+                "4-bit is the fastest and fits most machines; 8-bit and bf16 are closer to the original and need "
+                "more memory and speed (hover over each for its size). Switching reloads the model right away and "
+                "starts a new conversation.",
                 active,
             )
         )

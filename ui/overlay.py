@@ -233,6 +233,9 @@ class FrameOverlay(QWidget):
     def _exact_every(self) -> str:
         return str(self._latest.exact_every) if self._latest is not None else "N"
 
+    def _exact_title(self) -> str:
+        return "Exact stages" if self._latest is None else f"Exact stages · 1 in {self._exact_every}"
+
     def add_stats(self, stats: FrameStats) -> None:
         """Add one processed frame (the chart's only input)."""
         self._frames.append(stats.timing)
@@ -428,7 +431,7 @@ class FrameOverlay(QWidget):
         bold = self._small_font(bold=True)
         painter.setFont(bold)
         painter.setPen(theme.qcolor("text"))
-        title = f"Exact stages · 1 in {self._exact_every}"
+        title = self._exact_title()
         painter.drawText(QRectF(panel.left(), panel.top() - 2, panel.width(), 16), Qt.AlignmentFlag.AlignLeft, title)
         meaning = (
             f"Each stage's own time, from frames timed stage by stage: one frame in {self._exact_every} is "

@@ -210,9 +210,7 @@ class SettingsDialog(QDialog):
         form.setSpacing(10)
         form.addRow("Theme:", self.theme_combo)
         form.addRow(self.overlay_check)
-        form.addRow(
-            muted_label(f"The overlay shows how long each {FRAME_MS:.0f} ms frame took, phase by phase.", box)
-        )
+        form.addRow(muted_label(f"The overlay shows how long each {FRAME_MS:.0f} ms frame took, phase by phase.", box))
         layout = QVBoxLayout(page)
         layout.setContentsMargins(4, 12, 4, 4)
         layout.addWidget(box)

@@ -210,6 +210,7 @@ class TalkControl(QWidget):
         self._key_text = "Space"
         self._key = parse_talk_key("Space")
         self.reveal: Callable[[], bool] | None = None
+        self._unavailable_reason = "Load a model to talk"
 
         self.button = TalkButton(self)
         self.hint = QLabel(self)
@@ -250,9 +251,10 @@ class TalkControl(QWidget):
         self._key_down = False
         self._update_hint()
 
-    def set_available(self, available: bool) -> None:
-        """Whether talking is possible now (a model is loaded); stops talking when it is not."""
+    def set_available(self, available: bool, reason: str = "Load a model to talk") -> None:
+        """Whether talking is possible now; stops talking when it is not. ``reason`` is the hint then."""
         self._available = available
+        self._unavailable_reason = reason
         if not available:
             self._set_talking(False)
         self.button.setEnabled(available)
@@ -357,7 +359,7 @@ class TalkControl(QWidget):
     def _update_hint(self) -> None:
         key = key_display_name(self._key_text)
         if not self._available:
-            hint = "Load a model to talk"
+            hint = self._unavailable_reason
         elif self._mode == "hold":
             hint = "Release to stop" if self._talking else f"Hold {key} or the button to talk"
         else:

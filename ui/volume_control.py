@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtCore import QEvent, QRectF, QSize, Qt
 from PySide6.QtGui import QIcon, QPainter, QPixmap
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QToolButton, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSlider, QToolButton, QWidget
 
 from app.settings import Settings
 
@@ -56,8 +56,7 @@ class VolumeControl(QWidget):
         self.value_label = QLabel(self)
         self.value_label.setProperty("role", "muted")
         self.value_label.setMinimumWidth(34)
-        self.stop_button = QToolButton(self)
-        self.stop_button.setText("Stop")
+        self.stop_button = QPushButton("Stop", self)
         self.stop_button.setAccessibleName("Stop the assistant")
         self.stop_button.setToolTip(
             "Stop the assistant now (Esc): drops what it was about to say. It speaks again after your next turn."
@@ -100,6 +99,11 @@ class VolumeControl(QWidget):
             self._controller.stop_speaking()
         except Exception:  # the window stays usable; the log has it
             log.exception("stop_speaking failed")
+
+    def changeEvent(self, event: QEvent) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.StyleChange):
+            self._show()  # the speaker icon is painted in the theme's colours
 
     def _changed(self) -> None:
         self._show()

@@ -249,3 +249,35 @@ def test_variant_reload_shows_progress_in_the_state_line(window: MainWindow, fak
     assert window.indicator.text() == "Loading model…"
     assert window.indicator.detail() == "Reading weights (25%)"
     assert not window.conversation.talk.button.isEnabled()
+
+
+def test_the_about_box_lists_versions_and_copies_them(window: MainWindow, fake: FakeController) -> None:
+    about = window.show_about()
+    assert about is not None
+    assert about.value_labels["MLX"].text() == "0.32.4" and about.value_labels["Device"].text() == "cpu: fake"
+    about.copy_button.click()
+    copied = QApplication.clipboard().text()
+    assert copied.startswith("Parley: 0.1.0\nMLX: 0.32.4\nDevice: cpu: fake\n") and about.copied.text()
+    about.close()
+
+
+def test_nothing_to_export_says_so_and_opens_no_dialog(
+    window: MainWindow, fake: FakeController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[object] = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: opened.append(a) or ("", ""))
+    window.menu_actions.export_profile.trigger()
+    assert opened == [] and fake.calls_to("export_profile") == []
+    assert any(text.startswith("Nothing to export yet") for text in banner_texts(window))
+
+
+def test_volume_and_mute_reach_the_controller_and_stop_drops_speech(window: MainWindow, fake: FakeController) -> None:
+    volume = window.conversation.volume
+    assert volume.slider.value() == 80 and not volume.muted, "the saved level (default 0.8)"
+    volume.slider.setValue(35)
+    window.menu_actions.mute.trigger()
+    assert fake.calls_to("set_volume")[-1] == (0.35, True) and volume.mute_button.isChecked()
+    assert volume.value_label.text() == "muted"
+    window.menu_actions.stop_speaking.trigger()
+    volume.stop_button.click()
+    assert fake.calls_to("stop_speaking") == [(), ()]

@@ -122,7 +122,7 @@ def test_no_talking_without_a_model(window: MainWindow, fake: FakeController) ->
     window.handle_state(StateChanged(AppState.LOADING))
     talk = window.conversation.talk
     assert not talk.button.isEnabled()
-    assert talk.hint.text() == "Load a model to talk"
+    assert talk.hint.text() == "Talking starts once the model is loaded"
     press(window)
     release(window)
     assert talking_calls(fake) == []
