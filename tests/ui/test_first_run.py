@@ -183,3 +183,30 @@ def test_real_load_sequence_ends_on_the_verdict(first_run_window: MainWindow, fr
     assert page.status_title.text() == "Model ready"
     assert page.verdict.text().startswith("This computer keeps up.") and page.start_button.isVisibleTo(page)
     assert not page.load_progress.isVisibleTo(page)
+
+
+def test_the_first_press_of_the_talk_key_starts_the_demo(first_run_window: MainWindow, fresh: FakeController) -> None:
+    from PySide6.QtCore import QEvent, Qt
+    from PySide6.QtGui import QKeyEvent
+    from PySide6.QtWidgets import QApplication
+
+    def key(kind: QEvent.Type) -> None:
+        QApplication.sendEvent(first_run_window, QKeyEvent(kind, Qt.Key.Key_Space, Qt.KeyboardModifier.NoModifier))
+
+    page = first_run_window.first_run
+    key(QEvent.Type.KeyPress)  # nothing loaded yet: the key does nothing
+    key(QEvent.Type.KeyRelease)
+    assert fresh.calls_to("set_talking") == [] and first_run_window.pages.currentWidget() is page
+    page.demo_button.click()
+    first_run_window.pump.drain()
+    page.download_buttons["8bit"].setFocus()
+    key(QEvent.Type.KeyPress)  # Space on a focused button is that button's, not the talk key's
+    assert fresh.calls_to("set_talking") == [] and first_run_window.pages.currentWidget() is page
+    page.start_button.setFocus()
+    key(QEvent.Type.KeyPress)
+    assert first_run_window.pages.currentWidget() is first_run_window.conversation
+    assert fresh.calls_to("set_talking") == [(True,)], "the press starts the demo and talks"
+    first_run_window.pump.drain()
+    assert first_run_window.status.conversation and first_run_window.indicator.text() == "Listening"
+    key(QEvent.Type.KeyRelease)
+    assert fresh.calls_to("set_talking") == [(True,), (False,)]
