@@ -67,12 +67,15 @@ Timing: delay and drift
     must stay below the real output + input latency, or the reference is not there yet when a block is
     cleaned (``stats.reference_lead_s`` turns negative, ``reference_missing_blocks`` grows).
 
-    Clock drift (the speaker's and the microphone's crystals differ by up to a few hundred ppm) shows
-    as a slowly growing difference between a stream's sample count and its timestamps. Each stream
-    keeps its position within ``DRIFT_DEADBAND_S`` (2 ms) of its timestamps by inserting or dropping
-    a reference sample at a time (at most ``MAX_CORRECTION`` per chunk); a jump larger than
-    ``RESYNC_S`` (a pause in playback, a device restart) re-anchors the stream at once. Playback
-    that was never fed for a capture block counts as silence (``stats.reference_missing_blocks``).
+    Between timestamps, each stream's position follows its own sample count, which is exact while no
+    audio is dropped; the timestamps anchor it at its first chunk and re-anchor it after a jump larger
+    than ``RESYNC_S`` (100 ms: a pause in playback, a device restart, dropped audio). Clock drift (the
+    speaker's and the microphone's crystals differ by up to a few hundred ppm: 100 ppm is 6 ms a minute)
+    shows as a slowly growing difference between count and timestamps; averaged over
+    ``TIMING_SMOOTHING_S`` (30 s), once it exceeds ``DRIFT_DEADBAND_S`` (20 ms) the stream is pulled
+    back by inserting or dropping reference samples, at most ``MAX_CORRECTION`` (1 ms) per chunk. AEC3
+    follows what remains (a few ms, changing slowly). Playback that was never fed for a capture block
+    counts as silence (``stats.reference_missing_blocks``).
 
 Why pywebrtc-audio and not livekit's AudioProcessingModule (both are AEC3; ``tests/echo_report.md``
 has the numbers and the commands)
@@ -117,14 +120,18 @@ BLOCK_SAMPLES: Final = 160
 PLAYBACK_RATE: Final = 22_050
 """The assistant's voice comes out of the codec at 22.05 kHz."""
 
-DRIFT_DEADBAND_S: Final = 0.002
-"""A stream's position may lag or lead its timestamps by this much before it is corrected."""
+DRIFT_DEADBAND_S: Final = 0.02
+"""A stream's position may lag or lead its timestamps by this much before it is corrected.
+
+Timestamps are not exact: through PulseAudio's ALSA plugin the capture's ADC times wandered by up to 36 ms
+against its sample count within seconds (tests/echo_report.md). Chasing that wander moved the alignment
+all the time and cost AEC3 its convergence; a sample count is exact as long as no audio is dropped."""
 MAX_CORRECTION: Final = 16
 """At most this many samples (1 ms) are inserted or dropped per chunk: a gentle pull, not a jump."""
 RESYNC_S: Final = 0.1
 """A timestamp this far from where a stream's sample count puts it re-anchors the stream at once."""
-TIMING_SMOOTHING_S: Final = 1.0
-"""Timestamps are averaged over about this long, so callback jitter does not move the alignment."""
+TIMING_SMOOTHING_S: Final = 30.0
+"""Timestamps are averaged over about this long: their wander averages out, a crystal's drift does not."""
 DEFAULT_GUARD_S: Final = 0.02
 """Pair the microphone with the reference played this much later, so over-reported latencies stay causal."""
 REFERENCE_HISTORY_S: Final = 8.0

@@ -18,12 +18,21 @@ Bounds, and why:
 - Self-interruption: with a -65 dBFS microphone noise floor (a quiet room), after AEC3's first 3 s no
   100 ms window of the cleaned microphone is more than 2 dB above the same room with the assistant
   silent; during those first 3 s none exceeds -50 dBFS (the echo itself is about -30 dBFS).
+- Drift: a speaker 500 ppm fast (15 ms over the run) keeps ERLE ≥ 25 dB with AEC3 following it inside the
+  deadband; 100 ppm over ten minutes is pulled in to within the 20 ms deadband plus the 30 s average's lag;
+  timestamps wandering by ±30 ms (as PulseAudio's were) move nothing.
 - Cost per 10 ms block: printed, never asserted (wall-clock time on a shared machine).
+- End to end through PulseAudio (marked ``audio``): the virtual speaker's monitor is looped back into the
+  virtual microphone (module-loopback, 60 ms), real PortAudio streams feed the canceller with PortAudio's own
+  DAC and ADC times; after 3 s, ERLE ≥ 25 dB (measured about 50 dB) and no block lacks its reference.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -148,7 +157,9 @@ def test_self_interruption_stays_at_the_silent_room_level() -> None:
 
 
 def test_clock_drift_is_followed() -> None:
-    drift_ppm = 500.0  # far beyond real crystals (±100 ppm), so the correction is plainly exercised
+    # 500 ppm, five times a real pair of crystals: 15 ms over the run, all inside the deadband, so what
+    # follows it here is AEC3 (the pull itself: test_ten_minutes_of_drift_are_pulled_in).
+    drift_ppm = 500.0
     scenario = Scenario(path=EchoPath(delay_s=0.1), drift_ppm=drift_ppm)
     signals = scenario.signals()
     cleaned, canceller = run(scenario, signals=signals)
@@ -158,7 +169,7 @@ def test_clock_drift_is_followed() -> None:
     corrections = canceller.stats.drift_corrections
     print(f"\nspeaker {drift_ppm:.0f} ppm fast: ERLE {erle:.1f} dB, {corrections} samples corrected of {expected:.0f}")
     assert erle >= 25.0
-    assert 0.5 * expected <= corrections <= 1.5 * expected
+    assert corrections == 0 and expected < echo_module.DRIFT_DEADBAND_S * CANCELLER_RATE
 
 
 # --------------------------------------------------------------------------- alignment, through a recording backend
@@ -239,22 +250,47 @@ def test_a_reference_not_fed_yet_counts_as_missing() -> None:
     np.testing.assert_array_equal(np.concatenate(backend.far), 0.0)
 
 
-def test_timestamp_jitter_moves_nothing_and_drift_is_pulled_in() -> None:
-    rng = np.random.default_rng(3)
-    canceller, _ = _recording_canceller()
-    for block in range(1000):  # 10 s of playback whose callbacks jitter by ±1.5 ms
-        canceller.feed_playback(np.zeros(160, np.float32), dac_time=40.0 + block * 0.01 + rng.uniform(-0.0015, 0.0015))
-        canceller.clean_capture(np.zeros(160, np.float32), adc_time=40.0 + block * 0.01)
-    assert canceller.stats.drift_corrections == 0
+class PassThrough:
+    """A backend that only passes the microphone through: for long runs of the alignment alone."""
 
-    drifting, _ = _recording_canceller()
-    for block in range(1000):  # the speaker's clock 1000 ppm fast: 160 samples heard in 9.99 ms
-        drifting.feed_playback(np.zeros(160, np.float32), dac_time=40.0 + block * 0.00999)
-        drifting.clean_capture(np.zeros(160, np.float32), adc_time=40.0 + block * 0.01)
-    drifted = 1000 * 160 * 1e-3  # 160 samples over the run, 16 per second
-    # Corrections lag the drift by the deadband plus what the smoothing has not seen yet (16/s over 1 s).
-    lag = echo_module.DRIFT_DEADBAND_S * CANCELLER_RATE + 16 * echo_module.TIMING_SMOOTHING_S
-    assert drifted - lag - 2 <= drifting.stats.drift_corrections <= drifted
+    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        return near
+
+    def reset(self) -> None:
+        pass
+
+
+def _run_timestamps(seconds: float, dac_error: Callable[[float], float], speaker_ppm: float = 0.0) -> EchoCanceller:
+    """Feed and clean silence in 80 ms chunks for ``seconds``, with the playback's DAC times off by ``dac_error(t)``."""
+    canceller = EchoCanceller(CANCELLER_RATE, backend=PassThrough())
+    silence = np.zeros(1280, np.float32)
+    for chunk in range(round(seconds / 0.08)):
+        t = 50.0 + chunk * 0.08
+        heard = 50.0 + chunk * 0.08 / (1 + speaker_ppm * 1e-6)  # a fast speaker plays its 80 ms sooner
+        canceller.feed_playback(silence, dac_time=heard + dac_error(t - 50.0))
+        canceller.clean_capture(silence, adc_time=t)
+    return canceller
+
+
+def test_wandering_timestamps_move_nothing() -> None:
+    # What PulseAudio's ALSA plugin reported: times wandering by tens of ms against the sample count.
+    rng = np.random.default_rng(3)
+    wander = _run_timestamps(120.0, lambda t: 0.03 * np.sin(2 * np.pi * t / 8.0) + rng.uniform(-0.0015, 0.0015))
+    assert wander.stats.drift_corrections == 0
+    assert wander.stats.resyncs == 2  # each stream's first chunk
+
+
+def test_ten_minutes_of_drift_are_pulled_in() -> None:
+    ppm = 100.0  # a realistic pair of crystals: 60 ms over a 10-minute conversation
+    canceller = _run_timestamps(600.0, lambda t: 0.0, speaker_ppm=ppm)
+    drifted = ppm * 1e-6 * 600.0 * CANCELLER_RATE  # 960 samples
+    # The pull stops at the deadband and lags by what the 30 s average has not seen yet (1.6 samples/s).
+    deadband = echo_module.DRIFT_DEADBAND_S * CANCELLER_RATE
+    lag = ppm * 1e-6 * CANCELLER_RATE * echo_module.TIMING_SMOOTHING_S
+    corrections = canceller.stats.drift_corrections
+    print(f"\n{ppm:.0f} ppm over 10 minutes: {drifted:.0f} samples drifted, {corrections} corrected")
+    assert drifted - deadband - lag - 20 <= corrections <= drifted - deadband + 20
+    assert canceller.stats.resyncs == 2
 
 
 def test_non_finite_samples_never_reach_the_canceller() -> None:
@@ -314,3 +350,64 @@ def test_availability_is_reported_in_words(monkeypatch: pytest.MonkeyPatch) -> N
     reason = echo_cancellation_unavailable()
     assert reason is not None
     assert "headphones" in reason and "no wheel for this platform" in reason
+
+
+# --------------------------------------------------------------------------- end to end through PulseAudio
+
+
+@pytest.mark.audio
+def test_echo_is_cancelled_through_real_streams_and_a_pulseaudio_loop() -> None:
+    from app.audio_io import refresh_devices
+    from tests.echo_bench import assistant_voice
+    from tests.pulse import MIC_FEED, SPEAKER, virtual_devices
+
+    seconds = 7
+    voice = assistant_voice()[: 22_050 * seconds] * 0.5
+    with virtual_devices() as pulse:
+        # The speaker's sound comes back into the microphone, as from a laptop's speakers.
+        pulse.pactl(
+            "load-module", "module-loopback", f"source={SPEAKER}.monitor", f"sink={MIC_FEED}", "latency_msec=60"
+        )
+        refresh_devices()
+        import sounddevice
+
+        canceller = EchoCanceller()
+        played = [0]
+        captured: queue.Queue[tuple[np.ndarray, float]] = queue.Queue()
+
+        def play(outdata: np.ndarray, frames: int, times: object, status: object) -> None:
+            block = np.zeros(frames, np.float32)
+            chunk = voice[played[0] : played[0] + frames]
+            block[: len(chunk)] = chunk
+            played[0] += frames
+            outdata[:, 0] = block
+            canceller.feed_playback(block, dac_time=times.outputBufferDacTime)  # type: ignore[attr-defined]
+
+        def record(indata: np.ndarray, frames: int, times: object, status: object) -> None:
+            captured.put((indata[:, 0].copy(), times.inputBufferAdcTime))  # type: ignore[attr-defined]
+
+        microphone, cleaned = [], []
+        with (
+            sounddevice.InputStream(samplerate=16_000, channels=1, blocksize=1280, dtype="float32", callback=record),
+            sounddevice.OutputStream(samplerate=22_050, channels=1, blocksize=512, dtype="float32", callback=play),
+        ):
+            deadline = time.monotonic() + seconds + 0.5
+            while time.monotonic() < deadline:  # the engine worker's side: clean each 80 ms frame
+                try:
+                    frame, adc_time = captured.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                microphone.append(frame)
+                cleaned.append(canceller.clean_capture(frame, adc_time=adc_time))
+    mic, out = np.concatenate(microphone), np.concatenate(cleaned)
+    measured = slice(3 * CANCELLER_RATE, (seconds - 1) * CANCELLER_RATE)
+    erle = level_dbfs(mic[measured]) - level_dbfs(out[measured])
+    stats = canceller.stats
+    print(
+        f"\nPulseAudio loop: microphone {level_dbfs(mic[measured]):.1f} dBFS, cleaned {level_dbfs(out[measured]):.1f} "
+        f"dBFS: ERLE {erle:.1f} dB; {stats.drift_corrections} samples of drift corrected, "
+        f"reference lead {stats.reference_lead_s * 1000:.0f} ms"
+    )
+    assert level_dbfs(mic[measured]) > -40.0  # the loop did bring the speaker into the microphone
+    assert erle >= 25.0
+    assert stats.reference_missing_blocks == 0
