@@ -27,7 +27,11 @@ API
         block received so far: for chunks that are multiples of 160 samples (an 80 ms frame is 1280),
         exactly as many samples as were passed in; otherwise the remainder waits for the next call.
         ``adc_time``: when the chunk's first sample was captured (``None``: "now − input_latency_s −
-        the chunk's duration", right only when called from the input callback itself).
+        the chunk's duration", right only when called from the input callback itself). On the engine
+        worker, take it from the input callback's ``time_info.inputBufferAdcTime`` of the block that
+        holds the frame's first sample, plus that sample's offset in the block. Give ``dac_time`` and
+        ``adc_time`` on one clock (both PortAudio's, or both ``clock``'s) or neither: times more than
+        30 s apart are logged once as a warning.
     ``set_device_latencies(output_s, input_s) -> None``
         The devices' reported latencies (``sounddevice.Stream.latency``), used for the ``None`` times.
     ``reset() -> None``
@@ -50,8 +54,8 @@ Thread safety
 Where it runs, and what it costs
     Off the audio callback: on the engine worker, on each 80 ms frame after resampling (that is where
     the 16 kHz signal first exists, and the callback contract is "copy only"). On this 2-core CI
-    machine AEC3 alone takes 120–130 µs per 10 ms block and the whole ``clean_capture`` 160–210 µs per
-    block (reference resampling and alignment included): 1.3–1.7 ms per 80 ms frame, about 2 % of one
+    machine AEC3 alone takes 120–135 µs per 10 ms block and the whole ``clean_capture`` 130–240 µs per
+    block (reference resampling and alignment included): 1.0–1.9 ms per 80 ms frame, about 2 % of one
     core. It would fit a callback's 10 ms budget too, but Python in a callback risks GIL stalls.
     ``tests/echo_report.md`` has the figures and the commands.
 
@@ -83,8 +87,8 @@ has the numbers and the commands)
       whole LiveKit client FFI library, plus protobuf and aiofiles) of which we would use one class, and
       which the app bundle would carry.
     - Cost and latency: a direct call per 10 ms block, float32 in and out, GIL released; livekit makes
-      one protobuf FFI request per block and direction and takes int16 bytes: 2–2.3× the time per
-      block here (121–130 against 233–286 µs). Both delay the microphone by the same 8 ms (AEC3's).
+      one protobuf FFI request per block and direction and takes int16 bytes: 1.4–2.3× the time per
+      block here (121–134 against 190–286 µs). Both delay the microphone by the same 8 ms (AEC3's).
     - Echo path: the same AEC3 underneath, handling up to 500 ms of delay beyond the alignment and
       failing from 520 ms on (ERLE under 6 dB) in both. ERLE on our signals: 53–61 dB against 58–62 dB
       at 40–300 ms, both far above the 25 dB target; at 500 ms 56 against 49 dB.
@@ -103,6 +107,7 @@ never run both on one stream (they fight over the same echo). This module is for
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -112,6 +117,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 CANCELLER_RATE: Final = 16_000
 """AEC3 runs at the engine's input rate: the microphone is already 16 kHz, only the reference is resampled."""
@@ -134,6 +141,8 @@ TIMING_SMOOTHING_S: Final = 30.0
 """Timestamps are averaged over about this long: their wander averages out, a crystal's drift does not."""
 DEFAULT_GUARD_S: Final = 0.02
 """Pair the microphone with the reference played this much later, so over-reported latencies stay causal."""
+CLOCK_MISMATCH_S: Final = 30.0
+"""Playback and capture times this far apart cannot be one clock: warned about once."""
 REFERENCE_HISTORY_S: Final = 8.0
 """How far back the reference is kept: the consumer may fall this far behind the speaker."""
 PENDING_CAPACITY: Final = 1 << 17
@@ -349,6 +358,7 @@ class EchoCanceller:
         self._missing_blocks = 0
         self._lead_s = 0.0
         self._busy_s = 0.0
+        self._warned_clocks = False
 
     # ------------------------------------------------------------------ configuration
 
@@ -421,6 +431,13 @@ class EchoCanceller:
                 cleaned[block] = self._backend.process(self._carry[block], self._far)
             if blocks and self._reference.end is not None:
                 self._lead_s = (self._reference.end - (read_at + BLOCK_SAMPLES)) / CANCELLER_RATE
+                if abs(self._lead_s) > CLOCK_MISMATCH_S and not self._warned_clocks:
+                    self._warned_clocks = True
+                    log.warning(
+                        "Echo cancellation: playback and capture times are %.0f s apart, so they are not on one "
+                        "clock; pass both streams' PortAudio times, or neither",
+                        self._lead_s,
+                    )
             self._carry = self._carry[blocks * BLOCK_SAMPLES :]
             self._cleaned += blocks * BLOCK_SAMPLES
             self._blocks += blocks

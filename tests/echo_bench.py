@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import soundfile
 import soxr
-from scipy.signal import fftconvolve, resample_poly
 
 from app.echo import CANCELLER_RATE, EchoCanceller
 
@@ -72,7 +71,8 @@ def assistant_voice() -> np.ndarray:
 
 def user_voice() -> np.ndarray:
     """About 9 s of the user talking, 16 kHz (the microphone's rate), about -21 dBFS RMS."""
-    return resample_poly(espeak(USER_TEXT, "en-gb", 30, 150).astype(np.float64), 320, 441).astype(np.float32)
+    voice = espeak(USER_TEXT, "en-gb", 30, 150).astype(np.float64)
+    return soxr.resample(voice, PLAYBACK_RATE, CANCELLER_RATE, quality="VHQ").astype(np.float32)
 
 
 def room_impulse_response(rt60_s: float = 0.3, direct_to_reverb_db: float = 6.0, seed: int = 1) -> np.ndarray:
@@ -90,6 +90,14 @@ def room_impulse_response(rt60_s: float = 0.3, direct_to_reverb_db: float = 6.0,
     return response / np.sqrt(np.sum(response**2))
 
 
+def convolve(signal: np.ndarray, response: np.ndarray) -> np.ndarray:
+    """Full linear convolution through the FFT (numpy only)."""
+    length = len(signal) + len(response) - 1
+    size = 1 << (length - 1).bit_length()
+    spectrum = np.fft.rfft(signal.astype(np.float64), size) * np.fft.rfft(response.astype(np.float64), size)
+    return np.fft.irfft(spectrum, size)[:length]
+
+
 @dataclass
 class EchoPath:
     """What the microphone picks up of the speaker: delay, room, attenuation; optionally a delay jump."""
@@ -103,7 +111,7 @@ class EchoPath:
 
     def apply(self, heard: np.ndarray) -> np.ndarray:
         """The echo at the microphone (16 kHz, true time) of ``heard`` (what the speaker emitted, 16 kHz)."""
-        room = fftconvolve(heard.astype(np.float64), room_impulse_response(self.rt60_s, self.direct_to_reverb_db))
+        room = convolve(heard, room_impulse_response(self.rt60_s, self.direct_to_reverb_db))
         room = room[: len(heard)] * 10 ** (self.gain_db / 20)
 
         def delayed(delay_s: float) -> np.ndarray:

@@ -29,6 +29,7 @@ Bounds, and why:
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -291,6 +292,16 @@ def test_ten_minutes_of_drift_are_pulled_in() -> None:
     print(f"\n{ppm:.0f} ppm over 10 minutes: {drifted:.0f} samples drifted, {corrections} corrected")
     assert drifted - deadband - lag - 20 <= corrections <= drifted - deadband + 20
     assert canceller.stats.resyncs == 2
+
+
+def test_times_from_two_clocks_are_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    canceller, _ = _recording_canceller()
+    with caplog.at_level(logging.WARNING, logger="app.echo"):
+        canceller.feed_playback(np.zeros(1600, np.float32), dac_time=1_796_081_886.5)  # PortAudio's clock
+        canceller.clean_capture(np.zeros(1280, np.float32), adc_time=12.0)  # time.monotonic()
+        canceller.clean_capture(np.zeros(1280, np.float32), adc_time=12.08)
+    assert [r.message for r in caplog.records if "not on one clock" in r.message] != []
+    assert len(caplog.records) == 1  # once
 
 
 def test_non_finite_samples_never_reach_the_canceller() -> None:
