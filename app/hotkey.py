@@ -41,14 +41,13 @@ No Qt here; ``pynput`` is imported only by ``PynputBackend.start`` (importing it
 from __future__ import annotations
 
 import enum
-import importlib
 import logging
 import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -467,6 +466,15 @@ def pynput_key_name(key: Any) -> str | None:
     return None
 
 
+def _pynput_keyboard() -> Any:
+    """``pynput.keyboard``, imported on first use: its import connects to the display and fails without one."""
+    if TYPE_CHECKING:  # pynput ships no type information; the plain import below stays visible to PyInstaller
+        keyboard: Any = None
+    else:
+        import pynput.keyboard as keyboard
+    return keyboard
+
+
 class PynputBackend:
     """macOS, X11 and Windows through pynput's keyboard listener (listen only: keys still reach other apps)."""
 
@@ -479,8 +487,7 @@ class PynputBackend:
         if not support.available:
             raise HotkeyUnavailable(support.message)
         try:
-            # Through importlib: pynput ships no type information, and its import needs a display.
-            keyboard = importlib.import_module("pynput.keyboard")
+            keyboard = _pynput_keyboard()
         except ImportError as error:  # no X server reachable, or pynput missing
             raise HotkeyUnavailable(f"A global talk key is not available here ({error}).") from error
         token = object()
