@@ -16,16 +16,21 @@ Three layers, so that the logic is tested with injected key events and no displa
    toggle mode flips on each press. Auto-repeat presses are ignored. ``focus_lost()`` — the listener
    missed events (macOS secure input, a locked screen, a restarted listener) — forgets every held key
    and, in hold mode, stops talking (a key whose release was not seen must not leave the mic open).
+   The same machine serves the in-window key: the window feeds it its key events (auto-repeats included)
+   and calls ``focus_lost()`` when it is deactivated.
 3. **Backends** — ``HotkeyBackend`` (``start(on_press, on_release, on_lost)`` / ``stop()``), with
    ``PynputBackend`` for macOS, X11 and Windows. ``GlobalTalkKey(spec, on_talk, mode, backend)`` joins
    a backend to the state machine; ``on_talk(TalkEvent)`` is called on the backend's thread (the UI
-   must hand it to its own thread, e.g. through a Qt queued signal).
+   must hand it to its own thread, e.g. through a Qt queued signal). ``start()`` raises
+   ``HotkeyUnavailable`` with the reason in words; ``stop()`` ends a talk in progress (hold mode);
+   ``configure(spec, mode)`` changes the key from Settings, ending a talk in progress. A failing
+   ``on_talk`` is logged and never stops the listener.
 
 Where it works: ``global_key_support(environ=…, platform=…, mac_permissions=…) -> GlobalKeySupport``
 says, in words for the Settings page, whether a global key can work here and what to do if not:
 
 - **macOS**: pynput's event tap needs the **Input Monitoring** and **Accessibility** permissions for
-  Parley (or for the terminal it was started from). ``mac_permissions()`` reads both
+  Parley (or for the terminal it was started from). ``read_mac_permissions()`` reads both
   (``IOHIDCheckAccess``, ``AXIsProcessTrusted``); the message says where to turn them on, and
   ``settings_urls`` opens the right System Settings panes. ``request_input_monitoring()`` shows the
   system's own prompt once.
