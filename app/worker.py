@@ -106,11 +106,6 @@ class NewConversation:
 
 
 @dataclass(frozen=True)
-class Pause:
-    """Stop consuming frames (idle pause); the microphone is kept out meanwhile."""
-
-
-@dataclass(frozen=True)
 class SetIdlePause:
     """Sleep after ``delay_s`` in which the assistant said nothing and the key was up (when ``enabled``)."""
 
@@ -123,7 +118,7 @@ class Shutdown:
     pass
 
 
-Command = Load | LoadDemo | StartConversation | NewConversation | Pause | SetIdlePause | Shutdown
+Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | Shutdown
 
 
 @dataclass
@@ -256,8 +251,6 @@ class EngineWorker(threading.Thread):
                     self._system_prompt = command.system_prompt
                 self._prepare_session()
                 self._start_session()
-            elif isinstance(command, Pause):
-                self._pause()
             elif isinstance(command, SetIdlePause):
                 self._idle_pause = command
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
