@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.layout import RANDOM_SIZES
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, STAGES
 
 from .paths import resource_path
@@ -384,7 +385,14 @@ def weights_gb(model: Any) -> float:
     """Bytes of a model's parameters (slices of a stacked weight add up to the stacked weight)."""
     from mlx.utils import tree_flatten
 
-    return sum(value.nbytes for _, value in tree_flatten(model.parameters())) / 1e9
+    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(int(value.nbytes) for _, value in leaves) / 1e9
+
+
+def mlx_version() -> str:
+    import mlx.core as mx
+
+    return str(getattr(mx, "__version__", "unknown"))
 
 
 WAVEFORM_TOLERANCE = 1e-5
@@ -396,7 +404,7 @@ def agreement(ours: RunRecord, ref: RunRecord) -> dict[str, Any]:
     :data:`WAVEFORM_TOLERANCE` of the reference's."""
     frames = min(len(ours.codes), len(ref.codes))
 
-    def same(a: list, b: list) -> list[bool]:
+    def same(a: list[Any], b: list[Any]) -> list[bool]:
         return [x == y for x, y in zip(a[:frames], b[:frames], strict=True)]
 
     text, function, codes = (
@@ -434,7 +442,7 @@ def compiled_kernels() -> int | None:
 
     kind = "ptx" if mx.default_device().type == mx.gpu else "cpu"
     folder = os.environ.get("MLX_PTX_CACHE_DIR") if kind == "ptx" else None
-    root = Path(folder) if folder else Path(tempfile.gettempdir()) / "mlx" / mx.__version__ / kind
+    root = Path(folder) if folder else Path(tempfile.gettempdir()) / "mlx" / mlx_version() / kind
     if not root.is_dir():
         return None
     suffixes = {".ptx", ".cubin"} if kind == "ptx" else {".so"}
@@ -490,8 +498,11 @@ def bench(
         from engine.random_checkpoint import random_weights
         from engine.tokenizer import TextTokenizer
 
+        size = random_size or "tiny"
+        if size not in RANDOM_SIZES:
+            raise ValueError(f"--random must be one of {', '.join(RANDOM_SIZES)}; got {size!r}")
         raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(
-            random_size or "tiny", quantize=quantize, seed=seed
+            size, quantize=quantize, seed=seed
         )
         tokenizer = TextTokenizer(raw_tokenizer, "random")
         label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
@@ -509,7 +520,7 @@ def bench(
         report_counters["device"] = device_description()["type"]
         counted = {
             "device": device_description(),
-            "mlx_version": mx.__version__,
+            "mlx_version": mlx_version(),
             "model": voicechat.describe(),
             "frames": frames,
             "seed": seed,
@@ -554,7 +565,7 @@ def bench(
     best = min(ours_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
     report: dict[str, Any] = {
         "device": device_description(),
-        "mlx_version": mx.__version__,
+        "mlx_version": mlx_version(),
         "model": voicechat.describe(),
         "frames": frames,
         "rounds": rounds,

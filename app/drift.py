@@ -79,7 +79,14 @@ def _kl(expected_logits: mx.array, actual_logits: mx.array) -> float:
     p = mx.softmax(expected_logits.astype(mx.float32), axis=-1)
     log_p = mx.log(mx.maximum(p, 1e-30))
     log_q = mx.log(mx.maximum(mx.softmax(actual_logits.astype(mx.float32), axis=-1), 1e-30))
-    return float(mx.sum(p * (log_p - log_q)).item())
+    return _number(mx.sum(p * (log_p - log_q)))
+
+
+def _number(value: mx.array) -> float:
+    """A one-element array's value on the host."""
+    item = value.item()
+    assert isinstance(item, int | float), item
+    return float(item)
 
 
 def _llm_replay(voicechat: Any, inputs: list[mx.array]) -> list[tuple[mx.array, mx.array]]:
@@ -140,8 +147,8 @@ def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int) -> dict[str, A
         pairs = [(e[head], f[head]) for e, f in zip(exact_logits, fast_logits, strict=True)]
         llm[name] = {
             "relative_l2_max": max(relative_l2(f, e) for e, f in pairs),
-            "max_abs": max(float(mx.abs(f - e).max().item()) for e, f in pairs),
-            "argmax_agreement": sum(int(mx.argmax(e).item() == mx.argmax(f).item()) for e, f in pairs) / len(pairs),
+            "max_abs": max(_number(mx.abs(f - e).max()) for e, f in pairs),
+            "argmax_agreement": sum(_number(mx.argmax(e)) == _number(mx.argmax(f)) for e, f in pairs) / len(pairs),
             "kl_mean": sum(_kl(e, f) for e, f in pairs) / len(pairs),
             "kl_max": max(_kl(e, f) for e, f in pairs),
         }
@@ -153,7 +160,7 @@ def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int) -> dict[str, A
             relative_l2(f.hidden, e.hidden) for e, f in zip(exact_tts, fast_tts, strict=True)
         ),
         "codes_agreement": sum(
-            int(mx.array_equal(e.codes, f.codes).item()) for e, f in zip(exact_tts, fast_tts, strict=True)
+            bool(mx.array_equal(e.codes, f.codes).item()) for e, f in zip(exact_tts, fast_tts, strict=True)
         )
         / max(len(exact_tts), 1),
     }
