@@ -99,17 +99,21 @@ def admit_kernel(
 def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     """Prepare a loaded model for ``numerics``; returns which of fast mode's changes are in use.
 
-    Exact mode changes nothing. Fast mode gives each Mamba-2 mixer the fused step: the kernel
-    where it matched its fallback on this device, else the fallback (the same arithmetic as
-    operations; always so on the CPU).
+    Exact mode runs the reference's operations (undoing fast mode on a model that had it).
+    Fast mode gives each Mamba-2 mixer the fused step: the kernel where it matched its fallback
+    on this device, else the fallback (the same arithmetic as operations; always so on the CPU).
+    Either way the weights are untouched, so a loaded model switches in place.
     """
-    if check_numerics(numerics) == "exact":
-        return {}
     import functools
 
     from .llm import Mamba2Mixer
     from .ssm import FusedStep, fused_step_ops
 
+    if check_numerics(numerics) == "exact":
+        for _, module in model.named_modules():  # type: ignore[attr-defined]
+            if isinstance(module, Mamba2Mixer):
+                module.use_fast_step(None)
+        return {}
     mixers = [module for _, module in model.named_modules() if isinstance(module, Mamba2Mixer)]  # type: ignore[attr-defined]
     kernel_used = False
     if mixers:
@@ -143,3 +147,9 @@ def _step_sample(mixer: object) -> tuple[mx.array, ...]:
         0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[3]),  # type: ignore[attr-defined]
         limits,
     )
+
+
+def set_numerics(voicechat: object, numerics: Numerics) -> None:
+    """Switch a loaded :class:`engine.model.VoiceChat` to ``numerics`` in place (sessions opened after it use it)."""
+    voicechat.fast_changes = apply_numerics(voicechat.model, numerics)  # type: ignore[attr-defined]
+    voicechat.numerics = numerics  # type: ignore[attr-defined]

@@ -106,6 +106,18 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         check_numerics("quick")
 
 
+def test_a_loaded_model_switches_numerics_in_place() -> None:
+    from engine.numerics import set_numerics
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
+    set_numerics(voicechat, "fast")
+    assert voicechat.numerics == "fast" and all(m.fast_step is not None for m in mixers)
+    set_numerics(voicechat, "exact")
+    assert voicechat.numerics == "exact" and voicechat.fast_changes == {}
+    assert all(m.fast_step is None for m in mixers)
+
+
 def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
     report = measure_drift(size="tiny", quantize=4, seeds=[0, 1], frames=30, out=lambda line: None)
     for result in report["seeds"]:
