@@ -212,16 +212,12 @@ def build_session_profile_log(
     summary = summarize(kept, drop_first=0)
     summary["dropped_cold_frames"] = sum(min(drop_first, len(c.frames)) for c in conversations)
     return {
-        "schema": SCHEMA_NAME,
-        "version": SCHEMA_VERSION,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "parley_version": parley_version(),
-        "mlx_version": mx.__version__,
-        "device": device_description(),
-        "checkpoint": dict(conversations[-1].checkpoint),
-        "settings": dict(settings),
-        "frames": [frame_record(frame, c.number) for c in conversations for frame in c.frames],
-        "summary": summary,
+        **_document(
+            conversations[-1].checkpoint,
+            settings,
+            [frame_record(frame, c.number) for c in conversations for frame in c.frames],
+            summary,
+        ),
         "conversations": [
             {
                 "conversation": c.number,
@@ -245,17 +241,26 @@ def build_profile_log(
     drop_first: int = DEFAULT_COLD_FRAMES,
 ) -> dict[str, Any]:
     """The profile log document for a session's frame timings."""
+    return _document(
+        checkpoint, settings, [frame_record(frame) for frame in frames], summarize(frames, drop_first=drop_first)
+    )
+
+
+def _document(
+    checkpoint: dict[str, Any], settings: dict[str, Any], frames: list[dict[str, Any]], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The fields every profile log has, in schema order."""
     return {
         "schema": SCHEMA_NAME,
         "version": SCHEMA_VERSION,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "parley_version": parley_version(),
-        "mlx_version": mx.__version__,
+        "mlx_version": str(getattr(mx, "__version__", "unknown")),
         "device": device_description(),
         "checkpoint": dict(checkpoint),
         "settings": dict(settings),
-        "frames": [frame_record(frame) for frame in frames],
-        "summary": summarize(frames, drop_first=drop_first),
+        "frames": frames,
+        "summary": summary,
     }
 
 
