@@ -9,8 +9,8 @@ evaluated) and records, per stage:
   ``mx.compile`` is one), each costing host time to dispatch;
 * **kernels**: the primitives that launch work on the device, i.e. not views (reshape,
   transpose, slice, broadcast, …) or no-ops;
-* **weight uses**: which model weights those primitives read, so that
-  :func:`weight_bytes_per_frame` can price a frame at full size.
+* **weight uses**: which model weights those primitives read, so that :func:`weight_bytes`
+  can price a frame at full size (:func:`full_size_prices`).
 
 Counts depend on the device the graph is built for: on the CPU, MLX builds the fast
 kernels (``rms_norm``, ``layer_norm``, ``rope``, ``scaled_dot_product_attention``) from
@@ -64,7 +64,7 @@ class WeightUse:
     """One read of a weight by a kernel: whole, one slice along its first axis, or one gathered row."""
 
     name: str
-    part: str  # "whole", "slice" or "row"
+    part: str  # "whole", "slice" (one along the first axis), "row" (one), or "slice_row" (one row of one slice)
 
 
 @dataclass
@@ -200,7 +200,7 @@ class GraphCensus:
                     continue
                 weight, part = source
                 if name in GATHER_PRIMITIVES and position == 0:
-                    part = "row"
+                    part = "slice_row" if part == "slice" else "row"
                 census.weight_uses[WeightUse(weight, part)] += 1
         return census
 
@@ -257,13 +257,18 @@ def _weight_origin(
 
 @dataclass(frozen=True)
 class WeightPrice:
-    """What one whole read of a weight costs at full size, and how many slices its first axis holds."""
+    """What one whole read of a weight costs at full size, and how many slices its first two axes hold."""
 
     nbytes: int
     leading: int
+    second: int = 1
 
     def of(self, part: str) -> float:
-        return self.nbytes if part == "whole" else self.nbytes / max(self.leading, 1)
+        if part == "whole":
+            return self.nbytes
+        if part == "slice_row":
+            return self.nbytes / max(self.leading * self.second, 1)
+        return self.nbytes / max(self.leading, 1)
 
 
 def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
@@ -296,7 +301,7 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
         count = 1
         for size in shape:
             count *= size
-        prices[name] = WeightPrice(count * dtype.size, shape[0] if shape else 1)
+        prices[name] = WeightPrice(count * dtype.size, shape[0] if shape else 1, shape[1] if len(shape) > 1 else 1)
     for path, module in model.named_modules():  # type: ignore[attr-defined]
         stacked = getattr(module, "stacked", None)
         if stacked is not None:
