@@ -12,6 +12,19 @@ Data path::
 Both streams run at the device's native rate; all resampling happens on the engine
 worker's side, never in a callback.
 
+Hands-free (``set_echo_canceller``): an ``app.echo.EchoCanceller`` sits at the device edge.
+The output callback feeds it what the speaker actually plays (after volume, ducking and the
+limiter, with the block's DAC time); ``read_frame()`` cleans each 16 kHz frame with it on the
+engine worker (with the frame's ADC time, tracked from the input callback's timestamps by
+sample count), so the engine never hears the assistant's own voice. Each stream's PortAudio
+times are turned into ``time.monotonic()`` in its own callback (PortAudio's clock base
+differs between host APIs; the offsets within one callback do not). In hands-free the talk
+key opens and closes the microphone, ducking follows the user's voice in the cleaned
+microphone instead of the key, and the canceller is reset whenever the streams reopen.
+
+A history replay (``start_replay``) is mixed into the output in the callback, after the
+audibility check (it is not the assistant speaking) and before volume and the limiter.
+
 Microphone audio enters the input ring only while ``capturing`` (the engine worker is
 consuming frames, or is about to: the talk key went down). While the engine loads, sleeps
 or waits for the first key press nobody reads the ring, so the callback keeps out of it
@@ -57,13 +70,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 import soxr
 
 from app.messages import DeviceStatus
 from app.ring_buffer import RingBuffer
+
+if TYPE_CHECKING:
+    from app.echo import EchoCanceller
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 log = logging.getLogger(__name__)
@@ -81,6 +97,12 @@ NO_PORTAUDIO = (
 )
 NO_MICROPHONE = "No microphone found. Connect one or check the sound settings."
 NO_SPEAKER = "No speaker or headphones found. Connect them or check the sound settings."
+
+USER_VOICE_RMS: Final = 10.0 ** (-42.0 / 20.0)
+"""Hands-free: a cleaned microphone frame this loud (RMS) is the user speaking (AEC3's residual stays near
+-65 dBFS once converged and under -50 dBFS before: tests/echo_report.md)."""
+USER_VOICE_HOLD_S: Final = 0.5  # ducking holds this long after the user's last loud frame
+REPLAY_AHEAD_S: Final = 1.0  # a replay keeps this much queued ahead of the speaker
 
 PEAK_RELEASE_S = 0.3  # level meters fall by 1/e every 300 ms, so short peaks stay visible between UI polls
 CLOSE_TIMEOUT_S = 2.0  # a stream that takes longer than this to stop is abandoned, never waited on
@@ -234,8 +256,9 @@ class _Endpoint:
     waited: int = 0  # samples played as silence while something short was queued
     gain: float = 1.0  # ducking × volume, as last applied
     limit: float = 1.0  # the limiter's gain
-    latency_s: float = 0.0  # output: from handing a block to PortAudio to hearing it (the stream's latency)
+    latency_s: float = 0.0  # from handing a block to PortAudio to hearing it, or from capture to us
     scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    replay_scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
 
     @property
     def label(self) -> str:
@@ -335,6 +358,7 @@ class AudioIO:
         self._statuses: list[DeviceStatus] = []
         self._next_retry = 0.0
         self._abandoned_streams = 0  # streams that would not stop; PortAudio is not re-initialised under them
+        self._echo: EchoCanceller | None = None  # hands-free: set by the controller
         self._resuming = False  # reopened after a pause, not yet confirmed by audio flowing
         self._resume_notes: list[str] = []
 
@@ -345,11 +369,21 @@ class AudioIO:
         self._in_resampler = soxr.ResampleStream(engine_input_rate, engine_input_rate, 1, dtype="float32")
         self._pending = np.zeros(0, dtype=np.float32)
         self._input_ready = threading.Event()
+        # Where each frame was captured, for the echo canceller: device samples entered into the ring since it
+        # was last cleared, the latest input block's (sample number, ADC time), and 16 kHz samples resampled.
+        self._in_captured = 0
+        self._adc_anchor: tuple[int, float] | None = None
+        self._resampled = 0
+        self._dropped_at_clear = 0
+        self._user_voice_until = 0.0  # hands-free: the user spoke until then (ducking, unhushing)
         # Writer side of the speaker: 22.05 kHz -> resampler -> device-rate ring.
         self._out_lock = threading.Lock()
         self._out_rate = engine_output_rate
         self._out_ring = RingBuffer(round(output_ring_s * engine_output_rate))
         self._out_resampler = soxr.ResampleStream(engine_output_rate, engine_output_rate, 1, dtype="float32")
+        # A history replay: its own ring at the speaker's rate, topped up by a feeder thread.
+        self._replay_ring: RingBuffer | None = None
+        self._replay: _Replay | None = None
 
         # Written only by the callbacks; read by anyone.
         self._input_peak = 0.0
@@ -383,6 +417,7 @@ class AudioIO:
 
     def close(self) -> None:
         """Stop and close both streams. Never hangs; safe to call more than once."""
+        self.stop_replay()
         with self._lifecycle:
             self._close_streams()
             self._state, self._resuming = AudioState.STOPPED, False
@@ -449,8 +484,9 @@ class AudioIO:
         if talking and not self._talking:
             self._hushed = False  # the user took the turn; the next answer plays again
             self._released_at = None
-        elif self._talking and not talking:
-            self._released_at = time.monotonic()  # the reply's delay is measured from here
+        elif self._talking and not talking and self._echo is None:
+            # The reply's delay is measured from here (in hands-free, closing the microphone is not a turn).
+            self._released_at = time.monotonic()
         self._talking = talking
 
     def hush(self) -> None:
@@ -472,6 +508,88 @@ class AudioIO:
     def last_audible(self) -> float:
         """``time.monotonic()`` of the last block of audible assistant audio (0 if none yet)."""
         return self._last_audible
+
+    # ------------------------------------------------------------------ hands-free
+
+    def set_echo_canceller(self, canceller: EchoCanceller | None) -> None:
+        """Hands-free with ``canceller`` at the device edge, or push-to-talk without one (None)."""
+        with self._lifecycle:
+            if canceller is not None:
+                canceller.reset()  # what it knew may be of other devices
+                self._tell_latencies(canceller)
+            self._echo = canceller
+
+    @property
+    def hands_free(self) -> bool:
+        return self._echo is not None
+
+    @property
+    def user_speaking(self) -> bool:
+        """Hands-free: the cleaned microphone carried the user's voice within the last half second."""
+        return time.monotonic() < self._user_voice_until
+
+    def _tell_latencies(self, canceller: EchoCanceller) -> None:
+        inp, out = self._input, self._output
+        canceller.set_device_latencies(out.latency_s if out else 0.0, inp.latency_s if inp else 0.0)
+
+    # ------------------------------------------------------------------ history replay
+
+    def start_replay(self, samples: np.ndarray, rate: int) -> float:
+        """Play ``samples`` (mono, at ``rate``) through the speaker, mixed with the assistant; returns seconds.
+
+        Replaces a replay in progress. Volume, mute and the limiter apply; the echo canceller hears it.
+        """
+        self.stop_replay()
+        data = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32).reshape(-1)), -1.0, 1.0)
+        replay = _Replay(data, int(rate))
+        self._replay = replay
+        replay.thread = threading.Thread(target=self._feed_replay, args=(replay,), name="parley-replay", daemon=True)
+        replay.thread.start()
+        return replay.duration_s
+
+    def stop_replay(self) -> None:
+        """Stop a replay now (what is queued is dropped)."""
+        replay, self._replay = self._replay, None
+        if replay is not None:
+            replay.stop.set()
+        ring = self._replay_ring
+        if ring is not None:
+            ring.clear()
+
+    @property
+    def replay_position(self) -> tuple[float, float] | None:
+        """``(seconds played, seconds in all)`` of the replay in progress, or None when none plays."""
+        replay = self._replay
+        if replay is None:
+            return None
+        ring = self._replay_ring
+        queued = ring.available / self._out_rate if ring is not None else 0.0
+        played = max(0.0, replay.fed_s - queued)
+        if replay.done.is_set() and queued == 0.0:
+            if self._replay is replay:
+                self._replay = None
+            return None
+        return played, replay.duration_s
+
+    def _feed_replay(self, replay: _Replay) -> None:
+        """The replay's feeder thread: resample once, then keep ``REPLAY_AHEAD_S`` queued until the end."""
+        rate = self._out_rate
+        data = replay.samples if replay.rate == rate else soxr.resample(replay.samples, replay.rate, rate)
+        data = np.asarray(data, dtype=np.float32)
+        ring = self._replay_ring
+        if ring is None or ring.capacity < round(2 * REPLAY_AHEAD_S * rate):
+            ring = self._replay_ring = RingBuffer(round(2 * REPLAY_AHEAD_S * rate))
+        ring.clear()
+        position = 0
+        while position < len(data) and not replay.stop.is_set():
+            room = round(REPLAY_AHEAD_S * rate) - ring.available
+            if room > 0:
+                chunk = data[position : position + room]
+                ring.write(chunk)
+                position += len(chunk)
+                replay.fed_s = position / rate
+            replay.stop.wait(0.05)
+        replay.done.set()
 
     # ------------------------------------------------------------------ state for anyone
 
@@ -570,11 +688,27 @@ class AudioIO:
         while True:
             self._input_ready.clear()
             with self._in_lock:
-                frame = self._take_frame()
+                taken = self._take_frame()
+            if taken is not None:
+                frame, adc_time = taken
+                echo = self._echo
+                return frame if echo is None else self._clean(echo, frame, adc_time)
             remaining = deadline - time.monotonic()
-            if frame is not None or remaining <= 0:
-                return frame
+            if remaining <= 0:
+                return None
             self._input_ready.wait(remaining)
+
+    def _clean(self, echo: EchoCanceller, frame: np.ndarray, adc_time: float | None) -> np.ndarray:
+        """Hands-free: the frame without the assistant's echo; notes whether the user is speaking."""
+        cleaned = echo.clean_capture(frame, adc_time=adc_time)
+        if len(cleaned) != len(frame):  # whole 10 ms blocks in, whole blocks out: only after a canceller swap
+            cleaned = np.resize(cleaned, len(frame)) if len(cleaned) else np.zeros_like(frame)
+        if not frame.any():
+            return frame  # the microphone is closed: the engine gets true silence, not AEC3's comfort noise
+        if float(np.sqrt(np.mean(np.square(cleaned)))) > USER_VOICE_RMS:
+            self._user_voice_until = time.monotonic() + USER_VOICE_HOLD_S
+            self._hushed = False  # the user took the turn (hands-free has no key press for it)
+        return cleaned
 
     def start_capture(self) -> None:
         """The engine starts reading frames: microphone audio from now on goes to it (nothing older).
@@ -584,9 +718,7 @@ class AudioIO:
         if self.capturing:
             return
         with self._in_lock:
-            self._in_ring.clear()
-            self._in_resampler.clear()
-            self._pending = np.zeros(0, dtype=np.float32)
+            self._clear_input_locked()
             self.capturing = True
 
     def stop_capture(self) -> None:
@@ -618,9 +750,15 @@ class AudioIO:
     def clear_input(self) -> None:
         """Drop microphone audio not yet read (e.g. when a new conversation starts)."""
         with self._in_lock:
-            self._in_ring.clear()
-            self._in_resampler.clear()
-            self._pending = np.zeros(0, dtype=np.float32)
+            self._clear_input_locked()
+
+    def _clear_input_locked(self) -> None:
+        self._in_ring.clear()
+        self._in_resampler.clear()
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._in_captured = self._resampled = 0
+        self._adc_anchor = None
+        self._dropped_at_clear = self._in_ring.dropped
 
     def clear_output(self) -> None:
         """Drop queued assistant audio that has not been played (e.g. on reset)."""
@@ -628,8 +766,8 @@ class AudioIO:
             self._out_ring.clear()
             self._out_resampler.clear()
 
-    def _take_frame(self) -> np.ndarray | None:
-        """Resample just enough from the ring for one frame (caller holds ``_in_lock``)."""
+    def _take_frame(self) -> tuple[np.ndarray, float | None] | None:
+        """Resample just enough from the ring for one frame, with its ADC time (caller holds ``_in_lock``)."""
         frame_samples = self._frame_samples
         while len(self._pending) < frame_samples:
             available = self._in_ring.available
@@ -642,14 +780,39 @@ class AudioIO:
             chunk = self._in_ring.read(wanted)
             if chunk is None:  # only the writer could have removed samples: a full ring dropped them
                 continue
-            self._pending = np.concatenate((self._pending, self._in_resampler.resample_chunk(chunk)))
+            resampled = self._in_resampler.resample_chunk(chunk)
+            self._resampled += len(resampled)
+            self._pending = np.concatenate((self._pending, resampled))
+        adc_time = self._frame_adc_time()
         frame, self._pending = self._pending[:frame_samples].copy(), self._pending[frame_samples:]
-        return frame
+        return frame, adc_time
+
+    def _frame_adc_time(self) -> float | None:
+        """When the next pending frame's first sample was captured (``time.monotonic()``), or None if unknown.
+
+        Counted in device samples from the latest input block's ADC time: the sample count is exact while
+        nothing is dropped (dropped samples are added back), and the echo canceller re-anchors on a jump.
+        """
+        anchor = self._adc_anchor
+        if anchor is None:
+            return None
+        first = (self._resampled - len(self._pending)) * self._in_rate / self._engine_in_rate
+        first += self._in_ring.dropped - self._dropped_at_clear
+        index, adc_time = anchor
+        return adc_time + (first - index) / self._in_rate
 
     # ------------------------------------------------------------------ opening and recovering
 
     def _open_streams(self) -> list[str]:
         """Refresh, open and start both streams; returns notes about fallbacks. Caller holds ``_lifecycle``."""
+        notes = self._open_both()
+        echo = self._echo
+        if echo is not None:  # other devices (or the same ones, restarted): a new echo path and new timing
+            echo.reset()
+            self._tell_latencies(echo)
+        return notes
+
+    def _open_both(self) -> list[str]:
         if self._abandoned_streams == 0:
             refresh_devices()
         devices = list_devices()
@@ -725,8 +888,7 @@ class AudioIO:
                     continue
                 raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({error}).") from error
         endpoint.opened_at = endpoint.last_callback = time.monotonic()
-        if direction == "output":
-            endpoint.latency_s = float(endpoint.stream.latency)
+        endpoint.latency_s = float(endpoint.stream.latency)
         try:
             endpoint.stream.start()
         except sd.PortAudioError as error:
@@ -871,6 +1033,12 @@ class AudioIO:
             self._input_peak = _decayed_peak(mono, self._input_peak, frames, rate)
             if not self.capturing:
                 return  # nobody reads frames now: the meter shows the microphone, the ring stays empty
+            if self._echo is not None:
+                adc = _monotonic_time(time_info, "inputBufferAdcTime")
+                if adc is None:
+                    adc = endpoint.last_callback - endpoint.latency_s - frames / rate
+                self._adc_anchor = (self._in_captured, adc)
+            self._in_captured += frames
             if self._talking:
                 ring.write(mono)
             else:
@@ -912,7 +1080,17 @@ class AudioIO:
                     # The reply's delay, as heard: this block reaches the ear after the stream's latency.
                     self._released_at = None
                     self._turn_latencies.append(now + endpoint.latency_s - released)
-            duck = self.duck_gain if self.duck_while_talking and self._talking else 1.0
+            replay = self._replay_ring
+            if replay is not None and replay.available:
+                if len(endpoint.replay_scratch) < frames:
+                    endpoint.replay_scratch = np.zeros(frames, dtype=np.float32)
+                extra = endpoint.replay_scratch[:frames]
+                got = replay.read_into(extra)
+                mono[:got] += extra[:got]
+            echo = self._echo
+            # Hands-free has no key: duck while the cleaned microphone carries the user's voice.
+            user_turn = self._talking if echo is None else time.monotonic() < self._user_voice_until
+            duck = self.duck_gain if self.duck_while_talking and user_turn else 1.0
             target = 0.0 if self.muted else duck * self.volume
             if endpoint.gain != target:
                 mono *= np.linspace(endpoint.gain, target, frames, dtype=np.float32)  # a ramp, not a click
@@ -923,6 +1101,8 @@ class AudioIO:
             if outdata.shape[1] != 1:
                 outdata[:] = mono[:, np.newaxis]
             self._output_peak = _decayed_peak(mono, self._output_peak, frames, rate)
+            if echo is not None and self.capturing:  # the reference: exactly what the speaker plays, and when
+                echo.feed_playback(mono, rate=rate, dac_time=_monotonic_time(time_info, "outputBufferDacTime"))
 
         return callback
 
@@ -943,6 +1123,37 @@ class AudioIO:
         if endpoint.limit < 1.0:
             mono *= endpoint.limit
         np.clip(mono, -OUTPUT_CEILING, OUTPUT_CEILING, out=mono)
+
+
+@dataclass(eq=False)
+class _Replay:
+    """One history replay in progress."""
+
+    samples: np.ndarray
+    rate: int
+    fed_s: float = 0.0  # seconds handed to the replay ring so far
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / self.rate
+
+
+def _monotonic_time(time_info: Any, name: str) -> float | None:
+    """A PortAudio callback time (``outputBufferDacTime``, ``inputBufferAdcTime``) on ``time.monotonic()``.
+
+    Both times in one callback are on the stream's clock, so their difference carries over to ours; None
+    when the host API does not report them (zero), or in a test's hand-made call.
+    """
+    try:
+        when, now = float(getattr(time_info, name)), float(time_info.currentTime)
+    except (AttributeError, TypeError):
+        return None
+    if when <= 0.0 or now <= 0.0 or abs(when - now) > 2.0:
+        return None
+    return time.monotonic() + (when - now)
 
 
 def _abort_and_close(stream: Any) -> None:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from .messages import DeviceStatus
+
+if TYPE_CHECKING:
+    from .echo import EchoCanceller
 
 
 class AudioStreams(Protocol):
@@ -47,6 +50,12 @@ class AudioStreams(Protocol):
     def clear_output(self) -> None: ...
     def hush(self) -> None: ...
     def take_turn_latencies(self) -> list[float]: ...
+    def set_echo_canceller(self, canceller: EchoCanceller | None) -> None: ...
+    def start_replay(self, samples: np.ndarray, rate: int) -> float: ...
+    def stop_replay(self) -> None: ...
+
+    @property
+    def replay_position(self) -> tuple[float, float] | None: ...
 
     @property
     def paused(self) -> bool: ...

@@ -9,6 +9,20 @@ happened. The app's state has one owner, the ``StatusBoard``: ``poll`` hands the
 Nothing plays before the user chooses: a loaded model waits, and the conversation starts
 with the first press of the talk key or :meth:`start_conversation` (a start button).
 
+What else it owns:
+    - **Hands-free**: one ``app.echo.EchoCanceller`` per launch, handed to the streams while
+      the setting is on (``AudioIO.set_echo_canceller``); its stats go to the log at the end
+      of each conversation and to the overlay with every frame's stats.
+    - **The global talk key** (``app.hotkey.GlobalTalkKey``): its events arrive on the
+      listener's thread and are queued as ``GlobalTalk`` messages, so the window's talk
+      control handles them on its own thread like the in-window key.
+    - **Conversation history**: when the worker reports ``ConversationEnded`` (in queue
+      order, after everything that conversation said), the conversation is handed to a
+      saver thread that writes it with ``app.history.ConversationHistory``; at shutdown the
+      last one is saved before the process exits. With saving off, a conversation not
+      saved by hand is "at risk" (:meth:`conversation_at_risk`) and the window asks before
+      New Conversation or Quit drops it. Replays go through the speaker (``start_replay``).
+
 Concurrency contract
     - Public methods run on the caller's (UI) thread and never block on the engine: work
       for MLX goes to the worker's command queue, downloads to their own thread.
@@ -25,14 +39,19 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from engine.events import AssistantTextDelta, AudioChunk, ToolCall, UserTranscriptDelta
+from engine.timeline import OUTPUT_SAMPLE_RATE
 
 from .audio_port import AudioPort, AudioStreams
 from .demo import is_demo_checkpoint
+from .echo import EchoCanceller, echo_cancellation_unavailable
 from .export import (
     ConversationRecording,
     ExportError,
@@ -42,17 +61,44 @@ from .export import (
     export_profile,
     save_conversation,
 )
+from .history import (
+    ConversationHistory,
+    ConversationRecord,
+    HistoryError,
+    HistoryListing,
+    LoadedConversation,
+    TranscriptLine,
+    default_history_dir,
+)
+from .hotkey import (
+    GlobalKeySupport,
+    GlobalTalkKey,
+    HotkeyBackend,
+    HotkeyUnavailable,
+    KeySpecError,
+    TalkEvent,
+    TalkMode,
+    global_key_support,
+    parse_key_spec,
+)
 from .logs import CrashHandlers, configure_logging, install_crash_handlers
 from .messages import (
+    ConversationEnded,
     ConversationStarted,
     DeviceStatus,
     DownloadProgress,
+    EchoSummary,
     EngineInfo,
     Failure,
     FrameStats,
+    GlobalTalk,
+    HistorySaved,
     InputFrame,
     Levels,
+    ModelLoaded,
     Notice,
+    NumericsChanged,
+    ReplayProgress,
     StateChanged,
     TurnLatency,
 )
@@ -66,6 +112,7 @@ from .worker import (
     LoadDemo,
     NewConversation,
     SetIdlePause,
+    SetNumerics,
     StartConversation,
 )
 
@@ -74,9 +121,13 @@ log = logging.getLogger(__name__)
 HEALTH_INTERVAL_S = 0.5
 SPEAKING_HOLD_S = 0.6  # the assistant counts as speaking this long after its last audible block
 SETTINGS_SAVE_DELAY_S = 0.5  # a dragged volume slider is saved once it rests, not at every step
+REPLAY_REPORT_S = 0.25  # a replay's position is reported this often
+SHUTDOWN_SAVE_TIMEOUT_S = 60.0  # quitting waits this long for the last conversation to reach the disk
 
 AudioFactory = Callable[..., AudioStreams]
 WorkerFactory = Callable[..., EngineWorker]
+HotkeyBackendFactory = Callable[[], HotkeyBackend]
+EchoFactory = Callable[[], EchoCanceller]
 
 
 class AppController:
@@ -91,6 +142,9 @@ class AppController:
         worker_factory: WorkerFactory = EngineWorker,
         auto_demo: bool = True,
         log_folder: Path | None = None,
+        history_folder: Path | None = None,
+        hotkey_backend: HotkeyBackendFactory | None = None,
+        echo_factory: EchoFactory = EchoCanceller,
     ) -> None:
         self.settings = settings
         self._settings_path = settings_path
@@ -111,6 +165,19 @@ class AppController:
         self._save_due: float | None = None
         self._download: tuple[threading.Thread, threading.Event] | None = None
         self._crash_handlers: CrashHandlers | None = None
+        self.history = ConversationHistory(
+            history_folder or default_history_dir(), max_bytes=settings.history_max_bytes, enabled=settings.history
+        )
+        self._saver = _HistorySaver(self.history, self._post)
+        self._kept = False  # the current conversation was saved (to the history, or by hand)
+        self._serial = 0  # counts conversations seen here, to match a failed save to its conversation
+        self._echo_factory = echo_factory
+        self._echo: EchoCanceller | None = None
+        self._hotkey_backend = hotkey_backend
+        self._global_key: GlobalTalkKey | None = None
+        self._replaying: str | None = None
+        self._next_replay_report = 0.0
+        self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -133,6 +200,7 @@ class AppController:
         self.worker.start()
         self.worker.submit(SetIdlePause(self.settings.idle_pause, self.settings.idle_pause_delay_s))
         self._open_audio()
+        self._configure_global_key()
         path = self.settings.active_checkpoint
         if path is not None and path.exists():
             self._load(path)
@@ -149,7 +217,9 @@ class AppController:
 
     def shutdown(self) -> None:
         self.cancel_download()
+        self._stop_global_key()
         self.worker.stop()
+        self._keep_what_is_left()
         self._flush_settings()
         streams = self.port.streams
         self.port.attach(None)
@@ -186,6 +256,7 @@ class AppController:
         self.port.attach(streams)
         self._update_devices()
         log.info("Audio: microphone %r, speaker %r", streams.input_device_name, streams.output_device_name)
+        self._configure_hands_free()
 
     def _update_devices(self, statuses: list[DeviceStatus] | None = None) -> None:
         streams = self.port.streams
@@ -226,7 +297,7 @@ class AppController:
             except queue.Empty:
                 break
             if self._consume(message):
-                out.append(message)
+                out.append(self._with_echo(message) if isinstance(message, FrameStats) else message)
             self._snapshot_into(out)
         if streams is not None:
             for latency in streams.take_turn_latencies():
@@ -236,6 +307,9 @@ class AppController:
         self._snapshot_into(out)
         if streams is not None:
             out.append(Levels(streams.input_peak, streams.output_peak))
+        if self._replaying is not None and now >= self._next_replay_report:
+            self._next_replay_report = now + REPLAY_REPORT_S
+            out.append(self._replay_progress())
         if self._save_due is not None and now >= self._save_due:
             self._flush_settings()
         return out
@@ -247,8 +321,15 @@ class AppController:
         if isinstance(message, _AdoptCheckpoint):
             self._adopt(message)
             return False
+        if isinstance(message, _NotKept):
+            if message.serial == self._serial:
+                self._kept = False  # the save failed: it is at risk again, and the window asks before dropping it
+            return False
         if isinstance(message, EngineInfo):
             self.engine_info = message
+            return False
+        if isinstance(message, ConversationEnded):
+            self._conversation_ended(message)
             return False
         if isinstance(message, InputFrame):
             self.recording.add_input(message.samples)
@@ -258,9 +339,17 @@ class AppController:
             return False
         if isinstance(message, ConversationStarted):
             # In queue order: whatever the previous conversation still said is already in, so nothing mixes.
+            if not self._kept:
+                self._keep_in_history()  # never reported as ended (it should have been): keep it all the same
             self.transcript.clear()
             self.recording.clear()
+            self._kept = False
+            self._serial += 1
             self.profile.begin(message.number, message.model.variant.key, message.model.checkpoint)
+        elif isinstance(message, ModelLoaded):
+            self._numerics = str(message.checkpoint.get("numerics", "exact"))
+        elif isinstance(message, NumericsChanged):
+            self._numerics = message.numerics
         elif isinstance(message, FrameStats):
             current = self.profile.current
             if current is not None:
@@ -297,6 +386,21 @@ class AppController:
             if streams is not None:
                 streams.start_capture()  # from the key press on: the first words are not lost while a session opens
             self.worker.submit(StartConversation())
+
+    def _with_echo(self, stats: FrameStats) -> FrameStats:
+        """``stats`` with the echo canceller's summary, in hands-free."""
+        echo = self._echo
+        streams = self.port.streams
+        if echo is None or streams is None or not self.settings.hands_free:
+            return stats
+        figures = echo.stats
+        blocks = max(1, figures.blocks)
+        summary = EchoSummary(
+            figures.cost_per_block_s * 8 * 1000.0,  # 8 blocks of 10 ms per 80 ms frame
+            figures.reference_blocks / blocks,
+            figures.drift_corrections,
+        )
+        return replace(stats, echo=summary)
 
     def start_conversation(self) -> None:
         """Start the conversation now, if none is open (the first-run page's start button)."""
@@ -350,6 +454,19 @@ class AppController:
             streams.volume, streams.muted = settings.volume, settings.muted
         if (old.idle_pause, old.idle_pause_delay_s) != (settings.idle_pause, settings.idle_pause_delay_s):
             self.worker.submit(SetIdlePause(settings.idle_pause, settings.idle_pause_delay_s))
+        if old.hands_free != settings.hands_free:
+            self._configure_hands_free()
+        global_key = ("global_talk_key_enabled", "global_talk_key", "talk_mode", "hands_free")
+        if any(getattr(old, name) != getattr(settings, name) for name in global_key):
+            self._configure_global_key()
+        if (old.history, old.history_limit_gb) != (settings.history, settings.history_limit_gb):
+            self.history.enabled, self.history.max_bytes = settings.history, settings.history_max_bytes
+            log.info("History %s, limit %.1f GB", "on" if settings.history else "off", settings.history_limit_gb)
+            if settings.history_limit_gb < old.history_limit_gb:
+                self._saver.prune()
+        if old.numerics != settings.numerics:
+            log.info("Numerics chosen: %s", settings.numerics)
+            self.worker.submit(SetNumerics(settings.numerics))
         if settings.active_checkpoint != old.active_checkpoint and settings.active_checkpoint is not None:
             self._load(settings.active_checkpoint)
         elif settings.system_prompt != old.system_prompt:
@@ -392,11 +509,18 @@ class AppController:
         self._load(finished.path)
 
     def start_demo(self) -> None:
-        self.worker.submit(LoadDemo(self.settings.system_prompt))
+        self.worker.submit(LoadDemo(self.settings.system_prompt, numerics=self.settings.numerics))
 
     def _load(self, path: Path) -> None:
         path = Path(path)
-        self.worker.submit(Load(path, demo=is_demo_checkpoint(path), system_prompt=self.settings.system_prompt))
+        self.worker.submit(
+            Load(
+                path,
+                demo=is_demo_checkpoint(path),
+                system_prompt=self.settings.system_prompt,
+                numerics=self.settings.numerics,
+            )
+        )
 
     # ------------------------------------------------------------------ downloads
 
@@ -465,14 +589,19 @@ class AppController:
         """Frames in the session profile (every conversation since launch)."""
         return self.profile.frame_count
 
-    def export_profile(self, path: Path) -> list[Path]:
-        settings = {
+    def _profile_settings(self) -> dict[str, Any]:
+        """The settings a profile log records (each conversation's numerics are in its checkpoint)."""
+        return {
             "system_prompt": self.settings.system_prompt,
             "input_device": self.settings.input_device,
             "output_device": self.settings.output_device,
+            "numerics": self.settings.numerics,
+            "hands_free": self.settings.hands_free,
         }
+
+    def export_profile(self, path: Path) -> list[Path]:
         try:
-            paths = export_profile(Path(path), self.profile, settings=settings)
+            paths = export_profile(Path(path), self.profile, settings=self._profile_settings())
         except NothingToExport as exc:
             self._post(Notice(str(exc)))
             return []
@@ -501,6 +630,7 @@ class AppController:
             self._post(Failure(f"{exc} The conversation is still in memory; choose another folder and try again."))
             return []
         log.info("Saved the conversation to %s", folder)
+        self._kept = True
         self._post(Notice(f"Conversation saved to {folder}", tuple(paths)))
         return paths
 
@@ -519,12 +649,308 @@ class AppController:
             "PySide6": _package_version("PySide6-Essentials"),
             "System": platform.platform(),
             "Model": status.model.description if status.model is not None else "none loaded",
+            "Numerics": self._numerics or self.settings.numerics,
+            "Hands-free": self._hands_free_words(),
             "Microphone": status.microphone or "none",
             "Speaker": status.speaker or "none",
             "Settings": str(self._settings_path or config_dir()),
             "Models and demo": str(data_dir()),
             "Logs": str(self._log_folder),
+            "History": f"{self.history.folder} ({'on' if self.history.enabled else 'off'})",
         }
+
+    def _hands_free_words(self) -> str:
+        if not self.settings.hands_free:
+            return "off"
+        echo = self._echo
+        if echo is None:
+            return "on (echo cancellation unavailable)"
+        figures = echo.stats
+        return f"on: {figures.blocks} blocks cleaned, {figures.cost_per_block_s * 1e6:.0f} µs per 10 ms block"
+
+    # ------------------------------------------------------------------ hands-free and the global talk key
+
+    def hands_free_unavailable(self) -> str | None:
+        """Why hands-free cannot be offered here (no echo canceller), or None."""
+        return echo_cancellation_unavailable()
+
+    def _configure_hands_free(self) -> None:
+        wanted = self.settings.hands_free
+        if wanted and self._echo is None:
+            reason = echo_cancellation_unavailable()
+            if reason is None:
+                try:
+                    self._echo = self._echo_factory()
+                except (ImportError, OSError) as exc:
+                    reason = f"Echo cancellation could not start ({exc})."
+            if reason is not None:
+                log.warning("Hands-free is off: %s", reason)
+                self._post(Failure(f"{reason} Hands-free is off."))
+                self.settings = self.settings.with_changes(hands_free=False)
+                self._save()
+                wanted = False
+        self.board.hands_free = wanted
+        streams = self.port.streams
+        if streams is not None and self._echo is not None:  # without a canceller ever made, streams have none
+            streams.set_echo_canceller(self._echo if wanted else None)
+        log.info("Hands-free %s", "on: echo cancellation at the device edge" if wanted else "off: push to talk")
+
+    def global_key_support(self) -> GlobalKeySupport:
+        """Whether a talk key can work while other apps are in front, in words for Settings."""
+        return global_key_support()
+
+    def _configure_global_key(self) -> None:
+        settings = self.settings
+        if not settings.global_talk_key_enabled:
+            self._stop_global_key()
+            return
+        try:
+            spec = parse_key_spec(settings.global_talk_key)
+        except KeySpecError as exc:
+            self._stop_global_key()
+            self._post(Failure(f"The talk key for other apps cannot be used: {exc}"))
+            return
+        mode = TalkMode.TOGGLE if settings.talk_mode == "toggle" or settings.hands_free else TalkMode.HOLD
+        if self._global_key is not None:
+            self._global_key.configure(spec, mode)
+            log.info("Global talk key: %s (%s)", settings.global_talk_key, mode.value)
+            return
+        backend = self._hotkey_backend() if self._hotkey_backend is not None else None
+        key = GlobalTalkKey(spec, self._global_talk, mode=mode, backend=backend)
+        try:
+            key.start()
+        except HotkeyUnavailable as exc:
+            log.warning("Global talk key unavailable: %s", exc)
+            self._post(Notice(f"{exc} The talk key still works in Parley's window."))
+            return
+        self._global_key = key
+        log.info("Global talk key: %s (%s)", settings.global_talk_key, mode.value)
+
+    def _global_talk(self, event: TalkEvent) -> None:
+        # On the key listener's thread: only the queue is touched here.
+        self._post(GlobalTalk(event is TalkEvent.START))
+
+    def _stop_global_key(self) -> None:
+        key, self._global_key = self._global_key, None
+        if key is not None:
+            key.stop()
+
+    @property
+    def global_key_active(self) -> bool:
+        return self._global_key is not None and self._global_key.running
+
+    # ------------------------------------------------------------------ conversation history
+
+    def conversation_at_risk(self) -> bool:
+        """Whether ending the conversation now would lose it: saving is off and it was not saved by hand."""
+        if self.history.enabled or self._kept:
+            return False
+        return not self.recording.empty or bool(self.transcript.entries)
+
+    def _conversation_ended(self, ended: ConversationEnded) -> None:
+        log.info("Conversation %d ended", ended.number)
+        echo = self._echo
+        if echo is not None and self.settings.hands_free:
+            figures = echo.stats
+            log.info(
+                "Echo cancellation: %d blocks, reference present for %d, missing for %d; %d samples of drift "
+                "corrected, %d resyncs, %d playback samples dropped, reference lead %.0f ms, %.0f µs per block",
+                figures.blocks,
+                figures.reference_blocks,
+                figures.reference_missing_blocks,
+                figures.drift_corrections,
+                figures.resyncs,
+                figures.playback_dropped,
+                figures.reference_lead_s * 1000.0,
+                figures.cost_per_block_s * 1e6,
+            )
+        if not self._kept:
+            self._keep_in_history()
+
+    def _keep_in_history(self) -> None:
+        """Hand the current conversation to the saver thread (when saving is on and there is something)."""
+        if not self.history.enabled or (self.recording.empty and not self.transcript.entries):
+            return
+        current = self.profile.current
+        user, assistant = self.recording.snapshot()
+        record = ConversationRecord(
+            started=current.started if current is not None else _now(),
+            transcript=[TranscriptLine(e.role, e.seconds, e.text) for e in self.transcript.entries],
+            user_audio=user,
+            assistant_audio=assistant,
+            user_rate=self.recording.input_rate,
+            assistant_rate=self.recording.output_rate,
+        )
+        profile = None
+        if current is not None and current.timings:
+            profile = replace(current, timings=list(current.timings), latencies_s=list(current.latencies_s))
+        self._saver.save(record, profile, self._profile_settings(), self._serial)
+        self._kept = True
+
+    def _keep_what_is_left(self) -> None:
+        """At shutdown: fold in what the stopped worker still reported, keep the last conversation, wait."""
+        while True:
+            try:
+                message = self._messages.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(message, _AdoptCheckpoint):
+                continue  # a download that finished as the app quit: adopted at the next start, not now
+            self._consume(message)
+        if not self._kept:
+            self._keep_in_history()
+        self._saver.close(SHUTDOWN_SAVE_TIMEOUT_S)
+
+    def history_entries(self) -> HistoryListing:
+        """Past conversations, newest first, and the damaged ones with their reasons."""
+        return self.history.entries()
+
+    def load_history(self, entry_id: str) -> LoadedConversation:
+        return self.history.load(entry_id)
+
+    def export_history(self, entry_id: str, folder: Path) -> list[Path]:
+        paths = self.history.export(entry_id, Path(folder))
+        log.info("Exported history entry %s to %s", entry_id, paths[0].parent if paths else folder)
+        return paths
+
+    def delete_history(self, entry_id: str) -> None:
+        if self._replaying == entry_id:
+            self.stop_replay()
+        self.history.delete(entry_id)
+        log.info("Deleted history entry %s", entry_id)
+
+    def replay_history(self, entry_id: str) -> float:
+        """Play a past conversation (both sides, as they happened) through the speaker; returns its length in s.
+
+        Raises:
+            HistoryError: the entry is damaged or gone.
+            RuntimeError: there is no speaker to play on.
+        """
+        streams = self.port.streams
+        if streams is None or streams.paused:
+            raise RuntimeError("There is no speaker to play on. Connect one, or check the sound settings.")
+        loaded = self.history.load(entry_id)
+        duration = streams.start_replay(replay_mix(loaded, OUTPUT_SAMPLE_RATE), OUTPUT_SAMPLE_RATE)
+        self._replaying = entry_id
+        self._next_replay_report = 0.0
+        log.info("Replaying history entry %s (%.1f s)", entry_id, duration)
+        return duration
+
+    def stop_replay(self) -> None:
+        streams = self.port.streams
+        if streams is not None:
+            streams.stop_replay()
+        if self._replaying is not None:
+            self._replaying = None
+            self._post(ReplayProgress(None))
+
+    def _replay_progress(self) -> ReplayProgress:
+        streams = self.port.streams
+        position = streams.replay_position if streams is not None else None
+        if position is None:
+            self._replaying = None
+            return ReplayProgress(None)
+        return ReplayProgress(self._replaying, *position)
+
+
+def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:
+    """Both sides of a saved conversation as one track at ``rate``: they share a timeline from its start."""
+    import soxr
+
+    def at_rate(samples: np.ndarray, source: int) -> np.ndarray:
+        data = np.asarray(samples, dtype=np.float32).reshape(-1)
+        return data if source == rate or not len(data) else np.asarray(soxr.resample(data, source, rate), np.float32)
+
+    user = at_rate(loaded.user_audio, loaded.user_rate)
+    assistant = at_rate(loaded.assistant_audio, loaded.assistant_rate)
+    mixed = np.zeros(max(len(user), len(assistant)), dtype=np.float32)
+    mixed[: len(user)] += user
+    mixed[: len(assistant)] += assistant
+    return np.clip(mixed, -1.0, 1.0)
+
+
+def _now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+class _HistorySaver:
+    """Writes conversations to the history on its own thread (a long one is tens of MB), in order.
+
+    The controller calls ``save`` / ``prune`` / ``close`` on its thread; results come back through ``post``
+    (``HistorySaved`` or ``Failure``).
+    """
+
+    def __init__(self, history: ConversationHistory, post: Callable[[object], None]) -> None:
+        self._history = history
+        self._post = post
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def save(self, record: ConversationRecord, profile: Any, settings: dict[str, Any], serial: int) -> None:
+        self._submit(lambda: self._save(record, profile, settings, serial))
+
+    def prune(self) -> None:
+        self._submit(self._prune)
+
+    def close(self, timeout: float) -> None:
+        """Finish what is queued (for at most ``timeout`` seconds) and stop."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._jobs.put(None)
+        thread.join(timeout)
+        if thread.is_alive():
+            log.error("The history is still being written after %.0f s; quitting without waiting", timeout)
+        self._thread = None
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="parley-history", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception as exc:  # a failed save is reported; the saver keeps going
+                log.exception("History job failed")
+                self._post(Failure(f"Could not keep the conversation in the history: {exc}"))
+
+    def _save(self, record: ConversationRecord, profile: Any, settings: dict[str, Any], serial: int) -> None:
+        if profile is not None:
+            from engine.profile_log import ConversationLog, build_session_profile_log
+
+            log_entry = ConversationLog(
+                profile.number,
+                profile.started,
+                profile.variant,
+                profile.checkpoint,
+                profile.timings,
+                profile.latencies_s,
+            )
+            record = replace(record, profile=build_session_profile_log([log_entry], settings=settings))
+        try:
+            entry = self._history.save(record)
+        except HistoryError as exc:
+            log.warning("Could not keep the conversation: %s", exc)
+            self._post(_NotKept(serial))
+            self._post(Failure(f"{exc} The conversation is still in memory: use Save Conversation… to keep it."))
+            return
+        if entry is None:
+            return
+        log.info("Kept the conversation in %s (%.1f s, %d bytes)", entry.path, entry.duration_s, entry.size_bytes)
+        self._post(HistorySaved(entry.id, entry.path))
+
+    def _prune(self) -> None:
+        removed = self._history.prune()
+        if removed:
+            log.info("History limit lowered: removed the %d oldest conversations", len(removed))
 
 
 def _package_version(name: str) -> str:
@@ -537,6 +963,13 @@ def _package_version(name: str) -> str:
 def _parley_version() -> str:
     version = _package_version("parley")
     return "0+unknown" if version == "not installed" else version
+
+
+@dataclass(frozen=True)
+class _NotKept:
+    """Internal: saving conversation ``serial`` to the history failed."""
+
+    serial: int
 
 
 class _AdoptCheckpoint:

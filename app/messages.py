@@ -117,6 +117,16 @@ class FrameStats:
     p95_ms: float
     realtime_factor: float  # mean total / 80 ms over the recent window
     exact_every: int = 25  # one frame in this many is timed stage by stage
+    echo: EchoSummary | None = None  # hands-free: what the echo canceller did (None in push-to-talk)
+
+
+@dataclass(frozen=True)
+class EchoSummary:
+    """Hands-free echo cancellation, for the overlay: its cost and whether its reference kept up."""
+
+    cost_ms_per_frame: float  # alignment, resampling and AEC3 for one 80 ms frame
+    reference_share: float  # of the cleaned 10 ms blocks, the share whose playback reference was there (0..1)
+    drift_corrections: int  # samples inserted or dropped to keep speaker and microphone aligned
 
 
 @dataclass(frozen=True)
@@ -191,3 +201,51 @@ class Notice:
 
     message: str
     paths: tuple[Path, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class ConversationEnded:
+    """The worker closed a conversation (new conversation, reload, length limit, quit); all it said is in."""
+
+    number: int
+
+
+@dataclass(frozen=True)
+class HistorySaved:
+    """A finished conversation was kept in the history (``folder`` is its entry's folder)."""
+
+    entry_id: str
+    folder: Path
+
+
+@dataclass(frozen=True)
+class GlobalTalk:
+    """The global talk key went down (``start``) or up / was pressed again (``not start``), in another app."""
+
+    start: bool
+
+
+@dataclass(frozen=True)
+class NumericsChanged:
+    """The loaded model now runs with ``numerics`` ("exact" or "fast"); the next conversation uses it."""
+
+    numerics: str
+    fast_changes: dict[str, bool] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class NumericsAdvice:
+    """The speed check: exact numerics do not keep up here and fast ones would. ``message`` says so in words."""
+
+    exact_rtf: float
+    fast_rtf: float
+    message: str
+
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """A history replay through the speaker: which entry, how far (``entry_id`` None: nothing plays any more)."""
+
+    entry_id: str | None
+    position_s: float = 0.0
+    duration_s: float = 0.0

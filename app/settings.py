@@ -35,6 +35,7 @@ SCHEMA_VERSION: Final = 2  # 2: checkpoints keyed by variant (1 had checkpoint_4
 
 TALK_MODES: Final = ("hold", "toggle")
 THEMES: Final = ("system", "light", "dark")
+NUMERICS_MODES: Final = ("exact", "fast")  # engine.numerics.NUMERICS, named here without importing MLX
 CONFIGURABLE_VARIANTS: Final = tuple(v.key for v in MODEL_VARIANTS)
 DEFAULT_VOLUME: Final = 0.8
 
@@ -47,6 +48,10 @@ DEFAULT_SYSTEM_PROMPT: Final = (
 
 IDLE_PAUSE_MIN_S: Final = 5.0
 IDLE_PAUSE_MAX_S: Final = 600.0
+DEFAULT_GLOBAL_TALK_KEY: Final = "F8"  # a key that types nothing, so holding it in another app is harmless
+HISTORY_LIMIT_MIN_GB: Final = 0.1
+HISTORY_LIMIT_MAX_GB: Final = 10_000.0
+DEFAULT_HISTORY_LIMIT_GB: Final = 2.0  # app.history.DEFAULT_MAX_BYTES: about 45 ten-minute conversations
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,16 @@ class Settings:
     window_geometry: str | None = None  # opaque (base64 of Qt's saveGeometry), owned by the window
     volume: float = DEFAULT_VOLUME  # the assistant's playback level, 0..1 (before the output limiter)
     muted: bool = False
+    hands_free: bool = False  # open microphone with echo cancellation; the talk key opens and closes it
+    global_talk_key_enabled: bool = False  # also listen for a talk key while other apps are in front
+    global_talk_key: str = DEFAULT_GLOBAL_TALK_KEY  # an app.hotkey key spec ("F8", "ctrl+space", "right alt")
+    keep_in_tray: bool = False  # closing the window leaves Parley running in the menu bar / tray
+    history: bool = True  # keep every conversation in the history folder
+    history_limit_gb: float = DEFAULT_HISTORY_LIMIT_GB  # the oldest conversations go beyond this
+    numerics: str = "exact"  # one of NUMERICS_MODES
 
     def __post_init__(self) -> None:
-        for name, allowed in (("talk_mode", TALK_MODES), ("theme", THEMES)):
+        for name, allowed in (("talk_mode", TALK_MODES), ("theme", THEMES), ("numerics", NUMERICS_MODES)):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -90,6 +102,18 @@ class Settings:
             )
         if not self.talk_key.strip():
             raise ValueError("talk_key must name a key; got an empty string")
+        if not self.global_talk_key.strip():
+            raise ValueError("global_talk_key must name a key; got an empty string")
+        if not HISTORY_LIMIT_MIN_GB <= self.history_limit_gb <= HISTORY_LIMIT_MAX_GB:
+            raise ValueError(
+                f"history_limit_gb must be between {HISTORY_LIMIT_MIN_GB:g} and {HISTORY_LIMIT_MAX_GB:g}; "
+                f"got {self.history_limit_gb!r}"
+            )
+
+    @property
+    def history_max_bytes(self) -> int:
+        """The history's size cap in bytes."""
+        return round(self.history_limit_gb * 1024**3)
 
     @property
     def active_checkpoint(self) -> Path | None:
@@ -230,11 +254,20 @@ def _coerce(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, str):
             raise TypeError(f"expected text or null, got {type(value).__name__}")
         return value
-    if name in ("idle_pause", "ducking", "overlay", "muted"):
+    if name in (
+        "idle_pause",
+        "ducking",
+        "overlay",
+        "muted",
+        "hands_free",
+        "global_talk_key_enabled",
+        "keep_in_tray",
+        "history",
+    ):
         if not isinstance(value, bool):
             raise TypeError(f"expected true or false, got {type(value).__name__}")
         return value
-    if name in ("idle_pause_delay_s", "volume"):
+    if name in ("idle_pause_delay_s", "volume", "history_limit_gb"):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError(f"expected a number, got {type(value).__name__}")
         return float(value)

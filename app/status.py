@@ -6,8 +6,9 @@ there are none) and the push-to-talk key with the assistant's audible output. Th
 keeps the latest of each and derives a :class:`~app.messages.StateChanged` snapshot from
 them, so the state line, the talk button, the status bar, the model chip and the overlay
 all show the same thing: there is no second place a state word, a device name or the
-loaded variant could come from. The real controller and the UI tests' fake both use it.
-No Qt, no MLX; one thread (the controller's).
+loaded variant could come from. In hands-free mode the open microphone shows as listening
+and, while the assistant speaks over it, as speaking. The real controller and the UI
+tests' fake both use it. No Qt, no MLX; one thread (the controller's).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .messages import AppState, EngineState, LoadProgress, ModelLoaded, StateCha
 
 NO_DEVICE = "No microphone or speaker found. Connect one, or check the sound settings."
 WAITING_FOR_KEY = "The conversation starts when you press the talk key"
+HANDS_FREE = "hands-free: the microphone is open, talk any time"
 
 # The engine's own states that say everything there is to say (nothing about audio or the key matters then).
 _ENGINE_FIRST = (AppState.NO_MODEL, AppState.LOADING, AppState.ERROR)
@@ -31,8 +33,9 @@ class StatusBoard:
         self.microphone: str | None = None
         self.speaker: str | None = None
         self.audio_problem = NO_DEVICE
-        self.talking = False
+        self.talking = False  # push-to-talk: the key is held; hands-free: the microphone is open
         self.speaking = False
+        self.hands_free = False
 
     # ------------------------------------------------------------------ reports
 
@@ -84,6 +87,9 @@ class StatusBoard:
             return AppState.NO_AUDIO, self.audio_problem
         if engine.state in (AppState.PAUSED, AppState.FALLING_BEHIND):
             return engine.state, engine.detail
+        if self.hands_free and self.talking:
+            # The microphone stays open while the assistant speaks (barge-in): show who is speaking.
+            return (AppState.SPEAKING, HANDS_FREE) if self.speaking else (AppState.LISTENING, HANDS_FREE)
         if self.talking:
             return AppState.LISTENING, ""
         if self.speaking:

@@ -11,6 +11,12 @@ until ``StartConversation`` (the talk key, or a start button) or ``NewConversati
 session is prepared (its system prompt prefilled) as soon as the model is ready, so the
 first press of the talk key starts it without a wait.
 
+Numerics: a model loads with the numerics its ``Load`` names, and ``SetNumerics`` switches the
+loaded one in place (``engine.numerics.set_numerics``: the weights are untouched, no reload),
+then starts a new session. When the speed check after a load finds that exact numerics do
+not keep up (realtime factor above 1), it measures fast numerics with the same check, puts
+exact back, and reports ``NumericsAdvice`` if fast would keep up: the user decides.
+
 Every ``exact_every``-th frame is timed stage by stage (``FrameTiming.timing_mode`` is
 "device"): the session evaluates at each stage boundary for that one frame, so the
 overlay can show exact per-stage times without paying three extra host syncs on every
@@ -48,6 +54,7 @@ from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_SAMPLE_RATE
 from .audio_port import AudioCounters, AudioPort
 from .messages import (
     AppState,
+    ConversationEnded,
     ConversationStarted,
     ConversationTime,
     EngineInfo,
@@ -57,12 +64,15 @@ from .messages import (
     InputFrame,
     LoadProgress,
     ModelLoaded,
+    NumericsAdvice,
+    NumericsChanged,
     SpeedCheck,
 )
 from .variants import Q4, Variant, variant_for_checkpoint
 
 if TYPE_CHECKING:
     from engine.model import VoiceChat
+    from engine.numerics import Numerics
     from engine.session import Session
 
 log = logging.getLogger(__name__)
@@ -86,6 +96,7 @@ class Load:
     path: Path
     demo: bool = False
     system_prompt: str = ""
+    numerics: str = "exact"  # engine.numerics.NUMERICS
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,14 @@ class LoadDemo:
     """Generate the demo checkpoint if needed (MLX work, so here), then load it."""
 
     system_prompt: str = ""
+    numerics: str = "exact"
+
+
+@dataclass(frozen=True)
+class SetNumerics:
+    """Switch the loaded model (and later loads) to "exact" or "fast" numerics in place; a new session follows."""
+
+    numerics: str
 
 
 @dataclass(frozen=True)
@@ -118,7 +137,7 @@ class Shutdown:
     pass
 
 
-Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | Shutdown
+Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Shutdown
 
 
 @dataclass
@@ -153,6 +172,18 @@ def speed_verdict(realtime_factor: float, variant: Variant) -> str:
     return (
         f"This machine is too slow for live conversation: each {FRAME_MS:.0f} ms frame takes "
         f"{realtime_factor * FRAME_MS:.0f} ms. The assistant will fall behind; {advice}."
+    )
+
+
+def numerics_advice(exact_rtf: float, fast_rtf: float) -> str | None:
+    """Advice to switch to fast numerics, when exact does not keep up here and fast would; else None."""
+    if exact_rtf <= 1.0 or fast_rtf >= 1.0 or fast_rtf >= exact_rtf:
+        return None
+    return (
+        f"Exact numerics do not keep up on this machine: a {FRAME_MS:.0f} ms frame takes "
+        f"{exact_rtf * FRAME_MS:.0f} ms. "
+        f"Fast numerics would ({fast_rtf * FRAME_MS:.0f} ms): they use fused GPU kernels, and their outputs differ "
+        "from the reference in the last digits."
     )
 
 
@@ -192,6 +223,7 @@ class EngineWorker(threading.Thread):
         self._state = AppState.NO_MODEL
         self._last_speech_frame = 0
         self._idle_pause: SetIdlePause | None = None
+        self._numerics: Numerics = "exact"  # what the loaded model runs with
 
     # ------------------------------------------------------------------ any thread
 
@@ -253,6 +285,8 @@ class EngineWorker(threading.Thread):
                 self._start_session()
             elif isinstance(command, SetIdlePause):
                 self._idle_pause = command
+            elif isinstance(command, SetNumerics):
+                self._set_numerics(command.numerics)
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
             self._fail(f"{command.__class__.__name__} failed: {exc}", exc)
 
@@ -262,10 +296,11 @@ class EngineWorker(threading.Thread):
         self._close_session()
         self._set_state(AppState.LOADING, "Preparing the demo checkpoint…")
         path = ensure_demo_checkpoint()
-        self._load(Load(path, demo=True, system_prompt=command.system_prompt))
+        self._load(Load(path, demo=True, system_prompt=command.system_prompt, numerics=command.numerics))
 
     def _load(self, command: Load) -> None:
         from engine.model import load_voicechat
+        from engine.numerics import check_numerics
 
         self._close_session()
         self._voicechat = self._model = None
@@ -274,7 +309,10 @@ class EngineWorker(threading.Thread):
         self._emit(LoadProgress(-1.0, f"Reading {command.path}"))
         started = time.perf_counter()
         try:
-            voicechat = load_voicechat(command.path, conversation_seconds=self.max_conversation_s)
+            self._numerics = check_numerics(command.numerics)
+            voicechat = load_voicechat(
+                command.path, conversation_seconds=self.max_conversation_s, numerics=self._numerics
+            )
             model = ModelLoaded(
                 voicechat.name,
                 Path(command.path),
@@ -311,14 +349,34 @@ class EngineWorker(threading.Thread):
         self._emit(model)
         self._set_state(AppState.READY)
         log.info(
-            "Loaded %s (%s) from %s in %.1f s; ready",
+            "Loaded %s (%s, %s numerics) from %s in %.1f s; ready",
             model.name,
             model.variant.label,
+            voicechat.numerics,
             model.path,
             time.perf_counter() - started,
         )
 
     def _run_speed_check(self, voicechat: VoiceChat, variant: Variant) -> None:
+        from engine.numerics import set_numerics
+
+        rtf = self._measure_speed(voicechat)
+        log.info("Speed check (%s numerics): realtime factor %.2f", voicechat.numerics, rtf)
+        self._emit(SpeedCheck(rtf, speed_verdict(rtf, variant)))
+        if voicechat.numerics != "exact" or rtf <= 1.0 or variant.demo:
+            return  # the demo's speed says nothing about the real model's
+        set_numerics(voicechat, "fast")
+        try:
+            fast = self._measure_speed(voicechat)
+        finally:
+            set_numerics(voicechat, "exact")  # the user decides; until then the model stays as loaded
+        log.info("Speed check (fast numerics, for comparison): realtime factor %.2f", fast)
+        advice = numerics_advice(rtf, fast)
+        if advice is not None:
+            self._emit(NumericsAdvice(rtf, fast, advice))
+
+    def _measure_speed(self, voicechat: VoiceChat) -> float:
+        """The realtime factor of ``SPEED_CHECK_FRAMES`` frames of silence (the first 5 are warm-up)."""
         from engine.profiler import summarize
         from engine.session import Session
 
@@ -328,9 +386,24 @@ class EngineWorker(threading.Thread):
         for _ in range(SPEED_CHECK_FRAMES):
             timings += [e for e in session.push(silence, INPUT_SAMPLE_RATE) if isinstance(e, FrameTiming)]
         session.close()
-        rtf = summarize(timings, drop_first=5)["realtime_factor"]
-        log.info("Speed check: realtime factor %.2f", rtf)
-        self._emit(SpeedCheck(rtf, speed_verdict(rtf, variant)))
+        return float(summarize(timings, drop_first=5)["realtime_factor"])
+
+    def _set_numerics(self, numerics: str) -> None:
+        """Switch in place and start over: the conversation open now ends, a new one starts at once."""
+        from engine.numerics import check_numerics, set_numerics
+
+        self._numerics = check_numerics(numerics)
+        voicechat, model = self._voicechat, self._model
+        if voicechat is None or model is None or voicechat.numerics == self._numerics:
+            return
+        set_numerics(voicechat, self._numerics)
+        self._model = dataclasses.replace(model, checkpoint=voicechat.describe())  # profiles record the mode
+        log.info("Numerics switched to %s (fast changes in use: %s)", numerics, voicechat.fast_changes or "none")
+        self._emit(NumericsChanged(numerics, dict(voicechat.fast_changes)))
+        was_open = self._conversation_open
+        self._prepare_session()
+        if was_open:
+            self._start_session()
 
     def _prepare_session(self) -> None:
         """A fresh session with its prompt prefilled, not yet started (nothing reads or plays)."""
@@ -353,7 +426,12 @@ class EngineWorker(threading.Thread):
         self._paused = False
         self._last_speech_frame = 0
         self._counters_start = self._audio.counters()
-        log.info("Conversation %d started on %s", self._conversations, self._model.description)
+        log.info(
+            "Conversation %d started on %s (%s numerics)",
+            self._conversations,
+            self._model.description,
+            self._model.checkpoint.get("numerics", "exact"),
+        )
         self._emit(ConversationStarted(self._conversations, self._model))
         self._audio.start_capture()
         self._set_state(AppState.READY)
@@ -365,6 +443,7 @@ class EngineWorker(threading.Thread):
             self._session = None
             if self._conversation_open:
                 self._audio.stop_capture()
+                self._emit(ConversationEnded(self._conversations))  # after everything it said: keep it
         self._conversation_open = False
 
     def _pause(self) -> None:
