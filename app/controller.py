@@ -801,6 +801,9 @@ class AppController:
             self._keep_in_history()
         self._saver.close(SHUTDOWN_SAVE_TIMEOUT_S)
 
+    def history_folder(self) -> Path:
+        return self.history.folder
+
     def history_entries(self) -> HistoryListing:
         """Past conversations, newest first, and the damaged ones with their reasons."""
         return self.history.entries()

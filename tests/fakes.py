@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from app.history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
+from app.hotkey import GlobalKeySupport
 from app.messages import (
     AppState,
     ConversationStarted,
@@ -29,6 +31,7 @@ from app.messages import (
     LoadProgress,
     ModelLoaded,
     Notice,
+    ReplayProgress,
     SpeedCheck,
     StateChanged,
 )
@@ -76,6 +79,7 @@ class FakeController:
         log_dir: Path | None = None,
         seed: int = 0,
         devices: tuple[str | None, str | None] = ("Built-in Microphone", "Built-in Speakers"),
+        history_folder: Path | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings()
         self.live = live
@@ -98,6 +102,10 @@ class FakeController:
         self._frame = 0
         self._elapsed = 0.0
         self._script: deque[object] = deque()
+        self.history = ConversationHistory(history_folder or default_history_dir())
+        self.at_risk = False  # what conversation_at_risk() answers
+        self.echo_unavailable: str | None = None  # what hands_free_unavailable() answers
+        self.key_support = GlobalKeySupport(True, "x11", "The talk key works while other apps are in front.")
 
     # -- test controls -------------------------------------------------------------------------------------------
 
@@ -251,6 +259,48 @@ class FakeController:
     def shutdown(self) -> None:
         self._record("shutdown")
         self.shut_down = True
+
+    def hands_free_unavailable(self) -> str | None:
+        self._record("hands_free_unavailable")
+        return self.echo_unavailable
+
+    def global_key_support(self) -> GlobalKeySupport:
+        self._record("global_key_support")
+        return self.key_support
+
+    def conversation_at_risk(self) -> bool:
+        self._record("conversation_at_risk")
+        return self.at_risk
+
+    def history_entries(self) -> HistoryListing:
+        self._record("history_entries")
+        return self.history.entries()
+
+    def load_history(self, entry_id: str) -> LoadedConversation:
+        self._record("load_history", entry_id)
+        return self.history.load(entry_id)
+
+    def replay_history(self, entry_id: str) -> float:
+        self._record("replay_history", entry_id)
+        duration = self.history.load(entry_id).entry.duration_s
+        self.queue(ReplayProgress(entry_id, 0.5, duration))
+        return duration
+
+    def stop_replay(self) -> None:
+        self._record("stop_replay")
+        self.queue(ReplayProgress(None))
+
+    def export_history(self, entry_id: str, folder: Path) -> list[Path]:
+        self._record("export_history", entry_id, folder)
+        return self.history.export(entry_id, folder)
+
+    def delete_history(self, entry_id: str) -> None:
+        self._record("delete_history", entry_id)
+        self.history.delete(entry_id)
+
+    def history_folder(self) -> Path:
+        self._record("history_folder")
+        return self.history.folder
 
     # -- scripted behaviour -------------------------------------------------------------------------------------------
 

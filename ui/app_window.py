@@ -11,6 +11,13 @@ the status bar, the loaded model's chip, the first-run page's progress, the over
 empty text, the settings dialog's model switch — is rendered from one place, the latest
 ``StateChanged`` snapshot (:meth:`MainWindow.handle_state`), so they cannot disagree.
 The window repaints on the event pump's timer; no input event is needed for anything.
+
+The tray icon (``ui.tray``) mirrors the state and offers talk, mute, open and quit. With
+"keep running in the menu bar/tray" chosen (and a tray to keep it in), closing the window
+hides it and Parley keeps running; Quit (menu, tray, or closing without that setting) ends
+it. Neither Quit nor New Conversation drops a conversation without asking: with history on
+it is kept there by the controller; with history off and the conversation not saved by hand
+(``controller.conversation_at_risk()``), the window asks: save it, discard it, or cancel.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final, TypeVar
 
-from PySide6.QtCore import Qt, QUrl
+from PySide6.QtCore import Qt, QUrl, Signal
 from PySide6.QtGui import QCloseEvent, QDesktopServices, QIcon
 from PySide6.QtWidgets import (
     QAbstractButton,
@@ -44,15 +51,21 @@ from app.messages import (
     DeviceStatus,
     DownloadProgress,
     Failure,
+    GlobalTalk,
+    HistorySaved,
     Levels,
     ModelLoaded,
     Notice,
+    NumericsAdvice,
+    NumericsChanged,
+    ReplayProgress,
     SpeedCheck,
     StateChanged,
     TurnLatency,
 )
 from app.paths import resource_path
 from app.settings import Settings, load_settings
+from app.status import TALKABLE
 
 from .about import AboutDialog
 from .banner import BannerArea
@@ -62,14 +75,15 @@ from .event_pump import EventPump
 from .first_run import FirstRunPage
 from .geometry import encode_geometry, fit_to_screen, restore_geometry
 from .header import HeaderBar
+from .history_view import HistoryWindow
 from .menus import build_menus
 from .settings_dialog import SettingsDialog
 from .theme import apply_theme
+from .tray import TRAY_NAME, TrayIcon
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-TALKABLE: Final = {AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED}
 # Why the talk button is off, by state (the hint under it).
 NOT_TALKABLE: Final = {
     AppState.NO_MODEL: "Load a model to talk",
@@ -92,9 +106,14 @@ WAITING_TEXT: Final = {
 class MainWindow(QMainWindow):
     """The single app window: header, banners, first-run or conversation page, menus, status bar."""
 
-    def __init__(self, controller: Controller) -> None:
+    closed = Signal()  # the window really closed (Quit), not hidden in the tray: the app ends
+
+    def __init__(self, controller: Controller, *, tray: TrayIcon | None = None) -> None:
         super().__init__()
         self.controller = controller
+        self._quitting = False
+        self._told_about_tray = False
+        self.history_window: HistoryWindow | None = None
         self._first_run_active = controller.settings.active_checkpoint is None
         self._welcome = self._first_run_active  # on the launch's welcome page, not yet moved on
         self._time_up_offered = False
@@ -131,12 +150,15 @@ class MainWindow(QMainWindow):
         self.statusBar().setSizeGripEnabled(False)
 
         self.menu_actions = build_menus(self)
+        self.tray = tray if tray is not None else TrayIcon(self)
         self._connect_actions()
+        self._connect_tray()
         self.pump = EventPump(controller, self)
         self._connect_pump()
         self.first_run.start_requested.connect(self.start_from_first_run)
         talk = self.conversation.talk
         talk.talking_changed.connect(self._talking_changed)
+        talk.talking_changed.connect(self.tray.set_talking)
         talk.failed.connect(self.show_failure)
         talk.reveal = self._reveal_talk_control
         self.apply_ui_settings(controller.settings)
@@ -151,8 +173,9 @@ class MainWindow(QMainWindow):
         actions.save_conversation.triggered.connect(self.save_conversation)
         actions.get_model.triggered.connect(self.show_model_setup)
         actions.open_log_folder.triggered.connect(self.open_log_folder)
-        actions.quit.triggered.connect(self.close)
+        actions.quit.triggered.connect(self.quit_app)
         actions.new_conversation.triggered.connect(self.new_conversation)
+        actions.history.triggered.connect(self.open_history)
         actions.stop_speaking.triggered.connect(self.conversation.volume.stop)
         actions.mute.toggled.connect(self.conversation.volume.mute_button.setChecked)
         self.conversation.volume.mute_button.toggled.connect(actions.mute.setChecked)
@@ -160,6 +183,15 @@ class MainWindow(QMainWindow):
         actions.theme_group.triggered.connect(lambda action: self.set_theme(action.data()))
         actions.settings.triggered.connect(self.open_settings)
         actions.about.triggered.connect(self.show_about)
+
+    def _connect_tray(self) -> None:
+        tray, actions = self.tray, self.menu_actions
+        tray.open_requested.connect(self.show_window)
+        tray.history_requested.connect(self.open_history)
+        tray.quit_requested.connect(self.quit_app)
+        tray.talk_action.toggled.connect(self.conversation.talk.request_talking)
+        tray.mute_action.toggled.connect(actions.mute.setChecked)
+        actions.mute.toggled.connect(tray.mute_action.setChecked)
 
     def _connect_pump(self) -> None:
         pump, page = self.pump, self.conversation
@@ -178,6 +210,11 @@ class MainWindow(QMainWindow):
         pump.user_transcript.connect(page.transcript.add_user_delta)
         pump.assistant_text.connect(page.transcript.add_assistant_delta)
         pump.tool_call.connect(page.transcript.add_tool_call)
+        pump.global_talk.connect(self.handle_global_talk)
+        pump.history_saved.connect(self.handle_history_saved)
+        pump.numerics_changed.connect(self.handle_numerics_changed)
+        pump.numerics_advice.connect(self.handle_numerics_advice)
+        pump.replay_progress.connect(self.handle_replay_progress)
 
     def start(self) -> None:
         """Start polling and ask the controller to load the configured model."""
@@ -206,6 +243,7 @@ class MainWindow(QMainWindow):
         else:
             overlay.set_waiting_text("Waiting for the first frame…")
         self.first_run.show_status(status)
+        self.tray.show_state(status, hands_free=self.controller.settings.hands_free)
         if self._settings_dialog is not None:
             self._settings_dialog.show_status(status)
         if state is AppState.LOADING and previous.state is not AppState.LOADING:
@@ -283,6 +321,32 @@ class MainWindow(QMainWindow):
         if status.message:
             self.banners.show_message(status.message, kind="warning")
 
+    def handle_global_talk(self, talk: GlobalTalk) -> None:
+        """The talk key, pressed in another app."""
+        self.conversation.talk.handle_global(talk.start)
+
+    def handle_history_saved(self, saved: HistorySaved) -> None:
+        self.statusBar().showMessage("The conversation is kept in the history (Conversation → History…).", 6000)
+        if self.history_window is not None:
+            self.history_window.refresh()
+
+    def handle_numerics_changed(self, changed: NumericsChanged) -> None:
+        fused = [name.replace("_", " ") for name, used in changed.fast_changes.items() if used]
+        what = f" ({', '.join(fused)} in use)" if fused else ""
+        self.statusBar().showMessage(f"Numerics: {changed.numerics}{what}. A new conversation starts with them.", 8000)
+
+    def handle_numerics_advice(self, advice: NumericsAdvice) -> None:
+        """The speed check found that fast numerics would keep up where exact ones do not: offer the switch."""
+        self.banners.show_message(
+            advice.message,
+            kind="warning",
+            action=("Use fast numerics", lambda: self._update_settings(numerics="fast")),
+        )
+
+    def handle_replay_progress(self, progress: ReplayProgress) -> None:
+        if self.history_window is not None:
+            self.history_window.show_replay(progress)
+
     def handle_download_progress(self, progress: DownloadProgress) -> None:
         self.first_run.handle_download_progress(progress)  # a failure also arrives as a Failure (the banner)
 
@@ -333,7 +397,56 @@ class MainWindow(QMainWindow):
     def new_conversation(self) -> None:
         # The transcript and overlay clear when the new conversation starts (ConversationStarted), not before:
         # what the old one still said arrives first and must not land in the new one.
+        if not self._may_drop_conversation("start a new one"):
+            return
         self._attempt("start a new conversation", self.controller.new_conversation)
+
+    def _may_drop_conversation(self, then: str) -> bool:
+        """True when nothing would be lost, or the user chose (save it, or discard it); False: cancel."""
+        ok, at_risk = self._attempt("check the conversation", self.controller.conversation_at_risk)
+        if not ok or not at_risk:
+            return True
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Question)
+        box.setWindowTitle("Keep this conversation?")
+        box.setText("This conversation is not kept anywhere yet.")
+        box.setInformativeText(f"Saving conversations is off (Settings → History). Save this one before you {then}?")
+        save = box.addButton("Save…", QMessageBox.ButtonRole.AcceptRole)
+        discard = box.addButton("Discard", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(save)
+        box.exec()
+        clicked = box.clickedButton()
+        if clicked is discard:
+            return True
+        if clicked is save:
+            return bool(self.save_conversation())
+        return False
+
+    def quit_app(self) -> None:
+        """Quit Parley (menu, tray): ask first if a conversation would be lost, then close for good."""
+        if not self._may_drop_conversation("quit"):
+            return
+        self._quitting = True
+        self.close()
+
+    def show_window(self) -> None:
+        """Bring the window back (from the tray)."""
+        self.show()
+        self.setWindowState(self.windowState() & ~Qt.WindowState.WindowMinimized)
+        self.raise_()
+        self.activateWindow()
+
+    def open_history(self) -> HistoryWindow:
+        """Conversation → History…: one window, brought to the front if already open."""
+        if self.history_window is None:
+            self.history_window = HistoryWindow(self.controller, self)
+        else:
+            self.history_window.refresh()
+        self.history_window.show()
+        self.history_window.raise_()
+        self.history_window.activateWindow()
+        return self.history_window
 
     def show_about(self) -> AboutDialog | None:
         ok, facts = self._attempt("collect the diagnostics", self.controller.diagnostics)
@@ -362,13 +475,14 @@ class MainWindow(QMainWindow):
         if paths:
             self.statusBar().showMessage(f"Exported {', '.join(p.name for p in paths)} to {paths[0].parent}", 10000)
 
-    def save_conversation(self) -> None:
+    def save_conversation(self) -> list[Path]:
         chosen = QFileDialog.getExistingDirectory(self, "Save Conversation Into", str(Path.home()))
         if not chosen:
-            return
+            return []
         _, paths = self._attempt("save the conversation", lambda: self.controller.save_conversation(Path(chosen)))
         if paths:
             self.statusBar().showMessage(f"Saved {len(paths)} files to {chosen}", 10000)
+        return paths or []
 
     def open_log_folder(self) -> None:
         _, folder = self._attempt("find the log folder", self.controller.log_dir)
@@ -417,12 +531,13 @@ class MainWindow(QMainWindow):
         self.conversation.volume.load(settings)
         self.menu_actions.mute.setChecked(settings.muted)
         try:
-            self.conversation.talk.configure(settings.talk_key, settings.talk_mode)
+            self.conversation.talk.configure(settings.talk_key, settings.talk_mode, hands_free=settings.hands_free)
         except ValueError as exc:
             self.banners.show_message(
                 f"The push-to-talk key cannot be used: {exc}. Space is used instead.", kind="warning"
             )
-            self.conversation.talk.configure("Space", settings.talk_mode)
+            self.conversation.talk.configure("Space", settings.talk_mode, hands_free=settings.hands_free)
+        self.tray.show_state(self.status, hands_free=settings.hands_free)
 
     def _update_settings(self, **changes: object) -> None:
         self._attempt(
@@ -430,12 +545,39 @@ class MainWindow(QMainWindow):
             lambda: self.controller.apply_settings(self.controller.settings.with_changes(**changes)),
         )
 
+    @property
+    def keeps_running_in_tray(self) -> bool:
+        """Whether closing the window hides it in the tray (chosen, and there is a tray)."""
+        return self.controller.settings.keep_in_tray and self.tray.available
+
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._quitting and self.keeps_running_in_tray:
+            event.ignore()
+            self._save_geometry()
+            self.hide()
+            if not self._told_about_tray:
+                self._told_about_tray = True
+                self.tray.notify(
+                    "Parley is still running",
+                    f"It waits in the {TRAY_NAME}: click its icon to open it, or choose Quit Parley there.",
+                )
+            return
+        if not self._quitting and not self._may_drop_conversation("quit"):
+            event.ignore()
+            return
+        self._quitting = True
+        self._save_geometry()
+        self.pump.stop()
+        self.tray.hide()
+        if self.history_window is not None:
+            self.history_window.close()
+        super().closeEvent(event)
+        self.closed.emit()
+
+    def _save_geometry(self) -> None:
         geometry = encode_geometry(self)
         if geometry != self.controller.settings.window_geometry:
             self._update_settings(window_geometry=geometry)
-        self.pump.stop()
-        super().closeEvent(event)
 
     # -- helpers ---------------------------------------------------------------------------------------------------
 
@@ -489,6 +631,9 @@ def run_gui(
         return 1
 
     window = MainWindow(controller)
+    # The app ends when the window really closes (Quit), not when its last window hides in the tray.
+    app.setQuitOnLastWindowClosed(False)
+    window.closed.connect(app.quit)
     hints = app.styleHints()
     hints.colorSchemeChanged.connect(
         lambda _scheme: apply_theme(app, "system") if controller.settings.theme == "system" else None

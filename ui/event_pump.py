@@ -24,9 +24,14 @@ from app.messages import (
     DownloadProgress,
     Failure,
     FrameStats,
+    GlobalTalk,
+    HistorySaved,
     Levels,
     ModelLoaded,
     Notice,
+    NumericsAdvice,
+    NumericsChanged,
+    ReplayProgress,
     SpeedCheck,
     StateChanged,
     TurnLatency,
@@ -59,6 +64,11 @@ class EventPump(QObject):
     user_transcript = Signal(UserTranscriptDelta)
     assistant_text = Signal(AssistantTextDelta)
     tool_call = Signal(ToolCall)
+    global_talk = Signal(GlobalTalk)
+    history_saved = Signal(HistorySaved)
+    numerics_changed = Signal(NumericsChanged)
+    numerics_advice = Signal(NumericsAdvice)
+    replay_progress = Signal(ReplayProgress)
 
     def __init__(
         self,
@@ -91,6 +101,11 @@ class EventPump(QObject):
             UserTranscriptDelta: self.user_transcript,
             AssistantTextDelta: self.assistant_text,
             ToolCall: self.tool_call,
+            GlobalTalk: self.global_talk,
+            HistorySaved: self.history_saved,
+            NumericsChanged: self.numerics_changed,
+            NumericsAdvice: self.numerics_advice,
+            ReplayProgress: self.replay_progress,
         }
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)

@@ -21,6 +21,7 @@ class WindowActions:
     open_log_folder: QAction
     quit: QAction
     new_conversation: QAction
+    history: QAction
     stop_speaking: QAction
     mute: QAction
     show_overlay: QAction
@@ -54,7 +55,10 @@ def build_menus(window: QMainWindow) -> WindowActions:
     conversation_menu = bar.addMenu("&Conversation")
     new_conversation = conversation_menu.addAction("&New Conversation")
     new_conversation.setShortcut(QKeySequence.StandardKey.New)
-    new_conversation.setStatusTip("Forget this conversation and start again")
+    new_conversation.setStatusTip("Start again (this conversation is kept in the history)")
+    history = conversation_menu.addAction("&History…")
+    history.setShortcut(QKeySequence("Ctrl+H"))
+    history.setStatusTip("Past conversations: read, replay, export")
     conversation_menu.addSeparator()
     stop_speaking = conversation_menu.addAction("&Stop Speaking")
     stop_speaking.setShortcut(QKeySequence(Qt.Key.Key_Escape))
@@ -94,6 +98,7 @@ def build_menus(window: QMainWindow) -> WindowActions:
         open_log_folder=open_log_folder,
         quit=quit_action,
         new_conversation=new_conversation,
+        history=history,
         stop_speaking=stop_speaking,
         mute=mute,
         show_overlay=show_overlay,

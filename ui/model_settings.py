@@ -5,7 +5,9 @@ that is *loaded* (from the app's state snapshot), not the one last configured: w
 demo loaded, none is checked and the page says so. Switching acts at once: it saves an
 edited folder for that variant first (if any), then calls ``controller.switch_variant``;
 the reload reports progress in the main window and the conversation restarts. A variant
-without a folder is not switched to; the page says what to do instead. Main thread only.
+without a folder is not switched to; the page says what to do instead. Below, the numerics
+(exact or fast) are a setting like the others: saved with the dialog, applied in place. Main
+thread only.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
+    QRadioButton,
     QVBoxLayout,
     QWidget,
 )
@@ -35,6 +38,12 @@ from .contracts import Controller
 from .theme import repolish
 
 log = logging.getLogger(__name__)
+
+
+NUMERICS_NOTE = (
+    "Fast uses fused GPU kernels: a little faster, outputs differ from the reference in the last digits; "
+    "exact is the reference, bit for bit. Switching needs no reload; a new conversation starts."
+)
 
 
 def muted_label(text: str, parent: QWidget) -> QLabel:
@@ -109,12 +118,31 @@ class ModelSettingsPage(QWidget):
         )
         box.addWidget(self.variant_status)
 
+        numerics = QGroupBox("Numerics", self)
+        self.exact_radio = QRadioButton("Exact", numerics)
+        self.exact_radio.setAccessibleName("Exact numerics")
+        self.fast_radio = QRadioButton("Fast", numerics)
+        self.fast_radio.setAccessibleName("Fast numerics")
+        choice = QHBoxLayout()
+        choice.addWidget(self.exact_radio)
+        choice.addWidget(self.fast_radio)
+        choice.addStretch(1)
+        numerics_box = QVBoxLayout(numerics)
+        numerics_box.addLayout(choice)
+        numerics_box.addWidget(muted_label(NUMERICS_NOTE, numerics))
+
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 12, 4, 4)
         layout.setSpacing(14)
         layout.addWidget(folders)
         layout.addWidget(active)
+        layout.addWidget(numerics)
         layout.addStretch(1)
+
+    @property
+    def numerics(self) -> str:
+        """The numerics chosen here: "exact" or "fast"."""
+        return "fast" if self.fast_radio.isChecked() else "exact"
 
     @property
     def variant(self) -> str | None:
@@ -123,6 +151,8 @@ class ModelSettingsPage(QWidget):
 
     def load(self, settings: Settings) -> None:
         self._variant = settings.active_variant
+        self.exact_radio.setChecked(settings.numerics == "exact")
+        self.fast_radio.setChecked(settings.numerics == "fast")
         for key, edit in self.folder_edits.items():
             folder = settings.checkpoint_for(key)
             edit.setText("" if folder is None else str(folder))

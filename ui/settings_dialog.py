@@ -1,11 +1,17 @@
-"""The settings dialog: model (``ui.model_settings``), devices, conversation, appearance.
+"""The settings dialog: model (``ui.model_settings``), audio, conversation, history, appearance.
 
 The form edits a copy of the settings; *Save* validates it, hands it to
 ``controller.apply_settings`` and closes, *Cancel* discards it. Problems are shown in the
 dialog, which stays open, so nothing typed is lost. The model switch acts at once: it
 calls ``controller.switch_variant`` (the reload reports progress through the window's
 state line and the conversation restarts); which model is loaded comes from the window's
-latest state snapshot (:meth:`SettingsDialog.show_status`). Main thread only.
+latest state snapshot (:meth:`SettingsDialog.show_status`).
+
+What this computer can do decides what is offered: hands-free only where echo cancellation
+loads (``controller.hands_free_unavailable()``), the talk key in other apps with the
+platform's limits in words (``controller.global_key_support()``: unavailable under Wayland,
+permissions on macOS), keeping Parley in the tray only where the desktop has one. Main
+thread only.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from PySide6.QtGui import QKeySequence
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QDesktopServices, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -25,6 +32,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QKeySequenceEdit,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QRadioButton,
@@ -33,9 +41,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.hotkey import EXAMPLES, KeySpecError, format_key_spec, parse_key_spec
 from app.messages import StateChanged
 from app.settings import (
     DEFAULT_SYSTEM_PROMPT,
+    HISTORY_LIMIT_MAX_GB,
+    HISTORY_LIMIT_MIN_GB,
     IDLE_PAUSE_MAX_S,
     IDLE_PAUSE_MIN_S,
     Settings,
@@ -45,10 +56,17 @@ from engine.timeline import FRAME_MS
 from .contracts import Controller
 from .model_settings import ModelSettingsPage, muted_label
 from .talk_button import parse_talk_key
+from .theme import repolish
+from .tray import TRAY_NAME, tray_available
 
 log = logging.getLogger(__name__)
 
 THEME_CHOICES: Final = (("system", "Same as the system"), ("light", "Light"), ("dark", "Dark"))
+HANDS_FREE_NOTE: Final = (
+    "The talk key opens and closes the microphone, and echo cancellation keeps the assistant from hearing "
+    "itself. With headphones it works at any volume; on speakers keep the volume moderate, because the louder "
+    "the assistant is at the microphone, the more of your voice is lost while it talks."
+)
 
 
 class SettingsDialog(QDialog):
@@ -62,13 +80,14 @@ class SettingsDialog(QDialog):
         self._base = controller.settings
         self._devices_loaded = False
         self.setWindowTitle("Parley Settings")
-        self.setMinimumSize(560, 520)
+        self.setMinimumSize(600, 600)
 
         self.tabs = QTabWidget(self)
         self.model_page = ModelSettingsPage(controller, self.show_error, self)
         self.tabs.addTab(self.model_page, "Model")
         self.tabs.addTab(self._build_audio_tab(), "Audio")
         self.tabs.addTab(self._build_conversation_tab(), "Conversation")
+        self.tabs.addTab(self._build_history_tab(), "History")
         self.tabs.addTab(self._build_appearance_tab(), "Appearance")
         self.tabs.currentChanged.connect(self._tab_changed)
 
@@ -125,15 +144,27 @@ class SettingsDialog(QDialog):
         refresh_row.addWidget(self.refresh_button)
         form.addRow(refresh_row)
 
+        hands_free = QGroupBox("Hands-free", page)
+        self.hands_free_check = QCheckBox("Hands-free: keep the microphone open, so I can talk over the assistant")
+        self.hands_free_check.setParent(hands_free)
+        self.hands_free_note = muted_label(HANDS_FREE_NOTE, hands_free)
+        box = QVBoxLayout(hands_free)
+        box.addWidget(self.hands_free_check)
+        box.addWidget(self.hands_free_note)
+        unavailable = self._controller.hands_free_unavailable()
+        if unavailable is not None:  # not offered: say why instead
+            self.hands_free_check.setEnabled(False)
+            self.hands_free_note.setText(unavailable)
+
         playback = QGroupBox("Playback", page)
-        self.ducking_check = QCheckBox("Lower the assistant's voice while I hold the talk key", playback)
+        self.ducking_check = QCheckBox("Lower the assistant's voice while I talk", playback)
         self.ducking_check.setAccessibleDescription("Reduces echo from the speakers into the microphone")
         box = QVBoxLayout(playback)
         box.addWidget(self.ducking_check)
         box.addWidget(
             muted_label(
-                "Helps when you use speakers instead of headphones: less of the assistant's voice "
-                "reaches the microphone.",
+                "Helps on speakers: less of the assistant's voice reaches the microphone while you hold the talk "
+                "key, or in hands-free while you speak.",
                 playback,
             )
         )
@@ -142,6 +173,7 @@ class SettingsDialog(QDialog):
         layout.setContentsMargins(4, 12, 4, 4)
         layout.setSpacing(14)
         layout.addWidget(devices)
+        layout.addWidget(hands_free)
         layout.addWidget(playback)
         layout.addStretch(1)
         return page
@@ -181,11 +213,36 @@ class SettingsDialog(QDialog):
         idle_row.addWidget(self.idle_check)
         idle_row.addWidget(self.idle_spin)
         idle_row.addStretch(1)
+        self.global_check = QCheckBox("Also while other apps are in front:", talk_box)
+        self.global_edit = QLineEdit(talk_box)
+        self.global_edit.setAccessibleName("Talk key in other apps")
+        self.global_edit.setPlaceholderText(EXAMPLES.removeprefix("For example: "))
+        self.global_edit.setMaximumWidth(200)
+        self.global_edit.textChanged.connect(self._global_key_edited)
+        self.global_check.toggled.connect(self._global_key_edited)
+        global_row = QHBoxLayout()
+        global_row.addWidget(self.global_check)
+        global_row.addWidget(self.global_edit)
+        global_row.addStretch(1)
+        self.global_status = muted_label("", talk_box)
+        self.global_status.setAccessibleName("Talk key in other apps: status")
+        self.permissions_button = QPushButton("Open System Settings", talk_box)
+        self.permissions_button.setProperty("kind", "link")
+        self.permissions_button.clicked.connect(self._open_permission_settings)
+        self._support = self._controller.global_key_support()
+        self.permissions_button.setVisible(bool(self._support.settings_urls))
+        if self._support.session in ("wayland", "none"):  # cannot work in this session at all: not offered
+            self.global_check.setEnabled(False)
+            self.global_edit.setEnabled(False)
         form = QFormLayout(talk_box)
         form.setSpacing(10)
         form.addRow("Key:", self.key_edit)
         form.addRow("Mode:", self.hold_radio)
         form.addRow("", self.toggle_radio)
+        form.addRow(muted_label("In hands-free (Audio) the key opens and closes the microphone instead.", talk_box))
+        form.addRow(global_row)
+        form.addRow(self.global_status)
+        form.addRow(self.permissions_button)
         form.addRow(idle_row)
         form.addRow(
             muted_label("While paused the conversation keeps its memory; pressing the talk key resumes it.", talk_box)
@@ -196,6 +253,44 @@ class SettingsDialog(QDialog):
         layout.setSpacing(14)
         layout.addWidget(prompt_box, 1)
         layout.addWidget(talk_box)
+        return page
+
+    def _build_history_tab(self) -> QWidget:
+        from app.history import default_history_dir
+
+        page = QWidget(self)
+        box = QGroupBox("Conversation history", page)
+        self.history_check = QCheckBox(
+            "Keep every conversation: its transcript, both sides' audio and its profile", box
+        )
+        self.history_limit = QDoubleSpinBox(box)
+        self.history_limit.setRange(HISTORY_LIMIT_MIN_GB, HISTORY_LIMIT_MAX_GB)
+        self.history_limit.setDecimals(1)
+        self.history_limit.setSingleStep(0.5)
+        self.history_limit.setSuffix(" GB")
+        self.history_limit.setAccessibleName("History size limit in gigabytes")
+        self.history_check.toggled.connect(self.history_limit.setEnabled)
+        limit_row = QHBoxLayout()
+        limit_row.addWidget(QLabel("Keep at most", box))
+        limit_row.addWidget(self.history_limit)
+        limit_row.addStretch(1)
+        form = QFormLayout(box)
+        form.setSpacing(10)
+        form.addRow(self.history_check)
+        form.addRow(muted_label(f"Kept in {default_history_dir()}, one folder per conversation.", box))
+        form.addRow(limit_row)
+        form.addRow(
+            muted_label(
+                "Beyond the limit the oldest conversations are removed first (a ten-minute conversation is about "
+                "46 MB). With keeping off, New Conversation and Quit ask before dropping a conversation you have "
+                "not saved.",
+                box,
+            )
+        )
+        layout = QVBoxLayout(page)
+        layout.setContentsMargins(4, 12, 4, 4)
+        layout.addWidget(box)
+        layout.addStretch(1)
         return page
 
     def _build_appearance_tab(self) -> QWidget:
@@ -211,9 +306,24 @@ class SettingsDialog(QDialog):
         form.addRow("Theme:", self.theme_combo)
         form.addRow(self.overlay_check)
         form.addRow(muted_label(f"The overlay shows how long each {FRAME_MS:.0f} ms frame took, phase by phase.", box))
+
+        tray = QGroupBox(TRAY_NAME.capitalize(), page)
+        self.tray_check = QCheckBox(f"Keep Parley running in the {TRAY_NAME} when its window is closed", tray)
+        tray_box = QVBoxLayout(tray)
+        tray_box.addWidget(self.tray_check)
+        if tray_available():
+            note = "Its icon there shows whether Parley listens or speaks, and offers talk, mute, open and quit."
+        else:
+            self.tray_check.setEnabled(False)
+            note = f"This desktop shows no {TRAY_NAME} icons, so closing the window quits Parley."
+        self.tray_note = muted_label(note, tray)
+        tray_box.addWidget(self.tray_note)
+
         layout = QVBoxLayout(page)
         layout.setContentsMargins(4, 12, 4, 4)
+        layout.setSpacing(14)
         layout.addWidget(box)
+        layout.addWidget(tray)
         layout.addStretch(1)
         return page
 
@@ -226,6 +336,7 @@ class SettingsDialog(QDialog):
         self._fill_devices(self.input_combo, [], settings.input_device)
         self._fill_devices(self.output_combo, [], settings.output_device)
         self.ducking_check.setChecked(settings.ducking)
+        self.hands_free_check.setChecked(settings.hands_free)
         self.prompt_edit.setPlainText(settings.system_prompt)
         try:
             self.key_edit.setKeySequence(parse_talk_key(settings.talk_key))
@@ -238,6 +349,13 @@ class SettingsDialog(QDialog):
         self.idle_spin.setEnabled(settings.idle_pause)
         self.theme_combo.setCurrentIndex(max(0, self.theme_combo.findData(settings.theme)))
         self.overlay_check.setChecked(settings.overlay)
+        self.global_check.setChecked(settings.global_talk_key_enabled)
+        self.global_edit.setText(settings.global_talk_key)
+        self._global_key_edited()
+        self.history_check.setChecked(settings.history)
+        self.history_limit.setValue(settings.history_limit_gb)
+        self.history_limit.setEnabled(settings.history)
+        self.tray_check.setChecked(settings.keep_in_tray)
 
     def settings(self) -> Settings:
         """The settings the form describes; raises ``ValueError`` with a message for the user."""
@@ -245,6 +363,12 @@ class SettingsDialog(QDialog):
         key = self.key_edit.keySequence().toString(QKeySequence.SequenceFormat.PortableText)
         if not key:
             raise ValueError("Choose a push-to-talk key (click the Key field, then press the key).")
+        global_key = self.global_edit.text().strip() or self._base.global_talk_key
+        if self.global_check.isChecked():
+            try:
+                global_key = format_key_spec(parse_key_spec(global_key))
+            except KeySpecError as exc:
+                raise ValueError(f"The talk key for other apps: {exc}") from exc
         return self._base.with_changes(
             checkpoints=folders,
             active_variant=self.model_page.variant,
@@ -258,6 +382,13 @@ class SettingsDialog(QDialog):
             ducking=self.ducking_check.isChecked(),
             overlay=self.overlay_check.isChecked(),
             theme=self.theme_combo.currentData(),
+            hands_free=self.hands_free_check.isChecked(),
+            global_talk_key_enabled=self.global_check.isChecked(),
+            global_talk_key=global_key,
+            history=self.history_check.isChecked(),
+            history_limit_gb=round(float(self.history_limit.value()), 1),
+            keep_in_tray=self.tray_check.isChecked(),
+            numerics=self.model_page.numerics,
         )
 
     def accept(self) -> None:
@@ -276,6 +407,23 @@ class SettingsDialog(QDialog):
             self.show_error(f"The settings could not be saved: {exc}")
             return
         super().accept()
+
+    def _global_key_edited(self, *_: object) -> None:
+        """Say at once whether the typed key can be used, and where a global key works at all."""
+        text = self.global_edit.text().strip()
+        problem = ""
+        if self.global_check.isChecked() and text:
+            try:
+                parse_key_spec(text)
+            except KeySpecError as exc:
+                problem = str(exc)
+        self.global_edit.setProperty("invalid", bool(problem))
+        repolish(self.global_edit)
+        self.global_status.setText(problem or self._support.message)
+
+    def _open_permission_settings(self) -> None:
+        for url in self._support.settings_urls:
+            QDesktopServices.openUrl(QUrl(url))
 
     def show_error(self, message: str) -> None:
         self.error.setText(message)

@@ -7,6 +7,10 @@ keys — while the talk control is on screen, and never in dialogs or menus. Aut
 presses and releases are swallowed. If the window loses focus while the key is held
 (the release would never arrive), talking stops. ``controller.set_talking`` is called
 only when the state really changes. Main thread only.
+
+Hands-free: the key and the button open and close the microphone (toggle mode, whatever the
+talk mode says). The talk key in other apps (``handle_global``) and the tray's Talk item
+(``request_talking``) reach the same state.
 """
 
 from __future__ import annotations
@@ -207,6 +211,7 @@ class TalkControl(QWidget):
         self._key_down = False
         self._available = False
         self._mode = "hold"
+        self._hands_free = False
         self._key_text = "Space"
         self._key = parse_talk_key("Space")
         self.reveal: Callable[[], bool] | None = None
@@ -237,19 +242,36 @@ class TalkControl(QWidget):
 
     @property
     def mode(self) -> str:
-        return self._mode
+        """The mode in effect: "toggle" in hands-free, else the configured one."""
+        return "toggle" if self._hands_free else self._mode
 
-    def configure(self, key: str, mode: str) -> None:
-        """Use ``key`` (settings text, e.g. "Space") in ``mode`` ("hold" or "toggle")."""
+    @property
+    def hands_free(self) -> bool:
+        return self._hands_free
+
+    def configure(self, key: str, mode: str, *, hands_free: bool = False) -> None:
+        """Use ``key`` (settings text, e.g. "Space") in ``mode`` ("hold" or "toggle"), or hands-free."""
         if mode not in ("hold", "toggle"):
             raise ValueError(f"talk mode must be hold or toggle; got {mode!r}")
         self._key = parse_talk_key(key)
         self._key_text = key
-        if mode != self._mode:
+        if (mode, hands_free) != (self._mode, self._hands_free):
             self._set_talking(False)
         self._mode = mode
+        self._hands_free = hands_free
         self._key_down = False
         self._update_hint()
+
+    def handle_global(self, start: bool) -> None:
+        """The talk key in another app: down (``start``) or up; in toggle mode every event is a press."""
+        if self.mode == "hold":
+            self._set_talking(start)
+        else:
+            self._set_talking(not self._talking)
+
+    def request_talking(self, talking: bool) -> None:
+        """Talk (or stop) from elsewhere (the tray's Talk item): as if the button were toggled."""
+        self._set_talking(talking)
 
     def set_available(self, available: bool, reason: str = "Load a model to talk") -> None:
         """Whether talking is possible now; stops talking when it is not. ``reason`` is the hint then."""
@@ -272,19 +294,19 @@ class TalkControl(QWidget):
     # -- input -----------------------------------------------------------------------------------------------------
 
     def _button_pressed(self) -> None:
-        if self._mode == "hold":
+        if self.mode == "hold":
             self._set_talking(True)
         else:
             self._set_talking(not self._talking)
 
     def _button_released(self) -> None:
-        if self._mode == "hold" and not self._key_down:
+        if self.mode == "hold" and not self._key_down:
             self._set_talking(False)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         kind = event.type()
         if kind == QEvent.Type.WindowDeactivate:
-            if watched is self.window() and self._mode == "hold" and self._key_down:
+            if watched is self.window() and self.mode == "hold" and self._key_down:
                 self._key_down = False
                 self._set_talking(False)
             return False
@@ -329,7 +351,7 @@ class TalkControl(QWidget):
         if not self._available:
             return
         self._key_down = True
-        if self._mode == "hold":
+        if self.mode == "hold":
             self._set_talking(True)
         else:
             self._set_talking(not self._talking)
@@ -337,7 +359,7 @@ class TalkControl(QWidget):
     def _key_released(self) -> None:
         was_down = self._key_down
         self._key_down = False
-        if was_down and self._mode == "hold" and not self.button.isDown():
+        if was_down and self.mode == "hold" and not self.button.isDown():
             self._set_talking(False)
 
     # -- state -----------------------------------------------------------------------------------------------------
@@ -360,6 +382,12 @@ class TalkControl(QWidget):
         key = key_display_name(self._key_text)
         if not self._available:
             hint = self._unavailable_reason
+        elif self._hands_free:
+            hint = (
+                f"Microphone open: talk any time · {key} closes it"
+                if self._talking
+                else f"Press {key} or the button to open the microphone"
+            )
         elif self._mode == "hold":
             hint = "Release to stop" if self._talking else f"Hold {key} or the button to talk"
         else:
