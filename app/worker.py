@@ -180,10 +180,9 @@ def numerics_advice(exact_rtf: float, fast_rtf: float) -> str | None:
     if exact_rtf <= 1.0 or fast_rtf >= 1.0 or fast_rtf >= exact_rtf:
         return None
     return (
-        f"Exact numerics do not keep up on this machine: a {FRAME_MS:.0f} ms frame takes "
-        f"{exact_rtf * FRAME_MS:.0f} ms. "
-        f"Fast numerics would ({fast_rtf * FRAME_MS:.0f} ms): they use fused GPU kernels, and their outputs differ "
-        "from the reference in the last digits."
+        f"Exact numerics do not keep up on this machine: each {FRAME_MS:.0f} ms frame takes "
+        f"{exact_rtf * FRAME_MS:.0f} ms. Fast numerics would ({fast_rtf * FRAME_MS:.0f} ms): they use fused GPU "
+        "kernels, and their outputs differ from the reference in the last digits."
     )
 
 

@@ -39,12 +39,14 @@ from app.messages import ReplayProgress
 
 from .contracts import Controller
 from .model_settings import muted_label
+from .theme import colors
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ENTRY_ROLE: Final = Qt.ItemDataRole.UserRole
 DAMAGED_ROLE: Final = Qt.ItemDataRole.UserRole + 1
+FIRST_WORDS_SHOWN: Final = 44
 
 
 def format_duration(seconds: float) -> str:
@@ -61,10 +63,15 @@ def format_size(size: int) -> str:
 
 
 def entry_label(entry: HistoryEntry) -> str:
-    """``"Mon 30 Nov, 23:15 · 2:41 · “What is the capital…”"``, in local time."""
+    """Two lines: ``"Mon 30 Nov 2026, 23:15 · 2:41 · 8.5 MB"`` (local time), then the first words."""
     started = entry.started.astimezone().strftime("%a %d %b %Y, %H:%M")
-    words = f"“{entry.first_words}”" if entry.first_words else "(no words)"
-    return f"{started} · {format_duration(entry.duration_s)} · {words}"
+    words = (
+        entry.first_words
+        if len(entry.first_words) <= FIRST_WORDS_SHOWN
+        else entry.first_words[:FIRST_WORDS_SHOWN] + "…"
+    )
+    first = f"“{words}”" if words else "(no words, audio only)"
+    return f"{started} · {format_duration(entry.duration_s)} · {format_size(entry.size_bytes)}\n{first}"
 
 
 class HistoryWindow(QDialog):
@@ -87,8 +94,11 @@ class HistoryWindow(QDialog):
         self.damage.hide()
 
         self.list = QListWidget(self)
+        self.list.setObjectName("HistoryList")
         self.list.setAccessibleName("Past conversations")
-        self.list.setMinimumWidth(300)
+        self.list.setMinimumWidth(320)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.currentItemChanged.connect(lambda _new, _old: self._selected())
         self.transcript = QPlainTextEdit(self)
         self.transcript.setReadOnly(True)
@@ -181,7 +191,8 @@ class HistoryWindow(QDialog):
         self._selected()
 
     def _damaged_item(self, damaged: DamagedEntry) -> QListWidgetItem:
-        item = QListWidgetItem(f"⚠ Damaged: {damaged.id}")
+        item = QListWidgetItem(f"⚠ Damaged, cannot be read\n{damaged.id}")
+        item.setForeground(colors().qcolor("warning"))
         item.setData(ENTRY_ROLE, damaged.id)
         item.setData(DAMAGED_ROLE, True)
         item.setToolTip(damaged.reason)

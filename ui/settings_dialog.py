@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -80,7 +80,7 @@ class SettingsDialog(QDialog):
         self._base = controller.settings
         self._devices_loaded = False
         self.setWindowTitle("Parley Settings")
-        self.setMinimumSize(600, 600)
+        self.setMinimumSize(640, 720)
 
         self.tabs = QTabWidget(self)
         self.model_page = ModelSettingsPage(controller, self.show_error, self)
@@ -184,7 +184,7 @@ class SettingsDialog(QDialog):
         self.prompt_edit = QPlainTextEdit(prompt_box)
         self.prompt_edit.setAccessibleName("System prompt")
         self.prompt_edit.setTabChangesFocus(True)
-        self.prompt_edit.setMinimumHeight(90)
+        self.prompt_edit.setMinimumHeight(70)
         restore = QPushButton("Restore default", prompt_box)
         restore.setProperty("kind", "link")
         restore.clicked.connect(lambda: self.prompt_edit.setPlainText(DEFAULT_SYSTEM_PROMPT))
@@ -213,20 +213,20 @@ class SettingsDialog(QDialog):
         idle_row.addWidget(self.idle_check)
         idle_row.addWidget(self.idle_spin)
         idle_row.addStretch(1)
-        self.global_check = QCheckBox("Also while other apps are in front:", talk_box)
-        self.global_edit = QLineEdit(talk_box)
+        global_box = QGroupBox("Talk key in other apps", page)
+        self.global_check = QCheckBox("Also listen for this key while other apps are in front:", global_box)
+        self.global_edit = QLineEdit(global_box)
         self.global_edit.setAccessibleName("Talk key in other apps")
         self.global_edit.setPlaceholderText(EXAMPLES.removeprefix("For example: "))
-        self.global_edit.setMaximumWidth(200)
+        self.global_edit.setMinimumWidth(160)
         self.global_edit.textChanged.connect(self._global_key_edited)
         self.global_check.toggled.connect(self._global_key_edited)
         global_row = QHBoxLayout()
         global_row.addWidget(self.global_check)
-        global_row.addWidget(self.global_edit)
-        global_row.addStretch(1)
-        self.global_status = muted_label("", talk_box)
+        global_row.addWidget(self.global_edit, 1)
+        self.global_status = muted_label("", global_box)
         self.global_status.setAccessibleName("Talk key in other apps: status")
-        self.permissions_button = QPushButton("Open System Settings", talk_box)
+        self.permissions_button = QPushButton("Open System Settings", global_box)
         self.permissions_button.setProperty("kind", "link")
         self.permissions_button.clicked.connect(self._open_permission_settings)
         self._support = self._controller.global_key_support()
@@ -240,19 +240,22 @@ class SettingsDialog(QDialog):
         form.addRow("Mode:", self.hold_radio)
         form.addRow("", self.toggle_radio)
         form.addRow(muted_label("In hands-free (Audio) the key opens and closes the microphone instead.", talk_box))
-        form.addRow(global_row)
-        form.addRow(self.global_status)
-        form.addRow(self.permissions_button)
         form.addRow(idle_row)
         form.addRow(
             muted_label("While paused the conversation keeps its memory; pressing the talk key resumes it.", talk_box)
         )
+
+        global_layout = QVBoxLayout(global_box)
+        global_layout.addLayout(global_row)
+        global_layout.addWidget(self.global_status)
+        global_layout.addWidget(self.permissions_button, 0, Qt.AlignmentFlag.AlignLeft)
 
         layout = QVBoxLayout(page)
         layout.setContentsMargins(4, 12, 4, 4)
         layout.setSpacing(14)
         layout.addWidget(prompt_box, 1)
         layout.addWidget(talk_box)
+        layout.addWidget(global_box)
         return page
 
     def _build_history_tab(self) -> QWidget:
