@@ -1,0 +1,385 @@
+"""Hands-free: the echo canceller at AudioIO's device edge, and the whole app through PulseAudio.
+
+Unit tests drive AudioIO's own callbacks block by block (as tests/test_audio_safety.py does), with an
+``EchoCanceller`` whose AEC3 is replaced by a recorder, to check the wiring: the reference is exactly
+what the speaker plays (after volume, ducking and the limiter) with its DAC time; each engine frame is
+cleaned with its ADC time; a closed microphone stays true silence; ducking and Stop follow the user's
+voice in the cleaned microphone, not a key; the canceller is reset when the streams reopen.
+
+End to end (marked ``audio``): the real controller, engine worker (tiny random checkpoint) and AudioIO
+on the PulseAudio virtual devices, with the virtual speaker looped back into the virtual microphone
+(module-loopback, 60 ms, attenuated), as a laptop's speakers reach its microphone.
+
+- The assistant's own output (the random weights' noise, limited at -6 dBFS) reaches the microphone at
+  about -29 dBFS; with hands-free on, from 3 s on no 100 ms of what the engine hears is louder than
+  -60 dBFS (a quiet room's noise floor; measured about -88 dBFS, the virtual microphone has no noise of
+  its own), so the model hears a silent room, not itself.
+- The user talking over the assistant (double talk): the assistant is replaced by real speech (espeak;
+  random weights make noise, and AEC3's residual suppressor treats speech differently), its echo about
+  10 dB below the user's voice, ducking on (the default). The question reaches the engine with a level
+  loss under 3 dB (measured 1.8-2.1 dB) and a correlation of at least 0.75 (measured 0.83-0.85) with
+  what was said.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from app.audio_io import OUTPUT_CEILING, USER_VOICE_RMS, AudioDevice, AudioIO, _Endpoint
+from app.echo import BLOCK_SAMPLES, EchoCanceller
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+
+BLOCK = 512
+OK = SimpleNamespace(output_underflow=False, input_overflow=False)
+
+
+class Recorder:
+    """An AEC3 stand-in: records what it is given and returns ``near * gain``."""
+
+    def __init__(self, gain: float = 0.1) -> None:
+        self.gain = gain
+        self.near: list[np.ndarray] = []
+        self.far: list[np.ndarray] = []
+        self.resets = 0
+
+    def process(self, near: np.ndarray, far: np.ndarray) -> np.ndarray:
+        self.near.append(near.copy())
+        self.far.append(far.copy())
+        return (near * self.gain).astype(np.float32)
+
+    def reset(self) -> None:
+        self.resets += 1
+
+
+class Watched(EchoCanceller):
+    """The real alignment, recording each call's times."""
+
+    def __init__(self, backend: Recorder) -> None:
+        super().__init__(backend=backend)
+        self.fed: list[tuple[np.ndarray, int | None, float | None]] = []
+        self.cleaned: list[float | None] = []
+
+    def feed_playback(self, samples: np.ndarray, *, rate: int | None = None, dac_time: float | None = None) -> None:
+        self.fed.append((np.array(samples), rate, dac_time))
+        super().feed_playback(samples, rate=rate, dac_time=dac_time)
+
+    def clean_capture(self, samples: np.ndarray, *, adc_time: float | None = None) -> np.ndarray:
+        self.cleaned.append(adc_time)
+        return super().clean_capture(samples, adc_time=adc_time)
+
+
+def speaker(io: AudioIO) -> tuple[_Endpoint, object]:
+    device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
+    endpoint = _Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    return endpoint, io._output_callback(endpoint)
+
+
+def microphone(io: AudioIO) -> tuple[_Endpoint, object]:
+    device = AudioDevice("test mic", 0, "test", 1, float(INPUT_SAMPLE_RATE), True)
+    endpoint = _Endpoint("input", device, INPUT_SAMPLE_RATE, io._in_ring)
+    return endpoint, io._input_callback(endpoint)
+
+
+def output_block(callback: object, *, ahead_s: float = 0.05) -> np.ndarray:
+    now = 1000.0
+    times = SimpleNamespace(currentTime=now, outputBufferDacTime=now + ahead_s)
+    outdata = np.zeros((BLOCK, 1), dtype=np.float32)
+    callback(outdata, BLOCK, times, OK)  # type: ignore[operator]
+    return outdata[:, 0].copy()
+
+
+def input_block(callback: object, samples: np.ndarray, *, behind_s: float = 0.03) -> None:
+    now = 500.0
+    times = SimpleNamespace(currentTime=now, inputBufferAdcTime=now - behind_s)
+    callback(samples.reshape(-1, 1).astype(np.float32), len(samples), times, OK)  # type: ignore[operator]
+
+
+def noise(seconds: float, amplitude: float, rate: int = OUTPUT_SAMPLE_RATE, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (amplitude * rng.uniform(-1.0, 1.0, round(seconds * rate))).astype(np.float32)
+
+
+def hands_free_io(backend: Recorder, **kwargs: object) -> tuple[AudioIO, Watched]:
+    io = AudioIO(capture=True, prefill_frames=0, **kwargs)  # type: ignore[arg-type]
+    canceller = Watched(backend)
+    io.set_echo_canceller(canceller)
+    return io, canceller
+
+
+def test_the_reference_is_exactly_what_the_speaker_plays_and_when() -> None:
+    io, canceller = hands_free_io(Recorder(), volume=0.5)
+    _, callback = speaker(io)
+    io.play(noise(0.3, 1.0))  # full scale: the limiter acts on it, after the volume
+    before = time.monotonic()
+    played = [output_block(callback) for _ in range(8)]
+    after = time.monotonic()
+    assert len(canceller.fed) == 8
+    for out, (fed, rate, dac_time) in zip(played, canceller.fed, strict=True):
+        np.testing.assert_array_equal(fed, out)  # after volume and limiter, sample for sample
+        assert rate == OUTPUT_SAMPLE_RATE
+        assert dac_time is not None and before + 0.05 <= dac_time <= after + 0.05  # on time.monotonic()
+    assert np.abs(np.concatenate(played)).max() <= OUTPUT_CEILING + 1e-6
+
+
+def test_push_to_talk_feeds_no_canceller_and_a_closed_capture_feeds_none() -> None:
+    io, canceller = hands_free_io(Recorder())
+    _, callback = speaker(io)
+    io.stop_capture()  # no conversation reads the microphone: nothing to pair the reference with
+    output_block(callback)
+    assert canceller.fed == []
+    io.start_capture()
+    output_block(callback)
+    assert len(canceller.fed) == 1
+    io.set_echo_canceller(None)  # push to talk
+    output_block(callback)
+    assert len(canceller.fed) == 1 and not io.hands_free
+
+
+def test_each_frame_is_cleaned_with_its_capture_time() -> None:
+    backend = Recorder(gain=0.1)
+    io, canceller = hands_free_io(backend)
+    _, callback = microphone(io)
+    io.talking = True  # the microphone is open
+    speech = noise(0.4, 0.3, INPUT_SAMPLE_RATE)
+    before = time.monotonic()
+    for start in range(0, len(speech), 256):  # PortAudio's blocks, not the engine's frames
+        input_block(callback, speech[start : start + 256])
+    after = time.monotonic()
+    frames = [io.read_frame() for _ in range(len(speech) // INPUT_FRAME_SAMPLES)]
+    assert all(frame is not None for frame in frames)
+    heard = np.concatenate(frames)  # type: ignore[arg-type]
+    np.testing.assert_allclose(heard, speech[: len(heard)] * 0.1, atol=1e-6)  # what the canceller returned
+    assert sum(len(block) for block in backend.near) == len(heard) and len(backend.near[0]) == BLOCK_SAMPLES
+    times = canceller.cleaned
+    assert all(t is not None for t in times)
+    # Counted back from the newest block's ADC time (30 ms before its callback) by sample count: the blocks
+    # here arrive all at once, so the first sample was captured 0.384 s of audio before the newest block.
+    back = (len(speech) - 256) / INPUT_SAMPLE_RATE + 0.03
+    first = times[0]
+    assert first is not None and before - back <= first <= after - back
+    steps = np.diff(np.array(times, dtype=float))
+    np.testing.assert_allclose(steps, INPUT_FRAME_SAMPLES / INPUT_SAMPLE_RATE, atol=2e-3)  # 80 ms apart
+
+
+def test_a_closed_microphone_gives_the_engine_true_silence() -> None:
+    backend = Recorder(gain=0.0)
+    backend.process = lambda near, far: np.full_like(near, 1e-3)  # type: ignore[method-assign]  # comfort noise
+    io, canceller = hands_free_io(backend)
+    _, callback = microphone(io)
+    io.talking = False  # hands-free, microphone closed: the ring gets zeros
+    for _ in range(4):
+        input_block(callback, noise(0.08, 0.3, INPUT_SAMPLE_RATE))
+    frame = io.read_frame()
+    assert frame is not None and not frame.any(), "not the canceller's comfort noise"
+    assert len(canceller.cleaned) == 1, "still run through the canceller, so its timeline stays continuous"
+
+
+def test_hands_free_ducks_and_resumes_on_the_users_voice_not_the_key() -> None:
+    backend = Recorder(gain=1.0)
+    io, _ = hands_free_io(backend, duck_while_talking=True, duck_gain=0.2)
+    _, out = speaker(io)
+    _, mic = microphone(io)
+    io.talking = True  # the microphone is open all the time in hands-free
+    tone = (0.2 * np.sin(2 * np.pi * 300 * np.arange(OUTPUT_SAMPLE_RATE) / OUTPUT_SAMPLE_RATE)).astype(np.float32)
+    io.play(tone)
+    output_block(out)
+    steady = output_block(out)
+    assert np.abs(steady).max() == pytest.approx(0.2, rel=0.02), "an open microphone alone does not duck"
+
+    quiet = np.full(INPUT_FRAME_SAMPLES, USER_VOICE_RMS / 3, dtype=np.float32)  # a residual, not a voice
+    input_block(mic, quiet)
+    io.read_frame()
+    assert not io.user_speaking
+    assert np.abs(output_block(out)).max() == pytest.approx(0.2, rel=0.02)
+
+    io.hush()  # Stop: the assistant's audio is dropped…
+    assert io.hushed
+    input_block(mic, noise(0.08, 0.3, INPUT_SAMPLE_RATE))  # …until the user speaks
+    io.read_frame()
+    assert io.user_speaking and not io.hushed
+    io.play(tone)
+    output_block(out)  # the gain ramps down
+    assert np.abs(output_block(out)).max() == pytest.approx(0.2 * 0.2, rel=0.05), "ducked while the user speaks"
+
+
+def test_the_canceller_forgets_the_room_when_set_and_when_the_streams_reopen(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = Recorder()
+    io, _ = hands_free_io(backend)
+    assert backend.resets == 1
+    monkeypatch.setattr(io, "_open_both", lambda: [])
+    io._open_streams()  # a device change or a recovery reopens both streams
+    assert backend.resets == 2
+
+
+def test_a_replay_is_mixed_into_the_speaker_at_the_volume_and_is_not_the_assistant() -> None:
+    io = AudioIO(prefill_frames=0, volume=0.5)
+    _, callback = speaker(io)
+    tone = (0.4 * np.sin(2 * np.pi * 440 * np.arange(OUTPUT_SAMPLE_RATE) / OUTPUT_SAMPLE_RATE)).astype(np.float32)
+    duration = io.start_replay(tone, OUTPUT_SAMPLE_RATE)
+    assert duration == pytest.approx(1.0)
+    deadline = time.monotonic() + 5
+    while (io._replay_ring is None or io._replay_ring.available < BLOCK * 4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    out = np.concatenate([output_block(callback) for _ in range(6)])
+    np.testing.assert_allclose(out[BLOCK:], tone[BLOCK : len(out)] * 0.5, atol=1e-5)
+    assert io.last_audible == 0.0, "a replay is not the assistant speaking"
+    position = io.replay_position
+    assert position is not None and position[1] == pytest.approx(1.0)
+    io.stop_replay()
+    assert io.replay_position is None and np.abs(output_block(callback)).max() == 0.0
+
+
+# --------------------------------------------------------------------------- end to end through PulseAudio
+
+
+def _level_db(samples: np.ndarray) -> float:
+    return float(20 * np.log10(np.sqrt(np.mean(np.square(samples, dtype=np.float64))) + 1e-12))
+
+
+def _loudest_window_db(samples: np.ndarray, window: int = 1600) -> float:
+    count = len(samples) // window
+    blocks = samples[: count * window].reshape(count, window).astype(np.float64)
+    return float(20 * np.log10(np.sqrt(np.mean(blocks**2, axis=1)).max() + 1e-12))
+
+
+class _Tap(EchoCanceller):
+    """The real canceller, keeping each frame before and after cleaning."""
+
+    frames: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def clean_capture(self, samples: np.ndarray, *, adc_time: float | None = None) -> np.ndarray:
+        cleaned = super().clean_capture(samples, adc_time=adc_time)
+        _Tap.frames.append((np.array(samples), np.array(cleaned)))
+        return cleaned
+
+
+@pytest.fixture
+def echo_room() -> Iterator[object]:
+    """Virtual devices whose speaker comes back into the microphone after 60 ms (plus the devices' latency)."""
+    from app.audio_io import refresh_devices
+    from tests.pulse import MIC_FEED, SPEAKER, virtual_devices
+
+    with virtual_devices() as pulse:
+        pulse.pactl(
+            "load-module", "module-loopback", f"source={SPEAKER}.monitor", f"sink={MIC_FEED}", "latency_msec=60"
+        )
+        refresh_devices()
+        yield pulse
+
+
+def _set_loop_gain(pulse: object, gain: float) -> None:
+    for line in pulse.pactl("list", "short", "sink-inputs").splitlines():  # type: ignore[attr-defined]
+        if line.split()[3] == "module-loopback.c":
+            pulse.pactl("set-sink-input-volume", line.split()[0], f"{gain}")  # type: ignore[attr-defined]
+            return
+    raise AssertionError("the loopback has no sink input")
+
+
+def _hands_free_controller(checkpoint: Path, tmp_path: Path, **settings: object) -> object:
+    from app.controller import AppController
+    from app.settings import Settings
+
+    _Tap.frames = []
+    return AppController(
+        Settings(checkpoints={"4bit": checkpoint}, active_variant="4bit", hands_free=True, idle_pause=False, **settings),  # type: ignore[arg-type]
+        settings_path=tmp_path / "settings.json",
+        log_folder=tmp_path / "logs",
+        history_folder=tmp_path / "history",
+        auto_demo=False,
+        echo_factory=_Tap,
+    )
+
+
+@pytest.mark.audio
+@pytest.mark.slow
+def test_hands_free_the_engine_does_not_hear_the_assistant(echo_room: object, tiny_q4: Path, tmp_path: Path) -> None:
+    from app.messages import FrameStats, ModelLoaded
+    from tests.test_controller import wait_for
+
+    _set_loop_gain(echo_room, 0.25)
+    controller = _hands_free_controller(tiny_q4, tmp_path, ducking=False)
+    try:
+        controller.start()  # type: ignore[attr-defined]
+        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)  # type: ignore[arg-type]
+        controller.set_talking(True)  # type: ignore[attr-defined]  # the microphone opens and stays open
+        until = time.monotonic() + 8.0
+        messages = wait_for(controller, lambda _: time.monotonic() > until, timeout=60)  # type: ignore[arg-type]
+        echo = controller._echo.stats  # type: ignore[attr-defined]
+    finally:
+        controller.shutdown()  # type: ignore[attr-defined]
+    heard, spoken = controller.recording.snapshot()  # type: ignore[attr-defined]
+    raw = np.concatenate([before for before, _ in _Tap.frames])
+    frames = sum(isinstance(m, FrameStats) for m in messages)
+    after = slice(3 * INPUT_SAMPLE_RATE, len(heard))
+    print(
+        f"\nhands-free, the assistant talking into the room for {len(heard) / INPUT_SAMPLE_RATE:.1f} s ({frames} "
+        f"frames): speaker {_level_db(spoken):.1f} dBFS; microphone from 3 s {_level_db(raw[after]):.1f} dBFS; "
+        f"the engine heard {_level_db(heard[after]):.1f} dBFS (loudest 100 ms {_loudest_window_db(heard[after]):.1f})"
+        f"; {echo.reference_missing_blocks} blocks without reference, {echo.cost_per_block_s * 1e6:.0f} µs per block"
+    )
+    assert len(heard) >= 6 * INPUT_SAMPLE_RATE and np.abs(spoken).max() > 0.1, "the assistant did talk"
+    assert _level_db(raw[after]) > -40.0, "the loop brought the assistant back into the microphone"
+    assert _loudest_window_db(heard[after]) <= -60.0, "the engine hears a silent room, not the assistant"
+    assert echo.reference_missing_blocks == 0
+
+
+@pytest.mark.audio
+@pytest.mark.slow
+def test_hands_free_the_user_gets_through_while_the_assistant_talks(
+    echo_room: object, tiny_q4: Path, tmp_path: Path, question_wav: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import soundfile
+    import soxr
+
+    from app.audio_port import AudioPort
+    from app.messages import ModelLoaded
+    from tests.echo_bench import assistant_voice
+    from tests.pulse import xcorr_match
+    from tests.test_controller import wait_for
+
+    voice, position = assistant_voice(), [0]
+    play = AudioPort.play
+
+    def speak(self: AudioPort, samples: np.ndarray) -> None:  # the engine runs; the speaker says real words
+        start = position[0] % len(voice)
+        position[0] += len(samples)
+        play(self, np.resize(voice[start : start + len(samples)], len(samples)).astype(np.float32))
+
+    monkeypatch.setattr(AudioPort, "play", speak)
+    _set_loop_gain(echo_room, 0.6)  # the echo about 10 dB below the user's voice at the microphone
+    controller = _hands_free_controller(tiny_q4, tmp_path)  # ducking on, as by default
+    try:
+        controller.start()  # type: ignore[attr-defined]
+        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)  # type: ignore[arg-type]
+        controller.set_talking(True)  # type: ignore[attr-defined]
+        talking_from = time.monotonic() + 12.0  # AEC3 learns the room while the assistant talks
+        wait_for(controller, lambda _: time.monotonic() > talking_from, timeout=60)  # type: ignore[arg-type]
+        echo_room.play_into_mic(question_wav, wait=True)  # type: ignore[attr-defined]
+        until = time.monotonic() + 1.0
+        wait_for(controller, lambda _: time.monotonic() > until, timeout=30)  # type: ignore[arg-type]
+    finally:
+        controller.shutdown()  # type: ignore[attr-defined]
+    heard, _ = controller.recording.snapshot()  # type: ignore[attr-defined]
+    raw = np.concatenate([before for before, _ in _Tap.frames])
+    question, rate = soundfile.read(question_wav, dtype="float32")
+    question = soxr.resample(question, rate, INPUT_SAMPLE_RATE).astype(np.float32)
+    lag, r = xcorr_match(question, heard)
+    said = np.abs(question) > 0.01
+    segment = heard[lag : lag + len(question)]
+    loss = _level_db(question[said]) - _level_db(segment[said])
+    echo_only = raw[8 * INPUT_SAMPLE_RATE : 11 * INPUT_SAMPLE_RATE]
+    print(
+        f"\nhands-free double talk: echo at the microphone {_level_db(echo_only):.1f} dBFS, the user "
+        f"{_level_db(question[said]):.1f} dBFS; the engine heard the user at {_level_db(segment[said]):.1f} dBFS "
+        f"(loss {loss:.1f} dB), correlation {r:.2f} at {lag / INPUT_SAMPLE_RATE:.2f} s"
+    )
+    assert _level_db(echo_only) > -40.0, "the assistant's echo was in the microphone"
+    assert lag > 10 * INPUT_SAMPLE_RATE, "found where the user spoke, not elsewhere"
+    assert loss < 3.0
+    assert r >= 0.75
