@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pytest
@@ -34,6 +35,10 @@ import pytest
 from app.audio_io import OUTPUT_CEILING, USER_VOICE_RMS, AudioDevice, AudioIO, _Endpoint
 from app.echo import BLOCK_SAMPLES, EchoCanceller
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from app.controller import AppController
+    from tests.pulse import PulseServer
 
 BLOCK = 512
 OK = SimpleNamespace(output_underflow=False, input_overflow=False)
@@ -106,7 +111,7 @@ def noise(seconds: float, amplitude: float, rate: int = OUTPUT_SAMPLE_RATE, seed
 
 
 def hands_free_io(backend: Recorder, **kwargs: object) -> tuple[AudioIO, Watched]:
-    io = AudioIO(capture=True, prefill_frames=0, **kwargs)  # type: ignore[arg-type]
+    io = AudioIO(capture=True, prefill_frames=0, **kwargs)
     canceller = Watched(backend)
     io.set_echo_canceller(canceller)
     return io, canceller
@@ -153,7 +158,7 @@ def test_each_frame_is_cleaned_with_its_capture_time() -> None:
     after = time.monotonic()
     frames = [io.read_frame() for _ in range(len(speech) // INPUT_FRAME_SAMPLES)]
     assert all(frame is not None for frame in frames)
-    heard = np.concatenate(frames)  # type: ignore[arg-type]
+    heard = np.concatenate(frames)
     np.testing.assert_allclose(heard, speech[: len(heard)] * 0.1, atol=1e-6)  # what the canceller returned
     assert sum(len(block) for block in backend.near) == len(heard) and len(backend.near[0]) == BLOCK_SAMPLES
     times = canceller.cleaned
@@ -251,7 +256,7 @@ def _loudest_window_db(samples: np.ndarray, window: int = 1600) -> float:
 class _Tap(EchoCanceller):
     """The real canceller, keeping each frame before and after cleaning."""
 
-    frames: list[tuple[np.ndarray, np.ndarray]] = []
+    frames: ClassVar[list[tuple[np.ndarray, np.ndarray]]] = []
 
     def clean_capture(self, samples: np.ndarray, *, adc_time: float | None = None) -> np.ndarray:
         cleaned = super().clean_capture(samples, adc_time=adc_time)
@@ -260,7 +265,7 @@ class _Tap(EchoCanceller):
 
 
 @pytest.fixture
-def echo_room() -> Iterator[object]:
+def echo_room() -> Iterator[PulseServer]:
     """Virtual devices whose speaker comes back into the microphone after 60 ms (plus the devices' latency)."""
     from app.audio_io import refresh_devices
     from tests.pulse import MIC_FEED, SPEAKER, virtual_devices
@@ -273,21 +278,24 @@ def echo_room() -> Iterator[object]:
         yield pulse
 
 
-def _set_loop_gain(pulse: object, gain: float) -> None:
-    for line in pulse.pactl("list", "short", "sink-inputs").splitlines():  # type: ignore[attr-defined]
+def _set_loop_gain(pulse: PulseServer, gain: float) -> None:
+    for line in pulse.pactl("list", "short", "sink-inputs").splitlines():
         if line.split()[3] == "module-loopback.c":
-            pulse.pactl("set-sink-input-volume", line.split()[0], f"{gain}")  # type: ignore[attr-defined]
+            pulse.pactl("set-sink-input-volume", line.split()[0], f"{gain}")  # a linear factor
             return
     raise AssertionError("the loopback has no sink input")
 
 
-def _hands_free_controller(checkpoint: Path, tmp_path: Path, **settings: object) -> object:
+def _hands_free_controller(checkpoint: Path, tmp_path: Path, *, ducking: bool = True) -> AppController:
     from app.controller import AppController
     from app.settings import Settings
 
     _Tap.frames = []
+    settings = Settings(
+        checkpoints={"4bit": checkpoint}, active_variant="4bit", hands_free=True, idle_pause=False, ducking=ducking
+    )
     return AppController(
-        Settings(checkpoints={"4bit": checkpoint}, active_variant="4bit", hands_free=True, idle_pause=False, **settings),  # type: ignore[arg-type]
+        settings,
         settings_path=tmp_path / "settings.json",
         log_folder=tmp_path / "logs",
         history_folder=tmp_path / "history",
@@ -298,22 +306,24 @@ def _hands_free_controller(checkpoint: Path, tmp_path: Path, **settings: object)
 
 @pytest.mark.audio
 @pytest.mark.slow
-def test_hands_free_the_engine_does_not_hear_the_assistant(echo_room: object, tiny_q4: Path, tmp_path: Path) -> None:
+def test_hands_free_the_engine_does_not_hear_the_assistant(
+    echo_room: PulseServer, tiny_q4: Path, tmp_path: Path
+) -> None:
     from app.messages import FrameStats, ModelLoaded
     from tests.test_controller import wait_for
 
     _set_loop_gain(echo_room, 0.25)
     controller = _hands_free_controller(tiny_q4, tmp_path, ducking=False)
     try:
-        controller.start()  # type: ignore[attr-defined]
-        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)  # type: ignore[arg-type]
-        controller.set_talking(True)  # type: ignore[attr-defined]  # the microphone opens and stays open
+        controller.start()
+        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)
+        controller.set_talking(True)  # the microphone opens and stays open
         until = time.monotonic() + 8.0
-        messages = wait_for(controller, lambda _: time.monotonic() > until, timeout=60)  # type: ignore[arg-type]
-        echo = controller._echo.stats  # type: ignore[attr-defined]
+        messages = wait_for(controller, lambda _: time.monotonic() > until, timeout=60)
+        echo = controller._echo.stats
     finally:
-        controller.shutdown()  # type: ignore[attr-defined]
-    heard, spoken = controller.recording.snapshot()  # type: ignore[attr-defined]
+        controller.shutdown()
+    heard, spoken = controller.recording.snapshot()
     raw = np.concatenate([before for before, _ in _Tap.frames])
     frames = sum(isinstance(m, FrameStats) for m in messages)
     after = slice(3 * INPUT_SAMPLE_RATE, len(heard))
@@ -332,7 +342,7 @@ def test_hands_free_the_engine_does_not_hear_the_assistant(echo_room: object, ti
 @pytest.mark.audio
 @pytest.mark.slow
 def test_hands_free_the_user_gets_through_while_the_assistant_talks(
-    echo_room: object, tiny_q4: Path, tmp_path: Path, question_wav: Path, monkeypatch: pytest.MonkeyPatch
+    echo_room: PulseServer, tiny_q4: Path, tmp_path: Path, question_wav: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import soundfile
     import soxr
@@ -355,17 +365,17 @@ def test_hands_free_the_user_gets_through_while_the_assistant_talks(
     _set_loop_gain(echo_room, 0.6)  # the echo about 10 dB below the user's voice at the microphone
     controller = _hands_free_controller(tiny_q4, tmp_path)  # ducking on, as by default
     try:
-        controller.start()  # type: ignore[attr-defined]
-        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)  # type: ignore[arg-type]
-        controller.set_talking(True)  # type: ignore[attr-defined]
+        controller.start()
+        wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=300)
+        controller.set_talking(True)
         talking_from = time.monotonic() + 12.0  # AEC3 learns the room while the assistant talks
-        wait_for(controller, lambda _: time.monotonic() > talking_from, timeout=60)  # type: ignore[arg-type]
-        echo_room.play_into_mic(question_wav, wait=True)  # type: ignore[attr-defined]
+        wait_for(controller, lambda _: time.monotonic() > talking_from, timeout=60)
+        echo_room.play_into_mic(question_wav, wait=True)
         until = time.monotonic() + 1.0
-        wait_for(controller, lambda _: time.monotonic() > until, timeout=30)  # type: ignore[arg-type]
+        wait_for(controller, lambda _: time.monotonic() > until, timeout=30)
     finally:
-        controller.shutdown()  # type: ignore[attr-defined]
-    heard, _ = controller.recording.snapshot()  # type: ignore[attr-defined]
+        controller.shutdown()
+    heard, _ = controller.recording.snapshot()
     raw = np.concatenate([before for before, _ in _Tap.frames])
     question, rate = soundfile.read(question_wav, dtype="float32")
     question = soxr.resample(question, rate, INPUT_SAMPLE_RATE).astype(np.float32)
