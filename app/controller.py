@@ -171,6 +171,7 @@ class AppController:
         self._saver = _HistorySaver(self.history, self._post)
         self._kept = False  # the current conversation was saved (to the history, or by hand)
         self._serial = 0  # counts conversations seen here, to match a failed save to its conversation
+        self._history_failing = False  # the last save to the history failed (until one succeeds)
         self._echo_factory = echo_factory
         self._echo: EchoCanceller | None = None
         self._hotkey_backend = hotkey_backend
@@ -322,9 +323,13 @@ class AppController:
             self._adopt(message)
             return False
         if isinstance(message, _NotKept):
+            # Until a save works again the history cannot be relied on: the window asks before dropping anything.
+            self._history_failing = True
             if message.serial == self._serial:
-                self._kept = False  # the save failed: it is at risk again, and the window asks before dropping it
+                self._kept = False  # still the current conversation: Save Conversation… can keep it
             return False
+        if isinstance(message, HistorySaved):
+            self._history_failing = False
         if isinstance(message, EngineInfo):
             self.engine_info = message
             return False
@@ -742,10 +747,11 @@ class AppController:
     # ------------------------------------------------------------------ conversation history
 
     def conversation_at_risk(self) -> bool:
-        """Whether ending the conversation now would lose it: saving is off and it was not saved by hand."""
-        if self.history.enabled or self._kept:
+        """Whether ending the conversation now would lose it: not saved by hand, and the history will not keep
+        it (saving is off, or saving it failed)."""
+        if self._kept or (self.recording.empty and not self.transcript.entries):
             return False
-        return not self.recording.empty or bool(self.transcript.entries)
+        return not self.history.enabled or self._history_failing
 
     def _conversation_ended(self, ended: ConversationEnded) -> None:
         log.info("Conversation %d ended", ended.number)
@@ -943,7 +949,12 @@ class _HistorySaver:
         except HistoryError as exc:
             log.warning("Could not keep the conversation: %s", exc)
             self._post(_NotKept(serial))
-            self._post(Failure(f"{exc} The conversation is still in memory: use Save Conversation… to keep it."))
+            self._post(
+                Failure(
+                    f"Could not keep the conversation in the history: {exc} Until saving works again, New "
+                    "Conversation and Quit ask before dropping a conversation (File → Save Conversation… keeps it)."
+                )
+            )
             return
         if entry is None:
             return
