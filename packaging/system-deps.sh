@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian/Ubuntu packages Parley needs: PortAudio and the Qt xcb libraries to run,
-# and for the tests PulseAudio (virtual devices), Xvfb (with XTEST for key presses), espeak-ng and sox.
+# and for the tests PulseAudio (virtual devices), Xvfb (with XTEST for key presses), a tray host (trayer), espeak-ng and sox.
 # Does nothing when not root, not on apt, or when everything is already installed.
 set -euo pipefail
 mode=${1:-run}
 runtime=(libportaudio2 libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
          libfontconfig1 fonts-dejavu-core libdbus-1-3 g++)
-testing=(pulseaudio pulseaudio-utils espeak-ng sox xvfb xauth x11-utils libxtst6 imagemagick libopenblas0-pthread)
+testing=(pulseaudio pulseaudio-utils espeak-ng sox xvfb xauth x11-utils libxtst6 imagemagick libopenblas0-pthread trayer)
 packages=("${runtime[@]}")
 [ "$mode" = test ] && packages+=("${testing[@]}")
 
