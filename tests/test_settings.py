@@ -37,6 +37,13 @@ CUSTOM = Settings(
     window_geometry="AdnQywADAAAAAAA=",
     volume=0.35,
     muted=True,
+    hands_free=True,
+    global_talk_key_enabled=True,
+    global_talk_key="Ctrl+Alt+Space",
+    keep_in_tray=True,
+    history=False,
+    history_limit_gb=0.5,
+    numerics="fast",
 )
 
 
@@ -184,3 +191,21 @@ def test_default_path_is_in_the_user_config_dir(monkeypatch: pytest.MonkeyPatch,
     assert default_settings_path() == tmp_path / "Parley" / "settings.json"
     save_settings(Settings(overlay=False))
     assert load_settings().settings == Settings(overlay=False)
+
+
+def test_the_new_settings_default_to_push_to_talk_kept_history_and_exact_numerics(tmp_path: Path) -> None:
+    defaults = Settings()
+    assert not defaults.hands_free and not defaults.global_talk_key_enabled and not defaults.keep_in_tray
+    assert defaults.global_talk_key == "F8" and defaults.history and defaults.numerics == "exact"
+    assert defaults.history_max_bytes == 2 * 1024**3
+
+
+def test_invalid_new_values_fall_back_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    bad = {"numerics": "turbo", "history_limit_gb": 0, "hands_free": "yes", "global_talk_key": " ", "history": False}
+    path.write_text(json.dumps(bad), encoding="utf-8")
+    loaded, warning = load_settings(path)
+    assert loaded == Settings(history=False)
+    assert warning is not None
+    for name in ("numerics", "history_limit_gb", "hands_free", "global_talk_key"):
+        assert name in warning
