@@ -4,8 +4,10 @@
 # Does nothing when not root, not on apt, or when everything is already installed.
 set -euo pipefail
 mode=${1:-run}
+# g++ also serves evdev (pynput's Linux dependency, built from source at pip install): it needs a C compiler,
+# Python's headers and the kernel's input headers (linux-libc-dev).
 runtime=(libportaudio2 libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1 libgl1
-         libfontconfig1 fonts-dejavu-core libdbus-1-3 g++)
+         libfontconfig1 fonts-dejavu-core libdbus-1-3 g++ python3-dev linux-libc-dev)
 testing=(pulseaudio pulseaudio-utils espeak-ng sox xvfb xauth x11-utils libxtst6 imagemagick libopenblas0-pthread trayer)
 packages=("${runtime[@]}")
 [ "$mode" = test ] && packages+=("${testing[@]}")

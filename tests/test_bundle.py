@@ -10,7 +10,10 @@ in which case that one is tested. Then:
 - the window under Xvfb (started here), as a newcomer meets it: the demo is prepared and nothing
   plays until the talk key is pressed; then the demo's (quiet) noise reaches the virtual speaker,
   the screenshot is not blank, the app still runs after a few seconds, and closed as a window
-  manager closes it, it exits 0 with nothing on stderr and no warning or error in its log.
+  manager closes it, it exits 0 with nothing on stderr and no warning or error in its log;
+- hands-free with the talk key in other apps, inside the bundle: with no window focused, F8 (heard
+  by pynput through X's RECORD extension) opens the microphone, the demo runs with the echo canceller
+  (pywebrtc-audio's native module) cleaning every frame, and the conversation is kept in the history.
 """
 
 from __future__ import annotations
@@ -141,13 +144,15 @@ def test_bundle_holds_what_parley_needs_and_nothing_of_the_tests(bundle: Path) -
     assert (plugins / "platforms" / "libqxcb.so").is_file()
     assert (internal / "libportaudio.so.2").is_file()  # found through packaging/hooks/rthook_portaudio.py
     assert (internal / "mlx" / "lib" / "libmlx.so").is_file()
+    assert list((internal / "pywebrtc_audio").glob("_webrtc_audio*.so")), "hands-free's echo canceller"
     assert not list(internal.rglob("*.safetensors"))  # no weights: the demo checkpoint is generated at first run
 
     package = CArchiveReader(str(bundle / "parley"))
     assert "rthook_portaudio" in package.toc
     modules = set(package.open_embedded_archive("PYZ.pyz").toc)
     tops = {name.split(".")[0] for name in modules}
-    assert {"app", "engine", "ui", "mlx", "sounddevice"} <= tops
+    assert {"app", "engine", "ui", "mlx", "sounddevice", "pywebrtc_audio", "pynput", "Xlib"} <= tops
+    assert {"pynput.keyboard._xorg", "pynput._util.xorg"} <= modules, "the talk key in other apps, on X11"
     assert not tops & set(TEST_PACKAGES)
     assert not [name for name in TEST_PACKAGES if (internal / name).exists()]
 
@@ -394,3 +399,47 @@ def test_bundled_window_runs_under_xvfb_and_closes_cleanly(
     problems = [line for line in log.read_text().splitlines() if " ERROR " in line or " WARNING " in line]
     assert not problems, "\n".join(problems)
     assert (Path(user_dirs["XDG_DATA_HOME"]) / "Parley" / "demo-checkpoint" / ".parley-demo-complete").is_file()
+
+
+def test_bundled_app_hears_the_talk_key_from_other_apps_and_runs_hands_free(
+    bundle: Path, pulse: PulseServer, user_dirs: dict[str, str]
+) -> None:
+    import json
+
+    pulse.reset()
+    config = Path(user_dirs["XDG_CONFIG_HOME"]) / "Parley"
+    config.mkdir(parents=True)
+    chosen = {"hands_free": True, "global_talk_key_enabled": True, "global_talk_key": "F8"}
+    (config / "settings.json").write_text(json.dumps(chosen), encoding="utf-8")
+    log = Path(user_dirs["XDG_STATE_HOME"]) / "Parley" / "log" / "parley.log"
+    with xvfb() as display:
+        app = subprocess.Popen(
+            [str(bundle / "parley")],
+            env=bundle_env(user_dirs, DISPLAY=display, QT_QPA_PLATFORM="xcb", XDG_SESSION_TYPE="x11"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            window = find_window(display, "Parley", timeout=30)
+            wait_for_log_line(log, "Loaded demo-checkpoint", timeout=120)
+            wait_for_log_line(log, "Global talk key: F8 (toggle)", timeout=10)  # hands-free: a press toggles
+            press_key(display, 0, 0xFFC5, seconds=0.3)  # XK_F8, with the focus on no window at all
+            wait_for_log_line(log, "Conversation 1 started", timeout=30)
+            wait_for_sound(pulse, timeout=30)
+            time.sleep(1.0)  # a second of frames through the echo canceller
+            close_window(display, window)
+            out, err = app.communicate(timeout=30)
+        finally:
+            if app.poll() is None:
+                app.send_signal(signal.SIGTERM)
+                app.communicate(timeout=10)
+    text = log.read_text()
+    assert app.returncode == 0, f"exit code {app.returncode}; output:\n{out}{err}"
+    assert "Hands-free on: echo cancellation at the device edge" in text
+    cleaned = re.search(r"Echo cancellation: (\d+) blocks, reference present for (\d+)", text)
+    assert cleaned is not None and int(cleaned.group(1)) >= 100, "AEC3 cleaned the microphone in the bundle"
+    problems = [line for line in text.splitlines() if " ERROR " in line or " WARNING " in line]
+    assert not problems, "\n".join(problems)
+    history = Path(user_dirs["XDG_DATA_HOME"]) / "Parley" / "history"
+    assert len([entry for entry in history.iterdir() if not entry.name.startswith(".")]) == 1, "kept at quit"
