@@ -132,7 +132,7 @@ def figures(stats: FrameStats, latency: TurnLatency | None = None) -> list[Figur
             "Measured from your first turn on.",
         )
     )
-    return [
+    shown = [
         Figure(
             f"p50 {stats.p50_ms:.1f} ms",
             "text",
@@ -171,6 +171,20 @@ def figures(stats: FrameStats, latency: TurnLatency | None = None) -> list[Figur
             "engine was late for playback.",
         ),
     ]
+    echo = stats.echo
+    if echo is not None:  # hands-free
+        missing = echo.reference_share < 0.95
+        shown.append(
+            Figure(
+                f"echo {echo.cost_ms_per_frame:.1f} ms",
+                "warning" if missing else "text",
+                "Hands-free: echo cancellation removes the assistant's voice from the microphone before the engine "
+                f"hears it. It takes {echo.cost_ms_per_frame:.1f} ms of each frame; the speaker's signal was there "
+                f"for {echo.reference_share:.0%} of the microphone (below 95 % the assistant may hear itself); "
+                f"{echo.drift_corrections} samples of clock drift corrected.",
+            )
+        )
+    return shown
 
 
 def format_stats(stats: FrameStats, latency: TurnLatency | None = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtGui import QColor, QImage
@@ -187,3 +188,21 @@ def test_window_feeds_the_overlay_from_the_pump(window: MainWindow, fake: FakeCo
     assert [f.frame_index for f in overlay.frames] == list(range(10))
     assert "reply 0.40 s" in overlay.accessibleDescription()
     assert STAGE_COLORS.keys() == {stage.field for stage in STAGES}
+
+
+def test_hands_free_adds_the_echo_cancellers_figure(qtbot: QtBot, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from app.messages import EchoSummary
+
+    overlay = make_overlay(qtbot)
+    overlay.add_stats(make_frame_stats(0))
+    assert not [f for f in figures(overlay.latest) if f.text.startswith("echo")], "push to talk: no echo figure"  # type: ignore[arg-type]
+    overlay.add_stats(replace(make_frame_stats(1), echo=EchoSummary(1.4, 1.0, 12)))
+    grab(overlay)
+    echo = figures(overlay.latest)[-1]  # type: ignore[arg-type]
+    assert echo.text == "echo 1.4 ms" and echo.role == "text" and "100%" in echo.meaning
+    assert echo.meaning in {text for _, text in overlay._tips}, "it explains itself on hover"
+    overlay.add_stats(replace(make_frame_stats(2), echo=EchoSummary(1.4, 0.6, 12)))
+    assert figures(overlay.latest)[-1].role == "warning", "the speaker's signal was missing"  # type: ignore[arg-type]
+    overlay.grab().save(str(tmp_path / "overlay-hands-free.png"))
