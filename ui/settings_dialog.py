@@ -63,10 +63,9 @@ log = logging.getLogger(__name__)
 
 THEME_CHOICES: Final = (("system", "Same as the system"), ("light", "Light"), ("dark", "Dark"))
 HANDS_FREE_NOTE: Final = (
-    "The talk key opens and closes the microphone, and echo cancellation keeps the assistant from hearing itself "
-    "through the speakers. On speakers keep the volume moderate (the louder the assistant is at the microphone, "
-    "the more of your voice is lost while it talks); with headphones there is no echo to cancel, so push to talk "
-    "in toggle mode (Conversation) keeps the microphone open and your voice untouched."
+    "The talk key opens and closes the microphone, and echo cancellation keeps the assistant from hearing itself. "
+    "With headphones it works at any volume; on speakers keep the volume moderate, because the louder the "
+    "assistant is at the microphone, the more of your voice is lost while it talks."
 )
 
 
