@@ -501,9 +501,7 @@ def bench(
         size = random_size or "tiny"
         if size not in RANDOM_SIZES:
             raise ValueError(f"--random must be one of {', '.join(RANDOM_SIZES)}; got {size!r}")
-        raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(
-            size, quantize=quantize, seed=seed
-        )
+        raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)
         tokenizer = TextTokenizer(raw_tokenizer, "random")
         label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
         voicechat = assemble_voicechat(

@@ -19,9 +19,7 @@ NO_DEVICE = "No microphone or speaker found. Connect one, or check the sound set
 WAITING_FOR_KEY = "The conversation starts when you press the talk key"
 HANDS_FREE = "hands-free: the microphone is open, talk any time"
 
-TALKABLE = frozenset(
-    {AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED}
-)
+TALKABLE = frozenset({AppState.READY, AppState.LISTENING, AppState.SPEAKING, AppState.FALLING_BEHIND, AppState.PAUSED})
 """The states in which the talk key (or button, or tray item) can start talking."""
 
 # The engine's own states that say everything there is to say (nothing about audio or the key matters then).

@@ -189,7 +189,7 @@ class MainWindow(QMainWindow):
         tray.open_requested.connect(self.show_window)
         tray.history_requested.connect(self.open_history)
         tray.quit_requested.connect(self.quit_app)
-        tray.talk_action.toggled.connect(self.conversation.talk.request_talking)
+        tray.talk_action.toggled.connect(self._talk_from_tray)
         tray.mute_action.toggled.connect(actions.mute.setChecked)
         actions.mute.toggled.connect(tray.mute_action.setChecked)
 
@@ -322,8 +322,20 @@ class MainWindow(QMainWindow):
             self.banners.show_message(status.message, kind="warning")
 
     def handle_global_talk(self, talk: GlobalTalk) -> None:
-        """The talk key, pressed in another app."""
+        """The talk key, pressed in another app: as the window's key, the welcome page gives way."""
+        if talk.start:
+            self._leave_welcome()
         self.conversation.talk.handle_global(talk.start)
+
+    def _talk_from_tray(self, talking: bool) -> None:
+        if talking:
+            self._leave_welcome()
+        self.conversation.talk.request_talking(talking)
+
+    def _leave_welcome(self) -> None:
+        """Talking starts the conversation: on the launch's welcome page, with a model loaded, go to it."""
+        if self._welcome and self.status.model is not None and self.status.state in TALKABLE:
+            self.show_conversation()
 
     def handle_history_saved(self, saved: HistorySaved) -> None:
         self.statusBar().showMessage("The conversation is kept in the history (Conversation → History…).", 6000)

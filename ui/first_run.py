@@ -343,7 +343,12 @@ class FirstRunPage(QWidget):
         loaded = self.loaded
         assert loaded is not None
         self.title.setText("You are all set")
-        self.subtitle.setText("The model is loaded. Hold the talk key and speak; let go to hear the answer.")
+        how = (
+            "Press the talk key to open the microphone, then just talk (hands-free)."
+            if self._controller.settings.hands_free
+            else "Hold the talk key and speak; let go to hear the answer."
+        )
+        self.subtitle.setText(f"The model is loaded. {how}")
         self.download_card.setVisible(keep_choices)
         self.other_sources.setVisible(keep_choices)
         self.demo_card.setVisible(not loaded.variant.demo)

@@ -188,3 +188,23 @@ def test_wayland_and_macos_permissions_are_said_where_the_setting_is(qtbot: QtBo
     dialog = make_dialog(qtbot, mac)
     assert dialog.global_check.isEnabled(), "granting the permission makes it work: it stays choosable"
     assert dialog.global_status.text() == needs and not dialog.permissions_button.isHidden()
+
+
+def test_on_the_welcome_page_the_key_from_another_app_or_the_tray_starts_the_conversation_there(
+    make_window: object, tmp_path: Path
+) -> None:
+    fresh = FakeController(Settings(theme="light", hands_free=True), log_dir=tmp_path / "logs")
+    window: MainWindow = make_window(fresh)  # type: ignore[operator]
+    page = window.first_run
+    fresh.queue(GlobalTalk(True))  # nothing loaded yet: nothing happens
+    window.pump.drain()
+    assert fresh.calls_to("set_talking") == [] and window.pages.currentWidget() is page
+    page.demo_button.click()
+    window.pump.drain()
+    assert "open the microphone" in page.subtitle.text(), "the welcome page speaks of hands-free"
+    fresh.queue(GlobalTalk(True))
+    window.pump.drain()
+    assert window.pages.currentWidget() is window.conversation, "the conversation shows where it runs"
+    assert fresh.calls_to("set_talking") == [(True,)]
+    window.tray.talk_action.trigger()  # the tray's item closes the microphone again
+    assert fresh.calls_to("set_talking") == [(True,), (False,)]
