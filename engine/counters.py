@@ -50,6 +50,7 @@ VIEW_PRIMITIVES = frozenset(
     }
 )
 VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
+TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.linear)
 
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
 GATHER_PRIMITIVES = frozenset({"Gather", "GatherAxis", "GatherQMM", "GatherMM"})
@@ -107,9 +108,10 @@ def named_weights(model: object) -> dict[str, mx.array]:
     """Every array a frame may read as a weight, by parameter name.
 
     Besides the parameters, projections stacked into one matrix (:mod:`engine.fused`) are
-    named ``<module>.stacked``: the stacked matrix is what the product reads. Slices of a
-    parameter that a module keeps ready (``weight_views()``, e.g. the TTS codebooks) are
-    named ``<parameter>#<index>`` and priced as one slice of it.
+    named ``<module>.stacked``: the stacked matrix is what the product reads. Views of a
+    parameter that a module keeps ready (``weight_views()``) are named after it: a slice
+    (the TTS codebooks) ``<parameter>#<index>``, priced as one slice of it, and a transposed
+    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it.
     """
     from mlx.utils import tree_flatten
 
@@ -118,6 +120,7 @@ def named_weights(model: object) -> dict[str, mx.array]:
         stacked = getattr(module, "stacked", None)
         if stacked is not None:
             named[f"{path}.stacked"] = stacked.weight
+            named[f"{path}.stacked{TRANSPOSE_MARK}"] = stacked.transposed
         views = getattr(module, "weight_views", None)
         if callable(views):
             for name, array in views().items():
@@ -181,9 +184,11 @@ class GraphCensus:
         produced_by = {array: node for node, array in _OUTPUT_EDGE.findall(dot)}
 
         # A view of a weight is still that weight (a codebook sliced out of a stack of them, say).
+        # A transposed view reads what it was made from.
+        bases = {dot: name.removesuffix(TRANSPOSE_MARK) for dot, name in self._weight_names.items()}
         origin: dict[str, tuple[str, str]] = {
-            dot: (name.partition(VIEW_MARK)[0], "slice" if VIEW_MARK in name else "whole")
-            for dot, name in self._weight_names.items()
+            dot: (base.partition(VIEW_MARK)[0], "slice" if VIEW_MARK in base else "whole")
+            for dot, base in bases.items()
         }
         for node, name in kinds.items():
             if node in self._seen:

@@ -35,6 +35,7 @@ import mlx.nn as nn
 from .config import EncoderConfig, PerceptionConfig
 from .fused import Stacked, stack_projections
 from .jit import compile_enabled, jit, materialize
+from .linear import Linear
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
 
@@ -50,7 +51,7 @@ _SUBSAMPLING_MEL_CONTEXT = 16
 
 @functools.lru_cache(maxsize=2)  # the configured size, plus at most one grown table
 def _relative_position_table(d_model: int, max_len: int) -> mx.array:
-    """Sinusoids for relative positions ``max_len-1 .. -(max_len-1)``: ``(1, 2·max_len-1, d_model)`` float32.
+    """Sinusoids for relative positions ``max_len-1 .. -(max_len-1)``: ``(2·max_len-1, d_model)`` float32.
 
     Even channels hold ``sin(r·w_i)``, odd channels ``cos(r·w_i)`` with
     ``w_i = exp(-2i·ln(10000)/d_model)``. Built once per shape at full size, like the
@@ -59,22 +60,22 @@ def _relative_position_table(d_model: int, max_len: int) -> mx.array:
     offsets = mx.expand_dims(mx.arange(max_len - 1, -max_len, -1, dtype=mx.int32), axis=1).astype(mx.float32)
     rates = mx.exp(mx.arange(0, d_model, 2, dtype=mx.float32) * -(math.log(10000.0) / d_model))
     angles = offsets * rates
-    table = mx.expand_dims(mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model), 0)
+    table = mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model)
     # Evaluated now, op by op as the reference builds it: a compiled stream then reads it as a constant.
     mx.eval(table)
     return table
 
 
 def relative_positions(config: EncoderConfig, length: int, dtype: mx.Dtype) -> mx.array:
-    """Position rows for a key window of ``length`` frames: ``(1, 2·length-1, d_model)``.
+    """Position rows for a key window of ``length`` frames: ``(2·length-1, d_model)``.
 
     Row r holds the relative offset ``length-1-r``. Tables longer than ``pos_emb_max_len``
     are built on demand (``length + 1``), as the reference grows its table.
     """
     max_len = config.pos_emb_max_len if length <= config.pos_emb_max_len else length + 1
     table = _relative_position_table(config.d_model, max_len)
-    centre = table.shape[1] // 2
-    return table[:, centre - (length - 1) : centre + length].astype(dtype)
+    centre = table.shape[0] // 2
+    return table[centre - (length - 1) : centre + length].astype(dtype)
 
 
 def chunked_limited_mask(length: int, left_context: int, right_context: int, dtype: mx.Dtype) -> mx.array:
@@ -117,7 +118,7 @@ class CausalStridingSubsampling(nn.Module):
         frequency = config.feat_in
         for _ in range(self.stages):
             frequency = self._reduce(frequency)
-        self.out = nn.Linear(channels * frequency, config.d_model)
+        self.out = Linear(channels * frequency, config.d_model)
 
     def _reduce(self, size: int) -> int:
         return (size + self.pad_before + self.pad_after - self.kernel) // self.stride + 1
@@ -150,8 +151,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, hidden: int, bias: bool) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(d_model, hidden, bias=bias)
-        self.linear2 = nn.Linear(hidden, d_model, bias=bias)
+        self.linear1 = Linear(d_model, hidden, bias=bias)
+        self.linear2 = Linear(hidden, d_model, bias=bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.linear2(nn.silu(self.linear1(x)))
@@ -172,11 +173,11 @@ class RelativePositionAttention(nn.Module):
         self.heads = heads
         self.head_dim = d_model // heads
         self.scale = self.head_dim**-0.5
-        self.linear_q = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_k = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_v = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_out = nn.Linear(d_model, d_model, bias=bias)
-        self.linear_pos = nn.Linear(d_model, d_model, bias=False)
+        self.linear_q = Linear(d_model, d_model, bias=bias)
+        self.linear_k = Linear(d_model, d_model, bias=bias)
+        self.linear_v = Linear(d_model, d_model, bias=bias)
+        self.linear_out = Linear(d_model, d_model, bias=bias)
+        self.linear_pos = Linear(d_model, d_model, bias=False)
         self.pos_bias_u = mx.zeros((heads, self.head_dim))
         self.pos_bias_v = mx.zeros((heads, self.head_dim))
         self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
@@ -204,8 +205,9 @@ class RelativePositionAttention(nn.Module):
     ) -> mx.array:
         """``queries`` (B, Tq, d) attend to ``keys`` (B, Tk, d); ``positions`` holds 2·Tk-1 offset rows.
 
-        With ``projected``, ``positions`` is already ``linear_pos(positions)`` (it depends only
-        on the key length, so a stream can reuse it frame after frame).
+        Rows (Tq, d) and (Tk, d) are a batch of one, and give rows back. With ``projected``,
+        ``positions`` is already ``linear_pos(positions)`` (it depends only on the key length,
+        so a stream can reuse it frame after frame).
         """
         q = self.linear_q(queries)
         if self.stacked is not None:
@@ -213,15 +215,16 @@ class RelativePositionAttention(nn.Module):
         else:
             k, v = self.linear_k(keys), self.linear_v(keys)
         p = positions if projected else self.linear_pos(positions)
-        batch, query_len, _ = q.shape
-        key_len, offsets = k.shape[1], p.shape[1]
+        rows = q.ndim == 2
+        batch = 1 if rows else q.shape[0]
+        query_len, key_len = q.shape[-2], k.shape[-2]
 
         q = q.reshape(batch, query_len, self.heads, self.head_dim)
         q_content = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
         q_position = (q + self.pos_bias_v).transpose(0, 2, 1, 3)
         k = k.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
         v = v.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-        p = p.reshape(1, offsets, self.heads, self.head_dim).transpose(0, 2, 1, 3)
+        p = p.reshape(1, -1, self.heads, self.head_dim).transpose(0, 2, 1, 3)
 
         position_scores = self._relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
         # Stored before SDPA adds it to the content scores (its fallback does, outside the fused kernel).
@@ -229,7 +232,8 @@ class RelativePositionAttention(nn.Module):
         if mask is not None:
             position_scores = position_scores + mask
         attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=self.scale, mask=position_scores)
-        return self.linear_out(attended.transpose(0, 2, 1, 3).reshape(batch, query_len, -1))
+        merged = attended.transpose(0, 2, 1, 3)
+        return self.linear_out(merged.reshape(query_len, -1) if rows else merged.reshape(batch, query_len, -1))
 
 
 class ConvolutionModule(nn.Module):
@@ -296,10 +300,10 @@ class ConformerLayer(nn.Module):
         conv_cache: mx.array | None,
         left_context: int,
     ) -> tuple[mx.array, mx.array, mx.array]:
-        """Streaming, op by op: new frames ``x`` attend to ``[attention_cache ‖ x]`` and convolve over
-        ``[conv_cache ‖ gate(x)]``.
+        """Streaming, op by op: new frames ``x`` (rows (n, d), a batch of one) attend to
+        ``[attention_cache ‖ x]`` (rows) and convolve over ``[conv_cache ‖ gate(x)]`` ((1, kernel-1, d)).
 
-        Returns the block output and both updated caches (last ``left_context``
+        Returns the block output (rows) and both updated caches (last ``left_context``
         attention inputs including the new ones; last ``kernel-1`` gate outputs).
         Once the attention cache is full the position projection no longer changes and
         is reused. (A stream of single frames runs all layers compiled instead:
@@ -307,8 +311,8 @@ class ConformerLayer(nn.Module):
         """
         if conv_cache is None:
             history = config.conv_kernel_size - 1
-            conv_cache = mx.zeros((x.shape[0], history, config.d_model), dtype=x.dtype)
-        key_len = x.shape[1] + (0 if attention_cache is None else attention_cache.shape[1])
+            conv_cache = mx.zeros((1, history, config.d_model), dtype=x.dtype)
+        key_len = x.shape[0] + (0 if attention_cache is None else attention_cache.shape[0])
         if key_len == left_context + 1:
             projected = self._positions(config, key_len, x.dtype)
         else:
@@ -336,17 +340,20 @@ class ConformerLayer(nn.Module):
         *,
         left_context: int,
     ) -> tuple[mx.array, mx.array, mx.array]:
+        # Rows rather than (1, n, d): a matrix product of a 3-D input is flattened to rows and back
+        # around the same kernel, two views per projection; only the convolutions need the batch axis.
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
 
         attention_in = self.norm_self_att(x)
-        keys = attention_in if attention_cache is None else mx.concatenate([attention_cache, attention_in], axis=1)
+        keys = attention_in if attention_cache is None else mx.concatenate([attention_cache, attention_in], axis=0)
         x = x + self.self_attn(attention_in, keys, projected_positions, projected=True)
-        next_attention = keys[:, -left_context:] if left_context > 0 else keys[:, :0]
+        next_attention = keys[-left_context:] if left_context > 0 else keys[:0]
 
-        gated = self.conv.gate(self.norm_conv(x))
+        gated = self.conv.gate(mx.expand_dims(self.norm_conv(x), 0))
         conv_in = mx.concatenate([conv_cache, gated], axis=1)
         next_conv = conv_in[:, conv_in.shape[1] - conv_cache.shape[1] :]
-        x = x + self.conv.finish(self.conv.depthwise_conv(conv_in))  # "valid" conv: the cache is the left padding
+        convolved = self.conv.finish(self.conv.depthwise_conv(conv_in))  # "valid" conv: the cache is the left padding
+        x = x + convolved.reshape(x.shape)
 
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x), next_attention, next_conv
@@ -361,7 +368,7 @@ class PerceptionCache:
 
     * ``mel``: the log-mel front end's retained samples and counters;
     * ``mel_window``: earlier mel frames re-fed to the subsampling stack (≤ 23, 17 in steady state);
-    * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs;
+    * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs, as rows (70, d);
     * ``convolution``: per layer, the last ``kernel - 1`` (8) GLU outputs;
     * ``mel_consumed`` / ``frames_emitted``: mel frames fed to the encoder and encoder frames produced.
     """
@@ -470,12 +477,15 @@ class FastConformer(nn.Module):
         projection, which no longer changes.
         """
         config, left = self.config, self.config.left_context
+        if x.shape[0] != 1:
+            raise ValueError(f"the stream is one conversation: a batch of 1, got {x.shape[0]}")
         if x.shape[1] != 1 or not compile_enabled():
+            rows = x.reshape(-1, config.d_model)
             for index, layer in enumerate(self.layers):
-                x, cache.attention[index], cache.convolution[index] = layer.stream(
-                    x, config, cache.attention[index], cache.convolution[index], left
+                rows, cache.attention[index], cache.convolution[index] = layer.stream(
+                    rows, config, cache.attention[index], cache.convolution[index], left
                 )
-            return x
+            return rows.reshape(x.shape)
         layers = len(self.layers)
         convolution = [
             mx.zeros((1, config.conv_kernel_size - 1, config.d_model), dtype=x.dtype) if state is None else state
@@ -484,7 +494,7 @@ class FastConformer(nn.Module):
         attention = cache.attention
         if attention[0] is None:
             outputs = self._fresh_stream(x, *convolution)
-        elif attention[0].shape[1] + 1 == left + 1:
+        elif attention[0].shape[0] + 1 == left + 1:
             key_len = left + 1
             positions = [layer._positions(config, key_len, x.dtype) for layer in self.layers]
             outputs = self._steady_stream(x, *attention, *convolution, *positions)
@@ -501,7 +511,7 @@ class FastConformer(nn.Module):
         config = self.config
         outputs: list[mx.array] = []
         for cached in range(config.left_context + 1):
-            history = None if cached == 0 else mx.zeros((1, cached, config.d_model), dtype=dtype)
+            history = None if cached == 0 else mx.zeros((cached, config.d_model), dtype=dtype)
             scratch = PerceptionCache(
                 mel=None,  # type: ignore[arg-type]  # the layers never touch the front end
                 attention=[history] * len(self.layers),
@@ -517,9 +527,11 @@ class FastConformer(nn.Module):
         convolution: list[mx.array],
         positions: list[mx.array] | None,
     ) -> tuple[mx.array, ...]:
-        """Every layer's :meth:`ConformerLayer._stream_ops` in turn; returns ``(x, *attention, *convolution)``."""
+        """Every layer's :meth:`ConformerLayer._stream_ops` in turn on ``x`` (1, n, d); returns
+        ``(x, *attention, *convolution)``."""
         config, left = self.config, self.config.left_context
-        key_len = x.shape[1] + (0 if attention[0] is None else attention[0].shape[1])
+        shape, x = x.shape, x.reshape(-1, config.d_model)  # the layers run on rows
+        key_len = x.shape[0] + (0 if attention[0] is None else attention[0].shape[0])
         next_attention, next_convolution = [], []
         for index, layer in enumerate(self.layers):
             if positions is None:
@@ -531,7 +543,7 @@ class FastConformer(nn.Module):
             )
             next_attention.append(attention_state)
             next_convolution.append(conv_state)
-        return (x, *next_attention, *next_convolution)
+        return (x.reshape(shape), *next_attention, *next_convolution)
 
     @functools.cached_property
     def _fresh_stream(self) -> Callable[..., tuple[mx.array, ...]]:
@@ -572,7 +584,7 @@ class Perception(nn.Module):
         super().__init__()
         self.perception_config = config
         self.encoder = FastConformer(config.encoder)
-        self.proj = nn.Linear(config.encoder.d_model, config.output_dim, bias=True)
+        self.proj = Linear(config.encoder.d_model, config.output_dim, bias=True)
 
     @property
     def frame_samples(self) -> int:

@@ -33,27 +33,29 @@ class Stacked:
     weight: mx.array  # (sum of output sizes, input size)
     splits: tuple[int, ...]  # cumulative output sizes, without the last
     members: tuple[str, ...]  # the stacked projections' attribute names, in order
+    transposed: mx.array  # weight.T, a view made once (see engine.linear)
 
     def __call__(self, x: mx.array) -> list[mx.array]:
-        return mx.split(x @ self.weight.T, list(self.splits), axis=-1)
+        return mx.split(x @ self.transposed, list(self.splits), axis=-1)
 
 
 def stack_projections(module: nn.Module, names: Sequence[str]) -> Stacked | None:
     """Stack the bias-free, unquantized projections ``names`` of ``module`` (one input); None when they cannot be."""
     layers = [getattr(module, name) for name in names]
-    if any(type(layer) is not nn.Linear or "bias" in layer for layer in layers):
+    if any(not isinstance(layer, nn.Linear) or "bias" in layer for layer in layers):
         return None
     weights = [layer.weight for layer in layers]
     if len({w.dtype for w in weights}) != 1 or len({w.shape[1] for w in weights}) != 1:
         return None
     stacked = mx.concatenate(weights, axis=0)
-    mx.eval(stacked)
+    transposed = stacked.T
+    mx.eval(stacked, transposed)
     offsets, start = [], 0
     for layer, weight in zip(layers, weights, strict=True):
         layer.weight = stacked[start : start + weight.shape[0]]
         start += weight.shape[0]
         offsets.append(start)
-    return Stacked(stacked, tuple(offsets[:-1]), tuple(names))
+    return Stacked(stacked, tuple(offsets[:-1]), tuple(names), transposed)
 
 
 def stacking_is_exact() -> bool:

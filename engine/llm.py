@@ -26,6 +26,7 @@ import mlx.nn as nn
 from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
+from .linear import Linear
 from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -107,7 +108,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_min = float(config.time_step_limit[0])
         self.dt_max = float(config.time_step_limit[1])
 
-        self.in_proj = nn.Linear(config.hidden_size, config.mamba_projection_size, bias=config.mamba_proj_bias)
+        self.in_proj = Linear(config.hidden_size, config.mamba_projection_size, bias=config.mamba_proj_bias)
         self.conv1d = nn.Conv1d(
             self.conv_dim,
             self.conv_dim,
@@ -122,7 +123,7 @@ class Mamba2Mixer(nn.Module):
         self.norm = GroupedGatedRMSNorm(
             self.inner_size, self.inner_size // self.n_groups, eps=config.layer_norm_epsilon
         )
-        self.out_proj = nn.Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
+        self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
         # Fast numerics: one position's step after the convolution as one kernel (or its operations fallback).
         self.fast_step: Callable[..., tuple[mx.array, mx.array]] | None = None
 
@@ -197,10 +198,10 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.attention_head_dim
         self.scale = self.head_dim**-0.5
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_proj = Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
     def _heads(self, projected: mx.array, count: int) -> mx.array:
         batch, length, _ = projected.shape
@@ -234,8 +235,8 @@ class ReLU2MLP(nn.Module):
 
     def __init__(self, config: LLMConfig) -> None:
         super().__init__()
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(nn.relu2(self.up_proj(x)))

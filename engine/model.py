@@ -25,6 +25,7 @@ from .errors import CheckpointMemoryError, TokenizerError
 from .fused import fuse_projections
 from .jit import jit
 from .layout import PROMPT_FRAMES
+from .linear import Linear, prepare_transposed_weights
 from .llm import NemotronH
 from .memory import check_fits, format_bytes, precast_budget
 from .numerics import Numerics, apply_numerics
@@ -43,8 +44,8 @@ class DuplexSTT(nn.Module):
         text = config.text_config
         self.embed_tokens = nn.Embedding(text.vocab_size, text.hidden_size)
         self.llm = NemotronH(text)
-        self.lm_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
-        self.function_head = nn.Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.lm_head = Linear(text.hidden_size, text.vocab_size, bias=False)
+        self.function_head = Linear(text.hidden_size, text.vocab_size, bias=False)
         self.perception = Perception(config.audio_config)
         self.rnnt_decoder = RNNTPredictor(config.audio_config.decoder)
         self.rnnt_joint = RNNTJoint(config.audio_config.joint)
@@ -184,6 +185,7 @@ def assemble_voicechat(
     load_into(model, weights, quantized)
     added = precast_float32(model, budget=precast_budget) if precast else 0
     fuse_projections(model)
+    prepare_transposed_weights(model)  # after every change of weights: views of the final ones
     fast_changes = apply_numerics(model, numerics)
     return VoiceChat(
         model=model,

@@ -33,6 +33,7 @@ import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
 from .jit import jit, materialize
+from .linear import Linear
 from .tokenizer import RNNTVocabulary
 
 LSTMState = tuple[mx.array, mx.array]
@@ -119,9 +120,9 @@ class RNNTJoint(nn.Module):
         name = config.activation.lower()
         if name not in activations:
             raise ValueError(f"unsupported RNN-T joint activation {config.activation!r}")
-        self.enc = nn.Linear(config.encoder_hidden, config.joint_hidden)
-        self.pred = nn.Linear(config.pred_hidden, config.joint_hidden)
-        self.joint_net = [activations[name](), nn.Identity(), nn.Linear(config.joint_hidden, config.num_classes + 1)]
+        self.enc = Linear(config.encoder_hidden, config.joint_hidden)
+        self.pred = Linear(config.pred_hidden, config.joint_hidden)
+        self.joint_net = [activations[name](), nn.Identity(), Linear(config.joint_hidden, config.num_classes + 1)]
 
     def __call__(self, encoded: mx.array, prediction: mx.array) -> mx.array:
         """``(B, T, enc)`` × ``(B, U, pred)`` → logits ``(B, T, U, classes + 1)``."""

@@ -26,6 +26,7 @@ from .config import CharEncoderConfig
 from .errors import TokenizerError
 from .fused import Stacked, stack_projections
 from .layout import SUBWORD_TABLE_SIZE
+from .linear import Linear
 
 # Score given to padded character keys; finite, so a row with no character still softmaxes.
 _MASKED_SCORE = -1e30
@@ -50,9 +51,9 @@ class GeluGatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
         self.stacked: Stacked | None = None  # gate and up in one product, after fuse_projections()
 
     def fuse_projections(self) -> int:
@@ -170,10 +171,10 @@ class CharSelfAttention(nn.Module):
         self.scale = config.query_pre_attn_scalar**-0.5
         self.softcap = config.attn_logit_softcapping
         width = config.hidden_size
-        self.q_proj = nn.Linear(width, self.num_heads * config.head_dim, bias=False)
-        self.k_proj = nn.Linear(width, self.num_kv_heads * config.head_dim, bias=False)
-        self.v_proj = nn.Linear(width, self.num_kv_heads * config.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * config.head_dim, width, bias=False)
+        self.q_proj = Linear(width, self.num_heads * config.head_dim, bias=False)
+        self.k_proj = Linear(width, self.num_kv_heads * config.head_dim, bias=False)
+        self.v_proj = Linear(width, self.num_kv_heads * config.head_dim, bias=False)
+        self.o_proj = Linear(self.num_heads * config.head_dim, width, bias=False)
         self.rope = nn.RoPE(config.head_dim, traditional=False, base=config.rope_base)
 
     def _heads(self, x: mx.array, heads: int) -> mx.array:
@@ -279,7 +280,7 @@ class CharAwareSubwordEncoder(nn.Module):
         super().__init__()
         self.backbone = CharBackbone(config)
         self.embed_tokens = nn.Embedding(config.char_vocab_size, config.hidden_size)
-        self.proj_embedding = nn.Linear(config.hidden_size, out_size, bias=False)
+        self.proj_embedding = Linear(config.hidden_size, out_size, bias=False)
         self.subword_flag_emb = ContinuationFlagEmbedding(table_size, config.hidden_size)
         self.bos_eos_emb = BosEosFlagEmbedding(table_size, config.hidden_size)
 

@@ -26,8 +26,10 @@ import mlx.nn as nn
 
 from .cache import AttentionMask, KVCache, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
+from .counters import TRANSPOSE_MARK, VIEW_MARK
 from .fused import Stacked, stack_projections
 from .jit import jit, materialize
+from .linear import Linear
 from .profiler import Probe
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
@@ -80,11 +82,12 @@ class BackboneAttention(nn.Module):
         width, head_dim = config.hidden_size, config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
         self.scale = config.query_pre_attn_scalar**-0.5
-        self.q_proj = nn.Linear(width, self.num_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(width, self.num_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(width, self.num_kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * head_dim, width, bias=False)
+        self.q_proj = Linear(width, self.num_heads * head_dim, bias=False)
+        self.k_proj = Linear(width, self.num_kv_heads * head_dim, bias=False)
+        self.v_proj = Linear(width, self.num_kv_heads * head_dim, bias=False)
+        self.o_proj = Linear(self.num_heads * head_dim, width, bias=False)
         self.q_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
         base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
@@ -96,11 +99,12 @@ class BackboneAttention(nn.Module):
         return int(self.stacked is not None)
 
     def _heads(self, x: mx.array, heads: int) -> mx.array:
-        batch, length, _ = x.shape
-        return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+        """(B, L, heads·D), or (B, heads·D) for one position, → (B, heads, L, D)."""
+        return x.reshape(x.shape[0], -1, heads, self.head_dim).transpose(0, 2, 1, 3)
 
     def project(self, x: mx.array, position: int | mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """Normed, rotated queries and keys and the values of ``x`` (B, L, H) at ``position``."""
+        """Normed, rotated queries and keys and the values of ``x`` (B, L, H), or (B, H) for one position,
+        at ``position``."""
         if self.stacked is not None:
             q, k, v = self.stacked(x)
         else:
@@ -120,9 +124,11 @@ class BackboneAttention(nn.Module):
             mask = mask[..., -keys.shape[2] :]
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
-    def output(self, mixed: mx.array) -> mx.array:
+    def output(self, mixed: mx.array, rows: bool = False) -> mx.array:
+        """(B, heads, L, D) mixed values → (B, L, H); with ``rows`` (one position) → (B, H)."""
         batch, _, length, _ = mixed.shape
-        return self.o_proj(mixed.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+        merged = mixed.transpose(0, 2, 1, 3)
+        return self.o_proj(merged.reshape(batch, -1) if rows else merged.reshape(batch, length, -1))
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
         queries, keys, values = self.project(x, cache.offset if cache is not None else 0)
@@ -150,7 +156,7 @@ class BackboneLayer(nn.Module):
         return self.self_attn.project(self.input_layernorm(x), position)
 
     def _after_attention(self, x: mx.array, mixed: mx.array) -> mx.array:
-        x = x + self.post_attention_layernorm(self.self_attn.output(mixed))
+        x = x + self.post_attention_layernorm(self.self_attn.output(mixed, rows=True))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
     @functools.cached_property
@@ -158,8 +164,8 @@ class BackboneLayer(nn.Module):
         return jit(self._before_attention), jit(self._after_attention)
 
     def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
-        """One position (at ``position``, a scalar array) through the layer; the parts around the cache read
-        run compiled."""
+        """One position (at ``position``, a scalar array) of the (B, H) rows ``x`` through the layer; the
+        parts around the cache read run compiled."""
         before, after = self._compiled
         queries, keys, values = before(x, position)
         return after(x, self.self_attn.attend(queries, keys, values, None, cache))
@@ -196,11 +202,14 @@ class Backbone(nn.Module):
     def __call__(self, x: mx.array, caches: list[LayerCache] | None = None) -> mx.array:
         """(B, L, H) inputs → (B, L, H) final-normed hidden states; ``caches`` None means a fresh causal pass."""
         if caches is not None and x.shape[1] == 1:
-            # A single position needs no mask (a sliding cache never holds more than its window).
+            # A single position needs no mask (a sliding cache never holds more than its window). It runs
+            # on rows (B, H): a matrix product of a 3-D input is flattened to rows and back around the
+            # same kernel, two views per projection.
             position = mx.array(caches[0].offset)
+            rows = x.reshape(x.shape[0], -1)
             for layer, cache in zip(self.layers, caches, strict=True):
-                x = layer.step(x, cache, position)
-            return self.norm(x)
+                rows = layer.step(rows, cache, position)
+            return mx.expand_dims(self.norm(rows), 1)
         full_mask, sliding_mask = self._masks(x.shape[1], caches)
         for index, layer in enumerate(self.layers):
             is_global = self.global_layers[index]
@@ -217,8 +226,8 @@ class GatedFusion(nn.Module):
     def __init__(self, hidden_size: int, num_codebooks: int, eps: float) -> None:
         super().__init__()
         self.num_codebooks = num_codebooks
-        self.audio_proj = nn.Linear(hidden_size, hidden_size)
-        self.text_proj = nn.Linear(hidden_size, hidden_size)
+        self.audio_proj = Linear(hidden_size, hidden_size)
+        self.text_proj = Linear(hidden_size, hidden_size)
         self.gate = mx.zeros((hidden_size,))
         self.residual_scale = mx.array(0.5)
         self.final_norm = FloatRMSNorm(hidden_size, eps)
@@ -258,10 +267,10 @@ class MixtureHead(nn.Module):
             *(MixtureLayer(hidden_size, config.intermediate_size, config.eps) for _ in range(config.num_layers)),
             FloatRMSNorm(hidden_size, config.eps),
         ]
-        self.proj_logits = nn.Linear(hidden_size, config.num_predictions, bias=False)
-        self.proj_mus = nn.Linear(hidden_size, config.num_predictions * config.low_rank, bias=False)
-        self.proj_logs = nn.Linear(hidden_size, 1, bias=False)
-        self.proj_else = nn.Linear(hidden_size, latent_size, bias=False)
+        self.proj_logits = Linear(hidden_size, config.num_predictions, bias=False)
+        self.proj_mus = Linear(hidden_size, config.num_predictions * config.low_rank, bias=False)
+        self.proj_logs = Linear(hidden_size, 1, bias=False)
+        self.proj_else = Linear(hidden_size, latent_size, bias=False)
         self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
         self.stacked: Stacked | None = None  # proj_logits, proj_else and proj_logs in one product
 
@@ -270,10 +279,11 @@ class MixtureHead(nn.Module):
         return int(self.stacked is not None)
 
     def sample_gaussian(self, x: mx.array, guidance_scale: float, top_p: float) -> tuple[mx.array, mx.array]:
-        """Guided features (2B, T, H) → (mean (B, T, latent), log std (B, T, 1)) of one drawn component.
+        """Guided features (2B, T, H) or rows (2N, H) → (mean (B, T, latent), log std (B, T, 1)) or
+        (N, latent) and (N, 1) of one drawn component.
 
-        Rows [0, B) are conditional, [B, 2B) unconditional; guidance mixes them after
-        the MLP stack. Draws the component (one uniform tensor, see engine.sampling).
+        The first half (rows [0, B) or [0, N)) is conditional, the second unconditional; guidance
+        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.sampling).
         """
         for block in self.mlp_stack:
             x = block(x)
@@ -281,17 +291,21 @@ class MixtureHead(nn.Module):
             half = x.shape[0] // 2
             conditional, unconditional = x[:half], x[half:]
             x = conditional + materialize(guidance_scale * (conditional - unconditional))
-        batch, length, _ = x.shape
+        leading = x.shape[:-1]
         if self.stacked is not None:
             logits, residual, log_std_raw = self.stacked(x)
         else:
             logits, residual, log_std_raw = self.proj_logits(x), self.proj_else(x), self.proj_logs(x)
-        component = draw_component(logits, top_p).reshape(-1)
-        rows = x.reshape(-1, x.shape[-1])
+        component = draw_component(logits, top_p)
+        rows = x
+        if x.ndim != 2:
+            component, rows = component.reshape(-1), x.reshape(-1, x.shape[-1])
         # Only the drawn component's rows of proj_mus are needed (the weight is read raw, never quantized).
         mean_projection = self.proj_mus.weight.reshape(self.num_components, self.low_rank, -1)[component]
         low_mean = (mean_projection @ rows[..., None]).squeeze(-1)
-        mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1).reshape(batch, length, self.latent_size)
+        mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1)
+        if len(leading) != 1:
+            mean = mean.reshape(*leading, self.latent_size)
         log_std = mx.maximum(log_std_raw, self.min_log_std)
         return materialize(mean * mx.exp(log_std)) + residual, log_std
 
@@ -382,7 +396,7 @@ class EarTTS(nn.Module):
         self.backbone = Backbone(config)
         self.bos_emb = mx.zeros((config.hidden_size,))
         self.null_emb = mx.zeros((config.hidden_size,))
-        self.embed_code = nn.Linear(config.latent_size, config.hidden_size, bias=False)
+        self.embed_code = Linear(config.latent_size, config.hidden_size, bias=False)
         self.embed_subword = CharAwareSubwordEncoder(config.character_encoder, config.hidden_size)
         self.gated_fusion_audio_text = GatedFusion(config.hidden_size, config.num_quantizers, config.rms_norm_eps)
         # Projects reference-audio embeddings into speaker prompts (voice cloning); unused with the built-in latent.
@@ -521,19 +535,31 @@ class EarTTS(nn.Module):
         time, 31 times a frame; these are the same values, sliced once per stored tensor (so
         again after a precast replaces it).
         """
-        source, books = self._codebook_views.get("views", (None, []))
+        return self._codebook_views()[0]
+
+    @property
+    def codebooks_transposed(self) -> list[mx.array]:
+        """``rvq_embs[q].T`` for each quantizer: views too, made once (see :mod:`engine.linear`)."""
+        return self._codebook_views()[1]
+
+    def _codebook_views(self) -> tuple[list[mx.array], list[mx.array]]:
+        source, books, transposed = self._codebook_store.get("views", (None, [], []))
         if source is not self.rvq_embs:
             books = [self.rvq_embs[q : q + 1].squeeze(0) for q in range(self.rvq_embs.shape[0])]
-            mx.eval(books)
-            self._codebook_views["views"] = (self.rvq_embs, books)
-        return books
+            transposed = [book.T for book in books]
+            mx.eval(books, transposed)
+            self._codebook_store["views"] = (self.rvq_embs, books, transposed)
+        return books, transposed
 
     def weight_views(self) -> dict[str, mx.array]:
         """The codebook views, named for :func:`engine.counters.named_weights`."""
-        return {f"rvq_embs#{quantizer}": book for quantizer, book in enumerate(self.codebooks)}
+        books, transposed = self._codebook_views()
+        named = {f"rvq_embs{VIEW_MARK}{quantizer}": book for quantizer, book in enumerate(books)}
+        named.update({f"rvq_embs{VIEW_MARK}{q}{TRANSPOSE_MARK}": book for q, book in enumerate(transposed)})
+        return named
 
     @functools.cached_property
-    def _codebook_views(self) -> dict[str, tuple[mx.array | None, list[mx.array]]]:
+    def _codebook_store(self) -> dict[str, tuple[mx.array | None, list[mx.array], list[mx.array]]]:
         return {}  # in the instance __dict__, outside the parameter tree
 
     @functools.cached_property
@@ -559,9 +585,13 @@ class EarTTS(nn.Module):
         change a single bit, so this is the reference's arithmetic.
         """
         config = self.config
-        conditional, unconditional = hidden[:1], hidden[1:]
-        columns = [mx.full(conditional.shape[:2], config.mask_code, dtype=mx.int32)] * config.num_quantizers
-        chosen_sum = mx.zeros((*conditional.shape[:2], config.latent_size))
+        # The rounds run on rows (T, ·) rather than (1, T, ·): a matrix product of a 3-D input is
+        # flattened to rows and unflattened again around the same kernel, two views per product.
+        _, length, width = hidden.shape
+        rows = hidden.reshape(-1, width)
+        conditional, unconditional = rows[:length], rows[length:]
+        columns = [mx.full((length,), config.mask_code, dtype=mx.int32)] * config.num_quantizers
+        chosen_sum = mx.zeros((length, config.latent_size))
         norms = self.codebook_norms
         for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
@@ -571,13 +601,12 @@ class EarTTS(nn.Module):
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):
-                book = self.codebooks[quantizer]
                 # ‖e‖² − 2 z·e ranks entries like ‖z − e‖².
-                chosen = mx.argmin(norms[quantizer] - 2.0 * (latent @ book.T), axis=-1)
-                row = book[chosen]
+                chosen = mx.argmin(norms[quantizer] - 2.0 * (latent @ self.codebooks_transposed[quantizer]), axis=-1)
+                row = self.codebooks[quantizer][chosen]
                 latent = latent - row
                 chosen_sum = chosen_sum + row
                 columns[quantizer] = chosen.astype(mx.int32)
             if probe is not None:
                 probe(f"tts.rvq.{number}", chosen_sum, *columns)
-        return mx.stack(columns, axis=-1), chosen_sum
+        return mx.expand_dims(mx.stack(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)

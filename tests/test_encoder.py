@@ -87,7 +87,7 @@ def test_step_shapes_and_bounded_caches(perception: Perception, speech_16k: np.n
     assert cache.frames_emitted == 80 and cache.mel_consumed == 8 * 79 + 1
     assert cache.mel.samples.shape == (1440,)
     assert cache.mel_window is not None and cache.mel_window.shape == (1, 17, 128)
-    assert all(item is not None and item.shape == (1, 70, d_model) for item in cache.attention)
+    assert all(item is not None and item.shape == (70, d_model) for item in cache.attention)
     assert all(item is not None and item.shape == (1, 8, d_model) for item in cache.convolution)
     layers = len(perception.encoder.layers)
     assert len(cache.arrays()) == 2 + 2 * layers
@@ -131,7 +131,7 @@ def test_chunked_limited_mask_pattern() -> None:
 
 def test_relative_positions_are_centred(perception: Perception) -> None:
     config = perception.perception_config.encoder
-    rows = np.array(relative_positions(config, 3, mx.float32))[0]
+    rows = np.array(relative_positions(config, 3, mx.float32))
     assert rows.shape == (5, config.d_model)
     # Row 2 is offset 0: sin(0) = 0 in even channels, cos(0) = 1 in odd ones.
     np.testing.assert_array_equal(rows[2, 0::2], 0.0)

@@ -206,7 +206,7 @@ def _stream_and_compare(path: Path, frames: list[mx.array], *, with_rnnt: bool) 
         assert updates[1] > 1 and len(lowered_state.tokens) > 10, "the lowered-blank run should emit tokens"
         gaps["transcript_updates"] = float(updates[1])
         gaps["tokens"] = float(len(lowered_state.tokens))
-    gaps["attention_cache"] = float(cache.attention[0].shape[1]) if cache.attention[0] is not None else 0.0
+    gaps["attention_cache"] = float(cache.attention[0].shape[0]) if cache.attention[0] is not None else 0.0
     return gaps
 
 
