@@ -34,6 +34,8 @@ WINDOWS = {"cold": (0, 5), "early": (6, 70), "steady": (71, None), "late": (700,
 # Counters are reported before and after the encoder's attention cache fills (frame 70).
 COUNTER_WINDOWS = {"early": (6, 70), "steady": (71, None)}
 COUNTER_BITS = (4, 8)
+# --compare: the reference port on the same weights, or (with --numerics fast) this engine in exact mode.
+COMPARISONS = ("mlx-vlm", "exact")
 
 
 def question_audio() -> np.ndarray:
@@ -470,7 +472,7 @@ def bench(
     import mlx.core as mx
 
     from engine.jit import check_report, compile_checking, compile_enabled
-    from engine.numerics import check_numerics
+    from engine.numerics import check_numerics, set_numerics
     from engine.profile_log import device_description
 
     started = time.perf_counter()
@@ -528,9 +530,11 @@ def bench(
         out(f"model {voicechat.name}, {frames} frames counted")
         out(format_counters(report_counters))
         return counted
+    if compare not in (None, *COMPARISONS):
+        raise ValueError(f"--compare supports {' and '.join(COMPARISONS)}, got {compare!r}")
+    if compare == "exact" and voicechat.numerics != "fast":
+        raise ValueError("--compare exact times --numerics fast against exact; add --numerics fast")
     reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
-    if compare not in (None, "mlx-vlm"):
-        raise ValueError(f"--compare supports mlx-vlm, got {compare!r}")
     if history and compare:
         raise ValueError("--history makes the outputs differ from the reference's; it cannot be used with --compare")
     setup_s = time.perf_counter() - started
@@ -543,6 +547,7 @@ def bench(
     samples = bench_input(frames, speech_every=speech_every)
     ours_runs: list[RunRecord] = []
     ref_runs: list[RunRecord] = []
+    exact_runs: list[RunRecord] = []
     for round_index in range(rounds):
         ours_runs.append(
             run_ours(
@@ -559,6 +564,12 @@ def bench(
         if reference is not None:
             ref_runs.append(reference.run(samples, seed=seed))
             out(f"round {round_index + 1}: mlx-vlm p50 {_stats(ref_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
+        if compare == "exact":
+            # The same model switched in place (the weights are shared), then back for the next round.
+            set_numerics(voicechat, "exact")
+            exact_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, out=out))
+            set_numerics(voicechat, "fast")
+            out(f"round {round_index + 1}: exact p50 {_stats(exact_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
 
     best = min(ours_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
     report: dict[str, Any] = {
@@ -589,6 +600,13 @@ def bench(
         report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
         report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
         report["agreement"] = agreement(best, ref_best)
+    if exact_runs:
+        exact_best = min(exact_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+        report["exact"] = summarize_run(exact_best)
+        report["exact_rounds"] = [summarize_run(r) for r in exact_runs]
+        report["speedup_vs_exact_p50"] = report["exact"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
+        report["speedup_vs_exact_mean"] = report["exact"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
+        report["agreement_with_exact"] = agreement(best, exact_best)
     if compile_checking():
         report["compile_check"] = [asdict(check) for check in check_report()]
     out(format_report(report))
@@ -599,6 +617,8 @@ def format_report(report: dict[str, Any]) -> str:
     rows = [("parley", report["parley"])]
     if "mlx_vlm" in report:
         rows.append(("mlx-vlm", report["mlx_vlm"]))
+    if "exact" in report:
+        rows.append(("exact", report["exact"]))
     lines = [
         f"{'':10} {'p50':>8} {'p95':>8} {'mean':>8} {'RTF':>6} {'syncs':>6} {'peak GB':>8} "
         f"{'percep':>7} {'rnnt':>7} {'lang':>7} {'tts':>7} {'codec':>7}"
@@ -614,7 +634,7 @@ def format_report(report: dict[str, Any]) -> str:
     for name, run in rows:
         windows = ", ".join(f"{w} p50 {s['p50_ms']:.2f}" for w, s in run["windows"].items())
         lines.append(f"{name} windows: {windows}")
-    for key, name in (("parley_rounds", "parley"), ("mlx_vlm_rounds", "mlx-vlm")):
+    for key, name in (("parley_rounds", "parley"), ("mlx_vlm_rounds", "mlx-vlm"), ("exact_rounds", "exact")):
         rounds = report.get(key, [])
         if len(rounds) > 1:
             each = "; ".join(f"p50 {r['total']['p50_ms']:.2f}, mean {r['total']['mean_ms']:.2f}" for r in rounds)
@@ -651,6 +671,15 @@ def format_report(report: dict[str, Any]) -> str:
             f"{agree['function_ids_identical']}/{agree['frames']}, codes {agree['codes_identical']}/{agree['frames']}, "
             f"waveform {agree['waveform_identical']}/{agree['frames']} (max abs difference "
             f"{agree['waveform_max_abs']:.2g}); all four: {agree['frames_identical']}/{agree['frames']}"
+        )
+    if "speedup_vs_exact_p50" in report:
+        agree = report["agreement_with_exact"]
+        lines.append(
+            f"fast vs exact (same process, alternating): p50 {report['speedup_vs_exact_p50']:.2f}x, mean "
+            f"{report['speedup_vs_exact_mean']:.2f}x; frames equal to exact: text {agree['text_ids_identical']}/"
+            f"{agree['frames']}, function {agree['function_ids_identical']}/{agree['frames']}, codes "
+            f"{agree['codes_identical']}/{agree['frames']} (first difference: frame {agree['first_code_difference']}), "
+            f"waveform within 1e-5 {agree['waveform_identical']}/{agree['frames']}"
         )
     checks = report.get("compile_check")
     if checks is not None:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from app.bench import COMPARISONS
 from engine.layout import RANDOM_SIZES
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
@@ -84,7 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--frames", type=int, default=100, help="80 ms frames per run (speech, then silence)")
     bench.add_argument("--rounds", type=int, default=1, help="alternating rounds (best round is reported)")
-    bench.add_argument("--compare", choices=("mlx-vlm",), help="also run the reference port on the same weights")
+    bench.add_argument(
+        "--compare",
+        choices=COMPARISONS,
+        help="also run, alternating round by round in this process: mlx-vlm (the reference port on the same "
+        "weights) or exact (with --numerics fast: the same model switched to exact numerics)",
+    )
     bench.add_argument("--sub-stages", action="store_true", help="time sub-stages (forces extra evaluation)")
     bench.add_argument(
         "--curve-every", type=int, metavar="N", help="report frame time and memory per block of N frames (long runs)"

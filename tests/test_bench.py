@@ -59,6 +59,35 @@ def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
     json.dumps(report)  # the --json output must serialise
 
 
+def test_fast_against_exact_alternates_in_one_process_and_puts_fast_back() -> None:
+    lines: list[str] = []
+    report = bench(
+        model=None,
+        random_size="tiny",
+        quantize=4,
+        seed=0,
+        frames=16,
+        rounds=2,
+        compare="exact",
+        sub_stages=False,
+        numerics="fast",
+        out=lines.append,
+    )
+    assert len(report["parley_rounds"]) == len(report["exact_rounds"]) == 2
+    assert [line.split(":")[0] for line in lines if line.startswith("round ")] == [
+        "round 1",
+        "round 1",
+        "round 2",
+        "round 2",
+    ], "fast and exact alternate round by round"
+    assert report["model"]["numerics"] == "fast", "the model is switched back to fast after each exact round"
+    agree = report["agreement_with_exact"]
+    # On the CPU the fused step's fallback reorders a float32 sum: ids and codes stay equal over 16 frames.
+    assert agree["frames"] == 16 and agree["codes_identical"] == 16, agree
+    assert report["speedup_vs_exact_p50"] > 0
+    assert "fast vs exact (same process, alternating)" in format_report(report)
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -67,6 +96,7 @@ def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
         (["--speech-every", "0"], "--speech-every must be between 1 and --frames (100)"),
         (["--history", "-1"], "--history must not be negative"),
         (["--history", "500", "--compare", "mlx-vlm"], "cannot be used with --compare"),
+        (["--compare", "exact"], "--compare exact times --numerics fast against exact; add --numerics fast"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason(

@@ -41,6 +41,9 @@ for arg in "$@"; do
     # Fast numerics: speed against mlx-vlm, counts, and drift against exact (the fused kernel admitted or not).
     fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast4.json" ;;
+    # Fast against exact: the same model switched in place, alternating rounds in one process.
+    fastexact) step fastexact 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
+      --compare exact --json "$OUT/fastexact.json" ;;
     fastcount) step fastcount 300 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
