@@ -549,6 +549,7 @@ class MainWindow(QMainWindow):
                 f"The push-to-talk key cannot be used: {exc}. Space is used instead.", kind="warning"
             )
             self.conversation.talk.configure("Space", settings.talk_mode, hands_free=settings.hands_free)
+        self.conversation.transcript.set_invitation("hands-free" if settings.hands_free else settings.talk_mode)
         self.tray.show_state(self.status, hands_free=settings.hands_free)
 
     def _update_settings(self, **changes: object) -> None:

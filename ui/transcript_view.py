@@ -125,9 +125,8 @@ class TranscriptView(QWidget):
         self._open_turn = False  # whether the last entry may still grow
         self._follow = True
 
-        self.placeholder = QLabel(
-            "Hold the talk key and speak.\nWhat you say and what the assistant answers appears here.", self
-        )
+        self.placeholder = QLabel(self)
+        self.set_invitation("hold")
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.placeholder.setProperty("role", "muted")
         self.placeholder.setWordWrap(True)
@@ -155,6 +154,15 @@ class TranscriptView(QWidget):
         layout.addWidget(self.scroll_area, 1)
         self.scroll_area.hide()
         self.setAccessibleName("Conversation transcript")
+
+    def set_invitation(self, mode: str) -> None:
+        """What the empty transcript asks the user to do, in the talk mode in use ("hold", "toggle", "hands-free")."""
+        how = {
+            "hold": "Hold the talk key and speak.",
+            "toggle": "Press the talk key and speak; press it again when you are done.",
+            "hands-free": "Press the talk key to open the microphone, then just talk.",
+        }[mode]
+        self.placeholder.setText(f"{how}\nWhat you say and what the assistant answers appears here.")
 
     # -- feeding ---------------------------------------------------------------------------------------------------
 

@@ -208,3 +208,14 @@ def test_on_the_welcome_page_the_key_from_another_app_or_the_tray_starts_the_con
     assert fresh.calls_to("set_talking") == [(True,)]
     window.tray.talk_action.trigger()  # the tray's item closes the microphone again
     assert fresh.calls_to("set_talking") == [(True,), (False,)]
+
+
+def test_the_empty_transcript_asks_for_what_the_talk_mode_needs(make_window: object, tmp_path: Path) -> None:
+    for settings, asks in (
+        (Settings(theme="light"), "Hold the talk key and speak."),
+        (Settings(theme="light", talk_mode="toggle"), "press it again when you are done"),
+        (Settings(theme="light", hands_free=True), "open the microphone, then just talk"),
+    ):
+        controller = FakeController(settings, log_dir=tmp_path / "logs")
+        window: MainWindow = make_window(controller)  # type: ignore[operator]
+        assert asks in window.conversation.transcript.placeholder.text(), settings
