@@ -28,7 +28,7 @@ from .layout import PROMPT_FRAMES
 from .linear import Linear, prepare_transposed_weights
 from .llm import NemotronH
 from .memory import check_fits, format_bytes, precast_budget
-from .numerics import Numerics, apply_numerics, bf16_product_kernel
+from .numerics import Numerics, apply_numerics
 from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
@@ -183,9 +183,7 @@ def assemble_voicechat(
         raise TokenizerError(f"{tokenizer.source}: {exc}") from exc
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
-    # Fast numerics reads the projections' bf16 weights directly where its kernel runs here.
-    keep_projections = numerics == "fast" and bf16_product_kernel() is not None
-    added = precast_float32(model, budget=precast_budget, keep_projections=keep_projections) if precast else 0
+    added = precast_float32(model, budget=precast_budget) if precast else 0
     fuse_projections(model)
     prepare_transposed_weights(model)  # after every change of weights: views of the final ones
     fast_changes = apply_numerics(model, numerics)

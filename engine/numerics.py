@@ -14,15 +14,6 @@ nowhere else. The change, what differs from the reference, and why it is safe:
   rounded differently, in float32 throughout as the reference. A kernel is used only after
   it matched its operations fallback (:func:`engine.ssm.fused_step_ops`, the same arithmetic)
   on this device at load (:func:`admit_kernel`); otherwise, and on the CPU, the fallback runs.
-* **bf16 weights read directly** (:class:`engine.linear.Bf16Product`): a dense projection whose
-  bf16 weight meets float32 activations multiplies in one kernel that widens each weight as it
-  reads it and sums in float32, where the reference (and exact mode, once at load) widens the
-  whole weight to a float32 copy and then multiplies. Widening is exact, so the products are the
-  reference's; only the order of the float32 sums differs. A model loaded in fast mode keeps
-  those weights in bf16 — half the bytes a frame reads for them, and no float32 copies in memory.
-  Admitted like the Mamba kernel; on the CPU, or when it is not admitted, the weights are
-  widened once at load as in exact mode and MLX multiplies. (The weights' storage follows the
-  mode a model was loaded in: a switch in place changes the arithmetic, not the storage.)
 
 Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
 stacks them on the CPU only). On CUDA the taller products take another library path with
@@ -38,7 +29,6 @@ figure.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import Literal
@@ -106,39 +96,16 @@ def admit_kernel(
     return True
 
 
-@functools.cache
-def bf16_product_kernel() -> Callable[[mx.array, mx.array], mx.array] | None:
-    """The bf16-weight product kernel for this device, once it matched its fallback here; else None (and
-    always on the CPU). Decided once per process: loading chooses the weights' storage by it."""
-    from .linear import Bf16Product, bf16_product_ops, product_sample
-
-    backend = gpu_kernel_backend()
-    if backend is None:
-        return None
-    try:
-        kernel = Bf16Product(backend)
-    except Exception as exc:  # noqa: BLE001 - a backend without custom kernels simply keeps the fallback
-        log.warning("the bf16 product kernel is not used: %s", exc)
-        return None
-
-    def as_tuple(function: Callable[[mx.array, mx.array], mx.array]) -> Callable[..., tuple[mx.array, ...]]:
-        return lambda x, weight: (function(x, weight),)
-
-    admitted = admit_kernel("bf16 product", as_tuple(kernel), as_tuple(bf16_product_ops), product_sample())
-    return kernel if admitted else None
-
-
 def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     """Prepare a loaded model for ``numerics``; returns which of fast mode's changes are in use.
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
     Fast mode gives each Mamba-2 mixer the fused step: the kernel where it matched its fallback
-    on this device, else the fallback (the same arithmetic as operations; always so on the CPU);
-    and routes dense projections through the bf16 product kernel where it was admitted (it
-    applies to the weights kept in bf16 at load, see :func:`engine.model.assemble_voicechat`).
-    Neither touches the weights, so a loaded model switches in place.
+    on this device, else the fallback (the same arithmetic as operations; always so on the CPU).
+    Either way the weights are untouched, so a loaded model switches in place.
     """
-    from .linear import use_bf16_product
+    import functools
+
     from .llm import Mamba2Mixer
     from .ssm import FusedStep, fused_step_ops
 
@@ -146,7 +113,6 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
         for _, module in model.named_modules():  # type: ignore[attr-defined]
             if isinstance(module, Mamba2Mixer):
                 module.use_fast_step(None)
-        use_bf16_product(model, None)  # type: ignore[arg-type]
         return {}
     mixers = [module for _, module in model.named_modules() if isinstance(module, Mamba2Mixer)]  # type: ignore[attr-defined]
     kernel_used = False
@@ -161,9 +127,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
                 step, kernel_used = kernel, True
         for mixer in mixers:
             mixer.use_fast_step(step)
-    product = bf16_product_kernel()
-    use_bf16_product(model, product)  # type: ignore[arg-type]
-    return {"fused_mamba_step": kernel_used, "bf16_weights_read_directly": product is not None}
+    return {"fused_mamba_step": kernel_used}
 
 
 def _step_sample(mixer: object) -> tuple[mx.array, ...]:

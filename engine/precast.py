@@ -56,29 +56,20 @@ def llm_runs_float32(model: nn.Module) -> bool:
     return probe.dtype == mx.float32
 
 
-def precast_targets(model: nn.Module, keep_projections: bool = False) -> Iterator[tuple[str, mx.array]]:
-    """The bf16 parameters :func:`precast_float32` would cast (with ``keep_projections``, not the weights of
-    dense projections: fast numerics reads those in bf16, see :mod:`engine.linear`)."""
-    from .linear import Linear
-
+def precast_targets(model: nn.Module) -> Iterator[tuple[str, mx.array]]:
+    """The bf16 parameters :func:`precast_float32` would cast."""
     float32_llm = llm_runs_float32(model)
-    kept = (
-        {f"{path}.weight" for path, module in model.named_modules() if isinstance(module, Linear)}
-        if keep_projections
-        else set()
-    )
     for name, value in tree_flatten(model.parameters()):
-        if value.dtype == mx.bfloat16 and _eligible(name, float32_llm) and name not in kept:
+        if value.dtype == mx.bfloat16 and _eligible(name, float32_llm):
             yield name, value
 
 
-def precast_float32(model: nn.Module, budget: int | None = None, keep_projections: bool = False) -> int:
+def precast_float32(model: nn.Module, budget: int | None = None) -> int:
     """Cast the eligible bf16 parameters of ``model`` to float32 in place; returns the bytes added.
 
     Nothing is cast (and 0 returned) when the copies would add more than ``budget`` bytes.
-    ``keep_projections`` leaves the dense projections' weights in bf16 (fast numerics).
     """
-    targets = list(precast_targets(model, keep_projections))
+    targets = list(precast_targets(model))
     added = sum(value.nbytes for _, value in targets)  # a bf16 weight doubles in float32
     if budget is not None and added > budget:
         return 0

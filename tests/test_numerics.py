@@ -95,12 +95,10 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
 def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     fast = random_voicechat("tiny", quantize=4, numerics="fast")
     assert fast.describe()["numerics"] == "fast"
-    assert set(fast.fast_changes) == {"fused_mamba_step", "bf16_weights_read_directly"}
+    assert set(fast.fast_changes) == {"fused_mamba_step"}
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
     assert mixers and all(m.fast_step is not None for m in mixers)
     assert not fast.fast_changes["fused_mamba_step"], "the CPU runs the fallback, not a kernel"
-    assert not fast.fast_changes["bf16_weights_read_directly"], "no kernel on the CPU: weights precast as in exact"
-    assert fast.precast_bytes == random_voicechat("tiny", quantize=4).precast_bytes
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
@@ -134,51 +132,3 @@ def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
         assert result["llm"]["text"]["relative_l2_max"] > 0.0
         free = result["free_running"]
         assert free["first_text_difference"] is None and free["first_codes_difference"] is None, free
-
-
-def test_bf16_products_route_through_the_product_and_back() -> None:
-    """Fast mode's projection path (here with the fallback the CPU would run) gives MLX's own bits, for rows
-    and (1, T, ·) inputs, with and without a bias; exact mode takes the route away again."""
-    from engine.linear import Linear, bf16_product_ops, use_bf16_product
-
-    mx.random.seed(5)
-    calls: list[tuple[int, ...]] = []
-
-    def product(x: mx.array, weight: mx.array) -> mx.array:
-        calls.append(tuple(x.shape))
-        return bf16_product_ops(x, weight)
-
-    for bias in (False, True):
-        layer = Linear(64, 48, bias=bias)
-        layer.update({name: value.astype(mx.bfloat16) for name, value in layer.parameters().items()})
-        assert use_bf16_product(layer, product) == 1
-        for x in (mx.random.normal((3, 64)), mx.random.normal((1, 2, 64))):
-            got = layer(x)
-            assert got.dtype == mx.float32 and got.shape == (*x.shape[:-1], 48)
-            expected = x @ layer.weight.astype(mx.float32).T  # MLX's own product, the weight widened first
-            if bias:
-                expected = expected + layer.bias
-            assert mx.array_equal(got, expected).item(), (bias, x.shape)
-        use_bf16_product(layer, None)
-        before = len(calls)
-        layer(mx.random.normal((3, 64)))
-        assert len(calls) == before, "without a product the layer multiplies as MLX does"
-    assert calls == [(3, 64), (2, 64), (3, 64), (2, 64)], "rows go in as rows; (1, T, ·) as its T rows"
-
-
-def test_kept_projections_stay_bf16_while_the_rest_is_precast() -> None:
-    from engine.linear import Linear
-    from engine.model import assemble_voicechat
-    from engine.precast import precast_targets
-    from engine.random_checkpoint import random_weights
-    from engine.tokenizer import TextTokenizer
-
-    _, config, weights, quantized, tokenizer, _ = random_weights("tiny", quantize=4)
-    model = assemble_voicechat(
-        config, weights, quantized, TextTokenizer(tokenizer, "random"), name="tiny", precast=False
-    ).model
-    every = dict(precast_targets(model))
-    kept = dict(precast_targets(model, keep_projections=True))
-    projections = {f"{path}.weight" for path, module in model.named_modules() if isinstance(module, Linear)}
-    assert set(every) - set(kept) == set(every) & projections and set(every) & projections
-    assert "stt_model.perception.encoder.layers.0.conv.pointwise_conv1.weight" in kept, "convolutions stay precast"

@@ -41,8 +41,6 @@ for arg in "$@"; do
     # Fast numerics: speed against mlx-vlm, counts, and drift against exact (the fused kernel admitted or not).
     fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast4.json" ;;
-    # Fast numerics' kernels against their fallbacks, and their cost per call.
-    product) step product 120 python3 tests/device/kernels.py ;;
     # Fast against exact: the same model switched in place, alternating rounds in one process.
     fastexact) step fastexact 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
