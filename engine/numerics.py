@@ -19,7 +19,9 @@ Tried and rejected: stacking the projections that share an input on the GPU too 
 stacks them on the CPU only). On CUDA the taller products take another library path with
 reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
-(README, "Fast numerics").
+(README, "Fast numerics"). Also not kept: a kernel reading bf16 projection weights directly; it
+matched MLX's product for one row, but MLX's float32 product of several rows on CUDA is less
+precise than its own dot products (2e-4 apart), and it was no faster per call.
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
 "Fast numerics" section, with the drift each change causes. Random weights make the
