@@ -5,7 +5,8 @@ Runs the session on a checkpoint folder or on seeded random weights made in memo
 multi-GB write), feeding a spoken question followed by silence in 80 ms frames. With
 ``--compare mlx-vlm`` the reference port's own streaming session runs on the same
 weights in the same process, alternating with ours round by round, and the discrete
-outputs of both are compared frame by frame.
+outputs of both are compared frame by frame. With ``--numerics fast --compare exact`` the
+same model runs fast and exact numerics in alternating rounds (switched in place).
 
 Reported per run: per-stage p50/p95, the realtime factor, host syncs per frame, peak
 memory, and frame-time windows — cold (0–5), early steady state (6–70), past the
