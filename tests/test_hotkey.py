@@ -434,14 +434,15 @@ def test_the_pynput_backend_hears_keys_pressed_anywhere_on_x11(monkeypatch: pyte
 
         keyboard = Controller()  # XTest: key events as from the hardware, into no window of ours
         try:
-            keyboard.press(Key.f8)  # f8 alone is another shortcut
-            keyboard.release(Key.f8)
             keyboard.press(Key.ctrl)
             keyboard.press(Key.f8)
-            wait_for(lambda: events == [START])
+            wait_for(lambda: events[:1] == [START])
             keyboard.release(Key.f8)
             keyboard.release(Key.ctrl)
-            wait_for(lambda: events == [START, STOP])
+            wait_for(lambda: events[1:2] == [STOP])
+            keyboard.press(Key.f8)  # f8 alone is another shortcut: no talk
+            keyboard.release(Key.f8)
+            time.sleep(0.3)  # the listener hears it within milliseconds
         finally:
             key.stop()
             # pynput's X11 listener ends at the next key event; what it sees then must reach nobody.
@@ -452,4 +453,7 @@ def test_the_pynput_backend_hears_keys_pressed_anywhere_on_x11(monkeypatch: pyte
             wait_for(lambda: not [t for t in threading.enumerate() if isinstance(t, Listener)])
             del keyboard
             gc.collect()  # close the controller's display connection before the server goes
-        assert events == [START, STOP]
+        # Xvfb's record extension now and then delivers a whole burst of key events a second time (seen in about
+        # one run in eight, milliseconds later): each copy is a complete start and stop, never a stray start.
+        assert events[:2] == [START, STOP] and events == [START, STOP] * (len(events) // 2), events
+        assert not key.talking
