@@ -453,7 +453,8 @@ def test_the_pynput_backend_hears_keys_pressed_anywhere_on_x11(monkeypatch: pyte
             wait_for(lambda: not [t for t in threading.enumerate() if isinstance(t, Listener)])
             del keyboard
             gc.collect()  # close the controller's display connection before the server goes
-        # Xvfb's record extension now and then delivers a whole burst of key events a second time (seen in about
-        # one run in eight, milliseconds later): each copy is a complete start and stop, never a stray start.
+        # Keys pressed right after the listener starts are now and then delivered twice, a whole burst again
+        # milliseconds later (about one run in eight: pynput reports the listener ready before it enables X's
+        # record context). Each copy is a complete start and stop, never a stray start.
         assert events[:2] == [START, STOP] and events == [START, STOP] * (len(events) // 2), events
         assert not key.talking
