@@ -85,7 +85,9 @@ def test_spoken_question_reaches_the_engine_and_the_answer_reaches_the_speaker(
     offsets = []
     for start in range(rate // 2, played.size - rate // 2, rate // 2):
         lag, r = xcorr_match(played[start : start + rate // 4], spoken)
-        assert r > 0.6, f"speaker audio at {start / rate:.1f} s is not the codec output (r={r:.3f})"
+        # 0.5: a quarter second straddling an underrun on a busy 2-core machine reads about 0.6; another
+        # stream, or a skip, reads near 0 (and a skip moves the offsets, checked below).
+        assert r > 0.5, f"speaker audio at {start / rate:.1f} s is not the codec output (r={r:.3f})"
         offsets.append(start - lag)
     assert len(offsets) >= 6, f"only {played.size / rate:.1f} s reached the speaker"
     assert max(offsets) - min(offsets) <= rate // 100, f"playback skipped or stalled: offsets {offsets}"
