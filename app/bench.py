@@ -289,21 +289,26 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
     def windows(values: list[float]) -> dict[str, float | None]:
         return {name: _window_mean(values, window) for name, window in COUNTER_WINDOWS.items()}
 
+    steady = censuses[COUNTER_WINDOWS["steady"][0] :] or censuses[COUNTER_WINDOWS["early"][0] :] or censuses
+    frames = max(len(steady), 1)
     per_stage = {}
     for stage in STAGES:
         parts = [census.stages.get(stage) for census in censuses]
+        stage_primitives: Counter[str] = Counter()
+        for census in steady:
+            if stage in census.stages:
+                stage_primitives.update(census.stages[stage].by_primitive)
         per_stage[stage] = {
             "primitives": windows([part.primitives if part else 0 for part in parts]),
             "kernels": windows([part.kernels if part else 0 for part in parts]),
+            "steady_by_primitive": {name: round(count / frames, 1) for name, count in stage_primitives.most_common()},
         }
-    steady = censuses[COUNTER_WINDOWS["steady"][0] :] or censuses[COUNTER_WINDOWS["early"][0] :] or censuses
     uses: Counter[Any] = Counter()
     by_primitive: Counter[str] = Counter()
     for census in steady:
         uses.update(census.weight_uses())
         for stage in census.stages.values():
             by_primitive.update(stage.by_primitive)
-    frames = max(len(steady), 1)
     uses = Counter({use: count / frames for use, count in uses.items()})
     kept_syncs = syncs[COUNTER_WINDOWS["early"][0] :] or syncs
     return {
@@ -514,6 +519,11 @@ def bench(
     from engine.session import warm_up
 
     warm_s = warm_up(voicechat, speech=question_audio())
+    if compare == "exact" and voicechat.numerics == "fast":
+        # Exact mode's programs differ where fast mode's kernels sit: trace and compile them before the rounds too.
+        set_numerics(voicechat, "exact")
+        warm_s += warm_up(voicechat, speech=question_audio())
+        set_numerics(voicechat, "fast")
     kernels_warm = compiled_kernels()
     if counters:
         censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)

@@ -11,9 +11,10 @@ read in):
   sliding layers) in a ring buffer read in rotated order once it has wrapped.
 
 Both have the same contract: ``update(keys, values)`` stores ``(B, heads, L, D)``
-arrays and returns the keys and values attention must read, and ``arrays()`` lists
-what a frame's evaluation must materialise. A static, preallocated store (a fast
-numerics mode) would keep that contract.
+arrays and returns the keys and values attention must read, ``store(keys, values)``
+(one position) returns the whole buffers and how many leading positions are filled,
+for a kernel that reads them unsliced (:mod:`engine.decode_attention`), and ``arrays()``
+lists what a frame's evaluation must materialise.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ class KVCache:
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Store (B, kv_heads, L, head_dim) keys and values; return every stored position in order."""
+        key_buffer, value_buffer, filled = self.store(keys, values)
+        return key_buffer[..., :filled, :], value_buffer[..., :filled, :]
+
+    def store(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int]:
+        """Store keys and values like :meth:`update`; return the whole buffers and how many leading
+        positions of them are filled (a kernel reads the buffer as it is, with no slice)."""
         start = self.offset
         new_positions = keys.shape[2]
         if self.keys is None or self.values is None or start + new_positions > self.keys.shape[2]:
@@ -75,7 +82,7 @@ class KVCache:
         self.offset = start + new_positions
         self.keys[..., start : self.offset, :] = keys
         self.values[..., start : self.offset, :] = values
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        return self.keys, self.values, self.offset
 
     def _grow(self, keys: mx.array, values: mx.array) -> None:
         batch, kv_heads, new_positions, key_dim = keys.shape
@@ -144,6 +151,16 @@ class SlidingKVCache:
         return self.keys, self.values
 
     def _write_one(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        key_buffer, value_buffer, filled = self.store(keys, values)
+        if filled < key_buffer.shape[2]:
+            return key_buffer[..., :filled, :], value_buffer[..., :filled, :]
+        return key_buffer, value_buffer
+
+    def store(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int]:
+        """Write one position (B, H, 1, D) into the ring buffer; return the whole buffers and how many
+        leading slots are filled (all of them once it has wrapped; read as stored, like :meth:`update`)."""
+        if keys.shape[2] != 1:
+            raise ValueError(f"store writes one position at a time, not {keys.shape[2]}")
         start = self.offset
         if (
             self.keys is None
@@ -171,9 +188,7 @@ class SlidingKVCache:
         self.values[..., slot : slot + 1, :] = values
         self.offset += 1
         self.write_index += 1
-        if self.offset < self.window:
-            return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
-        return self.keys, self.values
+        return self.keys, self.values, min(self.offset, self.keys.shape[2])
 
     def attention_mask(self, length: int) -> AttentionMask:
         if length == 1:

@@ -28,6 +28,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -181,18 +182,12 @@ class RelativePositionAttention(nn.Module):
         self.pos_bias_u = mx.zeros((heads, self.head_dim))
         self.pos_bias_v = mx.zeros((heads, self.head_dim))
         self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
+        # Fast numerics: one query row's attention as one kernel (engine.decode_attention), or its fallback.
+        self.fast_attention: Callable[..., mx.array] | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("linear_k", "linear_v"))
         return int(self.stacked is not None)
-
-    @staticmethod
-    def _relative_shift(scores: mx.array) -> mx.array:
-        """Re-index ``(B, H, Tq, P)`` scores from absolute offset columns to key columns."""
-        batch, heads, queries, offsets = scores.shape
-        shifted = mx.pad(scores, [(0, 0), (0, 0), (0, 0), (1, 0)])
-        shifted = shifted.reshape(batch, heads, offsets + 1, queries)[:, :, 1:, :]
-        return shifted.reshape(batch, heads, queries, offsets)
 
     def __call__(
         self,
@@ -215,25 +210,53 @@ class RelativePositionAttention(nn.Module):
         else:
             k, v = self.linear_k(keys), self.linear_v(keys)
         p = positions if projected else self.linear_pos(positions)
-        rows = q.ndim == 2
-        batch = 1 if rows else q.shape[0]
-        query_len, key_len = q.shape[-2], k.shape[-2]
+        one_row = q.ndim == 2 and q.shape[0] == 1 and mask is None  # the stream's newest frame
+        if self.fast_attention is not None and one_row and q.dtype == k.dtype == v.dtype == p.dtype == mx.float32:
+            return self.linear_out(self.fast_attention(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale))
+        return self.linear_out(attend_relative(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale, mask))
 
-        q = q.reshape(batch, query_len, self.heads, self.head_dim)
-        q_content = (q + self.pos_bias_u).transpose(0, 2, 1, 3)
-        q_position = (q + self.pos_bias_v).transpose(0, 2, 1, 3)
-        k = k.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-        v = v.reshape(batch, key_len, self.heads, self.head_dim).transpose(0, 2, 1, 3)
-        p = p.reshape(1, -1, self.heads, self.head_dim).transpose(0, 2, 1, 3)
 
-        position_scores = self._relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
-        # Stored before SDPA adds it to the content scores (its fallback does, outside the fused kernel).
-        position_scores = materialize(position_scores[:, :, :, :key_len] * self.scale)
-        if mask is not None:
-            position_scores = position_scores + mask
-        attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=self.scale, mask=position_scores)
-        merged = attended.transpose(0, 2, 1, 3)
-        return self.linear_out(merged.reshape(query_len, -1) if rows else merged.reshape(batch, query_len, -1))
+def _relative_shift(scores: mx.array) -> mx.array:
+    """Re-index ``(B, H, Tq, P)`` scores from absolute offset columns to key columns."""
+    batch, heads, queries, offsets = scores.shape
+    shifted = mx.pad(scores, [(0, 0), (0, 0), (0, 0), (1, 0)])
+    shifted = shifted.reshape(batch, heads, offsets + 1, queries)[:, :, 1:, :]
+    return shifted.reshape(batch, heads, queries, offsets)
+
+
+def attend_relative(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    p: mx.array,
+    bias_u: mx.array,
+    bias_v: mx.array,
+    scale: float,
+    mask: mx.array | None = None,
+) -> mx.array:
+    """Relative-position attention after the projections: ``q`` (B, Tq, d) over ``k``/``v`` (B, Tk, d) with
+    the projected position rows ``p`` (2·Tk-1, d) and the biases (H, hd); rows (Tq, d) and (Tk, d) are a batch
+    of one and give rows back. Returns the heads' mixed values merged (before the output projection)."""
+    heads, head_dim = bias_u.shape
+    rows = q.ndim == 2
+    batch = 1 if rows else q.shape[0]
+    query_len, key_len = q.shape[-2], k.shape[-2]
+
+    q = q.reshape(batch, query_len, heads, head_dim)
+    q_content = (q + bias_u).transpose(0, 2, 1, 3)
+    q_position = (q + bias_v).transpose(0, 2, 1, 3)
+    k = k.reshape(batch, key_len, heads, head_dim).transpose(0, 2, 1, 3)
+    v = v.reshape(batch, key_len, heads, head_dim).transpose(0, 2, 1, 3)
+    p = p.reshape(1, -1, heads, head_dim).transpose(0, 2, 1, 3)
+
+    position_scores = _relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
+    # Stored before SDPA adds it to the content scores (its fallback does, outside the fused kernel).
+    position_scores = materialize(position_scores[:, :, :, :key_len] * scale)
+    if mask is not None:
+        position_scores = position_scores + mask
+    attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=scale, mask=position_scores)
+    merged = attended.transpose(0, 2, 1, 3)
+    return merged.reshape(query_len, -1) if rows else merged.reshape(batch, query_len, -1)
 
 
 class ConvolutionModule(nn.Module):
@@ -545,36 +568,45 @@ class FastConformer(nn.Module):
             next_convolution.append(conv_state)
         return (x.reshape(shape), *next_attention, *next_convolution)
 
-    @functools.cached_property
+    @property
     def _fresh_stream(self) -> Callable[..., tuple[mx.array, ...]]:
         """The first frame: no attention cache yet; inputs ``(x, *convolution)``."""
-        layers = len(self.layers)
+        return self._stream_program("fresh")
 
-        def program(x: mx.array, *convolution: mx.array) -> tuple[mx.array, ...]:
-            return self._layers_ops(x, [None] * layers, list(convolution), None)
-
-        return jit(program)
-
-    @functools.cached_property
+    @property
     def _filling_stream(self) -> Callable[..., tuple[mx.array, ...]]:
         """Frames 2 … 70, while the attention caches fill; inputs ``(x, *attention, *convolution)``."""
-        layers = len(self.layers)
+        return self._stream_program("filling")
 
-        def program(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-            return self._layers_ops(x, list(states[:layers]), list(states[layers:]), None)
-
-        return jit(program)
-
-    @functools.cached_property
+    @property
     def _steady_stream(self) -> Callable[..., tuple[mx.array, ...]]:
         """Full caches; inputs ``(x, *attention, *convolution, *projected positions)``."""
-        layers = len(self.layers)
+        return self._stream_program("steady")
 
-        def program(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-            attention, convolution, positions = states[:layers], states[layers : 2 * layers], states[2 * layers :]
-            return self._layers_ops(x, list(attention), list(convolution), list(positions))
+    def _stream_program(self, kind: str) -> Callable[..., tuple[mx.array, ...]]:
+        """The compiled ``kind`` program for the attention in use: a trace holds the attention it was traced
+        with, so a model switched between numerics modes keeps one program per mode."""
+        key = (kind, self.layers[0].self_attn.fast_attention if self.layers else None)
+        programs = self._stream_programs
+        if key not in programs:
+            layers = len(self.layers)
 
-        return jit(program)
+            def fresh(x: mx.array, *convolution: mx.array) -> tuple[mx.array, ...]:
+                return self._layers_ops(x, [None] * layers, list(convolution), None)
+
+            def filling(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+                return self._layers_ops(x, list(states[:layers]), list(states[layers:]), None)
+
+            def steady(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+                attention, convolution, positions = states[:layers], states[layers : 2 * layers], states[2 * layers :]
+                return self._layers_ops(x, list(attention), list(convolution), list(positions))
+
+            programs[key] = jit({"fresh": fresh, "filling": filling, "steady": steady}[kind])
+        return programs[key]
+
+    @functools.cached_property
+    def _stream_programs(self) -> dict[tuple[str, Any], Callable[..., tuple[mx.array, ...]]]:
+        return {}  # in the instance __dict__, outside the parameter tree
 
 
 class Perception(nn.Module):

@@ -315,8 +315,20 @@ class NemotronH(nn.Module):
 
     # ----------------------------------------------------------------- compiled single-position step
 
-    @functools.cached_property
+    @property
     def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
+        """The compiled pieces for the Mamba step in use: a program's trace holds the step it was traced
+        with, so a model switched between numerics modes keeps one set of programs per step."""
+        step = next((layer.mixer.fast_step for layer in self.layers if isinstance(layer.mixer, Mamba2Mixer)), None)
+        if step not in self._segment_sets:
+            self._segment_sets[step] = self._build_segments()
+        return self._segment_sets[step]
+
+    @functools.cached_property
+    def _segment_sets(self) -> dict[Any, list[tuple[str, tuple[int, ...], Callable[..., Any]]]]:
+        return {}  # in the instance __dict__, outside the parameter tree
+
+    def _build_segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
         """The stack as compiled pieces: runs of Mamba/MLP blocks, and attention blocks split around the cache."""
         segments: list[tuple[str, tuple[int, ...], Callable[..., Any]]] = []
         run: list[int] = []

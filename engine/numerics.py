@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 
@@ -73,18 +73,21 @@ def relative_l2(actual: mx.array, expected: mx.array) -> float:
 
 def admit_kernel(
     name: str,
-    kernel: Callable[..., tuple[mx.array, ...]],
-    fallback: Callable[..., tuple[mx.array, ...]],
-    inputs: tuple[mx.array, ...],
+    kernel: Callable[..., Any],
+    fallback: Callable[..., Any],
+    inputs: tuple[Any, ...],
     tolerance: float = KERNEL_TOLERANCE,
 ) -> bool:
     """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
-    (relative L2). A kernel that fails to build or run, or disagrees, is not used (and the log says why)."""
+    (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
+    (and the log says why). Either may return one array or a tuple of them."""
     try:
-        got = kernel(*inputs)
-        want = fallback(*inputs)
+        got, want = _outputs(kernel(*inputs)), _outputs(fallback(*inputs))
         mx.eval(got, want)
-        errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
+        if tolerance == 0:
+            errors = [0.0 if mx.array_equal(a, b).item() else float("inf") for a, b in zip(got, want, strict=True)]
+        else:
+            errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run on this device is simply not used
         log.warning("the %s kernel is not used: it failed on this device (%s)", name, exc)
         return False
@@ -98,38 +101,129 @@ def admit_kernel(
     return True
 
 
+def _outputs(result: Any) -> tuple[mx.array, ...]:
+    return (result,) if isinstance(result, mx.array) else tuple(result)
+
+
+# Fast mode's parts, made and admitted once per process and layer shape: a model switched back and forth
+# gets the same objects again, so the programs compiled around them are reused (see engine.llm, engine.tts).
+_PARTS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = {}
+
+
+def _fast_part(
+    key: tuple[Any, ...],
+    name: str,
+    fallback: Callable[..., Any],
+    make_kernel: Callable[[str], Callable[..., Any]],
+    sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
+    tolerance: float = KERNEL_TOLERANCE,
+) -> tuple[Callable[..., Any], bool]:
+    """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
+    ``sample``: one tuple of inputs, or a list of them), else the fallback."""
+    backend = gpu_kernel_backend()
+    full_key = (*key, backend)
+    if full_key not in _PARTS:
+        part, used = fallback, False
+        if backend is not None:
+            try:
+                kernel = make_kernel(backend)
+            except ValueError as exc:
+                log.info("no %s kernel for this shape (%s)", name, exc)
+            else:
+                samples = sample()
+                cases = samples if isinstance(samples, list) else [samples]
+                if all(admit_kernel(name, kernel, fallback, inputs, tolerance) for inputs in cases):
+                    part, used = kernel, True
+        _PARTS[full_key] = (part, used)
+    return _PARTS[full_key]
+
+
 def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
-    """Prepare a loaded model for ``numerics``; returns which of fast mode's changes are in use.
+    """Prepare a loaded model for ``numerics``; returns which of fast mode's changes run as kernels.
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
-    Fast mode gives each Mamba-2 mixer the fused step: the kernel where it matched its fallback
-    on this device, else the fallback (the same arithmetic as operations; always so on the CPU).
+    Fast mode gives each Mamba-2 mixer the fused step, the TTS backbone's and the encoder's
+    attention their single-position kernels and the MaskGIT rounds the residual-VQ kernel: each the kernel where
+    it matched its fallback on this device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place.
     """
     import functools
 
+    from .decode_attention import (
+        DecodeAttention,
+        RelativeDecodeAttention,
+        decode_attention_ops,
+        decode_attention_samples,
+        relative_attention_samples,
+    )
+    from .encoder import RelativePositionAttention, attend_relative
     from .llm import Mamba2Mixer
+    from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .ssm import FusedStep, fused_step_ops
+    from .tts import BackboneAttention, EarTTS
 
-    if check_numerics(numerics) == "exact":
-        for _, module in model.named_modules():  # type: ignore[attr-defined]
-            if isinstance(module, Mamba2Mixer):
-                module.use_fast_step(None)
-        return {}
-    mixers = [module for _, module in model.named_modules() if isinstance(module, Mamba2Mixer)]  # type: ignore[attr-defined]
-    kernel_used = False
-    if mixers:
+    fast = check_numerics(numerics) == "fast"
+    modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
+    changes: dict[str, bool] = {}
+    mixers = [module for module in modules if isinstance(module, Mamba2Mixer)]
+    step: Callable[..., Any] | None = None
+    if fast and mixers:
         first = mixers[0]
-        fallback = functools.partial(fused_step_ops, groups=first.n_groups)
-        step: Callable[..., tuple[mx.array, mx.array]] = fallback
-        backend = gpu_kernel_backend()
-        if backend is not None:
-            kernel = FusedStep(backend, first.num_heads, first.head_dim, first.n_groups, first.state_size)
-            if admit_kernel("Mamba-2 step", kernel, fallback, _step_sample(first)):
-                step, kernel_used = kernel, True
-        for mixer in mixers:
-            mixer.use_fast_step(step)
-    return {"fused_mamba_step": kernel_used}
+        step, changes["fused_mamba_step"] = _fast_part(
+            ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size),
+            "Mamba-2 step",
+            functools.partial(fused_step_ops, groups=first.n_groups),
+            lambda backend: FusedStep(backend, first.num_heads, first.head_dim, first.n_groups, first.state_size),
+            lambda: _step_sample(first),
+        )
+    for mixer in mixers:
+        mixer.use_fast_step(step)
+
+    attentions = [module for module in modules if isinstance(module, BackboneAttention)]
+    attention: Callable[..., Any] | None = None
+    if fast and attentions:
+        first_attention = attentions[0]
+        heads = (first_attention.num_heads, first_attention.num_kv_heads, first_attention.head_dim)
+        attention, changes["decode_attention"] = _fast_part(
+            ("attention", *heads),
+            "single-position attention",
+            decode_attention_ops,
+            lambda backend: DecodeAttention(backend, *heads),
+            lambda: decode_attention_samples(*heads),
+        )
+    for module in attentions:
+        module.fast_attention = attention
+
+    relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
+    relative: Callable[..., Any] | None = None
+    if fast and relatives:
+        first_relative = relatives[0]
+        shape = (first_relative.heads, first_relative.head_dim)
+        relative, changes["relative_attention"] = _fast_part(
+            ("relative", *shape, first_relative.pos_bias_u.dtype),
+            "encoder attention",
+            attend_relative,
+            lambda backend: RelativeDecodeAttention(backend, *shape),
+            lambda: relative_attention_samples(*shape, first_relative.pos_bias_u.dtype),
+        )
+    for module in relatives:
+        module.fast_attention = relative
+
+    for tts in (module for module in modules if isinstance(module, EarTTS)):
+        nearest: Callable[..., Any] = nearest_code_ops
+        if fast:
+            shape = (tts.config.codebook_size, tts.config.latent_size)
+            types = (tts.rvq_embs.dtype, tts.codebook_norms[0].dtype)  # precast codebooks keep bf16 norms
+            nearest, changes["residual_vq"] = _fast_part(
+                ("residual_vq", *shape, *types),
+                "residual-VQ step",
+                nearest_code_ops,
+                NearestCode,
+                functools.partial(nearest_code_sample, *shape, *types),
+                tolerance=0.0,  # bit-identical to the operations, or not used
+            )
+        tts.nearest_code = nearest
+    return changes
 
 
 def _step_sample(mixer: object) -> tuple[mx.array, ...]:

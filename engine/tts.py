@@ -27,10 +27,12 @@ import mlx.nn as nn
 from .cache import AttentionMask, KVCache, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
 from .counters import TRANSPOSE_MARK, VIEW_MARK
+from .decode_attention import DecodeAttention, decode_attention_ops
 from .fused import Stacked, stack_projections
 from .jit import jit, materialize
 from .linear import Linear
 from .profiler import Probe
+from .residual_vq import nearest_code_ops
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
@@ -93,6 +95,8 @@ class BackboneAttention(nn.Module):
         base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
         self.rope = nn.RoPE(head_dim, traditional=False, base=base)
         self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
+        # Fast numerics: one position's attention over the cache buffer as one kernel (or its fallback).
+        self.fast_attention: Callable[..., mx.array] | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
@@ -123,6 +127,17 @@ class BackboneAttention(nn.Module):
         if isinstance(mask, mx.array) and mask.shape[-1] != keys.shape[2]:
             mask = mask[..., -keys.shape[2] :]
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+
+    def attend_rows(self, queries: mx.array, keys: mx.array, values: mx.array, cache: LayerCache) -> mx.array:
+        """Fast numerics' single-position attention: store the new keys/values and return the mixed values
+        as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.decode_attention`)."""
+        assert self.fast_attention is not None
+        key_buffer, value_buffer, filled = cache.store(keys, values)
+        if isinstance(self.fast_attention, DecodeAttention) and not (
+            queries.dtype == key_buffer.dtype == value_buffer.dtype == mx.float32
+        ):
+            return decode_attention_ops(queries, key_buffer, value_buffer, filled, self.scale)  # float32 kernel only
+        return self.fast_attention(queries, key_buffer, value_buffer, filled, self.scale)
 
     def output(self, mixed: mx.array, rows: bool = False) -> mx.array:
         """(B, heads, L, D) mixed values → (B, L, H); with ``rows`` (one position) → (B, H)."""
@@ -159,15 +174,21 @@ class BackboneLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn.output(mixed, rows=True))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def _after_attention_rows(self, x: mx.array, mixed_rows: mx.array) -> mx.array:
+        x = x + self.post_attention_layernorm(self.self_attn.o_proj(mixed_rows))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
     @functools.cached_property
-    def _compiled(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
-        return jit(self._before_attention), jit(self._after_attention)
+    def _compiled(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+        return jit(self._before_attention), jit(self._after_attention), jit(self._after_attention_rows)
 
     def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
         """One position (at ``position``, a scalar array) of the (B, H) rows ``x`` through the layer; the
         parts around the cache read run compiled."""
-        before, after = self._compiled
+        before, after, after_rows = self._compiled
         queries, keys, values = before(x, position)
+        if self.self_attn.fast_attention is not None:
+            return after_rows(x, self.self_attn.attend_rows(queries, keys, values, cache))
         return after(x, self.self_attn.attend(queries, keys, values, None, cache))
 
 
@@ -403,6 +424,8 @@ class EarTTS(nn.Module):
         self.audio_prompt_projection_W = mx.zeros((config.hidden_size, config.hidden_size))
         self.mog_head = MixtureHead(config.hidden_size, config.latent_size, config.mog_head)
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, config.latent_size))
+        # One quantizer's greedy step after its product: the operations, or fast numerics' kernel.
+        self.nearest_code: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
 
     def make_cache(self) -> TTSCache:
         """Fresh attention state: unbounded caches on global layers, sliding-window caches elsewhere."""
@@ -570,11 +593,16 @@ class EarTTS(nn.Module):
         return norms
 
     @functools.cached_property
-    def _compiled_refine(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
-        return jit(self._refine_ops, draws_random=True)
+    def _compiled_refines(self) -> dict[Any, Callable[[mx.array], tuple[mx.array, mx.array]]]:
+        return {}  # one program per residual-VQ step in use (a trace holds the one it was traced with)
 
     def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
-        return self._compiled_refine(hidden) if hidden.shape[1] == 1 else self._refine_ops(hidden)
+        if hidden.shape[1] != 1:
+            return self._refine_ops(hidden)
+        programs = self._compiled_refines
+        if self.nearest_code not in programs:
+            programs[self.nearest_code] = jit(self._refine_ops, draws_random=True)
+        return programs[self.nearest_code](hidden)
 
     def _refine_ops(self, hidden: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
         """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors.
@@ -593,6 +621,9 @@ class EarTTS(nn.Module):
         columns = [mx.full((length,), config.mask_code, dtype=mx.int32)] * config.num_quantizers
         chosen_sum = mx.zeros((length, config.latent_size))
         norms = self.codebook_norms
+        nearest = self.nearest_code
+        if rows.dtype != mx.float32:
+            nearest = nearest_code_ops  # the kernel takes float32 residuals
         for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
             features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
@@ -601,12 +632,11 @@ class EarTTS(nn.Module):
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):
-                # ‖e‖² − 2 z·e ranks entries like ‖z − e‖².
-                chosen = mx.argmin(norms[quantizer] - 2.0 * (latent @ self.codebooks_transposed[quantizer]), axis=-1)
-                row = self.codebooks[quantizer][chosen]
-                latent = latent - row
-                chosen_sum = chosen_sum + row
-                columns[quantizer] = chosen.astype(mx.int32)
+                # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.residual_vq).
+                scores = latent @ self.codebooks_transposed[quantizer]
+                columns[quantizer], latent, chosen_sum = nearest(
+                    scores, norms[quantizer], self.codebooks[quantizer], latent, chosen_sum
+                )
             if probe is not None:
                 probe(f"tts.rvq.{number}", chosen_sum, *columns)
         return mx.expand_dims(mx.stack(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)

@@ -15,10 +15,15 @@ import mlx.core as mx
 import pytest
 
 from app.drift import measure_drift
-from engine.llm import Mamba2Mixer
+from engine.cache import KVCache, SlidingKVCache
+from engine.decode_attention import decode_attention_ops
+from engine.encoder import RelativePositionAttention, attend_relative
+from engine.llm import Mamba2Mixer, NemotronH
 from engine.numerics import admit_kernel, apply_numerics, check_numerics, relative_l2
 from engine.random_checkpoint import random_voicechat
+from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, silu_gate, ssm_scan
+from engine.tts import BackboneAttention
 
 LOGITS_RELATIVE_L2 = 1e-4
 TTS_HIDDEN_RELATIVE_L2 = 1e-4
@@ -95,27 +100,108 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
 def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     fast = random_voicechat("tiny", quantize=4, numerics="fast")
     assert fast.describe()["numerics"] == "fast"
-    assert set(fast.fast_changes) == {"fused_mamba_step"}
+    assert fast.fast_changes == {
+        "fused_mamba_step": False,
+        "decode_attention": False,
+        "relative_attention": False,
+        "residual_vq": False,
+    }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
     assert mixers and all(m.fast_step is not None for m in mixers)
-    assert not fast.fast_changes["fused_mamba_step"], "the CPU runs the fallback, not a kernel"
+    attentions = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneAttention)]
+    assert attentions and all(m.fast_attention is decode_attention_ops for m in attentions)
+    relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
+    assert relatives and all(m.fast_attention is attend_relative for m in relatives)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
+    assert all(m.fast_attention is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
 
 
+def _llm_steps(voicechat: object, seed: int = 3) -> mx.array:
+    """The LLM's hidden state after a prefill and three compiled single-position steps."""
+    llm = next(m for _, m in voicechat.model.named_modules() if isinstance(m, NemotronH))  # type: ignore[attr-defined]
+    width = llm.config.hidden_size
+    keys = mx.random.split(mx.random.key(seed), 4)
+    cache = llm.make_cache()
+    llm(mx.random.normal((1, 3, width), key=keys[0]), cache)
+    hidden = [llm(mx.random.normal((1, 1, width), key=key), cache) for key in keys[1:]]
+    mx.eval(hidden)
+    return hidden[-1]
+
+
 def test_a_loaded_model_switches_numerics_in_place() -> None:
+    """After its programs were compiled in one mode, a switched model computes the other mode's numbers
+    (a compiled trace holds the step it was traced with), and switching back gives the first mode's bits."""
     from engine.numerics import set_numerics
 
     voicechat = random_voicechat("tiny", quantize=4)
     mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
+    exact_before = _llm_steps(voicechat)
     set_numerics(voicechat, "fast")
     assert voicechat.numerics == "fast" and all(m.fast_step is not None for m in mixers)
+    switched_fast = _llm_steps(voicechat)
+    fresh_fast = _llm_steps(random_voicechat("tiny", quantize=4, numerics="fast"))
+    assert mx.array_equal(switched_fast, fresh_fast).item()
+    assert not mx.array_equal(switched_fast, exact_before).item(), "fast mode's step sums in another order"
     set_numerics(voicechat, "exact")
     assert voicechat.numerics == "exact" and voicechat.fast_changes == {}
     assert all(m.fast_step is None for m in mixers)
+    assert mx.array_equal(_llm_steps(voicechat), exact_before).item()
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_store_hands_a_kernel_what_update_hands_attention(window: int | None) -> None:
+    """``store`` returns the whole buffer and its filled length; the filled part is what ``update`` returns
+    (a sliding window included, before and after its ring buffer wraps)."""
+    twin: KVCache | SlidingKVCache
+    cache: KVCache | SlidingKVCache
+    if window is None:
+        cache, twin = KVCache(), KVCache()
+    else:
+        cache, twin = SlidingKVCache(window=window), SlidingKVCache(window=window)
+    keys = mx.random.normal((2, 3, 12, 4), key=mx.random.key(5))
+    for position in range(12):
+        new = keys[:, :, position : position + 1]
+        key_buffer, value_buffer, filled = cache.store(new, -new)
+        want_keys, want_values = twin.update(new, -new)
+        assert filled == want_keys.shape[2] == min(position + 1, window or 12)
+        assert mx.array_equal(key_buffer[..., :filled, :], want_keys).item()
+        assert mx.array_equal(value_buffer[..., :filled, :], want_values).item()
+
+
+def test_fast_attention_fallback_is_the_exact_attention() -> None:
+    """On the CPU fast mode's attention path runs the fallback: the reference's arithmetic, bit for bit."""
+    voicechat = random_voicechat("tiny", quantize=4)
+    layer = voicechat.model.tts_model.tts_model.backbone.layers[0]
+    attention = layer.self_attn
+    rows = mx.random.normal((2, voicechat.config.tts_config.hidden_size), key=mx.random.key(6))
+    exact_cache, fast_cache = KVCache(), KVCache()
+    for position in range(4):
+        exact_out = layer.step(rows, exact_cache, mx.array(position))
+        attention.fast_attention = decode_attention_ops
+        fast_out = layer.step(rows, fast_cache, mx.array(position))
+        attention.fast_attention = None
+        assert mx.array_equal(exact_out, fast_out).item()
+        rows = exact_out
+
+
+def test_nearest_code_fallback_breaks_ties_toward_the_lowest_entry() -> None:
+    """The kernel must match this bit for bit (it is admitted with tolerance 0): ties go to the first entry."""
+    scores, norms, book, residual, chosen_sum = nearest_code_sample(64, 16)
+    codes, new_residual, new_sum = nearest_code_ops(scores, norms, book, residual, chosen_sum)
+    assert codes.dtype == mx.int32 and codes.tolist() == [0, 5]
+    assert mx.array_equal(new_residual, residual - book[codes]).item()
+    assert mx.array_equal(new_sum, chosen_sum + book[codes]).item()
+    inputs = (scores, norms, book, residual, chosen_sum)
+
+    def off_by_one(*args: mx.array) -> tuple[mx.array, ...]:
+        return (codes + 1, new_residual, new_sum)
+
+    assert admit_kernel("residual-VQ step", nearest_code_ops, nearest_code_ops, inputs, tolerance=0.0)
+    assert not admit_kernel("residual-VQ step", off_by_one, nearest_code_ops, inputs, tolerance=0.0)
 
 
 def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
@@ -132,3 +218,29 @@ def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
         assert result["llm"]["text"]["relative_l2_max"] > 0.0
         free = result["free_running"]
         assert free["first_text_difference"] is None and free["first_codes_difference"] is None, free
+
+
+@pytest.mark.parametrize("count", [1, 9, 71])
+def test_one_query_reads_position_row_j_for_key_j(count: int) -> None:
+    """The encoder kernel's indexing: for a single (newest) query the relative shift leaves the position
+    scores in place, so key j pairs with projected position row j. Checked against a direct float64
+    computation of softmax(scale·((q+u)·k_j + (q+v)·p_j))·V, head by head."""
+    import numpy as np
+
+    from engine.decode_attention import relative_attention_samples
+
+    heads, head_dim = 2, 8
+    samples = relative_attention_samples(heads, head_dim)
+    query, keys, values, positions, bias_u, bias_v, scale = samples[0]
+    keys, values, positions = keys[:count], values[:count], positions[: 2 * count - 1]
+    got = np.array(attend_relative(query, keys, values, positions, bias_u, bias_v, scale))
+    q = np.array(query, dtype=np.float64).reshape(heads, head_dim)
+    k = np.array(keys, dtype=np.float64).reshape(count, heads, head_dim)
+    v = np.array(values, dtype=np.float64).reshape(count, heads, head_dim)
+    p = np.array(positions, dtype=np.float64).reshape(-1, heads, head_dim)[:count]
+    u, w = np.array(bias_u, dtype=np.float64), np.array(bias_v, dtype=np.float64)
+    scores = scale * (np.einsum("hd,jhd->hj", q + u, k) + np.einsum("hd,jhd->hj", q + w, p))
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    want = np.einsum("hj,jhd->hd", weights, v).reshape(1, -1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -45,6 +45,8 @@ for arg in "$@"; do
     fastexact) step fastexact 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
     fastcount) step fastcount 300 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
+    # Fast numerics' kernels: admission, difference from the fallback, time per call.
+    fastkernels) step fastkernels 200 python3 tests/device/fast_kernels.py ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)

@@ -1,0 +1,564 @@
+"""One query position attending over a key/value cache buffer, as one kernel (fast numerics).
+
+The TTS backbone's heads are 72 wide, outside the sizes MLX's fused attention kernels
+take, so on CUDA ``mx.fast.scaled_dot_product_attention`` falls back to a scale, a
+transpose, two matrix products and a softmax — and the cache is first sliced to its
+filled prefix and the result transposed back to rows. For one query position per row
+that is about a dozen primitives a layer, each costing host time. :class:`DecodeAttention`
+does the same in one kernel (two beyond :data:`KEYS_PER_BLOCK` filled positions, where
+blocks share the keys and a second kernel merges their shares): it reads the cache buffer
+as stored (no slice; a count says how many leading positions are filled) and writes the
+mixed values straight as rows ``(B, heads·D)``, the layout the output projection takes.
+
+Arithmetic: float32 throughout like the reference, with the softmax computed online
+(a running maximum and sum per warp, merged per block and then across blocks) — the same quantity as the
+reference's ``softmax(q·Kᵀ·scale)·V``, its sums taken in another order. Keys are read in
+buffer order; a sliding-window ring buffer that has wrapped is therefore read rotated, as
+the reference also reads it. :func:`decode_attention_ops` is the operations fallback (the
+reference's own arithmetic, which the CPU runs) and what the kernel is admitted against
+(:func:`engine.numerics.admit_kernel`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+# Warps (simdgroups) per block: each reads every WARPS-th key of the block's share, then they merge.
+WARPS = 8
+# Keys per block: a longer cache is split over several blocks per head, merged by a second kernel.
+KEYS_PER_BLOCK = 256
+
+_ATTENTION_CUDA = """
+    constexpr int PER_LANE = (D + 31) / 32;
+    __shared__ float warp_max[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_acc[WARPS * D];
+    const int count = bounds[0];
+    const int chunk = bounds[1];
+    const int splits = (count + chunk - 1) / chunk;
+    const int group = blockIdx.x / splits;  // (row, query head)
+    const int split = blockIdx.x % splits;
+    const int head = group % HQ;
+    const int row = group / HQ;
+    const int kv_head = head / (HQ / HKV);
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int capacity = keys_shape[2];
+    const int first = split * chunk;
+    const int last = min(count, first + chunk);
+    const float* query = queries + static_cast<size_t>(group) * D;
+    const size_t base = (static_cast<size_t>(row) * HKV + kv_head) * capacity * D;
+    float q[PER_LANE];
+    float acc[PER_LANE];
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        q[i] = d < D ? query[d] * scale[0] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float running_max = -__int_as_float(0x7f800000);  // -infinity
+    float running_sum = 0.0f;
+    for (int j = first + warp; j < last; j += WARPS) {
+        const float* key = keys + base + static_cast<size_t>(j) * D;
+        float score = 0.0f;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) score += q[i] * key[d];
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            score += __shfl_xor_sync(0xffffffff, score, offset);
+        }
+        const float new_max = fmaxf(running_max, score);
+        const float rescale = expf(running_max - new_max);
+        const float weight = expf(score - new_max);
+        running_sum = running_sum * rescale + weight;
+        const float* value = values + base + static_cast<size_t>(j) * D;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) acc[i] = acc[i] * rescale + weight * value[d];
+        }
+        running_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) warp_acc[warp * D + d] = acc[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < D) {
+        const int d = threadIdx.x;
+        float top = -__int_as_float(0x7f800000);
+        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = expf(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * D + d] * factor;
+            }
+        }
+        if (FINAL) {
+            out[static_cast<size_t>(group) * D + d] = mixed / total;
+        } else {  // this block's share: its mixed values (not yet divided), its maximum and its sum
+            float* partial = out + static_cast<size_t>(blockIdx.x) * (D + 2);
+            partial[d] = mixed;
+            if (d == 0) {
+                partial[D] = top;
+                partial[D + 1] = total;
+            }
+        }
+    }
+"""
+
+_MERGE_CUDA = """
+    const int count = bounds[0];
+    const int chunk = bounds[1];
+    const int splits = (count + chunk - 1) / chunk;
+    const int group = blockIdx.x;
+    const int d = threadIdx.x;
+    if (d < D) {
+        const float* partial = partials + static_cast<size_t>(group) * splits * (D + 2);
+        float top = -__int_as_float(0x7f800000);
+        for (int s = 0; s < splits; ++s) top = fmaxf(top, partial[s * (D + 2) + D]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float factor = expf(partial[s * (D + 2) + D] - top);
+            total += partial[s * (D + 2) + D + 1] * factor;
+            mixed += partial[s * (D + 2) + d] * factor;
+        }
+        out[static_cast<size_t>(group) * D + d] = mixed / total;
+    }
+"""
+
+_ATTENTION_METAL = """
+    constexpr int PER_LANE = (D + 31) / 32;
+    threadgroup float warp_max[WARPS];
+    threadgroup float warp_sum[WARPS];
+    threadgroup float warp_acc[WARPS * D];
+    const int count = bounds[0];
+    const int chunk = bounds[1];
+    const int splits = (count + chunk - 1) / chunk;
+    const int block = int(threadgroup_position_in_grid.x);
+    const int group = block / splits;
+    const int split = block % splits;
+    const int head = group % HQ;
+    const int row = group / HQ;
+    const int kv_head = head / (HQ / HKV);
+    const uint local = thread_position_in_threadgroup.x;
+    const uint warp = simdgroup_index_in_threadgroup;
+    const uint lane = thread_index_in_simdgroup;
+    const int capacity = keys_shape[2];
+    const int first = split * chunk;
+    const int last = metal::min(count, first + chunk);
+    const uint query = uint(group) * D;
+    const uint base = (uint(row) * HKV + uint(kv_head)) * uint(capacity) * D;
+    float q[PER_LANE];
+    float acc[PER_LANE];
+    for (int i = 0; i < PER_LANE; ++i) {
+        const uint d = lane + 32 * i;
+        q[i] = d < D ? queries[query + d] * scale[0] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float running_max = -INFINITY;
+    float running_sum = 0.0f;
+    for (int j = first + int(warp); j < last; j += WARPS) {
+        const uint key = base + uint(j) * D;
+        float score = 0.0f;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const uint d = lane + 32 * i;
+            if (d < D) score += q[i] * keys[key + d];
+        }
+        score = metal::simd_sum(score);
+        const float new_max = metal::max(running_max, score);
+        const float rescale = metal::exp(running_max - new_max);
+        const float weight = metal::exp(score - new_max);
+        running_sum = running_sum * rescale + weight;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const uint d = lane + 32 * i;
+            if (d < D) acc[i] = acc[i] * rescale + weight * values[key + d];
+        }
+        running_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const uint d = lane + 32 * i;
+        if (d < D) warp_acc[warp * D + d] = acc[i];
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (local < D) {
+        float top = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) top = metal::max(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = metal::exp(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * D + local] * factor;
+            }
+        }
+        if (FINAL) {
+            out[query + local] = mixed / total;
+        } else {
+            const uint partial = uint(block) * (D + 2);
+            out[partial + local] = mixed;
+            if (local == 0) {
+                out[partial + D] = top;
+                out[partial + D + 1] = total;
+            }
+        }
+    }
+"""
+
+_MERGE_METAL = """
+    const int count = bounds[0];
+    const int chunk = bounds[1];
+    const int splits = (count + chunk - 1) / chunk;
+    const uint group = threadgroup_position_in_grid.x;
+    const uint d = thread_position_in_threadgroup.x;
+    if (d < D) {
+        const uint start = group * uint(splits) * (D + 2);
+        float top = -INFINITY;
+        for (int s = 0; s < splits; ++s) top = metal::max(top, partials[start + s * (D + 2) + D]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int s = 0; s < splits; ++s) {
+            const float factor = metal::exp(partials[start + s * (D + 2) + D] - top);
+            total += partials[start + s * (D + 2) + D + 1] * factor;
+            mixed += partials[start + s * (D + 2) + d] * factor;
+        }
+        out[group * D + d] = mixed / total;
+    }
+"""
+
+_INPUTS = ["queries", "keys", "values", "bounds", "scale"]
+
+
+def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
+    """The reference's arithmetic for one query position: the kernel's fallback.
+
+    ``queries`` (B, Hq, 1, D); ``keys``/``values`` (B, Hkv, capacity, D) cache buffers of
+    which the first ``count`` positions are filled. Returns the mixed values as rows (B, Hq·D).
+    """
+    mixed = mx.fast.scaled_dot_product_attention(queries, keys[..., :count, :], values[..., :count, :], scale=scale)
+    return mixed.transpose(0, 2, 1, 3).reshape(queries.shape[0], -1)
+
+
+class DecodeAttention:
+    """The single-position attention kernel for one head layout, on CUDA or Metal (float32 only).
+
+    Up to :data:`KEYS_PER_BLOCK` filled positions, one block per head computes the result (one
+    kernel); beyond, each block takes a share of the keys and a second kernel merges the shares.
+    """
+
+    def __init__(self, backend: str, query_heads: int, kv_heads: int, head_dim: int) -> None:
+        if query_heads % kv_heads:
+            raise ValueError(f"no decode attention for {query_heads} query heads over {kv_heads} key heads")
+        if head_dim > 32 * WARPS:
+            raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * WARPS} threads per head")
+        self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
+        # The filled length and the scale go in as arrays (a template value would compile a kernel per
+        # length); the arrays of the last few lengths are kept, since every layer of a kind shares one.
+        self._bounds: dict[int, mx.array] = {}
+        self._scales: dict[float, mx.array] = {}
+        if backend == "cuda":
+            make = mx.fast.cuda_kernel
+            sources = (_ATTENTION_CUDA, _MERGE_CUDA)
+        elif backend == "metal":
+            make = mx.fast.metal_kernel
+            sources = (_ATTENTION_METAL, _MERGE_METAL)
+        else:
+            raise ValueError(f"no decode attention kernel for {backend!r}")
+        self._attend = make(
+            name="parley_decode_attention", input_names=_INPUTS, output_names=["out"], source=sources[0]
+        )
+        self._merge = make(
+            name="parley_decode_attention_merge",
+            input_names=["partials", "bounds"],
+            output_names=["out"],
+            source=sources[1],
+        )
+
+    def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
+        """:func:`decode_attention_ops`'s result, computed by the kernel."""
+        if count not in self._bounds:
+            if len(self._bounds) >= 4:
+                self._bounds.clear()
+            self._bounds[count] = mx.array([count, KEYS_PER_BLOCK], dtype=mx.int32)
+        if scale not in self._scales:
+            self._scales[scale] = mx.array([scale], dtype=mx.float32)
+        bounds = self._bounds[count]
+        batch, width = queries.shape[0], self.query_heads * self.head_dim
+        groups = batch * self.query_heads
+        splits = -(-count // KEYS_PER_BLOCK)
+        final = splits == 1
+        threads = 32 * WARPS
+        (out,) = self._attend(
+            inputs=[queries, keys, values, bounds, self._scales[scale]],
+            template=[
+                ("HQ", self.query_heads),
+                ("HKV", self.kv_heads),
+                ("D", self.head_dim),
+                ("WARPS", WARPS),
+                ("FINAL", final),
+            ],
+            grid=(groups * splits * threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(batch, width) if final else (groups * splits, self.head_dim + 2)],
+            output_dtypes=[mx.float32],
+        )
+        if final:
+            return out
+        merge_threads = 32 * -(-self.head_dim // 32)
+        (merged,) = self._merge(
+            inputs=[out, bounds],
+            template=[("D", self.head_dim)],
+            grid=(groups * merge_threads, 1, 1),
+            threadgroup=(merge_threads, 1, 1),
+            output_shapes=[(batch, width)],
+            output_dtypes=[mx.float32],
+        )
+        return merged
+
+
+def decode_attention_samples(query_heads: int, kv_heads: int, head_dim: int) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting the kernel, two rows over partly filled buffers: one block's worth of
+    keys, and enough for several blocks and the merge."""
+    return [
+        decode_attention_sample(query_heads, kv_heads, head_dim, capacity=256, count=237),
+        decode_attention_sample(query_heads, kv_heads, head_dim, capacity=1024, count=3 * KEYS_PER_BLOCK + 5),
+    ]
+
+
+def decode_attention_sample(
+    query_heads: int, kv_heads: int, head_dim: int, capacity: int, count: int
+) -> tuple[mx.array, mx.array, mx.array, int, float]:
+    """Random inputs: two rows, a buffer of ``capacity`` positions of which ``count`` are filled."""
+    keys = mx.random.split(mx.random.key(4321), 3)
+    return (
+        mx.random.normal((2, query_heads, 1, head_dim), key=keys[0]),
+        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[1]),
+        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[2]),
+        count,
+        head_dim**-0.5,
+    )
+
+
+# --------------------------------------------------------------------------- the encoder's relative-position attention
+
+_RELATIVE_CUDA = """
+    constexpr int PER_LANE = (HD + 31) / 32;
+    constexpr int WIDTH = H * HD;
+    __shared__ float warp_max[WARPS];
+    __shared__ float warp_sum[WARPS];
+    __shared__ float warp_acc[WARPS * HD];
+    const int head = blockIdx.x;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int count = keys_shape[0];
+    float content_query[PER_LANE];
+    float position_query[PER_LANE];
+    float acc[PER_LANE];
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        const int column = head * HD + d;
+        content_query[i] = d < HD ? query[column] + static_cast<float>(bias_u[column]) : 0.0f;
+        position_query[i] = d < HD ? query[column] + static_cast<float>(bias_v[column]) : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float running_max = -__int_as_float(0x7f800000);  // -infinity
+    float running_sum = 0.0f;
+    for (int j = warp; j < count; j += WARPS) {
+        float score = 0.0f;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            const size_t at = static_cast<size_t>(j) * WIDTH + head * HD + d;
+            if (d < HD) score += content_query[i] * keys[at] + position_query[i] * positions[at];
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            score += __shfl_xor_sync(0xffffffff, score, offset);
+        }
+        score *= scale[0];
+        const float new_max = fmaxf(running_max, score);
+        const float rescale = expf(running_max - new_max);
+        const float weight = expf(score - new_max);
+        running_sum = running_sum * rescale + weight;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < HD) acc[i] = acc[i] * rescale + weight * values[static_cast<size_t>(j) * WIDTH + head * HD + d];
+        }
+        running_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < HD) warp_acc[warp * HD + d] = acc[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < HD) {
+        const int d = threadIdx.x;
+        float top = -__int_as_float(0x7f800000);
+        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = expf(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * HD + d] * factor;
+            }
+        }
+        out[head * HD + d] = mixed / total;
+    }
+"""
+
+_RELATIVE_METAL = """
+    constexpr int PER_LANE = (HD + 31) / 32;
+    constexpr int WIDTH = H * HD;
+    threadgroup float warp_max[WARPS];
+    threadgroup float warp_sum[WARPS];
+    threadgroup float warp_acc[WARPS * HD];
+    const int head = int(threadgroup_position_in_grid.x);
+    const uint local = thread_position_in_threadgroup.x;
+    const uint warp = simdgroup_index_in_threadgroup;
+    const uint lane = thread_index_in_simdgroup;
+    const int count = keys_shape[0];
+    float content_query[PER_LANE];
+    float position_query[PER_LANE];
+    float acc[PER_LANE];
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = int(lane) + 32 * i;
+        const int column = head * HD + d;
+        content_query[i] = d < HD ? query[column] + static_cast<float>(bias_u[column]) : 0.0f;
+        position_query[i] = d < HD ? query[column] + static_cast<float>(bias_v[column]) : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float running_max = -INFINITY;
+    float running_sum = 0.0f;
+    for (int j = int(warp); j < count; j += WARPS) {
+        float score = 0.0f;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = int(lane) + 32 * i;
+            const uint at = uint(j) * WIDTH + uint(head * HD + d);
+            if (d < HD) score += content_query[i] * keys[at] + position_query[i] * positions[at];
+        }
+        score = metal::simd_sum(score) * scale[0];
+        const float new_max = metal::max(running_max, score);
+        const float rescale = metal::exp(running_max - new_max);
+        const float weight = metal::exp(score - new_max);
+        running_sum = running_sum * rescale + weight;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = int(lane) + 32 * i;
+            if (d < HD) acc[i] = acc[i] * rescale + weight * values[uint(j) * WIDTH + uint(head * HD + d)];
+        }
+        running_max = new_max;
+    }
+    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = int(lane) + 32 * i;
+        if (d < HD) warp_acc[warp * HD + uint(d)] = acc[i];
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (local < HD) {
+        float top = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) top = metal::max(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = metal::exp(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * HD + local] * factor;
+            }
+        }
+        out[uint(head * HD) + local] = mixed / total;
+    }
+"""
+
+_RELATIVE_INPUTS = ["query", "keys", "values", "positions", "bias_u", "bias_v", "scale"]
+# Warps per head for the encoder's short key window (at most 71 keys).
+RELATIVE_WARPS = 4
+
+
+class RelativeDecodeAttention:
+    """One query row of the encoder's relative-position attention as one kernel, on CUDA or Metal (float32
+    rows; the biases float32 or bf16). Each head's block scores every key with ``(q+u)·k + (q+v)·p`` (the
+    content and position terms summed together, then scaled), softmaxes online and mixes the values.
+
+    Inputs as :func:`engine.encoder.attend_relative`, its fallback: one query row (1, H·hd), key and value
+    rows (T, H·hd), the projected relative-position rows (2T−1, H·hd) of which row j belongs to key j for
+    the newest query (the relative shift leaves a single query's scores in place), the biases (H, hd)."""
+
+    def __init__(self, backend: str, heads: int, head_dim: int) -> None:
+        if head_dim > 32 * RELATIVE_WARPS:
+            raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * RELATIVE_WARPS} threads per head")
+        self.heads, self.head_dim = heads, head_dim
+        self._scales: dict[float, mx.array] = {}
+        if backend == "cuda":
+            make, source = mx.fast.cuda_kernel, _RELATIVE_CUDA
+        elif backend == "metal":
+            make, source = mx.fast.metal_kernel, _RELATIVE_METAL
+        else:
+            raise ValueError(f"no relative-position attention kernel for {backend!r}")
+        self._kernel = make(
+            name="parley_relative_attention", input_names=_RELATIVE_INPUTS, output_names=["out"], source=source
+        )
+
+    def __call__(
+        self,
+        query: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        positions: mx.array,
+        bias_u: mx.array,
+        bias_v: mx.array,
+        scale: float,
+    ) -> mx.array:
+        if scale not in self._scales:
+            self._scales[scale] = mx.array([scale], dtype=mx.float32)
+        threads = 32 * RELATIVE_WARPS
+        (out,) = self._kernel(
+            inputs=[query, keys, values, positions, bias_u, bias_v, self._scales[scale]],
+            template=[("H", self.heads), ("HD", self.head_dim), ("WARPS", RELATIVE_WARPS), ("BT", bias_u.dtype)],
+            grid=(self.heads * threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(1, self.heads * self.head_dim)],
+            output_dtypes=[mx.float32],
+        )
+        return out
+
+
+def relative_attention_samples(heads: int, head_dim: int, bias_dtype: mx.Dtype = mx.float32) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting the kernel: a full window of 71 keys and a filling one of 9 (the biases in
+    ``bias_dtype``, as the model stores them)."""
+    width = heads * head_dim
+    samples: list[tuple[Any, ...]] = []
+    for count in (71, 9):
+        keys = mx.random.split(mx.random.key(97 + count), 6)
+        samples.append(
+            (
+                mx.random.normal((1, width), key=keys[0]),
+                mx.random.normal((count, width), key=keys[1]),
+                mx.random.normal((count, width), key=keys[2]),
+                mx.random.normal((2 * count - 1, width), key=keys[3]),
+                (0.1 * mx.random.normal((heads, head_dim), key=keys[4])).astype(bias_dtype),
+                (0.1 * mx.random.normal((heads, head_dim), key=keys[5])).astype(bias_dtype),
+                head_dim**-0.5,
+            )
+        )
+    return samples

@@ -1,0 +1,69 @@
+"""Fast numerics' kernels on this GPU: admitted or not, their difference from the fallback, and time per call.
+
+Run on the device (never in CI; the CPU has no kernels): ``python3 tests/device/fast_kernels.py``.
+Full-size shapes: the TTS backbone's 16 heads of 72 at batch 2 over 300, 2,000 and 7,500 cached
+positions, and one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
+from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
+from engine.random_checkpoint import random_voicechat
+from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
+
+
+def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:
+    for _ in range(10):
+        mx.eval(function(*inputs))
+    started = time.perf_counter()
+    for _ in range(calls):
+        mx.eval(function(*inputs))
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def outputs(result: Any) -> tuple[mx.array, ...]:
+    return (result,) if isinstance(result, mx.array) else tuple(result)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    backend = gpu_kernel_backend()
+    print("backend", backend)
+    if backend is None:
+        raise SystemExit("no GPU kernels on this device")
+    model = random_voicechat("structure", quantize=4, numerics="fast")
+    print("fast changes in use on the structure model:", model.fast_changes)
+
+    attention = DecodeAttention(backend, 16, 16, 72)
+    for capacity, count in ((256, 200), (512, 300), (2048, 2000), (7680, 7500)):
+        inputs = decode_attention_sample(16, 16, 72, capacity, count)
+        got, want = attention(*inputs), decode_attention_ops(*inputs)
+        admitted = admit_kernel("attention", attention, decode_attention_ops, inputs)
+        print(
+            f"attention over {count} of {capacity}: admitted {admitted}, relative L2 {relative_l2(got, want):.2e}, "
+            f"max abs {mx.abs(got - want).max().item():.2e}; kernel {per_call_us(attention, inputs):.1f} us, "
+            f"operations {per_call_us(decode_attention_ops, inputs):.1f} us per call"
+        )
+
+    nearest = NearestCode(backend)
+    for dtype, norms_dtype in ((mx.float32, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.bfloat16)):
+        inputs = nearest_code_sample(1024, 512, dtype, norms_dtype)
+        got_codes, want_codes = outputs(nearest(*inputs))[0], nearest_code_ops(*inputs)[0]
+        admitted = admit_kernel("nearest", nearest, nearest_code_ops, inputs, 0.0)
+        print(
+            f"residual-VQ step, {dtype} codebook, {norms_dtype} norms: admitted (bit for bit) {admitted}, "
+            f"codes {got_codes.tolist()} against {want_codes.tolist()}; kernel {per_call_us(nearest, inputs):.1f} us, "
+            f"operations {per_call_us(nearest_code_ops, inputs):.1f} us per call"
+        )
+
+
+if __name__ == "__main__":
+    main()
