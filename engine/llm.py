@@ -127,10 +127,23 @@ class Mamba2Mixer(nn.Module):
         # Fast numerics: one position's step after the convolution as one kernel (or its operations fallback).
         self.fast_step: Callable[..., tuple[mx.array, mx.array]] | None = None
 
-    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array]] | None) -> None:
+    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array]] | None) -> None:
         """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""
         self.fast_step = step
         self._step_limits = mx.array([self.dt_min, self.dt_max], dtype=mx.float32)
+        bias = getattr(self.conv1d, "bias", None)
+        # A kernel takes the convolution's bias as an array: zeros when the checkpoint has none.
+        self._step_conv_bias = mx.zeros((self.conv_dim,)) if bias is None else bias
+
+    def _takes_fast_step(self, projected: mx.array, cache: MambaCache | None) -> bool:
+        """One position of one row with both states from earlier positions, in float32 (the step's types)."""
+        return (
+            cache is not None
+            and cache.conv_state is not None
+            and cache.ssm_state is not None
+            and projected.shape[0] == projected.shape[1] == 1
+            and projected.dtype == mx.float32
+        )
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -147,20 +160,13 @@ class Mamba2Mixer(nn.Module):
     def __call__(self, x: mx.array, cache: MambaCache | None = None) -> mx.array:
         batch, length, _ = x.shape
         projected = self.in_proj(x)
-        conv_start = self.inner_size
-        dt_start = conv_start + self.conv_dim
-        gate = projected[..., :conv_start]
-        conv_input = projected[..., conv_start:dt_start]
-        dt_raw = projected[..., dt_start:]
-
-        mixed = self._causal_conv(conv_input, cache)
-        single_step = cache is not None and cache.ssm_state is not None and batch == length == 1
-        if self.fast_step is not None and single_step and mixed.dtype == mx.float32:
-            assert cache is not None and cache.ssm_state is not None
-            gated, cache.ssm_state = self.fast_step(
-                mixed.reshape(-1),
-                dt_raw.reshape(-1),
-                gate.reshape(-1),
+        if self.fast_step is not None and self._takes_fast_step(projected, cache):
+            assert cache is not None and cache.conv_state is not None and cache.ssm_state is not None
+            gated, cache.conv_state, cache.ssm_state = self.fast_step(
+                projected.reshape(-1),
+                cache.conv_state,
+                self.conv1d.weight,
+                self._step_conv_bias,
                 self.dt_bias,
                 self.A_log,
                 self.D,
@@ -168,6 +174,13 @@ class Mamba2Mixer(nn.Module):
                 self._step_limits,
             )
             return self.out_proj(self.norm.normalize(gated.reshape(batch, length, self.inner_size)))
+        conv_start = self.inner_size
+        dt_start = conv_start + self.conv_dim
+        gate = projected[..., :conv_start]
+        conv_input = projected[..., conv_start:dt_start]
+        dt_raw = projected[..., dt_start:]
+
+        mixed = self._causal_conv(conv_input, cache)
         bc_width = self.n_groups * self.state_size
         head_inputs, b_mat, c_mat = mx.split(mixed, [self.inner_size, self.inner_size + bc_width], axis=-1)
 

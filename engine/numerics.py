@@ -227,20 +227,21 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
 
 
 def _step_sample(mixer: object) -> tuple[mx.array, ...]:
-    """Random inputs of one mixer's step, with its own parameters (for admitting the kernel)."""
-    key = mx.random.key(1234)
-    keys = mx.random.split(key, 4)
+    """Random inputs of one mixer's step, with its own convolution and parameters (for admitting the kernel)."""
+    keys = mx.random.split(mx.random.key(1234), 3)
     heads, head_dim = mixer.num_heads, mixer.head_dim  # type: ignore[attr-defined]
-    conv_dim = mixer.conv_dim  # type: ignore[attr-defined]
+    conv_dim, kernel_size = mixer.conv_dim, mixer.kernel_size  # type: ignore[attr-defined]
     limits = mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32)  # type: ignore[attr-defined]
+    bias = getattr(mixer.conv1d, "bias", None)  # type: ignore[attr-defined]
     return (
-        mx.random.normal((conv_dim,), key=keys[0]),
-        mx.random.normal((heads,), key=keys[1]),
-        mx.random.normal((heads * head_dim,), key=keys[2]),
-        mixer.dt_bias.astype(mx.float32),  # type: ignore[attr-defined]
+        mx.random.normal((heads * head_dim + conv_dim + heads,), key=keys[0]),
+        mx.random.normal((1, kernel_size - 1, conv_dim), key=keys[1]),
+        mixer.conv1d.weight,  # type: ignore[attr-defined]
+        mx.zeros((conv_dim,)) if bias is None else bias,
+        mixer.dt_bias,  # type: ignore[attr-defined]
         mixer.A_log,  # type: ignore[attr-defined]
-        mixer.D.astype(mx.float32),  # type: ignore[attr-defined]
-        0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[3]),  # type: ignore[attr-defined]
+        mixer.D,  # type: ignore[attr-defined]
+        0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[2]),  # type: ignore[attr-defined]
         limits,
     )
 

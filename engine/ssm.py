@@ -187,75 +187,117 @@ def ssm_scan(
 
 # --------------------------------------------------------------------------- fast numerics: one kernel per step
 
+# CONV_OF(channel, result) in both sources: the causal convolution of one channel over the window
+# [conv_state rows 0 … K-2, this position's input], plus its bias, through SiLU.
 _STEP_CUDA = """
-    const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32;  // one warp per (head, channel) row
+    constexpr int INNER = H * P;
+    constexpr int CONV = INNER + 2 * G * N;
+    const int position = blockIdx.x * blockDim.x + threadIdx.x;
+    const int row = position / 32;  // one warp per (head, channel) row
     const int lane = threadIdx.x % 32;
     const int h = row / P;
     const int g = h / (H / G);
+    const float* conv_input = projected + INNER;
+    const float* dt_raw = projected + INNER + CONV;
+    // The new convolution window: the old one moved up a row, this position's input last.
+    for (int i = position; i < (K - 1) * CONV; i += gridDim.x * blockDim.x) {
+        new_conv_state[i] =
+            i < (K - 2) * CONV ? static_cast<float>(conv_state[i + CONV]) : conv_input[i - (K - 2) * CONV];
+    }
+    #define CONV_OF(channel, result) { \
+        float sum = static_cast<float>(conv_bias[channel]); \
+        for (int k = 0; k < K - 1; ++k) { \
+            sum += static_cast<float>(conv_weight[(channel) * K + k]) * \
+                   static_cast<float>(conv_state[k * CONV + (channel)]); \
+        } \
+        sum += static_cast<float>(conv_weight[(channel) * K + K - 1]) * conv_input[channel]; \
+        result = sum / (1.0f + expf(-sum)); }
     const float raw = dt_raw[h] + dt_bias[h];
     const float top = fmaxf(raw, 0.0f);
     float dt = top + log1pf(expf(fminf(raw, 0.0f) - top));  // softplus, as logaddexp(raw, 0)
     dt = fminf(fmaxf(dt, limits[0]), limits[1]);
     const float rate = -static_cast<float>(static_cast<AT>(expf(static_cast<float>(a_log[h]))));
     const float decay = expf(dt * rate);
-    const float x = mixed[row];
+    float x;
+    CONV_OF(row, x);
     const float dt_x = dt * x;
-    const float* b = mixed + H * P + g * N;
-    const float* c = mixed + H * P + G * N + g * N;
     const float* old_state = state + static_cast<size_t>(row) * N;
     float* state_row = new_state + static_cast<size_t>(row) * N;
     float readout = 0.0f;
     for (int n = lane; n < N; n += 32) {
-        const float s = old_state[n] * decay + dt_x * b[n];
+        float b, c;
+        CONV_OF(INNER + g * N + n, b);
+        CONV_OF(INNER + G * N + g * N + n, c);
+        const float s = old_state[n] * decay + dt_x * b;
         state_row[n] = s;
-        readout += s * c[n];
+        readout += s * c;
     }
     for (int offset = 16; offset > 0; offset /= 2) {
         readout += __shfl_down_sync(0xffffffff, readout, offset);
     }
     if (lane == 0) {
-        const float gate_value = gate[row];
+        const float gate_value = projected[row];
         y[row] = gate_value * (1.0f / (1.0f + expf(-gate_value))) * (readout + skip[h] * x);
     }
+    #undef CONV_OF
 """
 
 _STEP_METAL = """
-    const uint row = thread_position_in_grid.x / 32;  // one simdgroup per (head, channel) row
+    constexpr int INNER = H * P;
+    constexpr int CONV = INNER + 2 * G * N;
+    const uint position = thread_position_in_grid.x;  // ("thread" is an address space in Metal)
+    const uint row = position / 32;  // one simdgroup per (head, channel) row
     const uint lane = thread_index_in_simdgroup;
     const uint h = row / P;
     const uint g = h / (H / G);
-    const float raw = dt_raw[h] + dt_bias[h];
+    for (uint i = position; i < (K - 1) * CONV; i += threads_per_grid.x) {
+        new_conv_state[i] = i < (K - 2) * CONV ? static_cast<float>(conv_state[i + CONV])
+                                               : projected[INNER + i - (K - 2) * CONV];
+    }
+    #define CONV_OF(channel, result) { \
+        float sum = static_cast<float>(conv_bias[channel]); \
+        for (int k = 0; k < K - 1; ++k) { \
+            sum += static_cast<float>(conv_weight[(channel) * K + k]) * \
+                   static_cast<float>(conv_state[k * CONV + (channel)]); \
+        } \
+        sum += static_cast<float>(conv_weight[(channel) * K + K - 1]) * projected[INNER + (channel)]; \
+        result = sum / (1.0f + metal::exp(-sum)); }
+    const float raw = projected[INNER + CONV + h] + dt_bias[h];
     const float top = metal::max(raw, 0.0f);
     float dt = top + metal::log(1.0f + metal::exp(metal::min(raw, 0.0f) - top));
     dt = metal::min(metal::max(dt, limits[0]), limits[1]);
     const float rate = -static_cast<float>(static_cast<AT>(metal::exp(static_cast<float>(a_log[h]))));
     const float decay = metal::exp(dt * rate);
-    const float x = mixed[row];
+    float x;
+    CONV_OF(row, x);
     const float dt_x = dt * x;
-    const uint b = H * P + g * N;
-    const uint c = H * P + G * N + g * N;
     const uint base = row * N;
     float readout = 0.0f;
     for (uint n = lane; n < N; n += 32) {
-        const float s = state[base + n] * decay + dt_x * mixed[b + n];
+        float b, c;
+        CONV_OF(INNER + g * N + n, b);
+        CONV_OF(INNER + G * N + g * N + n, c);
+        const float s = state[base + n] * decay + dt_x * b;
         new_state[base + n] = s;
-        readout += s * mixed[c + n];
+        readout += s * c;
     }
     readout = metal::simd_sum(readout);
     if (lane == 0) {
-        const float gate_value = gate[row];
+        const float gate_value = projected[row];
         y[row] = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * (readout + skip[h] * x);
     }
+    #undef CONV_OF
 """
 
-_STEP_INPUTS = ["mixed", "dt_raw", "gate", "dt_bias", "a_log", "skip", "state", "limits"]
-_STEP_OUTPUTS = ["y", "new_state"]
+_STEP_INPUTS = ["projected", "conv_state", "conv_weight", "conv_bias", "dt_bias", "a_log", "skip", "state", "limits"]
+_STEP_OUTPUTS = ["y", "new_conv_state", "new_state"]
 
 
 def fused_step_ops(
-    mixed: mx.array,
-    dt_raw: mx.array,
-    gate: mx.array,
+    projected: mx.array,
+    conv_state: mx.array,
+    conv_weight: mx.array,
+    conv_bias: mx.array,
     dt_bias: mx.array,
     a_log: mx.array,
     skip: mx.array,
@@ -263,17 +305,23 @@ def fused_step_ops(
     limits: mx.array,
     *,
     groups: int,
-) -> tuple[mx.array, mx.array]:
+) -> tuple[mx.array, mx.array, mx.array]:
     """The fused step's arithmetic as operations: its fallback, and fast mode's step on the CPU.
 
-    ``mixed`` (conv_dim,) holds ``[x (H·P) | B (G·N) | C (G·N)]`` after the convolution, ``dt_raw`` (H,),
-    ``gate`` (H·P,), ``state`` (1, H, P, N) float32, ``limits`` the (2,) time-step clip. Returns
-    ``silu(gate) · y`` (H·P,), the gated readout the mixer's norm takes, and the new state. Unlike the exact
-    form it reads the output from the new state, ``y = C·S_new + D·x``: the same quantity, summed in
-    another order.
+    ``projected`` (P,) is one position's input projection ``[gate (H·P) | conv input (conv_dim) | dt (H)]``;
+    ``conv_state`` (1, K-1, conv_dim) the convolution's window before it, ``conv_weight`` (conv_dim, K, 1)
+    and ``conv_bias`` (conv_dim,) the depthwise convolution; ``state`` (1, H, P, N) float32 and ``limits``
+    the (2,) time-step clip. Returns ``silu(gate) · y`` (H·P,), the gated readout the mixer's norm takes,
+    the new convolution window (1, K-1, conv_dim) and the new state. Unlike the exact form it sums the
+    convolution tap by tap and reads the output from the new state, ``y = C·S_new + D·x``: the same
+    quantities, summed in another order.
     """
     _, heads, head_dim, state_size = state.shape
     inner = heads * head_dim
+    conv_dim = conv_state.shape[-1]
+    gate, conv_input, dt_raw = mx.split(projected, [inner, inner + conv_dim])
+    window = mx.concatenate([conv_state[0].astype(mx.float32), conv_input[None]], axis=0)  # (K, conv_dim)
+    mixed = nn.silu(mx.sum(window * conv_weight[..., 0].T.astype(mx.float32), axis=0) + conv_bias)
     x = mixed[:inner].reshape(heads, head_dim)
     b_heads = mx.repeat(mixed[inner : inner + groups * state_size].reshape(groups, state_size), heads // groups, 0)
     c_heads = mx.repeat(mixed[inner + groups * state_size :].reshape(groups, state_size), heads // groups, 0)
@@ -281,11 +329,12 @@ def fused_step_ops(
     decay = mx.exp(dt * -mx.exp(a_log).astype(mx.float32))
     new_state = state[0] * decay[:, None, None] + (dt[:, None] * x)[:, :, None] * b_heads[:, None, :]
     y = mx.sum(new_state * c_heads[:, None, :], axis=-1) + skip[:, None] * x
-    return nn.silu(gate) * y.reshape(inner), new_state[None]
+    return nn.silu(gate) * y.reshape(inner), window[1:][None], new_state[None]
 
 
 class FusedStep:
-    """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see :mod:`engine.numerics`)."""
+    """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see :mod:`engine.numerics`):
+    the causal convolution of one position, the state update, its readout, the skip term and the gate."""
 
     def __init__(self, backend: str, heads: int, head_dim: int, groups: int, state_size: int) -> None:
         if heads % groups:
@@ -304,29 +353,36 @@ class FusedStep:
 
     def __call__(
         self,
-        mixed: mx.array,
-        dt_raw: mx.array,
-        gate: mx.array,
+        projected: mx.array,
+        conv_state: mx.array,
+        conv_weight: mx.array,
+        conv_bias: mx.array,
         dt_bias: mx.array,
         a_log: mx.array,
         skip: mx.array,
         state: mx.array,
         limits: mx.array,
-    ) -> tuple[mx.array, mx.array]:
+    ) -> tuple[mx.array, mx.array, mx.array]:
         rows = self.heads * self.head_dim
         threads = rows * 32
-        y, new_state = self._kernel(
-            inputs=[mixed, dt_raw, gate, dt_bias, a_log, skip, state, limits],
+        kernel_size = conv_weight.shape[1]
+        y, new_conv_state, new_state = self._kernel(
+            inputs=[projected, conv_state, conv_weight, conv_bias, dt_bias, a_log, skip, state, limits],
             template=[
                 ("H", self.heads),
                 ("P", self.head_dim),
                 ("G", self.groups),
                 ("N", self.state_size),
+                ("K", kernel_size),
                 ("AT", a_log.dtype),
+                # The source is generated for its inputs' types: they name the kernel too.
+                ("ST", conv_state.dtype),
+                ("WT", conv_weight.dtype),
+                ("BT", conv_bias.dtype),
             ],
             grid=(threads, 1, 1),
             threadgroup=(128 if rows % 4 == 0 else 32, 1, 1),
-            output_shapes=[(rows,), state.shape],
-            output_dtypes=[mx.float32, mx.float32],
+            output_shapes=[(rows,), (1, kernel_size - 1, conv_state.shape[-1]), state.shape],
+            output_dtypes=[mx.float32, mx.float32, mx.float32],
         )
-        return y, new_state
+        return y, new_conv_state, new_state

@@ -18,7 +18,7 @@ from app.drift import measure_drift
 from engine.cache import KVCache, SlidingKVCache
 from engine.decode_attention import decode_attention_ops
 from engine.encoder import RelativePositionAttention, attend_relative
-from engine.llm import Mamba2Mixer, NemotronH
+from engine.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.numerics import admit_kernel, apply_numerics, check_numerics, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
@@ -33,37 +33,45 @@ WAVEFORM_SNR_DB = 40.0
 
 
 def _mixer_inputs(mixer: Mamba2Mixer, seed: int) -> tuple[mx.array, ...]:
-    keys = mx.random.split(mx.random.key(seed), 4)
+    """One position's projection, an earlier convolution window and state, with the mixer's own weights."""
+    keys = mx.random.split(mx.random.key(seed), 3)
     heads, head_dim, state_size = mixer.num_heads, mixer.head_dim, mixer.state_size
+    bias = getattr(mixer.conv1d, "bias", None)
     return (
-        mx.random.normal((mixer.conv_dim,), key=keys[0]),
-        mx.random.normal((heads,), key=keys[1]),
-        mx.random.normal((heads * head_dim,), key=keys[2]),
-        mixer.dt_bias.astype(mx.float32),
+        mx.random.normal((heads * head_dim + mixer.conv_dim + heads,), key=keys[0]),
+        mx.random.normal((1, mixer.kernel_size - 1, mixer.conv_dim), key=keys[1]),
+        mixer.conv1d.weight,
+        mx.zeros((mixer.conv_dim,)) if bias is None else bias,
+        mixer.dt_bias,
         mixer.A_log,
-        mixer.D.astype(mx.float32),
-        0.1 * mx.random.normal((1, heads, head_dim, state_size), key=keys[3]),
+        mixer.D,
+        0.1 * mx.random.normal((1, heads, head_dim, state_size), key=keys[2]),
         mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32),
     )
 
 
-def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array]:
-    """The exact mode's operations for the same step (engine.llm.Mamba2Mixer.__call__ after its convolution)."""
-    mixed, dt_raw, gate, dt_bias, a_log, skip, state, limits = inputs
-    inner, width = mixer.inner_size, mixer.n_groups * mixer.state_size
-    head_inputs, b_mat, c_mat = mx.split(mixed, [inner, inner + width])
+def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """The exact mode's operations for the same step (engine.llm.Mamba2Mixer.__call__ after its projection)."""
+    projected, conv_state, _, _, dt_bias, a_log, skip, state, limits = inputs
+    inner, conv_dim, width = mixer.inner_size, mixer.conv_dim, mixer.n_groups * mixer.state_size
+    rows = projected.reshape(1, 1, -1)
+    gate, conv_input, dt_raw = rows[..., :inner], rows[..., inner : inner + conv_dim], rows[..., inner + conv_dim :]
+    cache = MambaCache(conv_state=conv_state, ssm_state=state)
+    mixed = mixer._causal_conv(conv_input, cache)
+    head_inputs, b_mat, c_mat = mx.split(mixed, [inner, inner + width], axis=-1)
     y, new_state = ssm_scan(
         head_inputs.reshape(1, 1, mixer.num_heads, mixer.head_dim),
         a_log,
         b_mat.reshape(1, 1, mixer.n_groups, mixer.state_size),
         c_mat.reshape(1, 1, mixer.n_groups, mixer.state_size),
-        skip,
-        dt_raw.reshape(1, 1, -1),
+        skip.astype(head_inputs.dtype),
+        dt_raw,
         dt_bias,
         state,
         (float(limits[0].item()), float(limits[1].item())),
     )
-    return silu_gate(gate, y.reshape(inner)), new_state
+    assert cache.conv_state is not None
+    return silu_gate(gate.reshape(inner), y.reshape(inner)), cache.conv_state, new_state
 
 
 @pytest.mark.parametrize("size", ["tiny", "structure"])
@@ -86,11 +94,11 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
     inputs = _mixer_inputs(mixer, 7)
     assert admit_kernel("exact step", functools.partial(_exact_step, mixer), fallback, inputs)
 
-    def wrong(*args: mx.array) -> tuple[mx.array, mx.array]:
-        y, state = fallback(*args)
-        return y * 1.001, state  # a 0.1 % error is far beyond reordering
+    def wrong(*args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        y, window, state = fallback(*args)
+        return y * 1.001, window, state  # a 0.1 % error is far beyond reordering
 
-    def broken(*args: mx.array) -> tuple[mx.array, mx.array]:
+    def broken(*args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         raise RuntimeError("kernel failed to compile")
 
     assert not admit_kernel("wrong step", wrong, fallback, inputs)
