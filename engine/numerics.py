@@ -151,9 +151,12 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
 
     from .decode_attention import (
         DecodeAttention,
+        NormRope,
         RelativeDecodeAttention,
         decode_attention_ops,
         decode_attention_samples,
+        norm_rope_ops,
+        norm_rope_samples,
         relative_attention_samples,
     )
     from .encoder import RelativePositionAttention, attend_relative
@@ -193,6 +196,26 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
         )
     for module in attentions:
         module.fast_attention = attention
+        module.fast_heads = None
+    if fast:
+        # The norm-and-rotate kernel per RoPE base (local and global layers differ), its fallback per base too.
+        for base in sorted({module.rope.base for module in attentions}):
+            first_base = next(module for module in attentions if module.rope.base == base)
+            layout = (first_base.num_heads, first_base.num_kv_heads, first_base.head_dim)
+            eps, scale_dtype = first_base.q_norm.eps, first_base.q_norm.weight.dtype
+            heads_part, used = _fast_part(
+                ("norm_rope", *layout, eps, base, scale_dtype),
+                "query and key heads",
+                functools.partial(norm_rope_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base),
+                functools.partial(
+                    NormRope, head_dim=layout[2], query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base
+                ),
+                functools.partial(norm_rope_samples, *layout, scale_dtype),
+            )
+            changes["norm_rope"] = changes.get("norm_rope", True) and used
+            for module in attentions:
+                if module.rope.base == base:
+                    module.fast_heads = heads_part
 
     relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
     relative: Callable[..., Any] | None = None

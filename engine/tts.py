@@ -27,7 +27,7 @@ import mlx.nn as nn
 from .cache import AttentionMask, KVCache, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
 from .counters import TRANSPOSE_MARK, VIEW_MARK
-from .decode_attention import DecodeAttention, decode_attention_ops
+from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
 from .jit import jit, materialize
 from .linear import Linear
@@ -95,8 +95,10 @@ class BackboneAttention(nn.Module):
         base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
         self.rope = nn.RoPE(head_dim, traditional=False, base=base)
         self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
-        # Fast numerics: one position's attention over the cache buffer as one kernel (or its fallback).
+        # Fast numerics: one position's attention over the cache buffer as one kernel, and the query and key
+        # heads normed and rotated as one kernel (engine.decode_attention), or their fallbacks.
         self.fast_attention: Callable[..., mx.array] | None = None
+        self.fast_heads: Callable[..., tuple[mx.array, mx.array]] | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
@@ -106,13 +108,16 @@ class BackboneAttention(nn.Module):
         """(B, L, heads·D), or (B, heads·D) for one position, → (B, heads, L, D)."""
         return x.reshape(x.shape[0], -1, heads, self.head_dim).transpose(0, 2, 1, 3)
 
+    def projections(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if self.stacked is not None:
+            q, k, v = self.stacked(x)
+            return q, k, v
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def project(self, x: mx.array, position: int | mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """Normed, rotated queries and keys and the values of ``x`` (B, L, H), or (B, H) for one position,
         at ``position``."""
-        if self.stacked is not None:
-            q, k, v = self.stacked(x)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.projections(x)
         queries = self.q_norm(self._heads(q, self.num_heads))
         keys = self.k_norm(self._heads(k, self.num_kv_heads))
         values = self._heads(v, self.num_kv_heads)
@@ -127,6 +132,47 @@ class BackboneAttention(nn.Module):
         if isinstance(mask, mx.array) and mask.shape[-1] != keys.shape[2]:
             mask = mask[..., -keys.shape[2] :]
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
+
+    def project_fast(self, rows: mx.array, position: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`project` for one position's rows (B, H) through :attr:`fast_heads` (fast numerics): the
+        queries and keys normed and rotated together, the values a view of their rows."""
+        assert self.fast_heads is not None
+        q, k, v = self.projections(rows)
+        q_scale, k_scale = self._norm_scales()
+        heads = self.fast_heads if q.dtype == k.dtype == mx.float32 else self._heads_ops
+        queries, keys = heads(q, k, q_scale, k_scale, position)
+        return queries, keys, v.reshape(v.shape[0], self.num_kv_heads, 1, self.head_dim)
+
+    def _heads_ops(
+        self, q: mx.array, k: mx.array, q_scale: mx.array, k_scale: mx.array, position: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        return norm_rope_ops(
+            q,
+            k,
+            q_scale,
+            k_scale,
+            position,
+            query_heads=self.num_heads,
+            kv_heads=self.num_kv_heads,
+            eps=self.q_norm.eps,
+            base=self.rope.base,
+        )
+
+    def _norm_scales(self) -> tuple[mx.array, mx.array]:
+        """The q and k norms' ``1 + w`` (formed in the weight dtype, as :class:`GemmaRMSNorm` does), made once
+        per set of weights rather than in every step."""
+        weights = (self.q_norm.weight, self.k_norm.weight)
+        stored = self._scale_store.get("scales")
+        if stored is None or stored[0] is not weights[0] or stored[1] is not weights[1]:
+            scales = (1.0 + weights[0], 1.0 + weights[1])
+            mx.eval(scales)
+            stored = (*weights, *scales)
+            self._scale_store["scales"] = stored
+        return stored[2], stored[3]
+
+    @functools.cached_property
+    def _scale_store(self) -> dict[str, tuple[mx.array, mx.array, mx.array, mx.array]]:
+        return {}  # in the instance __dict__, outside the parameter tree
 
     def attend_rows(self, queries: mx.array, keys: mx.array, values: mx.array, cache: LayerCache) -> mx.array:
         """Fast numerics' single-position attention: store the new keys/values and return the mixed values
@@ -178,18 +224,33 @@ class BackboneLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn.o_proj(mixed_rows))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def _before_attention_fast(self, x: mx.array, position: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self.self_attn.project_fast(self.input_layernorm(x), position)
+
     @functools.cached_property
     def _compiled(self) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
         return jit(self._before_attention), jit(self._after_attention), jit(self._after_attention_rows)
+
+    @functools.cached_property
+    def _compiled_fast_before(self) -> dict[Any, Callable[..., Any]]:
+        return {}  # one program per heads kernel in use (a trace holds the one it was traced with)
 
     def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
         """One position (at ``position``, a scalar array) of the (B, H) rows ``x`` through the layer; the
         parts around the cache read run compiled."""
         before, after, after_rows = self._compiled
+        attention = self.self_attn
+        if attention.fast_attention is not None:
+            if attention.fast_heads is not None:
+                programs = self._compiled_fast_before
+                if attention.fast_heads not in programs:
+                    programs[attention.fast_heads] = jit(self._before_attention_fast)
+                queries, keys, values = programs[attention.fast_heads](x, position)
+            else:
+                queries, keys, values = before(x, position)
+            return after_rows(x, attention.attend_rows(queries, keys, values, cache))
         queries, keys, values = before(x, position)
-        if self.self_attn.fast_attention is not None:
-            return after_rows(x, self.self_attn.attend_rows(queries, keys, values, cache))
-        return after(x, self.self_attn.attend(queries, keys, values, None, cache))
+        return after(x, attention.attend(queries, keys, values, None, cache))
 
 
 class Backbone(nn.Module):

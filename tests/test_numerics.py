@@ -16,7 +16,7 @@ import pytest
 
 from app.drift import measure_drift
 from engine.cache import KVCache, SlidingKVCache
-from engine.decode_attention import decode_attention_ops
+from engine.decode_attention import decode_attention_ops, norm_rope_ops
 from engine.encoder import RelativePositionAttention, attend_relative
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.numerics import admit_kernel, apply_numerics, check_numerics, relative_l2
@@ -111,6 +111,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert fast.fast_changes == {
         "fused_mamba_step": False,
         "decode_attention": False,
+        "norm_rope": False,
         "relative_attention": False,
         "residual_vq": False,
     }, "the CPU runs every fallback, no kernel"
@@ -180,18 +181,26 @@ def test_store_hands_a_kernel_what_update_hands_attention(window: int | None) ->
         assert mx.array_equal(value_buffer[..., :filled, :], want_values).item()
 
 
-def test_fast_attention_fallback_is_the_exact_attention() -> None:
-    """On the CPU fast mode's attention path runs the fallback: the reference's arithmetic, bit for bit."""
+def test_fast_attention_fallbacks_are_the_exact_attention() -> None:
+    """On the CPU fast mode's TTS attention path runs the fallbacks (the heads normed and rotated, then the
+    attention over the whole buffer): the reference's arithmetic, bit for bit."""
     voicechat = random_voicechat("tiny", quantize=4)
     layer = voicechat.model.tts_model.tts_model.backbone.layers[0]
     attention = layer.self_attn
+    heads = functools.partial(
+        norm_rope_ops,
+        query_heads=attention.num_heads,
+        kv_heads=attention.num_kv_heads,
+        eps=attention.q_norm.eps,
+        base=attention.rope.base,
+    )
     rows = mx.random.normal((2, voicechat.config.tts_config.hidden_size), key=mx.random.key(6))
     exact_cache, fast_cache = KVCache(), KVCache()
     for position in range(4):
         exact_out = layer.step(rows, exact_cache, mx.array(position))
-        attention.fast_attention = decode_attention_ops
+        attention.fast_attention, attention.fast_heads = decode_attention_ops, heads
         fast_out = layer.step(rows, fast_cache, mx.array(position))
-        attention.fast_attention = None
+        attention.fast_attention = attention.fast_heads = None
         assert mx.array_equal(exact_out, fast_out).item()
         rows = exact_out
 

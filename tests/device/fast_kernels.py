@@ -7,6 +7,7 @@ positions, and one residual-VQ step over 1,024 entries of 512 (float32 and bf16 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -14,7 +15,14 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
+from engine.decode_attention import (
+    DecodeAttention,
+    NormRope,
+    decode_attention_ops,
+    decode_attention_sample,
+    norm_rope_ops,
+    norm_rope_samples,
+)
 from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
@@ -51,6 +59,17 @@ def main() -> None:
             f"attention over {count} of {capacity}: admitted {admitted}, relative L2 {relative_l2(got, want):.2e}, "
             f"max abs {mx.abs(got - want).max().item():.2e}; kernel {per_call_us(attention, inputs):.1f} us, "
             f"operations {per_call_us(decode_attention_ops, inputs):.1f} us per call"
+        )
+
+    rope = NormRope(backend, 16, 16, 72, 1e-6, 1_000_000.0)
+    fallback = functools.partial(norm_rope_ops, query_heads=16, kv_heads=16, eps=1e-6, base=1_000_000.0)
+    for position in (3, 1500, 7500, 30000):
+        inputs = (*norm_rope_samples(16, 16, 72, mx.bfloat16)[0][:4], mx.array(position))
+        got, want = rope(*inputs), fallback(*inputs)
+        print(
+            f"query and key heads at position {position}: relative L2 "
+            f"{max(relative_l2(g, w) for g, w in zip(got, want, strict=True)):.2e}; "
+            f"kernel {per_call_us(rope, inputs):.1f} us, operations {per_call_us(fallback, inputs):.1f} us per call"
         )
 
     nearest = NearestCode(backend)
