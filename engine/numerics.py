@@ -4,16 +4,45 @@ Exact mode keeps the reference port's decomposition of every network into MLX op
 so outputs equal mlx-vlm 0.7.10's bit for bit on the CPU and the GPU (README, "Exact on
 the GPU"); a frame then stays several thousand operations, and on a GPU each costs host
 time whatever the arithmetic. Fast mode changes the arithmetic where that buys speed, and
-nowhere else. The change, what differs from the reference, and why it is safe:
+nowhere else. What differs from the reference, and why it is safe:
 
-* **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): the state update, its readout
-  ``C·S``, the skip term and the output gate of one position run as one kernel per layer
-  (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) instead of about forty operations.
-  The kernel sums ``C·S`` over the state in its own order and reads the new state once,
-  where the reference sums ``(C·B)·dt·x`` and ``C·S_old`` separately: the same quantity,
-  rounded differently, in float32 throughout as the reference. A kernel is used only after
-  it matched its operations fallback (:func:`engine.ssm.fused_step_ops`, the same arithmetic)
-  on this device at load (:func:`admit_kernel`); otherwise, and on the CPU, the fallback runs.
+Every change is a custom kernel (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) that
+replaces a run of MLX operations — each of which costs host time on a GPU whatever its
+arithmetic — with one launch, computing the same quantity in float32 as the reference does,
+with sums taken in another order. Each has an operations fallback that the CPU runs, and a
+kernel is used only after it matched that fallback on this device at load
+(:func:`admit_kernel`, relative L2 ≤ :data:`KERNEL_TOLERANCE`); otherwise the fallback runs
+and the log says why. The changes:
+
+* **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): one position's causal
+  convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
+  layer, reading the whole input projection (no slices), instead of about fifty operations.
+  It sums the convolution tap by tap and reads the output from the new state, where the
+  reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. Fallback:
+  :func:`engine.ssm.fused_step_ops`.
+* **Single-position attention for the TTS backbone** (:class:`engine.decode_attention.DecodeAttention`):
+  heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
+  products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
+  computes the softmax online (running maximum and sum per warp, merged per block and, past
+  256 keys, across blocks). Fallback: the reference's ``scaled_dot_product_attention``.
+* **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
+  split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
+  formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel.
+* **The encoder's relative-position attention for the newest frame**
+  (:class:`engine.decode_attention.RelativeDecodeAttention`): content and position scores
+  ``(q+u)·k + (q+v)·p`` summed together, then scaled, softmaxed and mixed in one kernel per
+  layer. For one query the reference's relative shift leaves the position scores in place,
+  so key j pairs with position row j (tested against a float64 computation). Fallback:
+  :func:`engine.encoder.attend_relative`, the reference's operations.
+* **The greedy residual-VQ step** (:class:`engine.residual_vq.NearestCode`): after the
+  distance product, the argmin, the gather and the residual and running-sum updates of one
+  quantizer as one kernel. This one is bit-identical to the operations (the same roundings,
+  ties to the lowest index) and is admitted only if it is.
+
+The kernels' results differ from the fallbacks by float32 reordering only (relative L2
+5e-8 to 4e-7 on the H200); through the networks that stays at float32 rounding, but the MoG
+head samples codes from the TTS hidden state, so free-running codes part from exact mode's
+after some frames, like two machines' would (README, "Fast numerics").
 
 Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
 stacks them on the CPU only). On CUDA the taller products take another library path with
