@@ -366,6 +366,7 @@ class EngineWorker(threading.Thread):
             return  # the demo's speed says nothing about the real model's
         set_numerics(voicechat, "fast")
         try:
+            self._warm_up(voicechat)  # fast mode's own programs, so that tracing them is not timed
             fast = self._measure_speed(voicechat)
         finally:
             set_numerics(voicechat, "exact")  # the user decides; until then the model stays as loaded
@@ -373,6 +374,15 @@ class EngineWorker(threading.Thread):
         advice = numerics_advice(rtf, fast)
         if advice is not None:
             self._emit(NumericsAdvice(rtf, fast, advice))
+
+    @staticmethod
+    def _warm_up(voicechat: VoiceChat) -> None:
+        """Trace (and on a GPU compile) the programs of the numerics mode now in use (quick once traced)."""
+        from engine.session import warm_up
+
+        from .bench import question_audio
+
+        warm_up(voicechat, speech=question_audio())
 
     def _measure_speed(self, voicechat: VoiceChat) -> float:
         """The realtime factor of ``SPEED_CHECK_FRAMES`` frames of silence (the first 5 are warm-up)."""
@@ -396,6 +406,7 @@ class EngineWorker(threading.Thread):
         if voicechat is None or model is None or voicechat.numerics == self._numerics:
             return
         set_numerics(voicechat, self._numerics)
+        self._warm_up(voicechat)  # the mode's programs differ: trace them now, not in the next conversation's frames
         self._model = dataclasses.replace(model, checkpoint=voicechat.describe())  # profiles record the mode
         log.info("Numerics switched to %s (fast changes in use: %s)", numerics, voicechat.fast_changes or "none")
         self._emit(NumericsChanged(numerics, dict(voicechat.fast_changes)))

@@ -261,3 +261,56 @@ def test_one_query_reads_position_row_j_for_key_j(count: int) -> None:
     weights /= weights.sum(axis=-1, keepdims=True)
     want = np.einsum("hj,jhd->hd", weights, v).reshape(1, -1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels' call sites stay connected: in fast frames each fast part runs once per layer (or per
+    quantizer) of every step that uses it. On the CPU the parts are the fallbacks, so this guards the wiring
+    that the GPU's counts depend on (a part silently skipped, say for a dtype, would leave the operations)."""
+    import collections
+
+    import numpy as np
+
+    from app.bench import question_audio
+    from engine.session import Session
+    from engine.tts import EarTTS
+
+    monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op: every frame calls the parts (a trace calls them once)
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    calls: collections.Counter[str] = collections.Counter()
+
+    def counted(name: str, part: object) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return part(*args, **kwargs)  # type: ignore[operator]
+
+        return call
+
+    modules = [module for _, module in voicechat.model.named_modules()]
+    layers: collections.Counter[str] = collections.Counter()
+    for module in modules:
+        if isinstance(module, Mamba2Mixer):
+            module.fast_step, layers["mamba"] = counted("mamba", module.fast_step), layers["mamba"] + 1
+        elif isinstance(module, BackboneAttention):
+            module.fast_attention = counted("tts attention", module.fast_attention)
+            module.fast_heads = counted("tts heads", module.fast_heads)
+            layers["tts attention"] += 1
+            layers["tts heads"] += 1
+        elif isinstance(module, RelativePositionAttention):
+            module.fast_attention = counted("encoder attention", module.fast_attention)
+            layers["encoder attention"] += 1
+        elif isinstance(module, EarTTS):
+            module.nearest_code = counted("residual vq", module.nearest_code)
+            layers["residual vq"] = module.config.num_quantizers
+
+    session = Session(voicechat, seed=0)
+    frame = voicechat.config.frame_samples
+    audio = np.concatenate([question_audio(), np.zeros(12 * frame, dtype=np.float32)])
+    frames = 12
+    for index in range(frames):
+        session.push(audio[index * frame : (index + 1) * frame])
+    assert set(calls) == set(layers), f"parts never called: {set(layers) - set(calls)}"
+    for name, count in layers.items():
+        assert calls[name] % count == 0, (name, calls[name], count)
+        assert calls[name] >= count * (frames - 2), (name, calls[name], count)
+    assert calls["tts heads"] == calls["tts attention"]

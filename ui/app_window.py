@@ -343,8 +343,14 @@ class MainWindow(QMainWindow):
             self.history_window.refresh()
 
     def handle_numerics_changed(self, changed: NumericsChanged) -> None:
-        fused = [name.replace("_", " ") for name, used in changed.fast_changes.items() if used]
-        what = f" ({', '.join(fused)} in use)" if fused else ""
+        kernels = changed.fast_changes
+        used = sum(1 for in_use in kernels.values() if in_use)
+        if not kernels:
+            what = ""
+        elif used:
+            what = f" ({used} of {len(kernels)} GPU kernels in use)"
+        else:
+            what = " (no GPU kernels on this machine: the same arithmetic as operations)"
         self.statusBar().showMessage(f"Numerics: {changed.numerics}{what}. A new conversation starts with them.", 8000)
 
     def handle_numerics_advice(self, advice: NumericsAdvice) -> None:

@@ -109,9 +109,12 @@ def test_slow_exact_numerics_are_explained_and_fast_is_one_click_away(window: Ma
     banner.action_button.click()
     (applied,) = fake.calls_to("apply_settings")
     assert applied[0].numerics == "fast" and fake.settings.numerics == "fast"
-    fake.queue(NumericsChanged("fast", {"fused_mamba_step": True}))
+    fake.queue(NumericsChanged("fast", {"fused_mamba_step": True, "residual_vq": False}))
     window.pump.drain()
-    assert window.statusBar().currentMessage().startswith("Numerics: fast (fused mamba step in use)")
+    assert window.statusBar().currentMessage().startswith("Numerics: fast (1 of 2 GPU kernels in use)")
+    fake.queue(NumericsChanged("fast", {"fused_mamba_step": False}))
+    window.pump.drain()
+    assert "no GPU kernels on this machine" in window.statusBar().currentMessage()
 
 
 # --------------------------------------------------------------------------- settings
