@@ -25,12 +25,74 @@ from typing import Any
 
 import mlx.core as mx
 
+from .numerics import custom_kernel
+
 # Warps (simdgroups) per block: each reads every WARPS-th key of the block's share, then they merge.
 WARPS = 8
 # Keys per block: a longer cache is split over several blocks per head, merged by a second kernel.
 KEYS_PER_BLOCK = 256
 
-_ATTENTION_CUDA = """
+# Each warp's running maximum, sum and mixed values, merged into its block's (the block's mixed values
+# are left in ``mixed``, their scale in ``top`` and ``total``): the same lines in both single-query
+# attention kernels, with the head width named as the kernel's source names it.
+_WARPS_MERGED_CUDA = """    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < @W@) warp_acc[warp * @W@ + d] = acc[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < @W@) {
+        const int d = threadIdx.x;
+        float top = -__int_as_float(0x7f800000);
+        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = expf(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * @W@ + d] * factor;
+            }
+        }
+"""
+
+_WARPS_MERGED_METAL = """    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    for (int i = 0; i < PER_LANE; ++i) {
+        const uint d = lane + 32 * i;
+        if (d < @W@) warp_acc[warp * @W@ + d] = acc[i];
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (local < @W@) {
+        float top = -INFINITY;
+        for (int w = 0; w < WARPS; ++w) top = metal::max(top, warp_max[w]);
+        float total = 0.0f;
+        float mixed = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {
+            if (warp_sum[w] > 0.0f) {
+                const float factor = metal::exp(warp_max[w] - top);
+                total += warp_sum[w] * factor;
+                mixed += warp_acc[w * @W@ + local] * factor;
+            }
+        }
+"""
+
+
+def _warps_merged_cuda(width: str) -> str:
+    return _WARPS_MERGED_CUDA.replace("@W@", width)
+
+
+def _warps_merged_metal(width: str) -> str:
+    return _WARPS_MERGED_METAL.replace("@W@", width)
+
+
+_ATTENTION_CUDA = (
+    """
     constexpr int PER_LANE = (D + 31) / 32;
     __shared__ float warp_max[WARPS];
     __shared__ float warp_sum[WARPS];
@@ -80,29 +142,9 @@ _ATTENTION_CUDA = """
         }
         running_max = new_max;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) warp_acc[warp * D + d] = acc[i];
-    }
-    __syncthreads();
-    if (threadIdx.x < D) {
-        const int d = threadIdx.x;
-        float top = -__int_as_float(0x7f800000);
-        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_max[w]);
-        float total = 0.0f;
-        float mixed = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-            if (warp_sum[w] > 0.0f) {
-                const float factor = expf(warp_max[w] - top);
-                total += warp_sum[w] * factor;
-                mixed += warp_acc[w * D + d] * factor;
-            }
-        }
-        if (FINAL) {
+"""
+    + _warps_merged_cuda("D")
+    + """        if (FINAL) {
             out[static_cast<size_t>(group) * D + d] = mixed / total;
         } else {  // this block's share: its mixed values (not yet divided), its maximum and its sum
             float* partial = out + static_cast<size_t>(blockIdx.x) * (D + 2);
@@ -114,6 +156,7 @@ _ATTENTION_CUDA = """
         }
     }
 """
+)
 
 _MERGE_CUDA = """
     const int count = bounds[0];
@@ -136,7 +179,8 @@ _MERGE_CUDA = """
     }
 """
 
-_ATTENTION_METAL = """
+_ATTENTION_METAL = (
+    """
     constexpr int PER_LANE = (D + 31) / 32;
     threadgroup float warp_max[WARPS];
     threadgroup float warp_sum[WARPS];
@@ -185,28 +229,9 @@ _ATTENTION_METAL = """
         }
         running_max = new_max;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    for (int i = 0; i < PER_LANE; ++i) {
-        const uint d = lane + 32 * i;
-        if (d < D) warp_acc[warp * D + d] = acc[i];
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    if (local < D) {
-        float top = -INFINITY;
-        for (int w = 0; w < WARPS; ++w) top = metal::max(top, warp_max[w]);
-        float total = 0.0f;
-        float mixed = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-            if (warp_sum[w] > 0.0f) {
-                const float factor = metal::exp(warp_max[w] - top);
-                total += warp_sum[w] * factor;
-                mixed += warp_acc[w * D + local] * factor;
-            }
-        }
-        if (FINAL) {
+"""
+    + _warps_merged_metal("D")
+    + """        if (FINAL) {
             out[query + local] = mixed / total;
         } else {
             const uint partial = uint(block) * (D + 2);
@@ -218,6 +243,7 @@ _ATTENTION_METAL = """
         }
     }
 """
+)
 
 _MERGE_METAL = """
     const int count = bounds[0];
@@ -270,22 +296,16 @@ class DecodeAttention:
         # length); the arrays of the last few lengths are kept, since every layer of a kind shares one.
         self._bounds: dict[int, mx.array] = {}
         self._scales: dict[float, mx.array] = {}
-        if backend == "cuda":
-            make = mx.fast.cuda_kernel
-            sources = (_ATTENTION_CUDA, _MERGE_CUDA)
-        elif backend == "metal":
-            make = mx.fast.metal_kernel
-            sources = (_ATTENTION_METAL, _MERGE_METAL)
-        else:
-            raise ValueError(f"no decode attention kernel for {backend!r}")
-        self._attend = make(
-            name="parley_decode_attention", input_names=_INPUTS, output_names=["out"], source=sources[0]
+        self._attend = custom_kernel(
+            backend, "parley_decode_attention", _INPUTS, ["out"], cuda=_ATTENTION_CUDA, metal=_ATTENTION_METAL
         )
-        self._merge = make(
-            name="parley_decode_attention_merge",
-            input_names=["partials", "bounds"],
-            output_names=["out"],
-            source=sources[1],
+        self._merge = custom_kernel(
+            backend,
+            "parley_decode_attention_merge",
+            ["partials", "bounds"],
+            ["out"],
+            cuda=_MERGE_CUDA,
+            metal=_MERGE_METAL,
         )
 
     def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
@@ -355,7 +375,8 @@ def decode_attention_sample(
 
 # --------------------------------------------------------------------------- the encoder's relative-position attention
 
-_RELATIVE_CUDA = """
+_RELATIVE_CUDA = (
+    """
     constexpr int PER_LANE = (HD + 31) / 32;
     constexpr int WIDTH = H * HD;
     __shared__ float warp_max[WARPS];
@@ -398,33 +419,15 @@ _RELATIVE_CUDA = """
         }
         running_max = new_max;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + 32 * i;
-        if (d < HD) warp_acc[warp * HD + d] = acc[i];
-    }
-    __syncthreads();
-    if (threadIdx.x < HD) {
-        const int d = threadIdx.x;
-        float top = -__int_as_float(0x7f800000);
-        for (int w = 0; w < WARPS; ++w) top = fmaxf(top, warp_max[w]);
-        float total = 0.0f;
-        float mixed = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-            if (warp_sum[w] > 0.0f) {
-                const float factor = expf(warp_max[w] - top);
-                total += warp_sum[w] * factor;
-                mixed += warp_acc[w * HD + d] * factor;
-            }
-        }
-        out[head * HD + d] = mixed / total;
+"""
+    + _warps_merged_cuda("HD")
+    + """        out[head * HD + d] = mixed / total;
     }
 """
+)
 
-_RELATIVE_METAL = """
+_RELATIVE_METAL = (
+    """
     constexpr int PER_LANE = (HD + 31) / 32;
     constexpr int WIDTH = H * HD;
     threadgroup float warp_max[WARPS];
@@ -465,30 +468,12 @@ _RELATIVE_METAL = """
         }
         running_max = new_max;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = int(lane) + 32 * i;
-        if (d < HD) warp_acc[warp * HD + uint(d)] = acc[i];
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    if (local < HD) {
-        float top = -INFINITY;
-        for (int w = 0; w < WARPS; ++w) top = metal::max(top, warp_max[w]);
-        float total = 0.0f;
-        float mixed = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-            if (warp_sum[w] > 0.0f) {
-                const float factor = metal::exp(warp_max[w] - top);
-                total += warp_sum[w] * factor;
-                mixed += warp_acc[w * HD + local] * factor;
-            }
-        }
-        out[uint(head * HD) + local] = mixed / total;
+"""
+    + _warps_merged_metal("HD")
+    + """        out[uint(head * HD) + local] = mixed / total;
     }
 """
+)
 
 _RELATIVE_INPUTS = ["query", "keys", "values", "positions", "bias_u", "bias_v", "scale"]
 # Warps per head for the encoder's short key window (at most 71 keys).
@@ -509,14 +494,13 @@ class RelativeDecodeAttention:
             raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * RELATIVE_WARPS} threads per head")
         self.heads, self.head_dim = heads, head_dim
         self._scales: dict[float, mx.array] = {}
-        if backend == "cuda":
-            make, source = mx.fast.cuda_kernel, _RELATIVE_CUDA
-        elif backend == "metal":
-            make, source = mx.fast.metal_kernel, _RELATIVE_METAL
-        else:
-            raise ValueError(f"no relative-position attention kernel for {backend!r}")
-        self._kernel = make(
-            name="parley_relative_attention", input_names=_RELATIVE_INPUTS, output_names=["out"], source=source
+        self._kernel = custom_kernel(
+            backend,
+            "parley_relative_attention",
+            _RELATIVE_INPUTS,
+            ["out"],
+            cuda=_RELATIVE_CUDA,
+            metal=_RELATIVE_METAL,
         )
 
     def __call__(
@@ -713,14 +697,13 @@ class NormRope:
         self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
         # MLX passes log2(base) to its RoPE kernel as a float32 computed from a float32 base.
         self._params = mx.array([eps, float(np.log2(np.float32(base)))], dtype=mx.float32)
-        if backend == "cuda":
-            make, source = mx.fast.cuda_kernel, _NORM_ROPE_CUDA
-        elif backend == "metal":
-            make, source = mx.fast.metal_kernel, _NORM_ROPE_METAL
-        else:
-            raise ValueError(f"no norm-and-rotate kernel for {backend!r}")
-        self._kernel = make(
-            name="parley_norm_rope", input_names=_NORM_ROPE_INPUTS, output_names=["queries", "keys"], source=source
+        self._kernel = custom_kernel(
+            backend,
+            "parley_norm_rope",
+            _NORM_ROPE_INPUTS,
+            ["queries", "keys"],
+            cuda=_NORM_ROPE_CUDA,
+            metal=_NORM_ROPE_METAL,
         )
 
     def __call__(

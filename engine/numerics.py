@@ -92,6 +92,17 @@ def gpu_kernel_backend() -> str | None:
     return None
 
 
+def custom_kernel(
+    backend: str, name: str, inputs: list[str], outputs: list[str], *, cuda: str, metal: str
+) -> Callable[..., Any]:
+    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source."""
+    if backend == "cuda":
+        return mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=cuda)
+    if backend == "metal":
+        return mx.fast.metal_kernel(name=name, input_names=inputs, output_names=outputs, source=metal)
+    raise ValueError(f"no {name} kernel for {backend!r}")
+
+
 def relative_l2(actual: mx.array, expected: mx.array) -> float:
     """``‖actual − expected‖ / ‖expected‖`` in float32 (0 when both are zero)."""
     difference = mx.sqrt(mx.sum(mx.square(actual.astype(mx.float32) - expected.astype(mx.float32))))

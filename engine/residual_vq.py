@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .numerics import custom_kernel
+
 THREADS = 256
 
 _NEAREST_CUDA = """
@@ -134,16 +136,9 @@ class NearestCode:
     its norms float32 or bf16 (widened exactly, as the operations promote them)."""
 
     def __init__(self, backend: str) -> None:
-        if backend == "cuda":
-            self._kernel = mx.fast.cuda_kernel(
-                name="parley_nearest_code", input_names=_INPUTS, output_names=_OUTPUTS, source=_NEAREST_CUDA
-            )
-        elif backend == "metal":
-            self._kernel = mx.fast.metal_kernel(
-                name="parley_nearest_code", input_names=_INPUTS, output_names=_OUTPUTS, source=_NEAREST_METAL
-            )
-        else:
-            raise ValueError(f"no residual-VQ kernel for {backend!r}")
+        self._kernel = custom_kernel(
+            backend, "parley_nearest_code", _INPUTS, _OUTPUTS, cuda=_NEAREST_CUDA, metal=_NEAREST_METAL
+        )
 
     def __call__(
         self, scores: mx.array, norms: mx.array, book: mx.array, residual: mx.array, chosen_sum: mx.array

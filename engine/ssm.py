@@ -32,6 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .jit import materialize
+from .numerics import custom_kernel
 
 # Positions per chunk of the quadratic form; the quadratic work is O(chunk²) per head.
 SCAN_CHUNK = 256
@@ -340,16 +341,9 @@ class FusedStep:
         if heads % groups:
             raise ValueError(f"no fused step for {heads} heads in {groups} groups")
         self.heads, self.head_dim, self.groups, self.state_size = heads, head_dim, groups, state_size
-        if backend == "cuda":
-            self._kernel = mx.fast.cuda_kernel(
-                name="parley_mamba_step", input_names=_STEP_INPUTS, output_names=_STEP_OUTPUTS, source=_STEP_CUDA
-            )
-        elif backend == "metal":
-            self._kernel = mx.fast.metal_kernel(
-                name="parley_mamba_step", input_names=_STEP_INPUTS, output_names=_STEP_OUTPUTS, source=_STEP_METAL
-            )
-        else:
-            raise ValueError(f"no fused step kernel for {backend!r}")
+        self._kernel = custom_kernel(
+            backend, "parley_mamba_step", _STEP_INPUTS, _STEP_OUTPUTS, cuda=_STEP_CUDA, metal=_STEP_METAL
+        )
 
     def __call__(
         self,
