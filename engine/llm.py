@@ -124,8 +124,9 @@ class Mamba2Mixer(nn.Module):
             self.inner_size, self.inner_size // self.n_groups, eps=config.layer_norm_epsilon
         )
         self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
-        # Fast numerics: one position's step after the convolution as one kernel (or its operations fallback).
-        self.fast_step: Callable[..., tuple[mx.array, mx.array]] | None = None
+        # Fast numerics: one position's step from its input projection (convolution included) as one kernel, or
+        # its operations fallback; returns the gated readout and both new states.
+        self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array]] | None = None
 
     def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array]] | None) -> None:
         """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""

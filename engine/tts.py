@@ -109,6 +109,7 @@ class BackboneAttention(nn.Module):
         return x.reshape(x.shape[0], -1, heads, self.head_dim).transpose(0, 2, 1, 3)
 
     def projections(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The q, k and v projections of ``x`` (one stacked product on the CPU)."""
         if self.stacked is not None:
             q, k, v = self.stacked(x)
             return q, k, v

@@ -1,19 +1,26 @@
-"""Shared fixtures: seeded tiny random checkpoints, generated once per test session."""
+"""Shared fixtures: seeded tiny random checkpoints (generated once per test session), the spoken question,
+and app controllers over a scripted audio device."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.settings import Settings
 from engine.random_checkpoint import make_checkpoint
+
+if TYPE_CHECKING:
+    from app.controller import AppController
+    from tests.fakes import ScriptedAudio
 
 CheckpointFactory = Callable[..., Path]
 
@@ -84,3 +91,33 @@ def speech_16k(question_wav: Path) -> np.ndarray:
     samples, rate = soundfile.read(question_wav, dtype="float32")
     samples = soxr.resample(samples, rate, 16_000).astype(np.float32)
     return np.concatenate([samples, np.zeros(24_000, dtype=np.float32)])
+
+
+@pytest.fixture
+def build_controller(tmp_path: Path, speech_16k: np.ndarray) -> Iterator[Callable[..., AppController]]:
+    """Makes AppControllers over a scripted microphone and speaker that plays the spoken question (``audio``:
+    ScriptedAudio or a subclass), with settings, logs and (``history``) a history folder in the test's
+    folder; every one made is shut down after the test. Other keywords go to AppController."""
+    from app.controller import AppController
+    from tests.fakes import ScriptedAudio
+
+    made: list[AppController] = []
+
+    def build(
+        settings: Settings, *, audio: type[ScriptedAudio] = ScriptedAudio, history: bool = True, **kwargs: Any
+    ) -> AppController:
+        def audio_factory(*args: Any, **options: Any) -> ScriptedAudio:
+            return audio(*args, speech=speech_16k, **options)
+
+        kwargs.setdefault("audio_factory", audio_factory)
+        if history:
+            kwargs.setdefault("history_folder", tmp_path / "history")
+        controller = AppController(
+            settings, settings_path=tmp_path / "settings.json", auto_demo=False, log_folder=tmp_path / "logs", **kwargs
+        )
+        made.append(controller)
+        return controller
+
+    yield build
+    for controller in made:
+        controller.shutdown()

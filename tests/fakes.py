@@ -18,12 +18,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from app.history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
 from app.hotkey import GlobalKeySupport
 from app.messages import (
     AppState,
     ConversationStarted,
     ConversationTime,
+    DeviceStatus,
     DownloadProgress,
     EngineState,
     FrameStats,
@@ -39,7 +42,7 @@ from app.settings import Settings
 from app.status import StatusBoard
 from app.variants import DEMO, Variant, variant
 from engine.events import AssistantTextDelta, FrameTiming, UserTranscriptDelta
-from engine.timeline import FRAME_MS, FRAME_SECONDS, STAGES
+from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, STAGES
 
 CONVERSATION_LIMIT_S = 300.0
 USER_LINE = "What is the capital of France?"
@@ -349,3 +352,104 @@ class FakeController:
                 Levels(self._random.uniform(0.2, 0.7) if self.talking else 0.01, 0.4 if speaking else 0.0),
                 ConversationTime(self._elapsed, CONVERSATION_LIMIT_S - self._elapsed),
             )
+
+
+class ScriptedAudio:
+    """Stands in for AudioIO: delivers microphone frames (or silence while the key is up) at full speed.
+
+    Frames are delivered only while capturing, as AudioIO's ring is filled only then.
+    """
+
+    def __init__(
+        self,
+        input_device=None,
+        output_device=None,
+        *,
+        duck_while_talking=False,
+        capture=True,
+        volume=1.0,
+        muted=False,
+        speech=None,
+    ):
+        self._talking = False
+        self.capturing = capture
+        self.duck_while_talking = duck_while_talking
+        self.volume, self.muted = volume, muted
+        self.speech = speech if speech is not None else np.zeros(INPUT_FRAME_SAMPLES * 10, np.float32)
+        self.position = 0
+        self.frames_read: list[tuple[bool, np.ndarray]] = []
+        self.played: list[np.ndarray] = []
+        self.input_peak = self.output_peak = 0.0
+        self.input_lost_s = 0.0
+        self.output_underruns = 0
+        self.input_backlog_frames = 0
+        self.last_audible = 0.0
+        self.latencies: list[float] = []
+        self.started = False
+        self.paused = False
+        self.hushed = False
+        self.health: list[DeviceStatus] = []
+        self.input_device_name: str | None = "Scripted microphone"
+        self.output_device_name: str | None = "Scripted speaker"
+
+    @property
+    def talking(self):
+        return self._talking
+
+    @talking.setter
+    def talking(self, talking):
+        if talking:
+            self.hushed = False
+        self._talking = talking
+
+    def start(self):
+        self.started = True
+
+    def close(self):
+        self.started = False
+
+    def poll_health(self):
+        statuses, self.health = self.health, []
+        return statuses
+
+    def unplug(self):
+        """Both devices vanish: audio pauses, as AudioIO does when nothing is left to open."""
+        self.paused = True
+        self.input_device_name = self.output_device_name = None
+        self.health.append(DeviceStatus(None, None, "The microphone stopped working. Audio is paused."))
+
+    def set_devices(self, input_name, output_name):
+        pass
+
+    def start_capture(self):
+        self.capturing = True
+
+    def stop_capture(self):
+        self.capturing = False
+
+    def clear_output(self):
+        pass
+
+    def hush(self):
+        self.hushed = True
+
+    def take_turn_latencies(self):
+        taken, self.latencies = self.latencies, []
+        return taken
+
+    def read_frame(self, timeout=0.0):
+        time.sleep(0.002)
+        if not self.capturing or self.paused:
+            return None
+        if self._talking:
+            start = self.position % self.speech.shape[0]
+            frame = np.resize(self.speech[start : start + INPUT_FRAME_SAMPLES], INPUT_FRAME_SAMPLES)
+            self.position += INPUT_FRAME_SAMPLES
+        else:
+            frame = np.zeros(INPUT_FRAME_SAMPLES, np.float32)
+        self.frames_read.append((self._talking, frame.astype(np.float32)))
+        return frame.astype(np.float32)
+
+    def play(self, samples):
+        if not self.hushed:
+            self.played.append(samples)

@@ -6,7 +6,9 @@ tests/test_controller.py; the history folder is a temporary one.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +20,8 @@ from app.history import ConversationHistory, ConversationRecord, LoadedConversat
 from app.messages import ConversationStarted, Failure, FrameStats, HistorySaved, ModelLoaded, ReplayProgress
 from app.settings import Settings
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE
-from tests.test_controller import ScriptedAudio, frame_count, q4, wait_for
+from tests.fakes import ScriptedAudio
+from tests.test_controller import frame_count, q4, wait_for
 
 
 class ReplayingAudio(ScriptedAudio):
@@ -39,27 +42,9 @@ class ReplayingAudio(ScriptedAudio):
 
 
 @pytest.fixture
-def make(tmp_path: Path, speech_16k: np.ndarray):
-    made: list[AppController] = []
-
-    def build(settings: Settings) -> AppController:
-        def audio(*args: object, **kwargs: object) -> ReplayingAudio:
-            return ReplayingAudio(*args, speech=speech_16k, **kwargs)
-
-        controller = AppController(
-            settings,
-            settings_path=tmp_path / "settings.json",
-            auto_demo=False,
-            log_folder=tmp_path / "logs",
-            history_folder=tmp_path / "history",
-            audio_factory=audio,
-        )
-        made.append(controller)
-        return controller
-
-    yield build
-    for controller in made:
-        controller.shutdown()
+def make(build_controller: Callable[..., AppController]) -> Callable[..., AppController]:
+    """Controllers whose speaker replays, with a history folder."""
+    return functools.partial(build_controller, audio=ReplayingAudio)
 
 
 def talk(controller: AppController, frames: int, *, loaded: bool = False) -> list[object]:

@@ -9,11 +9,12 @@ test, the real pynput listener on a private X server.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from app import controller as controller_module
@@ -35,7 +36,8 @@ from app.messages import (
 from app.settings import Settings
 from app.status import HANDS_FREE
 from app.worker import EngineWorker, numerics_advice
-from tests.test_controller import ScriptedAudio, frame_count, q4, wait_for
+from tests.fakes import ScriptedAudio
+from tests.test_controller import frame_count, q4, wait_for
 from tests.test_hotkey import FakeBackend
 
 
@@ -51,28 +53,9 @@ class EchoAwareAudio(ScriptedAudio):
 
 
 @pytest.fixture
-def make(tmp_path: Path, speech_16k: np.ndarray):
-    made: list[AppController] = []
-
-    def build(settings: Settings, **kwargs: object) -> AppController:
-        def audio(*args: object, **kw: object) -> EchoAwareAudio:
-            return EchoAwareAudio(*args, speech=speech_16k, **kw)
-
-        controller = AppController(
-            settings,
-            settings_path=tmp_path / "settings.json",
-            auto_demo=False,
-            log_folder=tmp_path / "logs",
-            history_folder=tmp_path / "history",
-            audio_factory=audio,
-            **kwargs,  # type: ignore[arg-type]
-        )
-        made.append(controller)
-        return controller
-
-    yield build
-    for controller in made:
-        controller.shutdown()
+def make(build_controller: Callable[..., AppController]) -> Callable[..., AppController]:
+    """Controllers whose audio takes an echo canceller, with a history folder."""
+    return functools.partial(build_controller, audio=EchoAwareAudio)
 
 
 def loaded(messages: list[object]) -> bool:

@@ -7,6 +7,7 @@ export), and nothing written when there is nothing to write.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -34,107 +35,6 @@ from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES
 
 
-class ScriptedAudio:
-    """Stands in for AudioIO: delivers microphone frames (or silence while the key is up) at full speed.
-
-    Frames are delivered only while capturing, as AudioIO's ring is filled only then.
-    """
-
-    def __init__(
-        self,
-        input_device=None,
-        output_device=None,
-        *,
-        duck_while_talking=False,
-        capture=True,
-        volume=1.0,
-        muted=False,
-        speech=None,
-    ):
-        self._talking = False
-        self.capturing = capture
-        self.duck_while_talking = duck_while_talking
-        self.volume, self.muted = volume, muted
-        self.speech = speech if speech is not None else np.zeros(INPUT_FRAME_SAMPLES * 10, np.float32)
-        self.position = 0
-        self.frames_read: list[tuple[bool, np.ndarray]] = []
-        self.played: list[np.ndarray] = []
-        self.input_peak = self.output_peak = 0.0
-        self.input_lost_s = 0.0
-        self.output_underruns = 0
-        self.input_backlog_frames = 0
-        self.last_audible = 0.0
-        self.latencies: list[float] = []
-        self.started = False
-        self.paused = False
-        self.hushed = False
-        self.health: list[DeviceStatus] = []
-        self.input_device_name: str | None = "Scripted microphone"
-        self.output_device_name: str | None = "Scripted speaker"
-
-    @property
-    def talking(self):
-        return self._talking
-
-    @talking.setter
-    def talking(self, talking):
-        if talking:
-            self.hushed = False
-        self._talking = talking
-
-    def start(self):
-        self.started = True
-
-    def close(self):
-        self.started = False
-
-    def poll_health(self):
-        statuses, self.health = self.health, []
-        return statuses
-
-    def unplug(self):
-        """Both devices vanish: audio pauses, as AudioIO does when nothing is left to open."""
-        self.paused = True
-        self.input_device_name = self.output_device_name = None
-        self.health.append(DeviceStatus(None, None, "The microphone stopped working. Audio is paused."))
-
-    def set_devices(self, input_name, output_name):
-        pass
-
-    def start_capture(self):
-        self.capturing = True
-
-    def stop_capture(self):
-        self.capturing = False
-
-    def clear_output(self):
-        pass
-
-    def hush(self):
-        self.hushed = True
-
-    def take_turn_latencies(self):
-        taken, self.latencies = self.latencies, []
-        return taken
-
-    def read_frame(self, timeout=0.0):
-        time.sleep(0.002)
-        if not self.capturing or self.paused:
-            return None
-        if self._talking:
-            start = self.position % self.speech.shape[0]
-            frame = np.resize(self.speech[start : start + INPUT_FRAME_SAMPLES], INPUT_FRAME_SAMPLES)
-            self.position += INPUT_FRAME_SAMPLES
-        else:
-            frame = np.zeros(INPUT_FRAME_SAMPLES, np.float32)
-        self.frames_read.append((self._talking, frame.astype(np.float32)))
-        return frame.astype(np.float32)
-
-    def play(self, samples):
-        if not self.hushed:
-            self.played.append(samples)
-
-
 def wait_for(controller: AppController, predicate, timeout: float = 60.0) -> list:
     seen: list = []
     deadline = time.monotonic() + timeout
@@ -148,30 +48,9 @@ def wait_for(controller: AppController, predicate, timeout: float = 60.0) -> lis
 
 
 @pytest.fixture
-def make_controller(tmp_path, speech_16k):
-    made: list[AppController] = []
-
-    def make(settings: Settings, **kwargs) -> AppController:
-        audio_holder = {}
-
-        def audio_factory(*args, **kw):
-            audio_holder["audio"] = ScriptedAudio(*args, speech=speech_16k, **kw)
-            return audio_holder["audio"]
-
-        kwargs.setdefault("audio_factory", audio_factory)
-        controller = AppController(
-            settings,
-            settings_path=tmp_path / "settings.json",
-            auto_demo=False,
-            log_folder=tmp_path / "logs",
-            **kwargs,
-        )
-        made.append(controller)
-        return controller
-
-    yield make
-    for controller in made:
-        controller.shutdown()
+def make_controller(build_controller):
+    """Controllers over a ScriptedAudio microphone and speaker, with no history folder of their own."""
+    return functools.partial(build_controller, history=False)
 
 
 def _states(messages) -> list[AppState]:

@@ -23,7 +23,7 @@ from app.messages import ConversationStarted, FrameStats, InputFrame, ModelLoade
 from app.worker import EngineWorker, Load, StartConversation
 from engine.events import AudioChunk, FrameTiming
 from engine.timeline import INPUT_SAMPLE_RATE, STAGES
-from tests.test_controller import ScriptedAudio
+from tests.fakes import ScriptedAudio
 
 EXACT_EVERY = 4
 FRAMES = 48

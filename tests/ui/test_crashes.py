@@ -11,7 +11,7 @@ from pytestqt.qtbot import QtBot
 
 from app.controller import AppController
 from app.settings import Settings
-from tests.test_controller import ScriptedAudio
+from tests.fakes import ScriptedAudio
 from ui.app_window import MainWindow
 
 
