@@ -183,8 +183,9 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
     Fast mode gives each Mamba-2 mixer the fused step, the TTS backbone's and the encoder's
-    attention their single-position kernels and the MaskGIT rounds the residual-VQ kernel: each the kernel where
-    it matched its fallback on this device, else the fallback (operations; always so on the CPU).
+    attention their single-position kernels (and the TTS its query and key heads kernel) and the
+    MaskGIT rounds the residual-VQ kernel: each the kernel where it matched its fallback on this
+    device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place.
     """
     import functools
@@ -213,7 +214,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     if fast and mixers:
         first = mixers[0]
         step, changes["fused_mamba_step"] = _fast_part(
-            ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size),
+            ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size, first.conv1d.weight.dtype),
             "Mamba-2 step",
             functools.partial(fused_step_ops, groups=first.n_groups),
             lambda backend: FusedStep(backend, first.num_heads, first.head_dim, first.n_groups, first.state_size),

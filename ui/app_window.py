@@ -350,7 +350,7 @@ class MainWindow(QMainWindow):
         elif used:
             what = f" ({used} of {len(kernels)} GPU kernels in use)"
         else:
-            what = " (no GPU kernels on this machine: the same arithmetic as operations)"
+            what = " (no GPU kernels here, so no faster)"
         self.statusBar().showMessage(f"Numerics: {changed.numerics}{what}. A new conversation starts with them.", 8000)
 
     def handle_numerics_advice(self, advice: NumericsAdvice) -> None:

@@ -248,7 +248,8 @@ class FrameOverlay(QWidget):
         return str(self._latest.exact_every) if self._latest is not None else "N"
 
     def _exact_title(self) -> str:
-        return "Exact stages" if self._latest is None else f"Exact stages · 1 in {self._exact_every}"
+        # "Stage times", not "exact": exact and fast are the numerics modes' names.
+        return "Stage times" if self._latest is None else f"Stage times · 1 in {self._exact_every}"
 
     def add_stats(self, stats: FrameStats) -> None:
         """Add one processed frame (the chart's only input)."""
@@ -520,7 +521,7 @@ class FrameOverlay(QWidget):
         entries.append(("Other", QColor(OTHER_COLOR), f"Other: {OTHER_MEANING}.", False))
         entries.append(
             (
-                "exact frame",
+                "timed by stage",
                 QColor(EXACT_MARK_COLOR),
                 f"A dot under a bar: that frame was timed stage by stage (one in {self._exact_every}); "
                 "its stages feed the panel on the right.",
