@@ -325,10 +325,6 @@ class EngineWorker(threading.Thread):
         saving = "" if voicechat.precast_bytes else " (memory-saving mode: weights kept as stored, a little slower)"
         preparing = f"Loaded in {time.perf_counter() - started:.1f} s{saving}; preparing the engine"
         self._emit(LoadProgress(0.6, preparing))
-        from engine.session import warm_up
-
-        from .bench import question_audio
-
         shown = [-1]
 
         def preparation(fraction: float) -> None:
@@ -338,7 +334,7 @@ class EngineWorker(threading.Thread):
                 shown[0] = percent
                 self._emit(LoadProgress(0.6 + 0.2 * fraction, f"{preparing} ({percent} %)"))
 
-        warm_up(voicechat, speech=question_audio(), progress=preparation)
+        self._warm_up(voicechat, progress=preparation)
         if self.speed_check_enabled:
             self._emit(LoadProgress(0.8, "Checking this machine's speed"))
             self._run_speed_check(voicechat, model.variant)
@@ -376,13 +372,14 @@ class EngineWorker(threading.Thread):
             self._emit(NumericsAdvice(rtf, fast, advice))
 
     @staticmethod
-    def _warm_up(voicechat: VoiceChat) -> None:
-        """Trace (and on a GPU compile) the programs of the numerics mode now in use (quick once traced)."""
+    def _warm_up(voicechat: VoiceChat, progress: Callable[[float], None] | None = None) -> None:
+        """Trace (and on a GPU compile) the programs of the numerics mode now in use (quick once traced), over
+        the spoken question so that speech's paths are traced too; ``progress`` gets the fraction done."""
         from engine.session import warm_up
 
         from .bench import question_audio
 
-        warm_up(voicechat, speech=question_audio())
+        warm_up(voicechat, speech=question_audio(), progress=progress)
 
     def _measure_speed(self, voicechat: VoiceChat) -> float:
         """The realtime factor of ``SPEED_CHECK_FRAMES`` frames of silence (the first 5 are warm-up)."""

@@ -333,10 +333,15 @@ class NemotronH(nn.Module):
     def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
         """The compiled pieces for the Mamba step in use: a program's trace holds the step it was traced
         with, so a model switched between numerics modes keeps one set of programs per step."""
-        step = next((layer.mixer.fast_step for layer in self.layers if isinstance(layer.mixer, Mamba2Mixer)), None)
+        step = self._first_mixer.fast_step if self._first_mixer is not None else None
         if step not in self._segment_sets:
             self._segment_sets[step] = self._build_segments()
         return self._segment_sets[step]
+
+    @functools.cached_property
+    def _first_mixer(self) -> Mamba2Mixer | None:
+        """The first Mamba block's mixer: every mixer gets the same step (engine.numerics.apply_numerics)."""
+        return next((layer.mixer for layer in self.layers if isinstance(layer.mixer, Mamba2Mixer)), None)
 
     @functools.cached_property
     def _segment_sets(self) -> dict[Any, list[tuple[str, tuple[int, ...], Callable[..., Any]]]]:

@@ -203,7 +203,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     from .encoder import RelativePositionAttention, attend_relative
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
-    from .ssm import FusedStep, fused_step_ops
+    from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .tts import BackboneAttention, EarTTS
 
     fast = check_numerics(numerics) == "fast"
@@ -218,7 +218,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
             "Mamba-2 step",
             functools.partial(fused_step_ops, groups=first.n_groups),
             lambda backend: FusedStep(backend, first.num_heads, first.head_dim, first.n_groups, first.state_size),
-            lambda: _step_sample(first),
+            lambda: fused_step_sample(first),
         )
     for mixer in mixers:
         mixer.use_fast_step(step)
@@ -288,26 +288,6 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
             )
         tts.nearest_code = nearest
     return changes
-
-
-def _step_sample(mixer: object) -> tuple[mx.array, ...]:
-    """Random inputs of one mixer's step, with its own convolution and parameters (for admitting the kernel)."""
-    keys = mx.random.split(mx.random.key(1234), 3)
-    heads, head_dim = mixer.num_heads, mixer.head_dim  # type: ignore[attr-defined]
-    conv_dim, kernel_size = mixer.conv_dim, mixer.kernel_size  # type: ignore[attr-defined]
-    limits = mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32)  # type: ignore[attr-defined]
-    bias = getattr(mixer.conv1d, "bias", None)  # type: ignore[attr-defined]
-    return (
-        mx.random.normal((heads * head_dim + conv_dim + heads,), key=keys[0]),
-        mx.random.normal((1, kernel_size - 1, conv_dim), key=keys[1]),
-        mixer.conv1d.weight,  # type: ignore[attr-defined]
-        mx.zeros((conv_dim,)) if bias is None else bias,
-        mixer.dt_bias,  # type: ignore[attr-defined]
-        mixer.A_log,  # type: ignore[attr-defined]
-        mixer.D,  # type: ignore[attr-defined]
-        0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[2]),  # type: ignore[attr-defined]
-        limits,
-    )
 
 
 def set_numerics(voicechat: object, numerics: Numerics) -> None:

@@ -27,12 +27,16 @@ equal-length rows) per call.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .jit import materialize
 from .numerics import custom_kernel
+
+if TYPE_CHECKING:
+    from .llm import Mamba2Mixer
 
 # Positions per chunk of the quadratic form; the quadratic work is O(chunk²) per head.
 SCAN_CHUNK = 256
@@ -331,6 +335,25 @@ def fused_step_ops(
     new_state = state[0] * decay[:, None, None] + (dt[:, None] * x)[:, :, None] * b_heads[:, None, :]
     y = mx.sum(new_state * c_heads[:, None, :], axis=-1) + skip[:, None] * x
     return nn.silu(gate) * y.reshape(inner), window[1:][None], new_state[None]
+
+
+def fused_step_sample(mixer: Mamba2Mixer, seed: int = 1234) -> tuple[mx.array, ...]:
+    """Random inputs of one mixer's step (a projection, an earlier convolution window and state) with the
+    mixer's own convolution and parameters: for admitting the kernel, and for testing the fallback."""
+    keys = mx.random.split(mx.random.key(seed), 3)
+    heads, head_dim, conv_dim = mixer.num_heads, mixer.head_dim, mixer.conv_dim
+    bias = getattr(mixer.conv1d, "bias", None)
+    return (
+        mx.random.normal((heads * head_dim + conv_dim + heads,), key=keys[0]),
+        mx.random.normal((1, mixer.kernel_size - 1, conv_dim), key=keys[1]),
+        mixer.conv1d.weight,
+        mx.zeros((conv_dim,)) if bias is None else bias,
+        mixer.dt_bias,
+        mixer.A_log,
+        mixer.D,
+        0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[2]),
+        mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32),
+    )
 
 
 class FusedStep:

@@ -22,7 +22,7 @@ from engine.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.numerics import admit_kernel, apply_numerics, check_numerics, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
-from engine.ssm import fused_step_ops, silu_gate, ssm_scan
+from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
 from engine.tts import BackboneAttention
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -30,24 +30,6 @@ TTS_HIDDEN_RELATIVE_L2 = 1e-4
 KL_MAX = 1e-5
 ARGMAX_AGREEMENT = 0.99
 WAVEFORM_SNR_DB = 40.0
-
-
-def _mixer_inputs(mixer: Mamba2Mixer, seed: int) -> tuple[mx.array, ...]:
-    """One position's projection, an earlier convolution window and state, with the mixer's own weights."""
-    keys = mx.random.split(mx.random.key(seed), 3)
-    heads, head_dim, state_size = mixer.num_heads, mixer.head_dim, mixer.state_size
-    bias = getattr(mixer.conv1d, "bias", None)
-    return (
-        mx.random.normal((heads * head_dim + mixer.conv_dim + heads,), key=keys[0]),
-        mx.random.normal((1, mixer.kernel_size - 1, mixer.conv_dim), key=keys[1]),
-        mixer.conv1d.weight,
-        mx.zeros((mixer.conv_dim,)) if bias is None else bias,
-        mixer.dt_bias,
-        mixer.A_log,
-        mixer.D,
-        0.1 * mx.random.normal((1, heads, head_dim, state_size), key=keys[2]),
-        mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32),
-    )
 
 
 def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -79,7 +61,7 @@ def test_fused_step_fallback_computes_the_exact_step(size: str) -> None:
     voicechat = random_voicechat(size, quantize=4)  # type: ignore[arg-type]
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     for seed in range(3):
-        inputs = _mixer_inputs(mixer, seed)
+        inputs = fused_step_sample(mixer, seed)
         fast = fused_step_ops(*inputs, groups=mixer.n_groups)
         exact = _exact_step(mixer, *inputs)
         for got, want in zip(fast, exact, strict=True):
@@ -91,7 +73,7 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     fallback = functools.partial(fused_step_ops, groups=mixer.n_groups)
-    inputs = _mixer_inputs(mixer, 7)
+    inputs = fused_step_sample(mixer, 7)
     assert admit_kernel("exact step", functools.partial(_exact_step, mixer), fallback, inputs)
 
     def wrong(*args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
