@@ -204,7 +204,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
-    from .tts import BackboneAttention, EarTTS
+    from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts
 
     fast = check_numerics(numerics) == "fast"
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
@@ -273,6 +273,16 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     for module in relatives:
         module.fast_attention = relative
 
+    layers = [module for module in modules if isinstance(module, BackboneLayer)]
+    row_parts: LayerRowParts | None = None
+    weight_dtype: mx.Dtype | None = None
+    if fast and layers:
+        weight_dtype = mx.bfloat16 if gpu_kernel_backend() is not None and _bf16_exact(layers) else None
+        row_parts, changes["row_products"] = _backbone_row_parts(layers[0], GUIDED_ROWS, weight_dtype)
+    for layer in layers:
+        layer.rows = row_parts
+        layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
+
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
         if fast:
@@ -288,6 +298,49 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
             )
         tts.nearest_code = nearest
     return changes
+
+
+def _bf16_exact(layers: list[Any]) -> bool:
+    """True when every backbone projection weight is a bf16 value (a float32 copy made by
+    :mod:`engine.precast` from the checkpoint's bf16), so a bf16 copy of it loses nothing."""
+    weights = [linear.weight for layer in layers for linear in layer.projection_layers()]
+    same = [mx.array_equal(weight.astype(mx.bfloat16).astype(weight.dtype), weight) for weight in weights]
+    mx.eval(same)
+    return all(bool(flag.item()) for flag in same)
+
+
+def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
+    """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
+    the flag says whether every one is a kernel."""
+    import functools
+
+    from .row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
+    from .tts import LayerRowParts
+
+    attention, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
+    width, eps, scale_dtype = norm.weight.shape[0], norm.eps, norm.weight.dtype
+    dtype = weight_dtype if weight_dtype is not None else attention.q_proj.weight.dtype
+    qkv = (attention.q_proj.weight.shape[0], attention.k_proj.weight.shape[0], attention.v_proj.weight.shape[0])
+    inner = mlp.gate_proj.weight.shape[0]
+    shapes = {
+        "first_qkv": RowProductShape(rows, width, qkv, "norm", gated=False),
+        "qkv": RowProductShape(rows, width, qkv, "residual_norm", gated=False),
+        "output": RowProductShape(rows, attention.o_proj.weight.shape[1], (width,), "none", gated=False),
+        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", gated=True),
+        "down": RowProductShape(rows, inner, (width,), "none", gated=False),
+    }
+    parts: dict[str, Callable[..., Any]] = {}
+    every = True
+    for name, shape in shapes.items():
+        parts[name], used = _fast_part(
+            ("row_product", shape, dtype, scale_dtype, eps),
+            f"TTS {name.replace('_', ' ')} row product",
+            functools.partial(row_product_ops, eps=eps, gated=shape.gated),
+            lambda backend, shape=shape: functools.partial(RowProduct(backend, shape, dtype, scale_dtype), eps=eps),
+            lambda shape=shape: row_product_samples(shape, dtype, scale_dtype),
+        )
+        every = every and used
+    return LayerRowParts(rows=rows, **parts), every
 
 
 def set_numerics(voicechat: object, numerics: Numerics) -> None:

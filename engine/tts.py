@@ -36,6 +36,8 @@ from .residual_vq import nearest_code_ops
 from .sampling import draw_component, draw_latent_noise
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
+# Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
+GUIDED_ROWS = 2
 # Text tokens whose conditioning is memoised (about 4.6 KB each at full size).
 _CONDITION_MEMO_SIZE = 8192
 
@@ -197,6 +199,53 @@ class BackboneAttention(nn.Module):
         return self.output(self.attend(queries, keys, values, mask, cache))
 
 
+@dataclass(frozen=True)
+class LayerRowParts:
+    """A backbone layer's dense sublayers for ``rows`` rows, as :class:`engine.row_product.RowProduct` kernels
+    or :func:`engine.row_product.row_product_ops` (same call signature)."""
+
+    rows: int
+    first_qkv: Callable[..., tuple[mx.array, ...]]  # input norm, q/k/v (the first layer)
+    qkv: Callable[..., tuple[mx.array, ...]]  # the previous layer's post-norm and add, input norm, q/k/v
+    output: Callable[..., tuple[mx.array, ...]]  # o_proj
+    gate_up: Callable[..., tuple[mx.array, ...]]  # post-attention norm and add, pre-MLP norm, gelu(gate)·up
+    down: Callable[..., tuple[mx.array, ...]]  # down_proj
+
+
+@dataclass(frozen=True)
+class LayerRowWeights:
+    """What :class:`LayerRowParts` read of one layer."""
+
+    qkv: tuple[mx.array, mx.array, mx.array]
+    output: mx.array
+    gate_up: tuple[mx.array, mx.array]
+    down: mx.array
+    input_scale: mx.array
+    post_attention_scale: mx.array
+    pre_feedforward_scale: mx.array
+    post_feedforward_scale: mx.array
+
+    def arrays(self) -> list[mx.array]:
+        return [
+            *self.qkv,
+            self.output,
+            *self.gate_up,
+            self.down,
+            self.input_scale,
+            self.post_attention_scale,
+            self.pre_feedforward_scale,
+            self.post_feedforward_scale,
+        ]
+
+
+@dataclass(frozen=True)
+class LayerRowsPending:
+    """A layer's last sublayer output, not yet post-normed (``scale`` is that norm's ``1 + w``) and added."""
+
+    output: mx.array
+    scale: mx.array
+
+
 class BackboneLayer(nn.Module):
     """Gemma-3 decoder layer: normed attention and MLP sublayers with post-norms."""
 
@@ -209,6 +258,44 @@ class BackboneLayer(nn.Module):
         self.post_attention_layernorm = GemmaRMSNorm(width, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(width, eps)
         self.post_feedforward_layernorm = GemmaRMSNorm(width, eps)
+        # Fast numerics: the dense sublayers as row-product calls and the weights they read (step_rows).
+        self.rows: LayerRowParts | None = None
+        self.row_weights: LayerRowWeights | None = None
+
+    def projection_layers(self) -> tuple[Linear, ...]:
+        """q, k, v, o, gate, up and down."""
+        attention, mlp = self.self_attn, self.mlp
+        return (
+            attention.q_proj,
+            attention.k_proj,
+            attention.v_proj,
+            attention.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
+
+    def make_row_weights(self, weight_dtype: mx.Dtype | None) -> LayerRowWeights:
+        """The weights :meth:`step_rows` reads: the projections (as ``weight_dtype`` copies when given,
+        which fast mode's kernels read instead of the float32 copies) and the norms' ``1 + w``."""
+
+        def read(linear: Linear) -> mx.array:
+            weight = linear.weight
+            return weight if weight_dtype is None or weight.dtype == weight_dtype else weight.astype(weight_dtype)
+
+        q, k, v, o, gate, up, down = (read(linear) for linear in self.projection_layers())
+        made = LayerRowWeights(
+            qkv=(q, k, v),
+            output=o,
+            gate_up=(gate, up),
+            down=down,
+            input_scale=1.0 + self.input_layernorm.weight,
+            post_attention_scale=1.0 + self.post_attention_layernorm.weight,
+            pre_feedforward_scale=1.0 + self.pre_feedforward_layernorm.weight,
+            post_feedforward_scale=1.0 + self.post_feedforward_layernorm.weight,
+        )
+        mx.eval(made.arrays())
+        return made
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache | None) -> mx.array:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), mask, cache))
@@ -235,6 +322,33 @@ class BackboneLayer(nn.Module):
     @functools.cached_property
     def _compiled_fast_before(self) -> dict[Any, Callable[..., Any]]:
         return {}  # one program per heads kernel in use (a trace holds the one it was traced with)
+
+    def step_rows(
+        self, hidden: mx.array, pending: LayerRowsPending | None, cache: LayerCache, position: mx.array
+    ) -> tuple[mx.array, LayerRowsPending]:
+        """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks).
+
+        The layer's last sublayer is left pending: its output projection's result and post-norm scale,
+        which the next layer's first kernel normalizes and adds (its prologue) — the same sum the exact
+        step forms at the end of this layer. ``hidden`` plus the pending term is the layer's output.
+        """
+        rows, weights, attention = self.rows, self.row_weights, self.self_attn
+        assert rows is not None and weights is not None
+        if pending is None:
+            q, k, v = rows.first_qkv(hidden, weights.qkv, weights.input_scale)
+        else:
+            q, k, v, hidden = rows.qkv(hidden, weights.qkv, weights.input_scale, pending.output, pending.scale)
+        q_scale, k_scale = attention._norm_scales()
+        heads = attention.fast_heads if attention.fast_heads is not None else attention._heads_ops
+        queries, keys = heads(q, k, q_scale, k_scale, position)
+        values = v.reshape(v.shape[0], attention.num_kv_heads, 1, attention.head_dim)
+        mixed = attention.attend_rows(queries, keys, values, cache)
+        (attended,) = rows.output(mixed, (weights.output,))
+        gated, hidden = rows.gate_up(
+            hidden, weights.gate_up, weights.pre_feedforward_scale, attended, weights.post_attention_scale
+        )
+        (down,) = rows.down(gated, (weights.down,))
+        return hidden, LayerRowsPending(down, weights.post_feedforward_scale)
 
     def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
         """One position (at ``position``, a scalar array) of the (B, H) rows ``x`` through the layer; the
@@ -290,6 +404,15 @@ class Backbone(nn.Module):
             # same kernel, two views per projection.
             position = mx.array(caches[0].offset)
             rows = x.reshape(x.shape[0], -1)
+            if self.layers and all(
+                layer.rows is not None and layer.rows.rows == rows.shape[0] for layer in self.layers
+            ):
+                pending: LayerRowsPending | None = None
+                for layer, cache in zip(self.layers, caches, strict=True):
+                    rows, pending = layer.step_rows(rows, pending, cache, position)
+                assert pending is not None
+                rows = rows + self.layers[-1].post_feedforward_layernorm(pending.output)
+                return mx.expand_dims(self.norm(rows), 1)
             for layer, cache in zip(self.layers, caches, strict=True):
                 rows = layer.step(rows, cache, position)
             return mx.expand_dims(self.norm(rows), 1)

@@ -23,7 +23,7 @@ from engine.numerics import admit_kernel, apply_numerics, check_numerics, relati
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
-from engine.tts import BackboneAttention
+from engine.tts import BackboneAttention, BackboneLayer
 
 LOGITS_RELATIVE_L2 = 1e-4
 TTS_HIDDEN_RELATIVE_L2 = 1e-4
@@ -95,6 +95,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "decode_attention": False,
         "norm_rope": False,
         "relative_attention": False,
+        "row_products": False,
         "residual_vq": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -107,6 +108,11 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
     assert all(m.fast_attention is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
+    layers = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneLayer)]
+    assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
+    assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
+    apply_numerics(fast.model, "exact")
+    assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
 
@@ -250,6 +256,7 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     quantizer) of every step that uses it. On the CPU the parts are the fallbacks, so this guards the wiring
     that the GPU's counts depend on (a part silently skipped, say for a dtype, would leave the operations)."""
     import collections
+    import dataclasses
 
     import numpy as np
 
@@ -281,9 +288,19 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, RelativePositionAttention):
             module.fast_attention = counted("encoder attention", module.fast_attention)
             layers["encoder attention"] += 1
+        elif isinstance(module, BackboneLayer):
+            assert module.rows is not None
+            names = ("first_qkv", "qkv", "output", "gate_up", "down")
+            module.rows = dataclasses.replace(
+                module.rows, **{name: counted(f"tts {name}", getattr(module.rows, name)) for name in names}
+            )
+            for name in ("qkv", "output", "gate_up", "down"):
+                layers[f"tts {name}"] += 1
         elif isinstance(module, EarTTS):
             module.nearest_code = counted("residual vq", module.nearest_code)
             layers["residual vq"] = module.config.num_quantizers
+    # The first layer's q/k/v part takes no pending sublayer; every later layer's takes the one before it.
+    layers["tts first_qkv"], layers["tts qkv"] = 1, layers["tts qkv"] - 1
 
     session = Session(voicechat, seed=0)
     frame = voicechat.config.frame_samples
@@ -296,3 +313,4 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         assert calls[name] % count == 0, (name, calls[name], count)
         assert calls[name] >= count * (frames - 2), (name, calls[name], count)
     assert calls["tts heads"] == calls["tts attention"]
+    assert calls["tts first_qkv"] == calls["tts output"] // layers["tts output"]

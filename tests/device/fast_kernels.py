@@ -2,7 +2,9 @@
 
 Run on the device (never in CI; the CPU has no kernels): ``python3 tests/device/fast_kernels.py``.
 Full-size shapes: the TTS backbone's 16 heads of 72 at batch 2 over 300, 2,000 and 7,500 cached
-positions, and one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks).
+positions, one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks), and the backbone
+layer's row products (two rows of 1,152, q/k/v 3 × 1,152, MLP 4,608) reading bf16 weights, timed against
+MLX's operations on the float32 copies exact mode reads.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.decode_attention import (
 from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
+from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 
 
 def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:
@@ -81,6 +84,26 @@ def main() -> None:
             f"residual-VQ step, {dtype} codebook, {norms_dtype} norms: admitted (bit for bit) {admitted}, "
             f"codes {got_codes.tolist()} against {want_codes.tolist()}; kernel {per_call_us(nearest, inputs):.1f} us, "
             f"operations {per_call_us(nearest_code_ops, inputs):.1f} us per call"
+        )
+
+    for shape in (
+        RowProductShape(2, 1152, (1152, 1152, 1152), "norm", gated=False),
+        RowProductShape(2, 1152, (1152, 1152, 1152), "residual_norm", gated=False),
+        RowProductShape(2, 1152, (1152,), "none", gated=False),
+        RowProductShape(2, 1152, (4608, 4608), "residual_norm", gated=True),
+        RowProductShape(2, 4608, (1152,), "none", gated=False),
+    ):
+        product = functools.partial(RowProduct(backend, shape, mx.bfloat16, mx.bfloat16), eps=1e-6)
+        fallback = functools.partial(row_product_ops, eps=1e-6, gated=shape.gated)
+        inputs = row_product_samples(shape, mx.bfloat16, mx.bfloat16)
+        float32_inputs = (inputs[0], tuple(weight.astype(mx.float32) for weight in inputs[1]), *inputs[2:])
+        mx.eval(float32_inputs)
+        got, want = outputs(product(*inputs)), outputs(fallback(*float32_inputs))
+        print(
+            f"row product {shape}: admitted {admit_kernel('row product', product, fallback, inputs)}, relative L2 "
+            f"{max(relative_l2(g, w) for g, w in zip(got, want, strict=True)):.2e}; kernel (bf16 weights) "
+            f"{per_call_us(product, inputs):.1f} us, operations (float32 weights) "
+            f"{per_call_us(fallback, float32_inputs):.1f} us per call"
         )
 
 

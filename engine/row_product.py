@@ -1,0 +1,494 @@
+"""A few float32 rows through a dense projection, with the norm before it and the gate after it, as one
+kernel (fast numerics).
+
+A streaming step multiplies one or two rows (one conversation; the TTS backbone's two guidance rows)
+by each dense weight. MLX runs such a sublayer as an RMS norm, one product per weight, and the
+residual adds and activation between them: half a dozen primitives, each costing host time on a GPU
+whatever its arithmetic, and each product reads the float32 copy of a bf16 weight
+(:mod:`engine.precast`). :class:`RowProduct` does a whole run in one launch:
+
+* **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
+  ``1 + w`` as ``s``); ``"residual_norm"``: first ``h = x + rms_norm(r) · s_r`` (the previous
+  sublayer's post-norm and residual add, which it also writes out as ``hidden``), then ``rms_norm(h) · s``;
+* **products** — one to three weights sharing the input (a layer's q, k and v), each written as its
+  own output; weights in bf16 (read directly, widened as they are multiplied) or float32;
+* **epilogue** — ``gated``: two weights ``g`` and ``u``, written as ``gelu_tanh(x·gᵀ) · (x·uᵀ)``
+  (a Gemma MLP's gate and up projections).
+
+Each warp computes a few output columns' dot products for every row (the weight rows are
+contiguous, read 16 bytes per lane), every block repeats the cheap norm of its input rows.
+Arithmetic: float32 throughout like the reference, each sum in another order (relative L2 about
+1e-7). :func:`row_product_ops` is the operations fallback — exactly the reference's operations —
+that the CPU runs and the kernel is admitted against (:func:`engine.numerics.admit_kernel`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .numerics import custom_kernel
+
+Prologue = Literal["none", "norm", "residual_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm")
+
+# Warps (simdgroups) per block; each computes OUTS neighbouring output columns at a time.
+WARPS = 8
+# Elements of a weight row one lane reads at a time (16 bytes of bf16).
+CHUNK = 8
+# The normed input rows live in threadgroup memory: 32 KB on Apple GPUs.
+SHARED_BYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class RowProductShape:
+    """What one kernel instance computes: ``rows`` rows of ``width`` inputs into ``outputs`` columns per
+    weight (two weights and one output when ``gated``)."""
+
+    rows: int
+    width: int
+    outputs: tuple[int, ...]
+    prologue: Prologue
+    gated: bool
+
+    def __post_init__(self) -> None:
+        if self.prologue not in PROLOGUES:
+            raise ValueError(f"prologue must be one of {PROLOGUES}, not {self.prologue!r}")
+        if not 1 <= len(self.outputs) <= 3 or (self.gated and len(self.outputs) != 2):
+            raise ValueError(f"one to three weights (two when gated), not {len(self.outputs)}")
+        if self.gated and self.outputs[0] != self.outputs[1]:
+            raise ValueError(f"gate and up weights differ in size: {self.outputs}")
+
+    @property
+    def columns(self) -> int:
+        """Output columns the warps share out."""
+        return self.outputs[0] if self.gated else sum(self.outputs)
+
+    @property
+    def per_warp(self) -> int:
+        """Columns a warp computes together (they share the input reads); every weight's a multiple."""
+        return next(count for count in (4, 2, 1) if all(size % count == 0 for size in self.outputs))
+
+
+def _gelu_tanh_ops(x: mx.array) -> mx.array:
+    return nn.gelu_approx(x)
+
+
+def row_product_ops(
+    x: mx.array,
+    weights: tuple[mx.array, ...],
+    norm_scale: mx.array | None = None,
+    residual: mx.array | None = None,
+    residual_scale: mx.array | None = None,
+    *,
+    eps: float = 1e-6,
+    gated: bool = False,
+) -> tuple[mx.array, ...]:
+    """The reference's operations for :class:`RowProduct` (its fallback).
+
+    ``x`` (rows, width) float32; ``weights`` each (n, width); ``norm_scale`` applies an RMS norm first
+    (``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x`` before it).
+    Returns one output per weight (one for ``gated``), then the summed rows when a residual was added.
+    """
+    hidden = None
+    if residual is not None:
+        assert residual_scale is not None and norm_scale is not None
+        hidden = x + mx.fast.rms_norm(residual, residual_scale, eps)
+        x = hidden
+    if norm_scale is not None:
+        x = mx.fast.rms_norm(x, norm_scale, eps)
+    products = [x @ weight.T for weight in weights]
+    outputs = [_gelu_tanh_ops(products[0]) * products[1]] if gated else products
+    return (*outputs, hidden) if hidden is not None else tuple(outputs)
+
+
+# --------------------------------------------------------------------------- CUDA
+
+# Sum of squares of SOURCE(r, i) per row into inv[r] = rsqrt(mean + eps), every thread of the block taking part.
+_CUDA_INVERSE_RMS = """
+    {
+        float sums[ROWS];
+        for (int r = 0; r < ROWS; ++r) sums[r] = 0.0f;
+        for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+            for (int r = 0; r < ROWS; ++r) {
+                const float v = @SOURCE@;
+                sums[r] += v * v;
+            }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+            for (int offset = 16; offset > 0; offset /= 2) sums[r] += __shfl_xor_sync(0xffffffff, sums[r], offset);
+            if (lane == 0) partial[warp][r] = sums[r];
+        }
+        __syncthreads();
+        if (threadIdx.x < ROWS) {
+            float total = 0.0f;
+            for (int w = 0; w < WARPS; ++w) total += partial[w][threadIdx.x];
+            @TARGET@[threadIdx.x] = rsqrtf(total / K + params[0]);
+        }
+        __syncthreads();
+    }
+"""
+
+_CUDA_PROLOGUES = {
+    "none": "",
+    "norm": _CUDA_INVERSE_RMS.replace("@SOURCE@", "x[r * K + i]").replace("@TARGET@", "inverse")
+    + """
+    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(norm_scale[i]);
+        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (x[r * K + i] * inverse[r]);
+    }
+    __syncthreads();
+""",
+    "residual_norm": _CUDA_INVERSE_RMS.replace("@SOURCE@", "residual[r * K + i]").replace("@TARGET@", "inverse_r")
+    + """
+    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(residual_scale[i]);
+        for (int r = 0; r < ROWS; ++r) {
+            const float h = x[r * K + i] + s * (residual[r * K + i] * inverse_r[r]);
+            rows[r * K + i] = h;
+            if (blockIdx.x == 0) hidden[r * K + i] = h;
+        }
+    }
+    __syncthreads();
+"""
+    + _CUDA_INVERSE_RMS.replace("@SOURCE@", "rows[r * K + i]").replace("@TARGET@", "inverse")
+    + """
+    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(norm_scale[i]);
+        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (rows[r * K + i] * inverse[r]);
+    }
+    __syncthreads();
+""",
+}
+
+# Eight weights of one row from ``pointer`` (16 bytes of bf16, 32 of float32) into ``w``.
+_CUDA_LOAD = {
+    mx.bfloat16: """
+        {
+            const uint4 raw = *reinterpret_cast<const uint4*>(pointer);
+            const __nv_bfloat16* packed = reinterpret_cast<const __nv_bfloat16*>(&raw);
+            for (int e = 0; e < 8; ++e) w[e] = __bfloat162float(packed[e]);
+        }
+""",
+    mx.float32: """
+        {
+            const float4 low = *reinterpret_cast<const float4*>(pointer);
+            const float4 high = *reinterpret_cast<const float4*>(pointer + 4);
+            w[0] = low.x; w[1] = low.y; w[2] = low.z; w[3] = low.w;
+            w[4] = high.x; w[5] = high.y; w[6] = high.z; w[7] = high.w;
+        }
+""",
+}
+
+_CUDA_BODY = """
+    constexpr int CHUNKS = K / 8;
+    constexpr int STREAMS = GATED ? 2 * OUTS : OUTS;  // weight rows a warp reads together
+    __shared__ float partial[WARPS][ROWS];
+    __shared__ float inverse[ROWS];
+    __shared__ float inverse_r[ROWS];
+    @ROWS_MEMORY@
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    @PROLOGUE@
+    const int first = (blockIdx.x * WARPS + warp) * OUTS;
+    if (first >= COLUMNS) return;
+    // The weight rows of this warp's columns (gated: OUTS gate rows, then OUTS up rows).
+    const WT* sources[STREAMS];
+    for (int o = 0; o < OUTS; ++o) {
+        const int column = first + o;
+        if (GATED) {
+            sources[o] = w0 + static_cast<size_t>(column) * K;
+            sources[OUTS + o] = @W1@ + static_cast<size_t>(column) * K;
+        } else if (column < N0) {
+            sources[o] = w0 + static_cast<size_t>(column) * K;
+        } else if (column < N0 + N1) {
+            sources[o] = @W1@ + static_cast<size_t>(column - N0) * K;
+        } else {
+            sources[o] = @W2@ + static_cast<size_t>(column - N0 - N1) * K;
+        }
+    }
+    float acc[STREAMS][ROWS];
+    for (int s = 0; s < STREAMS; ++s) {
+        for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
+    }
+    for (int c = lane; c < CHUNKS; c += 32) {
+        float in[ROWS][8];
+        for (int r = 0; r < ROWS; ++r) {
+            for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
+        }
+        for (int s = 0; s < STREAMS; ++s) {
+            const WT* pointer = sources[s] + c * 8;
+            float w[8];
+            @LOAD@
+            for (int r = 0; r < ROWS; ++r) {
+                for (int e = 0; e < 8; ++e) acc[s][r] += in[r][e] * w[e];
+            }
+        }
+    }
+    for (int s = 0; s < STREAMS; ++s) {
+        for (int r = 0; r < ROWS; ++r) {
+            for (int offset = 16; offset > 0; offset /= 2) acc[s][r] += __shfl_xor_sync(0xffffffff, acc[s][r], offset);
+        }
+    }
+    if (lane != 0) return;
+    for (int o = 0; o < OUTS; ++o) {
+        const int column = first + o;
+        for (int r = 0; r < ROWS; ++r) {
+            if (GATED) {
+                const float g = acc[o][r];
+                const float u = acc[OUTS + o][r];
+                const float inner = params[1] * (g + 0.044715f * (g * g * g));
+                y0[r * N0 + column] = (0.5f * g * (1.0f + tanhf(inner))) * u;
+            } else if (column < N0) {
+                y0[r * N0 + column] = acc[o][r];
+            } else if (column < N0 + N1) {
+                @Y1@[r * N1 + column - N0] = acc[o][r];
+            } else {
+                @Y2@[r * N2 + column - N0 - N1] = acc[o][r];
+            }
+        }
+    }
+"""
+
+# --------------------------------------------------------------------------- Metal
+
+_METAL_INVERSE_RMS = """
+    {
+        float sums[ROWS];
+        for (int r = 0; r < ROWS; ++r) sums[r] = 0.0f;
+        for (uint i = local; i < K; i += WARPS * 32) {
+            for (int r = 0; r < ROWS; ++r) {
+                const float v = @SOURCE@;
+                sums[r] += v * v;
+            }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+            sums[r] = metal::simd_sum(sums[r]);
+            if (lane == 0) partial[warp * ROWS + r] = sums[r];
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        if (local < ROWS) {
+            float total = 0.0f;
+            for (int w = 0; w < WARPS; ++w) total += partial[w * ROWS + local];
+            @TARGET@[local] = metal::rsqrt(total / K + params[0]);
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+"""
+
+_METAL_PROLOGUES = {
+    "none": "",
+    "norm": _METAL_INVERSE_RMS.replace("@SOURCE@", "x[r * K + i]").replace("@TARGET@", "inverse")
+    + """
+    for (uint i = local; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(norm_scale[i]);
+        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (x[r * K + i] * inverse[r]);
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+""",
+    "residual_norm": _METAL_INVERSE_RMS.replace("@SOURCE@", "residual[r * K + i]").replace("@TARGET@", "inverse_r")
+    + """
+    for (uint i = local; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(residual_scale[i]);
+        for (int r = 0; r < ROWS; ++r) {
+            const float h = x[r * K + i] + s * (residual[r * K + i] * inverse_r[r]);
+            rows[r * K + i] = h;
+            if (block == 0) hidden[r * K + i] = h;
+        }
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+"""
+    + _METAL_INVERSE_RMS.replace("@SOURCE@", "rows[r * K + i]").replace("@TARGET@", "inverse")
+    + """
+    for (uint i = local; i < K; i += WARPS * 32) {
+        const float s = static_cast<float>(norm_scale[i]);
+        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (rows[r * K + i] * inverse[r]);
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+""",
+}
+
+_METAL_BODY = """
+    constexpr int CHUNKS = K / 8;
+    constexpr int STREAMS = GATED ? 2 * OUTS : OUTS;
+    threadgroup float partial[WARPS * ROWS];
+    threadgroup float inverse[ROWS];
+    threadgroup float inverse_r[ROWS];
+    @ROWS_MEMORY@
+    const uint local = thread_position_in_threadgroup.x;
+    const uint warp = simdgroup_index_in_threadgroup;
+    const uint lane = thread_index_in_simdgroup;
+    const uint block = threadgroup_position_in_grid.x;
+    @PROLOGUE@
+    const int first = int(block * WARPS + warp) * OUTS;
+    if (first >= COLUMNS) return;
+    float acc[STREAMS][ROWS];
+    for (int s = 0; s < STREAMS; ++s) {
+        for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
+    }
+    for (int c = int(lane); c < CHUNKS; c += 32) {
+        float in[ROWS][8];
+        for (int r = 0; r < ROWS; ++r) {
+            for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
+        }
+        for (int s = 0; s < STREAMS; ++s) {
+            const int o = s % OUTS;
+            const int column = first + o;
+            size_t offset;
+            const device WT* weights;
+            if (GATED) {
+                weights = s < OUTS ? w0 : @W1@;
+                offset = size_t(column) * K;
+            } else if (column < N0) {
+                weights = w0;
+                offset = size_t(column) * K;
+            } else if (column < N0 + N1) {
+                weights = @W1@;
+                offset = size_t(column - N0) * K;
+            } else {
+                weights = @W2@;
+                offset = size_t(column - N0 - N1) * K;
+            }
+            for (int e = 0; e < 8; ++e) {
+                const float w = static_cast<float>(weights[offset + c * 8 + e]);
+                for (int r = 0; r < ROWS; ++r) acc[s][r] += in[r][e] * w;
+            }
+        }
+    }
+    for (int s = 0; s < STREAMS; ++s) {
+        for (int r = 0; r < ROWS; ++r) acc[s][r] = metal::simd_sum(acc[s][r]);
+    }
+    if (lane != 0) return;
+    for (int o = 0; o < OUTS; ++o) {
+        const int column = first + o;
+        for (int r = 0; r < ROWS; ++r) {
+            if (GATED) {
+                const float g = acc[o][r];
+                const float u = acc[OUTS + o][r];
+                const float inner = params[1] * (g + 0.044715f * (g * g * g));
+                y0[r * N0 + column] = (0.5f * g * (1.0f + metal::precise::tanh(inner))) * u;
+            } else if (column < N0) {
+                y0[r * N0 + column] = acc[o][r];
+            } else if (column < N0 + N1) {
+                @Y1@[r * N1 + column - N0] = acc[o][r];
+            } else {
+                @Y2@[r * N2 + column - N0 - N1] = acc[o][r];
+            }
+        }
+    }
+"""
+
+
+def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight_dtype: mx.Dtype, metal: bool) -> str:
+    """The kernel source for ``shape``: unused weights and outputs point at the first ones (never reached)."""
+    weights = len(shape.outputs)
+    shared = "threadgroup" if metal else "__shared__"
+    uses_rows = shape.prologue != "none"
+    source = (
+        body.replace("@PROLOGUE@", prologues[shape.prologue])
+        .replace("@ROWS_MEMORY@", f"{shared} float rows[ROWS * K];" if uses_rows else "")
+        .replace("@INPUT@", "rows" if uses_rows else "x")
+        .replace("@W1@", "w1" if weights > 1 else "w0")
+        .replace("@W2@", "w2" if weights > 2 else "w0")
+        .replace("@Y1@", "y1" if weights > 1 and not shape.gated else "y0")
+        .replace("@Y2@", "y2" if weights > 2 else "y0")
+    )
+    if not metal:
+        source = source.replace("@LOAD@", _CUDA_LOAD[weight_dtype])
+    return source
+
+
+class RowProduct:
+    """One :class:`RowProductShape` as a kernel on CUDA or Metal (float32 rows, bf16 or float32 weights)."""
+
+    def __init__(self, backend: str, shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> None:
+        if shape.width % CHUNK:
+            raise ValueError(f"the input width {shape.width} is not a multiple of {CHUNK}")
+        if weight_dtype not in _CUDA_LOAD:
+            raise ValueError(f"weights in {weight_dtype} are not read by the kernel")
+        if shape.prologue != "none" and shape.rows * shape.width * 4 > SHARED_BYTES:
+            raise ValueError(f"{shape.rows} normed rows of {shape.width} do not fit in threadgroup memory")
+        self.shape = shape
+        self._weight_dtype = weight_dtype
+        self._scale_dtype = scale_dtype
+        weights = [f"w{index}" for index in range(len(shape.outputs))]
+        extra = {"none": [], "norm": ["norm_scale"], "residual_norm": ["norm_scale", "residual", "residual_scale"]}
+        self._inputs = ["x", *weights, *extra[shape.prologue], "params"]
+        outputs = ["y0"] if shape.gated else [f"y{index}" for index in range(len(shape.outputs))]
+        self._outputs = [*outputs, "hidden"] if shape.prologue == "residual_norm" else outputs
+        self._kernel = custom_kernel(
+            backend,
+            f"parley_row_product_{shape.prologue}{'_gated' if shape.gated else ''}_{len(shape.outputs)}",
+            self._inputs,
+            self._outputs,
+            cuda=_source(_CUDA_BODY, _CUDA_PROLOGUES, shape, weight_dtype, metal=False),
+            metal=_source(_METAL_BODY, _METAL_PROLOGUES, shape, weight_dtype, metal=True),
+        )
+        self._params: dict[float, mx.array] = {}
+
+    def __call__(
+        self,
+        x: mx.array,
+        weights: tuple[mx.array, ...],
+        norm_scale: mx.array | None = None,
+        residual: mx.array | None = None,
+        residual_scale: mx.array | None = None,
+        *,
+        eps: float = 1e-6,
+    ) -> tuple[mx.array, ...]:
+        """:func:`row_product_ops`'s computation (``gated`` is the shape's)."""
+        shape = self.shape
+        if eps not in self._params:
+            # The gelu's sqrt(2/π) as the reference's float32 constant (``math.sqrt(2 / math.pi)`` rounded once).
+            self._params[eps] = mx.array([eps, math.sqrt(2 / math.pi)], dtype=mx.float32)
+        named: dict[str, Any] = {"x": x, "params": self._params[eps], "norm_scale": norm_scale}
+        named.update({"residual": residual, "residual_scale": residual_scale})
+        named.update({f"w{index}": weight for index, weight in enumerate(weights)})
+        sizes = [*shape.outputs, 0, 0][:3]
+        out_shapes = [(shape.rows, size) for size in (shape.outputs[:1] if shape.gated else shape.outputs)]
+        if shape.prologue == "residual_norm":
+            out_shapes.append((shape.rows, shape.width))
+        columns_per_block = WARPS * shape.per_warp
+        blocks = -(-shape.columns // columns_per_block)
+        results = self._kernel(
+            inputs=[named[name] for name in self._inputs],
+            template=[
+                ("ROWS", shape.rows),
+                ("K", shape.width),
+                ("N0", sizes[0]),
+                ("N1", sizes[1]),
+                ("N2", sizes[2]),
+                ("COLUMNS", shape.columns),
+                ("OUTS", shape.per_warp),
+                ("GATED", int(shape.gated)),
+                ("WARPS", WARPS),
+                ("WT", self._weight_dtype),
+                ("ST", self._scale_dtype),
+            ],
+            grid=(blocks * WARPS * 32, 1, 1),
+            threadgroup=(WARPS * 32, 1, 1),
+            output_shapes=out_shapes,
+            output_dtypes=[mx.float32] * len(out_shapes),
+        )
+        return tuple(results)
+
+
+def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> tuple[Any, ...]:
+    """Random inputs for admitting a :class:`RowProduct` against :func:`row_product_ops`."""
+    keys = mx.random.split(mx.random.key(61), 6)
+    x = mx.random.normal((shape.rows, shape.width), key=keys[0])
+    weights = tuple(
+        (mx.random.normal((size, shape.width), key=key) / math.sqrt(shape.width)).astype(weight_dtype)
+        for size, key in zip(shape.outputs, mx.random.split(keys[1], len(shape.outputs)), strict=True)
+    )
+    norm_scale = residual = residual_scale = None
+    if shape.prologue != "none":
+        norm_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[2])).astype(scale_dtype)
+    if shape.prologue == "residual_norm":
+        residual = 3.0 * mx.random.normal((shape.rows, shape.width), key=keys[3])
+        residual_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[4])).astype(scale_dtype)
+    return (x, weights, norm_scale, residual, residual_scale)
