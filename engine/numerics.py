@@ -117,12 +117,20 @@ def admit_kernel(
     fallback: Callable[..., Any],
     inputs: tuple[Any, ...],
     tolerance: float = KERNEL_TOLERANCE,
+    reference_device: mx.Device | None = None,
 ) -> bool:
     """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
     (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
-    (and the log says why). Either may return one array or a tuple of them."""
+    (and the log says why). Either may return one array or a tuple of them. ``reference_device`` runs
+    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision)."""
     try:
-        got, want = _outputs(kernel(*inputs)), _outputs(fallback(*inputs))
+        got = _outputs(kernel(*inputs))
+        if reference_device is None:
+            want = _outputs(fallback(*inputs))
+        else:
+            with mx.stream(reference_device):
+                want = _outputs(fallback(*inputs))
+                mx.eval(want)
         mx.eval(got, want)
         if tolerance == 0:
             errors = [0.0 if mx.array_equal(a, b).item() else float("inf") for a, b in zip(got, want, strict=True)]
@@ -157,9 +165,11 @@ def _fast_part(
     make_kernel: Callable[[str], Callable[..., Any]],
     sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
     tolerance: float = KERNEL_TOLERANCE,
+    reference_device: mx.Device | None = None,
 ) -> tuple[Callable[..., Any], bool]:
     """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
-    ``sample``: one tuple of inputs, or a list of them), else the fallback."""
+    ``sample``: one tuple of inputs, or a list of them; the fallback run on ``reference_device`` if
+    given), else the fallback."""
     backend = gpu_kernel_backend()
     full_key = (*key, backend)
     if full_key not in _PARTS:
@@ -172,7 +182,7 @@ def _fast_part(
             else:
                 samples = sample()
                 cases = samples if isinstance(samples, list) else [samples]
-                if all(admit_kernel(name, kernel, fallback, inputs, tolerance) for inputs in cases):
+                if all(admit_kernel(name, kernel, fallback, inputs, tolerance, reference_device) for inputs in cases):
                     part, used = kernel, True
         _PARTS[full_key] = (part, used)
     return _PARTS[full_key]
@@ -277,8 +287,13 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     row_parts: LayerRowParts | None = None
     weight_dtype: mx.Dtype | None = None
     if fast and layers:
-        weight_dtype = mx.bfloat16 if gpu_kernel_backend() is not None and _bf16_exact(layers) else None
+        on_gpu = gpu_kernel_backend() is not None
+        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(layers) else None
         row_parts, changes["row_products"] = _backbone_row_parts(layers[0], GUIDED_ROWS, weight_dtype)
+        if on_gpu and not changes["row_products"]:
+            # On a GPU the fallbacks, run op by op, would cost more than the compiled step they replace;
+            # the CPU keeps them (the same arithmetic as that step), so the wiring is tested there.
+            row_parts, weight_dtype = None, None
     for layer in layers:
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
@@ -338,6 +353,9 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
             functools.partial(row_product_ops, eps=eps, gated=shape.gated),
             lambda backend, shape=shape: functools.partial(RowProduct(backend, shape, dtype, scale_dtype), eps=eps),
             lambda shape=shape: row_product_samples(shape, dtype, scale_dtype),
+            # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
+            # kernel, which does not, is held to a float32 reference computed on the CPU.
+            reference_device=mx.cpu,
         )
         every = every and used
     return LayerRowParts(rows=rows, **parts), every

@@ -15,11 +15,17 @@ whatever its arithmetic, and each product reads the float32 copy of a bf16 weigh
 * **epilogue** — ``gated``: two weights ``g`` and ``u``, written as ``gelu_tanh(x·gᵀ) · (x·uᵀ)``
   (a Gemma MLP's gate and up projections).
 
-Each warp computes a few output columns' dot products for every row (the weight rows are
-contiguous, read 16 bytes per lane), every block repeats the cheap norm of its input rows.
+Each warp computes one output column's dot products for every row, reading the contiguous weight
+row 16 bytes per lane; for a long input (the MLP's down projection) :attr:`RowProductShape.split`
+warps share a column, each summing a slice, so that enough warps stream the weight. Every block
+repeats the cheap norm of its input rows in threadgroup memory.
+
 Arithmetic: float32 throughout like the reference, each sum in another order (relative L2 about
-1e-7). :func:`row_product_ops` is the operations fallback — exactly the reference's operations —
-that the CPU runs and the kernel is admitted against (:func:`engine.numerics.admit_kernel`).
+1e-7 against a float32 computation). :func:`row_product_ops` is the operations fallback — exactly
+the reference's operations — that the CPU runs. The kernel is admitted against it computed on the
+CPU (:func:`engine.numerics.admit_kernel`): MLX's CUDA backend multiplies several float32 rows with
+reduced-precision (TF32) inputs, about 2e-4 from float32, so that the kernel is closer to the
+reference's float32 arithmetic than exact mode on the same GPU is.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from .numerics import custom_kernel
 Prologue = Literal["none", "norm", "residual_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm")
 
-# Warps (simdgroups) per block; each computes OUTS neighbouring output columns at a time.
+# Warps (simdgroups) per block; each computes one output column (or a slice of its sum: split).
 WARPS = 8
 # Elements of a weight row one lane reads at a time (16 bytes of bf16).
 CHUNK = 8
@@ -69,9 +75,12 @@ class RowProductShape:
         return self.outputs[0] if self.gated else sum(self.outputs)
 
     @property
-    def per_warp(self) -> int:
-        """Columns a warp computes together (they share the input reads); every weight's a multiple."""
-        return next(count for count in (4, 2, 1) if all(size % count == 0 for size in self.outputs))
+    def split(self) -> int:
+        """Warps that share one column's sum, each over a slice of the input: enough that a long input
+        (the MLP's down projection) still spreads over many warps, while each slice keeps a few 16-byte
+        reads per lane."""
+        chunks = self.width // CHUNK
+        return next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 4 * 32)
 
 
 def _gelu_tanh_ops(x: mx.array) -> mx.array:
@@ -186,70 +195,78 @@ _CUDA_LOAD = {
 
 _CUDA_BODY = """
     constexpr int CHUNKS = K / 8;
-    constexpr int STREAMS = GATED ? 2 * OUTS : OUTS;  // weight rows a warp reads together
+    constexpr int STREAMS = GATED ? 2 : 1;  // weight rows a warp reads together (gated: gate and up)
+    constexpr int GROUPS = WARPS / SPLIT;  // columns per block; SPLIT warps share each column's sum
+    constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     __shared__ float partial[WARPS][ROWS];
     __shared__ float inverse[ROWS];
     __shared__ float inverse_r[ROWS];
+    __shared__ float slices[WARPS][STREAMS][ROWS];
     @ROWS_MEMORY@
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     @PROLOGUE@
-    const int first = (blockIdx.x * WARPS + warp) * OUTS;
-    if (first >= COLUMNS) return;
-    // The weight rows of this warp's columns (gated: OUTS gate rows, then OUTS up rows).
+    const int column = blockIdx.x * GROUPS + warp % GROUPS;
+    const int slice = warp / GROUPS;
+    const bool active = column < COLUMNS;
+    const int row_of = active ? column : 0;
     const WT* sources[STREAMS];
-    for (int o = 0; o < OUTS; ++o) {
-        const int column = first + o;
-        if (GATED) {
-            sources[o] = w0 + static_cast<size_t>(column) * K;
-            sources[OUTS + o] = @W1@ + static_cast<size_t>(column) * K;
-        } else if (column < N0) {
-            sources[o] = w0 + static_cast<size_t>(column) * K;
-        } else if (column < N0 + N1) {
-            sources[o] = @W1@ + static_cast<size_t>(column - N0) * K;
-        } else {
-            sources[o] = @W2@ + static_cast<size_t>(column - N0 - N1) * K;
-        }
+    if (GATED) {
+        sources[0] = w0 + static_cast<size_t>(row_of) * K;
+        sources[STREAMS - 1] = @W1@ + static_cast<size_t>(row_of) * K;
+    } else if (row_of < N0) {
+        sources[0] = w0 + static_cast<size_t>(row_of) * K;
+    } else if (row_of < N0 + N1) {
+        sources[0] = @W1@ + static_cast<size_t>(row_of - N0) * K;
+    } else {
+        sources[0] = @W2@ + static_cast<size_t>(row_of - N0 - N1) * K;
     }
     float acc[STREAMS][ROWS];
     for (int s = 0; s < STREAMS; ++s) {
         for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
     }
-    for (int c = lane; c < CHUNKS; c += 32) {
-        float in[ROWS][8];
-        for (int r = 0; r < ROWS; ++r) {
-            for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
-        }
-        for (int s = 0; s < STREAMS; ++s) {
-            const WT* pointer = sources[s] + c * 8;
-            float w[8];
-            @LOAD@
+    const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
+    if (active) {
+#pragma unroll 4
+        for (int c = slice * PER_SLICE + lane; c < end; c += 32) {
+            float in[ROWS][8];
             for (int r = 0; r < ROWS; ++r) {
-                for (int e = 0; e < 8; ++e) acc[s][r] += in[r][e] * w[e];
+                for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
+            }
+            for (int s = 0; s < STREAMS; ++s) {
+                const WT* pointer = sources[s] + c * 8;
+                float w[8];
+                @LOAD@
+                for (int r = 0; r < ROWS; ++r) {
+                    for (int e = 0; e < 8; ++e) acc[s][r] += in[r][e] * w[e];
+                }
             }
         }
     }
     for (int s = 0; s < STREAMS; ++s) {
         for (int r = 0; r < ROWS; ++r) {
             for (int offset = 16; offset > 0; offset /= 2) acc[s][r] += __shfl_xor_sync(0xffffffff, acc[s][r], offset);
+            if (lane == 0) slices[warp][s][r] = acc[s][r];
         }
     }
-    if (lane != 0) return;
-    for (int o = 0; o < OUTS; ++o) {
-        const int column = first + o;
-        for (int r = 0; r < ROWS; ++r) {
-            if (GATED) {
-                const float g = acc[o][r];
-                const float u = acc[OUTS + o][r];
-                const float inner = params[1] * (g + 0.044715f * (g * g * g));
-                y0[r * N0 + column] = (0.5f * g * (1.0f + tanhf(inner))) * u;
-            } else if (column < N0) {
-                y0[r * N0 + column] = acc[o][r];
-            } else if (column < N0 + N1) {
-                @Y1@[r * N1 + column - N0] = acc[o][r];
-            } else {
-                @Y2@[r * N2 + column - N0 - N1] = acc[o][r];
-            }
+    __syncthreads();
+    if (!active || slice != 0 || lane != 0) return;
+    for (int r = 0; r < ROWS; ++r) {
+        float total[STREAMS];
+        for (int s = 0; s < STREAMS; ++s) {
+            total[s] = 0.0f;
+            for (int k = 0; k < SPLIT; ++k) total[s] += slices[warp + k * GROUPS][s][r];
+        }
+        if (GATED) {
+            const float g = total[0];
+            const float inner = params[1] * (g + 0.044715f * (g * g * g));
+            y0[r * N0 + column] = (0.5f * g * (1.0f + tanhf(inner))) * total[STREAMS - 1];
+        } else if (column < N0) {
+            y0[r * N0 + column] = total[0];
+        } else if (column < N0 + N1) {
+            @Y1@[r * N1 + column - N0] = total[0];
+        } else {
+            @Y2@[r * N2 + column - N0 - N1] = total[0];
         }
     }
 """
@@ -314,70 +331,83 @@ _METAL_PROLOGUES = {
 
 _METAL_BODY = """
     constexpr int CHUNKS = K / 8;
-    constexpr int STREAMS = GATED ? 2 * OUTS : OUTS;
+    constexpr int STREAMS = GATED ? 2 : 1;
+    constexpr int GROUPS = WARPS / SPLIT;
+    constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     threadgroup float partial[WARPS * ROWS];
     threadgroup float inverse[ROWS];
     threadgroup float inverse_r[ROWS];
+    threadgroup float slices[WARPS * STREAMS * ROWS];
     @ROWS_MEMORY@
     const uint local = thread_position_in_threadgroup.x;
     const uint warp = simdgroup_index_in_threadgroup;
     const uint lane = thread_index_in_simdgroup;
     const uint block = threadgroup_position_in_grid.x;
     @PROLOGUE@
-    const int first = int(block * WARPS + warp) * OUTS;
-    if (first >= COLUMNS) return;
+    const int column = int(block) * GROUPS + int(warp) % GROUPS;
+    const int slice = int(warp) / GROUPS;
+    const bool active = column < COLUMNS;
+    const int row_of = active ? column : 0;
+    size_t offsets[STREAMS];
+    const device WT* gate_or_only;
+    if (GATED) {
+        gate_or_only = w0;
+        offsets[0] = size_t(row_of) * K;
+        offsets[STREAMS - 1] = size_t(row_of) * K;
+    } else if (row_of < N0) {
+        gate_or_only = w0;
+        offsets[0] = size_t(row_of) * K;
+    } else if (row_of < N0 + N1) {
+        gate_or_only = @W1@;
+        offsets[0] = size_t(row_of - N0) * K;
+    } else {
+        gate_or_only = @W2@;
+        offsets[0] = size_t(row_of - N0 - N1) * K;
+    }
     float acc[STREAMS][ROWS];
     for (int s = 0; s < STREAMS; ++s) {
         for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
     }
-    for (int c = int(lane); c < CHUNKS; c += 32) {
-        float in[ROWS][8];
-        for (int r = 0; r < ROWS; ++r) {
-            for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
-        }
-        for (int s = 0; s < STREAMS; ++s) {
-            const int o = s % OUTS;
-            const int column = first + o;
-            size_t offset;
-            const device WT* weights;
-            if (GATED) {
-                weights = s < OUTS ? w0 : @W1@;
-                offset = size_t(column) * K;
-            } else if (column < N0) {
-                weights = w0;
-                offset = size_t(column) * K;
-            } else if (column < N0 + N1) {
-                weights = @W1@;
-                offset = size_t(column - N0) * K;
-            } else {
-                weights = @W2@;
-                offset = size_t(column - N0 - N1) * K;
+    const int end = metal::min(CHUNKS, (slice + 1) * PER_SLICE);
+    if (active) {
+        for (int c = slice * PER_SLICE + int(lane); c < end; c += 32) {
+            float in[ROWS][8];
+            for (int r = 0; r < ROWS; ++r) {
+                for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
             }
-            for (int e = 0; e < 8; ++e) {
-                const float w = static_cast<float>(weights[offset + c * 8 + e]);
-                for (int r = 0; r < ROWS; ++r) acc[s][r] += in[r][e] * w;
+            for (int s = 0; s < STREAMS; ++s) {
+                const device WT* weights = s == 0 ? gate_or_only : @W1@;
+                for (int e = 0; e < 8; ++e) {
+                    const float w = static_cast<float>(weights[offsets[s] + c * 8 + e]);
+                    for (int r = 0; r < ROWS; ++r) acc[s][r] += in[r][e] * w;
+                }
             }
         }
     }
     for (int s = 0; s < STREAMS; ++s) {
-        for (int r = 0; r < ROWS; ++r) acc[s][r] = metal::simd_sum(acc[s][r]);
-    }
-    if (lane != 0) return;
-    for (int o = 0; o < OUTS; ++o) {
-        const int column = first + o;
         for (int r = 0; r < ROWS; ++r) {
-            if (GATED) {
-                const float g = acc[o][r];
-                const float u = acc[OUTS + o][r];
-                const float inner = params[1] * (g + 0.044715f * (g * g * g));
-                y0[r * N0 + column] = (0.5f * g * (1.0f + metal::precise::tanh(inner))) * u;
-            } else if (column < N0) {
-                y0[r * N0 + column] = acc[o][r];
-            } else if (column < N0 + N1) {
-                @Y1@[r * N1 + column - N0] = acc[o][r];
-            } else {
-                @Y2@[r * N2 + column - N0 - N1] = acc[o][r];
-            }
+            acc[s][r] = metal::simd_sum(acc[s][r]);
+            if (lane == 0) slices[(warp * STREAMS + s) * ROWS + r] = acc[s][r];
+        }
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (!active || slice != 0 || lane != 0) return;
+    for (int r = 0; r < ROWS; ++r) {
+        float total[STREAMS];
+        for (int s = 0; s < STREAMS; ++s) {
+            total[s] = 0.0f;
+            for (int k = 0; k < SPLIT; ++k) total[s] += slices[((warp + k * GROUPS) * STREAMS + s) * ROWS + r];
+        }
+        if (GATED) {
+            const float g = total[0];
+            const float inner = params[1] * (g + 0.044715f * (g * g * g));
+            y0[r * N0 + column] = (0.5f * g * (1.0f + metal::precise::tanh(inner))) * total[STREAMS - 1];
+        } else if (column < N0) {
+            y0[r * N0 + column] = total[0];
+        } else if (column < N0 + N1) {
+            @Y1@[r * N1 + column - N0] = total[0];
+        } else {
+            @Y2@[r * N2 + column - N0 - N1] = total[0];
         }
     }
 """
@@ -452,8 +482,7 @@ class RowProduct:
         out_shapes = [(shape.rows, size) for size in (shape.outputs[:1] if shape.gated else shape.outputs)]
         if shape.prologue == "residual_norm":
             out_shapes.append((shape.rows, shape.width))
-        columns_per_block = WARPS * shape.per_warp
-        blocks = -(-shape.columns // columns_per_block)
+        blocks = -(-shape.columns // (WARPS // shape.split))
         results = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -463,7 +492,7 @@ class RowProduct:
                 ("N1", sizes[1]),
                 ("N2", sizes[2]),
                 ("COLUMNS", shape.columns),
-                ("OUTS", shape.per_warp),
+                ("SPLIT", shape.split),
                 ("GATED", int(shape.gated)),
                 ("WARPS", WARPS),
                 ("WT", self._weight_dtype),

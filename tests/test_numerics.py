@@ -23,7 +23,7 @@ from engine.numerics import admit_kernel, apply_numerics, check_numerics, relati
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
-from engine.tts import BackboneAttention, BackboneLayer
+from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer
 
 LOGITS_RELATIVE_L2 = 1e-4
 TTS_HIDDEN_RELATIVE_L2 = 1e-4
@@ -191,6 +191,28 @@ def test_fast_attention_fallbacks_are_the_exact_attention() -> None:
         attention.fast_attention = attention.fast_heads = None
         assert mx.array_equal(exact_out, fast_out).item()
         rows = exact_out
+
+
+def test_backbone_row_fallbacks_are_the_exact_step() -> None:
+    """On the CPU fast mode's backbone step on rows (row-product fallbacks, each layer's post-norm and
+    residual add deferred into the next layer's first product) gives the exact step's hidden states, bit
+    for bit, through every layer, sliding and global, over several positions."""
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    tts = voicechat.model.tts_model.tts_model
+    backbone = tts.backbone
+    assert all(layer.rows is not None and layer.rows.rows == GUIDED_ROWS for layer in backbone.layers)
+    fast_caches, exact_caches = tts.make_cache().layers, tts.make_cache().layers
+    keys = mx.random.split(mx.random.key(8), 5)
+    for key in keys:
+        x = mx.random.normal((GUIDED_ROWS, 1, voicechat.config.tts_config.hidden_size), key=key)
+        fast_out = backbone(x, fast_caches)
+        parts = [layer.rows for layer in backbone.layers]
+        for layer in backbone.layers:
+            layer.rows = None
+        exact_out = backbone(x, exact_caches)
+        for layer, part in zip(backbone.layers, parts, strict=True):
+            layer.rows = part
+        assert mx.array_equal(fast_out, exact_out).item()
 
 
 def test_nearest_code_fallback_breaks_ties_toward_the_lowest_entry() -> None:
