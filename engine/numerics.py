@@ -60,6 +60,7 @@ figure.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any, Literal
@@ -95,12 +96,18 @@ def gpu_kernel_backend() -> str | None:
 def custom_kernel(
     backend: str, name: str, inputs: list[str], outputs: list[str], *, cuda: str, metal: str
 ) -> Callable[..., Any]:
-    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source."""
+    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source.
+
+    The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
+    folder that outlives the process), so a kernel whose source changed with an update of Parley must
+    not meet the old build under the same name."""
+    source = {"cuda": cuda, "metal": metal}.get(backend)
+    if source is None:
+        raise ValueError(f"no {name} kernel for {backend!r}")
+    versioned = f"{name}_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
     if backend == "cuda":
-        return mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=cuda)
-    if backend == "metal":
-        return mx.fast.metal_kernel(name=name, input_names=inputs, output_names=outputs, source=metal)
-    raise ValueError(f"no {name} kernel for {backend!r}")
+        return mx.fast.cuda_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
+    return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
 
 
 def relative_l2(actual: mx.array, expected: mx.array) -> float:

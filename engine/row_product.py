@@ -435,7 +435,17 @@ def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight
 class RowProduct:
     """One :class:`RowProductShape` as a kernel on CUDA or Metal (float32 rows, bf16 or float32 weights)."""
 
-    def __init__(self, backend: str, shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> None:
+    def __init__(
+        self,
+        backend: str,
+        shape: RowProductShape,
+        weight_dtype: mx.Dtype,
+        scale_dtype: mx.Dtype,
+        *,
+        warps: int = WARPS,
+    ) -> None:
+        if warps % shape.split or not 1 <= warps <= 32:
+            raise ValueError(f"{warps} warps per block cannot share columns {shape.split} ways")
         if shape.width % CHUNK:
             raise ValueError(f"the input width {shape.width} is not a multiple of {CHUNK}")
         if weight_dtype not in _CUDA_LOAD:
@@ -443,6 +453,7 @@ class RowProduct:
         if shape.prologue != "none" and shape.rows * shape.width * 4 > SHARED_BYTES:
             raise ValueError(f"{shape.rows} normed rows of {shape.width} do not fit in threadgroup memory")
         self.shape = shape
+        self.warps = warps  # a tuning knob: tests/device/fast_kernels.py times the choices
         self._weight_dtype = weight_dtype
         self._scale_dtype = scale_dtype
         weights = [f"w{index}" for index in range(len(shape.outputs))]
@@ -482,7 +493,7 @@ class RowProduct:
         out_shapes = [(shape.rows, size) for size in (shape.outputs[:1] if shape.gated else shape.outputs)]
         if shape.prologue == "residual_norm":
             out_shapes.append((shape.rows, shape.width))
-        blocks = -(-shape.columns // (WARPS // shape.split))
+        blocks = -(-shape.columns // (self.warps // shape.split))
         results = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -494,12 +505,12 @@ class RowProduct:
                 ("COLUMNS", shape.columns),
                 ("SPLIT", shape.split),
                 ("GATED", int(shape.gated)),
-                ("WARPS", WARPS),
+                ("WARPS", self.warps),
                 ("WT", self._weight_dtype),
                 ("ST", self._scale_dtype),
             ],
-            grid=(blocks * WARPS * 32, 1, 1),
-            threadgroup=(WARPS * 32, 1, 1),
+            grid=(blocks * self.warps * 32, 1, 1),
+            threadgroup=(self.warps * 32, 1, 1),
             output_shapes=out_shapes,
             output_dtypes=[mx.float32] * len(out_shapes),
         )

@@ -19,7 +19,7 @@ from engine.cache import KVCache, SlidingKVCache
 from engine.decode_attention import decode_attention_ops, norm_rope_ops
 from engine.encoder import RelativePositionAttention, attend_relative
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
-from engine.numerics import admit_kernel, apply_numerics, check_numerics, relative_l2
+from engine.numerics import admit_kernel, apply_numerics, check_numerics, custom_kernel, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
@@ -213,6 +213,20 @@ def test_backbone_row_fallbacks_are_the_exact_step() -> None:
         for layer, part in zip(backbone.layers, parts, strict=True):
             layer.rows = part
         assert mx.array_equal(fast_out, exact_out).item()
+
+
+def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLX caches compiled kernels by name across processes: a changed source must get another name."""
+    names: list[str] = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda *, name, **_: names.append(name))
+    monkeypatch.setattr(mx.fast, "metal_kernel", lambda *, name, **_: names.append(name))
+    for backend in ("cuda", "metal"):
+        for body in ("y[0] = x[0];", "y[0] = 2 * x[0];", "y[0] = x[0];"):
+            custom_kernel(backend, "copy", ["x"], ["y"], cuda=body, metal=body)
+    assert all(name.startswith("copy_") for name in names)
+    assert names[0] != names[1] and names[0] == names[2] and names[:3] == names[3:]
+    with pytest.raises(ValueError, match="no copy kernel for 'vulkan'"):
+        custom_kernel("vulkan", "copy", ["x"], ["y"], cuda="", metal="")
 
 
 def test_nearest_code_fallback_breaks_ties_toward_the_lowest_entry() -> None:

@@ -26,7 +26,7 @@ from engine.decode_attention import (
     norm_rope_ops,
     norm_rope_samples,
 )
-from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
+from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
@@ -38,6 +38,15 @@ def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: in
     started = time.perf_counter()
     for _ in range(calls):
         mx.eval(function(*inputs))
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def queued_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:
+    """Time per call with the calls queued and evaluated together, as a frame runs them (no sync each)."""
+    for _ in range(3):
+        mx.eval([function(*inputs) for _ in range(20)])
+    started = time.perf_counter()
+    mx.eval([function(*inputs) for _ in range(calls)])
     return (time.perf_counter() - started) / calls * 1e6
 
 
@@ -87,6 +96,17 @@ def main() -> None:
             f"operations {per_call_us(nearest_code_ops, inputs):.1f} us per call"
         )
 
+    # MLX's floor for a custom kernel: one thread copying one float.
+    copy = custom_kernel(backend, "parley_copy", ["x"], ["y"], cuda="y[0] = x[0];", metal="y[0] = x[0];")
+    single = mx.ones((1,))
+
+    def copy_one(x: mx.array) -> mx.array:
+        return copy(inputs=[x], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)], output_dtypes=[x.dtype])[0]
+
+    print(
+        f"one-float custom kernel: {per_call_us(copy_one, (single,)):.1f} us per call with its sync, "
+        f"{queued_us(copy_one, (single,)):.1f} us queued"
+    )
     for shape in (
         RowProductShape(2, 1152, (1152, 1152, 1152), "norm", gated=False),
         RowProductShape(2, 1152, (1152, 1152, 1152), "residual_norm", gated=False),
@@ -98,7 +118,7 @@ def main() -> None:
         fallback = functools.partial(row_product_ops, eps=1e-6, gated=shape.gated)
         inputs = row_product_samples(shape, mx.bfloat16, mx.bfloat16)
         float32_inputs = (inputs[0], tuple(weight.astype(mx.float32) for weight in inputs[1]), *inputs[2:])
-        mx.eval(float32_inputs)
+        mx.eval(inputs, float32_inputs)
         with mx.stream(mx.cpu):
             reference = outputs(fallback(*float32_inputs))
             mx.eval(reference)
@@ -107,9 +127,19 @@ def main() -> None:
         print(
             f"row product {shape}: admitted {admitted}; relative L2 to the CPU's float32 operations: kernel "
             f"{worst_l2(got, reference):.2e}, MLX's operations on this GPU {worst_l2(on_gpu, reference):.2e}; "
-            f"kernel (bf16 weights) {per_call_us(product, inputs):.1f} us, operations (float32 weights) "
-            f"{per_call_us(fallback, float32_inputs):.1f} us per call"
+            f"operations (float32 weights) {per_call_us(fallback, float32_inputs):.1f} us per call with its sync, "
+            f"{queued_us(fallback, float32_inputs):.1f} us queued"
         )
+        for warps in (4, 8, 16, 32):
+            if warps % shape.split:
+                continue
+            variant = functools.partial(RowProduct(backend, shape, mx.bfloat16, mx.bfloat16, warps=warps), eps=1e-6)
+            error = worst_l2(outputs(variant(*inputs)), reference)
+            synced, queued = per_call_us(variant, inputs), queued_us(variant, inputs)
+            print(
+                f"  kernel, {warps} warps per block (bf16 weights): {error:.1e}, "
+                f"{synced:.1f} us with its sync, {queued:.1f} us queued"
+            )
 
 
 def worst_l2(got: tuple[mx.array, ...], want: tuple[mx.array, ...]) -> float:

@@ -7,13 +7,14 @@
 # mlx-audio for --compare) and ../shared/tools/mlx-cuda/peer-shim-sitecustomize.py as sitecustomize.py.
 # Steps write logs and JSON under $OUT; each is time-limited so that one slow step leaves the others' results.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 MLX_PTX_CACHE_DIR=/tmp/ptx
+# A step past its limit gets SIGABRT, so that faulthandler prints where every thread was.
+export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLX_PTX_CACHE_DIR=/tmp/ptx
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log ("parley" means python3 -m app.cli).
 step() {
   local name=$1 limit=$2; shift 2
   [ "$1" = parley ] && set -- python3 -m app.cli "${@:2}"
-  echo "=== $name ($(date +%T))"; timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+  echo "=== $name ($(date +%T))"; timeout -s ABRT -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
 }
 
 for arg in "$@"; do
@@ -44,9 +45,9 @@ for arg in "$@"; do
     # Fast against exact: the same model switched in place, alternating rounds in one process.
     fastexact) step fastexact 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
-    fastcount) step fastcount 300 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
+    fastcount) step fastcount 200 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
-    fastkernels) step fastkernels 200 python3 tests/device/fast_kernels.py ;;
+    fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)
