@@ -33,6 +33,9 @@ for arg in "$@"; do
     counters) step counters 400 parley bench --counters --frames 90 --json "$OUT/counters-gpu.json" ;;
     # Which fused kernels add to a product (they would contract to FMA): scan the generated CUDA.
     fused) step fused 60 python3 tests/device/fused_products.py /tmp/ptx ;;
+    # In the background for the rest of the call: compiled kernels and GPU load every 30 s (compiling or stuck?).
+    monitor) (while sleep 30; do echo "--- $(date +%T) kernels $(find /tmp/ptx -type f 2>/dev/null | wc -l)," \
+      "$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"; done) >> "$OUT/monitor.log" 2>&1 & ;;
     kernels) find /tmp/ptx -name '*.ptx' | wc -l | tee "$OUT/kernels.log" ;;
     full4) step full4 590 parley bench --random full --quantize 4 --frames 100 --rounds 3 --compare mlx-vlm \
       --json "$OUT/full4.json" ;;
@@ -43,7 +46,7 @@ for arg in "$@"; do
     fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast4.json" ;;
     # Fast against exact: the same model switched in place, alternating rounds in one process.
-    fastexact) step fastexact 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
+    fastexact) step fastexact 480 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
     fastcount) step fastcount 200 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
