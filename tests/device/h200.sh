@@ -35,7 +35,8 @@ for arg in "$@"; do
     fused) step fused 60 python3 tests/device/fused_products.py /tmp/ptx ;;
     # In the background for the rest of the call: compiled kernels and GPU load every 30 s (compiling or stuck?).
     monitor) (while sleep 30; do echo "--- $(date +%T) kernels $(find /tmp/ptx -type f 2>/dev/null | wc -l)," \
-      "$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"; done) >> "$OUT/monitor.log" 2>&1 & ;;
+      "$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"; done) >> "$OUT/monitor.log" 2>&1 &
+      MONITOR=$! ;;
     kernels) find /tmp/ptx -name '*.ptx' | wc -l | tee "$OUT/kernels.log" ;;
     full4) step full4 590 parley bench --random full --quantize 4 --frames 100 --rounds 3 --compare mlx-vlm \
       --json "$OUT/full4.json" ;;
@@ -71,3 +72,5 @@ for arg in "$@"; do
     *) echo "unknown step $arg" >&2; exit 2 ;;
   esac
 done
+[ -n "${MONITOR:-}" ] && kill "$MONITOR" 2>/dev/null
+exit 0
