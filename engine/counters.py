@@ -51,6 +51,7 @@ VIEW_PRIMITIVES = frozenset(
 )
 VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
 TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.linear)
+COPY_MARK = "%"  # "<parameter>%": the whole parameter in another dtype, copied once and kept (engine.linear)
 
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
 GATHER_PRIMITIVES = frozenset({"Gather", "GatherAxis", "GatherQMM", "GatherMM"})
@@ -110,8 +111,9 @@ def named_weights(model: object) -> dict[str, mx.array]:
     Besides the parameters, projections stacked into one matrix (:mod:`engine.fused`) are
     named ``<module>.stacked``: the stacked matrix is what the product reads. Views of a
     parameter that a module keeps ready (``weight_views()``) are named after it: a slice
-    (the TTS codebooks) ``<parameter>#<index>``, priced as one slice of it, and a transposed
-    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it.
+    (the TTS codebooks) ``<parameter>#<index>``, priced as one slice of it, a transposed
+    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it, and a copy in another
+    dtype (fast numerics' bf16 copies) ``<parameter>%``, priced as all of it in the copy's dtype.
     """
     from mlx.utils import tree_flatten
 
@@ -281,7 +283,8 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
 
     Shapes come from the full-size config (a module tree of lazy arrays, never evaluated);
     dtypes from ``model`` as loaded (float32 where precast, bf16 where stored, and the packed
-    integers and scales of quantized modules). Stacked projections cost their members.
+    integers and scales of quantized modules). Stacked projections cost their members; a copy in
+    another dtype (``<parameter>%``) costs the parameter's elements in the copy's dtype.
     """
     import mlx.nn as nn
     from mlx.utils import tree_flatten
@@ -312,6 +315,14 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
         if stacked is not None:
             parts = [prices[f"{path}.{member}.weight"] for member in stacked.members]
             prices[f"{path}.stacked"] = WeightPrice(sum(part.nbytes for part in parts), 1)
+        views = getattr(module, "weight_views", None)
+        if callable(views):
+            for name, array in views().items():
+                if name.endswith(COPY_MARK):
+                    source = f"{path}.{name.removesuffix(COPY_MARK)}"
+                    price = prices[source]
+                    nbytes = price.nbytes // dtypes.get(source, mx.bfloat16).size * array.dtype.size
+                    prices[f"{path}.{name}"] = WeightPrice(nbytes, price.leading, price.second)
     return prices
 
 

@@ -306,6 +306,19 @@ class ConformerLayer(nn.Module):
         self.feed_forward2 = FeedForward(d_model, hidden, config.use_bias)
         self.norm_out = nn.LayerNorm(d_model)
 
+    def row_linears(self) -> tuple[Linear, ...]:
+        """The projections a stream's newest frame passes through as one row (the keys and values, and
+        the positions, are projected for the whole window)."""
+        attention = self.self_attn
+        return (
+            self.feed_forward1.linear1,
+            self.feed_forward1.linear2,
+            attention.linear_q,
+            attention.linear_out,
+            self.feed_forward2.linear1,
+            self.feed_forward2.linear2,
+        )
+
     def __call__(self, x: mx.array, positions: mx.array, mask: mx.array | None) -> mx.array:
         """Offline: every frame of ``x`` at once under ``mask``."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
@@ -584,9 +597,11 @@ class FastConformer(nn.Module):
         return self._stream_program("steady")
 
     def _stream_program(self, kind: str) -> Callable[..., tuple[mx.array, ...]]:
-        """The compiled ``kind`` program for the attention in use: a trace holds the attention it was traced
-        with, so a model switched between numerics modes keeps one program per mode."""
-        key = (kind, self.layers[0].self_attn.fast_attention if self.layers else None)
+        """The compiled ``kind`` program for the fast parts in use: a trace holds the attention and row
+        products it was traced with, so a model switched between numerics modes keeps one program per mode."""
+        first = self.layers[0] if self.layers else None
+        rows = None if first is None else first.feed_forward1.linear1.row_weight
+        key = (kind, None if first is None else first.self_attn.fast_attention, None if rows is None else rows.product)
         programs = self._stream_programs
         if key not in programs:
             layers = len(self.layers)
@@ -605,7 +620,7 @@ class FastConformer(nn.Module):
         return programs[key]
 
     @functools.cached_property
-    def _stream_programs(self) -> dict[tuple[str, Any], Callable[..., tuple[mx.array, ...]]]:
+    def _stream_programs(self) -> dict[tuple[Any, ...], Callable[..., tuple[mx.array, ...]]]:
         return {}  # in the instance __dict__, outside the parameter tree
 
 

@@ -72,6 +72,8 @@ NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 
 # A kernel's outputs may differ from its fallback's by float32 reordering only.
 KERNEL_TOLERANCE = 1e-5
+# Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
+ENCODER_ROWS = 1
 
 log = logging.getLogger(__name__)
 
@@ -290,14 +292,24 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     for module in relatives:
         module.fast_attention = relative
 
+    on_gpu = gpu_kernel_backend() is not None
+    row_linears = encoder_row_linears(model)
+    if fast and row_linears:
+        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact([linear.weight for linear in row_linears]) else None
+        changes["encoder_row_products"] = use_encoder_row_products(model, weight_dtype)
+        if on_gpu and not changes["encoder_row_products"]:
+            use_encoder_row_products(model, None, enable=False)  # the compiled encoder's products, as in exact
+    else:
+        use_encoder_row_products(model, None, enable=False)
+
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
     weight_dtype: mx.Dtype | None = None
     if fast and layers:
-        on_gpu = gpu_kernel_backend() is not None
-        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(layers) else None
-        row_parts, changes["row_products"] = _backbone_row_parts(layers[0], GUIDED_ROWS, weight_dtype)
-        if on_gpu and not changes["row_products"]:
+        projections = [linear.weight for layer in layers for linear in layer.projection_layers()]
+        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(projections) else None
+        row_parts, changes["tts_row_products"] = _backbone_row_parts(layers[0], GUIDED_ROWS, weight_dtype)
+        if on_gpu and not changes["tts_row_products"]:
             # On a GPU the fallbacks, run op by op, would cost more than the compiled step they replace;
             # the CPU keeps them (the same arithmetic as that step), so the wiring is tested there.
             row_parts, weight_dtype = None, None
@@ -322,21 +334,74 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     return changes
 
 
-def _bf16_exact(layers: list[Any]) -> bool:
-    """True when every backbone projection weight is a bf16 value (a float32 copy made by
-    :mod:`engine.precast` from the checkpoint's bf16), so a bf16 copy of it loses nothing."""
-    weights = [linear.weight for layer in layers for linear in layer.projection_layers()]
+def _bf16_exact(weights: list[mx.array]) -> bool:
+    """True when every weight is a bf16 value (a float32 copy made by :mod:`engine.precast` from the
+    checkpoint's bf16), so a bf16 copy of it loses nothing."""
     same = [mx.array_equal(weight.astype(mx.bfloat16).astype(weight.dtype), weight) for weight in weights]
     mx.eval(same)
     return all(bool(flag.item()) for flag in same)
 
 
+def _row_product_part(
+    shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str
+) -> tuple[Callable[..., Any], bool]:
+    """The row product for ``shape`` (:class:`engine.row_product.RowProductShape`): the kernel where
+    admitted, else the operations fallback; the flag says which."""
+    import functools
+
+    from .row_product import RowProduct, row_product_ops, row_product_samples
+
+    return _fast_part(
+        ("row_product", shape, weight_dtype, scale_dtype, eps),
+        name,
+        functools.partial(row_product_ops, eps=eps, gated=shape.gated),
+        lambda backend: functools.partial(RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps),
+        lambda: row_product_samples(shape, weight_dtype, scale_dtype),
+        # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
+        # kernel, which does not, is held to a float32 reference computed on the CPU.
+        reference_device=mx.cpu,
+    )
+
+
+def encoder_row_linears(model: object) -> list[Any]:
+    """The encoder's projections that a stream's newest frame passes through as one row (no biases)."""
+    from .encoder import ConformerLayer
+
+    modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
+    layers = [module for module in modules if isinstance(module, ConformerLayer)]
+    return [linear for layer in layers for linear in layer.row_linears() if "bias" not in linear]
+
+
+def use_encoder_row_products(model: object, weight_dtype: mx.Dtype | None, *, enable: bool = True) -> bool:
+    """Give the encoder's one-row projections row products (the kernels where admitted on this device,
+    else the fallbacks) reading their weights in ``weight_dtype`` (copies made once; None: the weights
+    as they are), or with ``enable`` False take them away. True when every product is a kernel."""
+    from .linear import RowWeight
+    from .row_product import RowProductShape
+
+    linears = encoder_row_linears(model)
+    products: dict[tuple[int, ...], Callable[..., Any]] = {}
+    every = enable
+    for linear in linears if enable else ():
+        outputs, width = linear.weight.shape
+        if (outputs, width) not in products:
+            dtype = weight_dtype if weight_dtype is not None else linear.weight.dtype
+            shape = RowProductShape(ENCODER_ROWS, width, (outputs,), "none", gated=False)
+            # No norm in these products: the scale's dtype and eps only name the kernel.
+            name = f"encoder {width}→{outputs} row product"
+            products[(outputs, width)], used = _row_product_part(shape, dtype, mx.float32, 1e-6, name)
+            every = every and used
+    for linear in linears:
+        linear.row_weight = (
+            RowWeight(ENCODER_ROWS, products[linear.weight.shape], linear.weight_in(weight_dtype)) if enable else None
+        )
+    return every
+
+
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    import functools
-
-    from .row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
+    from .row_product import RowProductShape
     from .tts import LayerRowParts
 
     attention, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
@@ -354,15 +419,8 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
     parts: dict[str, Callable[..., Any]] = {}
     every = True
     for name, shape in shapes.items():
-        parts[name], used = _fast_part(
-            ("row_product", shape, dtype, scale_dtype, eps),
-            f"TTS {name.replace('_', ' ')} row product",
-            functools.partial(row_product_ops, eps=eps, gated=shape.gated),
-            lambda backend, shape=shape: functools.partial(RowProduct(backend, shape, dtype, scale_dtype), eps=eps),
-            lambda shape=shape: row_product_samples(shape, dtype, scale_dtype),
-            # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
-            # kernel, which does not, is held to a float32 reference computed on the CPU.
-            reference_device=mx.cpu,
+        parts[name], used = _row_product_part(
+            shape, dtype, scale_dtype, eps, f"TTS {name.replace('_', ' ')} row product"
         )
         every = every and used
     return LayerRowParts(rows=rows, **parts), every

@@ -277,13 +277,9 @@ class BackboneLayer(nn.Module):
 
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> LayerRowWeights:
         """The weights :meth:`step_rows` reads: the projections (as ``weight_dtype`` copies when given,
-        which fast mode's kernels read instead of the float32 copies) and the norms' ``1 + w``."""
-
-        def read(linear: Linear) -> mx.array:
-            weight = linear.weight
-            return weight if weight_dtype is None or weight.dtype == weight_dtype else weight.astype(weight_dtype)
-
-        q, k, v, o, gate, up, down = (read(linear) for linear in self.projection_layers())
+        which fast mode's kernels read instead of the float32 copies; made once, see
+        :meth:`engine.linear.Linear.weight_in`) and the norms' ``1 + w``."""
+        q, k, v, o, gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = LayerRowWeights(
             qkv=(q, k, v),
             output=o,

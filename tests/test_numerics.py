@@ -17,9 +17,17 @@ import pytest
 from app.drift import measure_drift
 from engine.cache import KVCache, SlidingKVCache
 from engine.decode_attention import decode_attention_ops, norm_rope_ops
-from engine.encoder import RelativePositionAttention, attend_relative
+from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
-from engine.numerics import admit_kernel, apply_numerics, check_numerics, custom_kernel, relative_l2
+from engine.numerics import (
+    admit_kernel,
+    apply_numerics,
+    check_numerics,
+    custom_kernel,
+    encoder_row_linears,
+    relative_l2,
+    use_encoder_row_products,
+)
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
@@ -95,7 +103,8 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "decode_attention": False,
         "norm_rope": False,
         "relative_attention": False,
-        "row_products": False,
+        "encoder_row_products": False,
+        "tts_row_products": False,
         "residual_vq": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -111,8 +120,14 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     layers = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneLayer)]
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
     assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
+    conformers = [m for _, m in fast.model.named_modules() if isinstance(m, ConformerLayer)]
+    row_linears = [linear for layer in conformers for linear in layer.row_linears()]
+    assert row_linears and all(
+        linear.row_weight is not None and linear.row_weight.weight is linear.weight for linear in row_linears
+    )
     apply_numerics(fast.model, "exact")
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
+    assert all(linear.row_weight is None for linear in row_linears)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
 
@@ -213,6 +228,54 @@ def test_backbone_row_fallbacks_are_the_exact_step() -> None:
         for layer, part in zip(backbone.layers, parts, strict=True):
             layer.rows = part
         assert mx.array_equal(fast_out, exact_out).item()
+
+
+def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
+    """On a GPU fast mode gives the encoder's one-row projections row products that read bf16 copies of
+    the precast float32 weights. Here (the fallback's operations) the stream they give is the exact one,
+    bit for bit — the copies hold the checkpoint's bf16 values — and a frame reads the copies, priced at
+    two bytes a weight, instead of the float32 weights."""
+    from collections import Counter
+
+    from app.bench import bench_input, count_frames
+    from engine.counters import COPY_MARK, WeightUse, full_size_prices
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    model = voicechat.model
+    mx.eval(model.parameters())
+    perception = model.stt_model.perception
+    audio = mx.array(bench_input(6))
+    frame = perception.frame_samples
+
+    def stream() -> list[mx.array]:
+        cache = perception.make_cache()
+        outputs = [perception.step(cache, audio[index * frame : (index + 1) * frame])[1] for index in range(6)]
+        mx.eval(outputs)
+        return outputs
+
+    def reads() -> Counter[WeightUse]:
+        censuses, _ = count_frames(voicechat, bench_input(4), seed=0)
+        uses: Counter[WeightUse] = Counter()
+        for census in censuses:
+            uses.update(census.weight_uses())
+        return uses
+
+    exact, exact_reads = stream(), reads()
+    assert not use_encoder_row_products(model, mx.bfloat16), "the CPU has no kernels, only the fallbacks"
+    linears = encoder_row_linears(model)
+    assert len(linears) == 6 * len(perception.encoder.layers)
+    assert all(linear.row_weight.weight.dtype == mx.bfloat16 for linear in linears)
+    fast, fast_reads = stream(), reads()
+    assert all(mx.array_equal(a, b).item() for a, b in zip(exact, fast, strict=True))
+
+    name = "stt_model.perception.encoder.layers.0.feed_forward1.linear1.weight"
+    prices = full_size_prices(model, 4)
+    assert prices[name].nbytes == 2 * prices[f"{name}{COPY_MARK}"].nbytes == 1024 * 4096 * 4
+    assert exact_reads[WeightUse(name, "whole")] == fast_reads[WeightUse(f"{name}{COPY_MARK}", "whole")] > 0
+    assert WeightUse(name, "whole") not in fast_reads and WeightUse(f"{name}{COPY_MARK}", "whole") not in exact_reads
+    use_encoder_row_products(model, None, enable=False)
+    assert all(linear.row_weight is None for linear in linears)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(exact, stream(), strict=True))
 
 
 def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -324,6 +387,13 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, RelativePositionAttention):
             module.fast_attention = counted("encoder attention", module.fast_attention)
             layers["encoder attention"] += 1
+        elif isinstance(module, ConformerLayer):
+            for linear in module.row_linears():
+                assert linear.row_weight is not None
+                linear.row_weight = dataclasses.replace(
+                    linear.row_weight, product=counted("encoder rows", linear.row_weight.product)
+                )
+            layers["encoder rows"] += len(module.row_linears())
         elif isinstance(module, BackboneLayer):
             assert module.rows is not None
             names = ("first_qkv", "qkv", "output", "gate_up", "down")

@@ -3,7 +3,8 @@
 Run on the device (never in CI; the CPU has no kernels): ``python3 tests/device/fast_kernels.py``.
 Full-size shapes: the TTS backbone's 16 heads of 72 at batch 2 over 300, 2,000 and 7,500 cached
 positions, one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks), and the backbone
-layer's row products (two rows of 1,152, q/k/v 3 × 1,152, MLP 4,608) reading bf16 weights, checked against
+layer's row products (two rows of 1,152, q/k/v 3 × 1,152, MLP 4,608) and the encoder's (one row of 1,024,
+feed-forward 4,096) reading bf16 weights, checked against
 the CPU's float32 operations (beside MLX's own GPU products, which take reduced-precision inputs) and
 timed against MLX's operations on the float32 copies exact mode reads.
 """
@@ -113,6 +114,9 @@ def main() -> None:
         RowProductShape(2, 1152, (1152,), "none", gated=False),
         RowProductShape(2, 1152, (4608, 4608), "residual_norm", gated=True),
         RowProductShape(2, 4608, (1152,), "none", gated=False),
+        RowProductShape(1, 1024, (4096,), "none", gated=False),
+        RowProductShape(1, 4096, (1024,), "none", gated=False),
+        RowProductShape(1, 1024, (1024,), "none", gated=False),
     ):
         product = functools.partial(RowProduct(backend, shape, mx.bfloat16, mx.bfloat16), eps=1e-6)
         fallback = functools.partial(row_product_ops, eps=1e-6, gated=shape.gated)
