@@ -223,7 +223,7 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
-    from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts
+    from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
 
     fast = check_numerics(numerics) == "fast"
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
@@ -316,6 +316,25 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     for layer in layers:
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
+
+    for head in (module for module in modules if isinstance(module, MixtureHead)):
+        mixture_parts: MixtureRowParts | None = None
+        weight_dtype = None
+        mixture_layers = head.mlp_stack[:-1]
+        if fast and mixture_layers:
+            projections = [
+                linear.weight
+                for layer in mixture_layers
+                for linear in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+            ]
+            weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(projections) else None
+            first_layer = mixture_layers[0]
+            mixture_parts, changes["mog_row_products"] = _mixture_row_parts(first_layer, GUIDED_ROWS, weight_dtype)
+            if on_gpu and not changes["mog_row_products"]:
+                mixture_parts, weight_dtype = None, None  # the compiled MaskGIT rounds' own operations
+        head.rows = mixture_parts
+        for layer in mixture_layers:
+            layer.row_weights = None if mixture_parts is None else layer.make_row_weights(weight_dtype)
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
@@ -424,6 +443,31 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
         )
         every = every and used
     return LayerRowParts(rows=rows, **parts), every
+
+
+def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
+    """The row-product parts of the MoG head's MLP layers (the kernels where admitted, else the fallbacks);
+    the flag says whether every one is a kernel."""
+    from .row_product import RowProductShape
+    from .tts import MixtureRowParts
+
+    mlp = layer.mlp
+    width, eps = mlp.gate_proj.weight.shape[1], layer.pre_norm.eps
+    inner = mlp.gate_proj.weight.shape[0]
+    dtype = weight_dtype if weight_dtype is not None else mlp.gate_proj.weight.dtype
+    shapes = {
+        "first_gate_up": RowProductShape(rows, width, (inner, inner), "norm", gated=True),
+        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", gated=True),
+        "down": RowProductShape(rows, inner, (width,), "none", gated=False),
+    }
+    parts: dict[str, Callable[..., Any]] = {}
+    every = True
+    for name, shape in shapes.items():
+        # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
+        label = f"MoG {name.replace('_', ' ')} row product"
+        parts[name], used = _row_product_part(shape, dtype, mx.float32, eps, label)
+        every = every and used
+    return MixtureRowParts(rows=rows, **parts), every
 
 
 def set_numerics(voicechat: object, numerics: Numerics) -> None:

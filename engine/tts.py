@@ -443,6 +443,27 @@ class GatedFusion(nn.Module):
         return self.final_norm(scale * (gate * audio + (1.0 - gate) * text))
 
 
+@dataclass(frozen=True)
+class MixtureRowParts:
+    """The MoG head's MLP layers for ``rows`` rows as :class:`engine.row_product.RowProduct` kernels or
+    :func:`engine.row_product.row_product_ops` (same call signature)."""
+
+    rows: int
+    first_gate_up: Callable[..., tuple[mx.array, ...]]  # pre-norm, gelu(gate)·up (the first layer)
+    gate_up: Callable[..., tuple[mx.array, ...]]  # the previous layer's post-norm and add, pre-norm, gelu(gate)·up
+    down: Callable[..., tuple[mx.array, ...]]  # down_proj
+
+
+@dataclass(frozen=True)
+class MixtureRowWeights:
+    """What :class:`MixtureRowParts` read of one MoG layer."""
+
+    gate_up: tuple[mx.array, mx.array]
+    down: mx.array
+    pre_scale: mx.array
+    post_scale: mx.array
+
+
 class MixtureLayer(nn.Module):
     """Residual MLP block of the MoG head."""
 
@@ -451,6 +472,21 @@ class MixtureLayer(nn.Module):
         self.pre_norm = FloatRMSNorm(hidden_size, eps)
         self.mlp = GeluGatedMLP(hidden_size, intermediate_size)
         self.post_norm = FloatRMSNorm(hidden_size, eps)
+        self.row_weights: MixtureRowWeights | None = None  # fast numerics (MixtureHead.rows)
+
+    def make_row_weights(self, weight_dtype: mx.Dtype | None) -> MixtureRowWeights:
+        """The weights the row parts read: the projections (as ``weight_dtype`` copies when given, made
+        once, see :meth:`engine.linear.Linear.weight_in`) and the norms' float32 ``1 + w``."""
+        mlp = self.mlp
+        gate, up, down = (linear.weight_in(weight_dtype) for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        made = MixtureRowWeights(
+            gate_up=(gate, up),
+            down=down,
+            pre_scale=1.0 + self.pre_norm.weight.astype(mx.float32),
+            post_scale=1.0 + self.post_norm.weight.astype(mx.float32),
+        )
+        mx.eval(made.gate_up, made.down, made.pre_scale, made.post_scale)
+        return made
 
     def __call__(self, x: mx.array) -> mx.array:
         return x + self.post_norm(self.mlp(self.pre_norm(x)))
@@ -475,6 +511,8 @@ class MixtureHead(nn.Module):
         self.proj_else = Linear(hidden_size, latent_size, bias=False)
         self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
         self.stacked: Stacked | None = None  # proj_logits, proj_else and proj_logs in one product
+        # Fast numerics: the MLP layers as row-product calls (each layer's row_weights say what they read).
+        self.rows: MixtureRowParts | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("proj_logits", "proj_else", "proj_logs"))
@@ -487,8 +525,14 @@ class MixtureHead(nn.Module):
         The first half (rows [0, B) or [0, N)) is conditional, the second unconditional; guidance
         mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.sampling).
         """
-        for block in self.mlp_stack:
-            x = block(x)
+        *layers, final_norm = self.mlp_stack
+        rows = self.rows
+        if rows is not None and x.ndim == 2 and x.shape[0] == rows.rows and x.dtype == mx.float32:
+            x = self._layers_rows(rows, layers, x)
+        else:
+            for block in layers:
+                x = block(x)
+        x = final_norm(x)
         if guidance_scale > 0.0:
             half = x.shape[0] // 2
             conditional, unconditional = x[:half], x[half:]
@@ -510,6 +554,24 @@ class MixtureHead(nn.Module):
             mean = mean.reshape(*leading, self.latent_size)
         log_std = mx.maximum(log_std_raw, self.min_log_std)
         return materialize(mean * mx.exp(log_std)) + residual, log_std
+
+    @staticmethod
+    def _layers_rows(parts: MixtureRowParts, layers: list[MixtureLayer], hidden: mx.array) -> mx.array:
+        """Fast numerics' MLP layers on rows: each layer's post-norm and residual add is left pending and done
+        by the next layer's first kernel (its prologue), the last one's by the operations."""
+        pending: LayerRowsPending | None = None
+        for layer in layers:
+            weights = layer.row_weights
+            assert weights is not None
+            if pending is None:
+                (gated,) = parts.first_gate_up(hidden, weights.gate_up, weights.pre_scale)
+            else:
+                gated, hidden = parts.gate_up(hidden, weights.gate_up, weights.pre_scale, pending.output, pending.scale)
+            (down,) = parts.down(gated, (weights.down,))
+            pending = LayerRowsPending(down, weights.post_scale)
+        if pending is None:
+            return hidden
+        return hidden + layers[-1].post_norm(pending.output)
 
 
 # --------------------------------------------------------------------------- speaker prompt
@@ -775,15 +837,16 @@ class EarTTS(nn.Module):
 
     @functools.cached_property
     def _compiled_refines(self) -> dict[Any, Callable[[mx.array], tuple[mx.array, mx.array]]]:
-        return {}  # one program per residual-VQ step in use (a trace holds the one it was traced with)
+        return {}  # one program per residual-VQ step and MoG row parts in use (a trace holds those it was traced with)
 
     def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         if hidden.shape[1] != 1:
             return self._refine_ops(hidden)
         programs = self._compiled_refines
-        if self.nearest_code not in programs:
-            programs[self.nearest_code] = jit(self._refine_ops, draws_random=True)
-        return programs[self.nearest_code](hidden)
+        key = (self.nearest_code, self.mog_head.rows)
+        if key not in programs:
+            programs[key] = jit(self._refine_ops, draws_random=True)
+        return programs[key](hidden)
 
     def _refine_ops(self, hidden: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
         """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors.

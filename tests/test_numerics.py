@@ -31,7 +31,7 @@ from engine.numerics import (
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
-from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer
+from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 
 LOGITS_RELATIVE_L2 = 1e-4
 TTS_HIDDEN_RELATIVE_L2 = 1e-4
@@ -105,6 +105,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "relative_attention": False,
         "encoder_row_products": False,
         "tts_row_products": False,
+        "mog_row_products": False,
         "residual_vq": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -125,8 +126,11 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert row_linears and all(
         linear.row_weight is not None and linear.row_weight.weight is linear.weight for linear in row_linears
     )
+    head = fast.model.tts_model.tts_model.mog_head
+    assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
     apply_numerics(fast.model, "exact")
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
+    assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
     assert all(linear.row_weight is None for linear in row_linears)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
@@ -228,6 +232,30 @@ def test_backbone_row_fallbacks_are_the_exact_step() -> None:
         for layer, part in zip(backbone.layers, parts, strict=True):
             layer.rows = part
         assert mx.array_equal(fast_out, exact_out).item()
+
+
+def test_mixture_row_fallbacks_are_the_exact_head() -> None:
+    """On the CPU fast mode's MoG MLP layers on rows (row-product fallbacks, each layer's post-norm and
+    residual add deferred into the next layer's first product) give the exact layers' output bit for bit,
+    and the head's guided draw from them is the exact draw."""
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    head = voicechat.model.tts_model.tts_model.mog_head
+    parts = head.rows
+    assert parts is not None and parts.rows == GUIDED_ROWS
+    *layers, _ = head.mlp_stack
+    assert len(layers) > 1 and all(layer.row_weights is not None for layer in layers)
+    x = 3.0 * mx.random.normal((GUIDED_ROWS, voicechat.config.tts_config.hidden_size), key=mx.random.key(4))
+    exact = x
+    for layer in layers:
+        exact = layer(exact)
+    assert mx.array_equal(head._layers_rows(parts, layers, x), exact).item()
+    draws = []
+    for rows in (parts, None):
+        head.rows = rows
+        mx.random.seed(11)
+        draws.append(head.sample_gaussian(x, 2.5, 0.9))
+    head.rows = parts
+    assert all(mx.array_equal(a, b).item() for a, b in zip(*draws, strict=True))
 
 
 def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
@@ -405,6 +433,15 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, EarTTS):
             module.nearest_code = counted("residual vq", module.nearest_code)
             layers["residual vq"] = module.config.num_quantizers
+        elif isinstance(module, MixtureHead):
+            assert module.rows is not None
+            names = ("first_gate_up", "gate_up", "down")
+            module.rows = dataclasses.replace(
+                module.rows, **{name: counted(f"mog {name}", getattr(module.rows, name)) for name in names}
+            )
+            mixture_layers = len(module.mlp_stack) - 1
+            layers["mog first_gate_up"], layers["mog gate_up"] = 1, mixture_layers - 1
+            layers["mog down"] = mixture_layers
     # The first layer's q/k/v part takes no pending sublayer; every later layer's takes the one before it.
     layers["tts first_qkv"], layers["tts qkv"] = 1, layers["tts qkv"] - 1
 
@@ -420,3 +457,4 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         assert calls[name] >= count * (frames - 2), (name, calls[name], count)
     assert calls["tts heads"] == calls["tts attention"]
     assert calls["tts first_qkv"] == calls["tts output"] // layers["tts output"]
+    assert calls["mog first_gate_up"] == calls["mog down"] // layers["mog down"]
