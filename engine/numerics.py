@@ -38,19 +38,35 @@ and the log says why. The changes:
   distance product, the argmin, the gather and the residual and running-sum updates of one
   quantizer as one kernel. This one is bit-identical to the operations (the same roundings,
   ties to the lowest index) and is admitted only if it is.
+* **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
+  or two rows through a dense projection, with the RMS norm before it, the previous sublayer's
+  post-norm and residual add, and the MLP's ``gelu(gate)·up``, in one kernel that reads the
+  checkpoint's bf16 weight (a copy of the precast float32 one, made once: every bf16 value is
+  exact in float32, so nothing is lost) and sums in float32. Used for the TTS backbone's
+  sublayers (q/k/v, output, gate·up, down: 4 launches a layer), the MoG head's MLP layers and
+  the encoder's one-row projections (feed-forward, query, output). Fallback:
+  :func:`engine.row_product.row_product_ops`, the reference's operations. MLX's CUDA backend
+  multiplies several float32 rows with reduced-precision (TF32) inputs, so these kernels are
+  admitted against a float32 reference computed on the CPU, and on a GPU they run only where
+  every kernel of their network was admitted.
 
-The kernels' results differ from the fallbacks by float32 reordering only (relative L2
-5e-8 to 4e-7 on the H200); through the networks that stays at float32 rounding, but the MoG
-head samples codes from the TTS hidden state, so free-running codes part from exact mode's
+The kernels' results differ from a float32 computation by reordering only (relative L2
+5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
+exact mode's own multi-row products carry TF32 rounding, so fast mode's TTS hidden states sit
+about 7e-4 (relative L2) from exact mode's there while both are within float32 rounding of each
+other on the CPU. The MoG head samples codes from the TTS hidden state, and the LLM's greedy ids
+from logits that random weights make nearly flat, so free-running runs part from exact mode's
 after some frames, like two machines' would (README, "Fast numerics").
+
+The kernels' names carry a hash of their source (:func:`custom_kernel`): MLX keeps compiled
+kernels by name across processes, and an updated kernel must not meet its old build.
 
 Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
 stacks them on the CPU only). On CUDA the taller products take another library path with
 reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
-(README, "Fast numerics"). Also not kept: a kernel reading bf16 projection weights directly; it
-matched MLX's product for one row, but MLX's float32 product of several rows on CUDA is less
-precise than its own dot products (2e-4 apart), and it was no faster per call.
+(README, "Fast numerics"). The cost fast mode keeps: the bf16 copies are held beside the float32
+ones (about 2.2 GB at full size), so that a model switches between modes in place.
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
 "Fast numerics" section, with the drift each change causes. Random weights make the
@@ -202,10 +218,12 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
     Fast mode gives each Mamba-2 mixer the fused step, the TTS backbone's and the encoder's
-    attention their single-position kernels (and the TTS its query and key heads kernel) and the
+    attention their single-position kernels (and the TTS its query and key heads kernel), the
+    TTS backbone, the MoG head's MLP and the encoder's one-row projections row products, and the
     MaskGIT rounds the residual-VQ kernel: each the kernel where it matched its fallback on this
     device, else the fallback (operations; always so on the CPU).
-    Either way the weights are untouched, so a loaded model switches in place.
+    Either way the weights are untouched (fast mode adds bf16 copies), so a loaded model switches
+    in place.
     """
     import functools
 

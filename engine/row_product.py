@@ -1,10 +1,10 @@
 """A few float32 rows through a dense projection, with the norm before it and the gate after it, as one
 kernel (fast numerics).
 
-A streaming step multiplies one or two rows (one conversation; the TTS backbone's two guidance rows)
-by each dense weight. MLX runs such a sublayer as an RMS norm, one product per weight, and the
-residual adds and activation between them: half a dozen primitives, each costing host time on a GPU
-whatever its arithmetic, and each product reads the float32 copy of a bf16 weight
+A streaming step multiplies one or two rows (the encoder's newest frame; the two guidance rows of the
+TTS backbone and the MoG head) by each dense weight. MLX runs such a sublayer as an RMS norm, one
+product per weight, and the residual adds and activation between them: half a dozen primitives, each
+costing host time on a GPU whatever its arithmetic, and each product reads the float32 copy of a bf16 weight
 (:mod:`engine.precast`). :class:`RowProduct` does a whole run in one launch:
 
 * **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
