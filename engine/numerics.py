@@ -313,8 +313,8 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     on_gpu = gpu_kernel_backend() is not None
     row_linears = encoder_row_linears(model)
     if fast and row_linears:
-        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact([linear.weight for linear in row_linears]) else None
-        changes["encoder_row_products"] = use_encoder_row_products(model, weight_dtype)
+        encoder_dtype = mx.bfloat16 if on_gpu and _bf16_exact([linear.weight for linear in row_linears]) else None
+        changes["encoder_row_products"] = use_encoder_row_products(model, encoder_dtype)
         if on_gpu and not changes["encoder_row_products"]:
             use_encoder_row_products(model, None, enable=False)  # the compiled encoder's products, as in exact
     else:
