@@ -28,7 +28,7 @@ from .layout import PROMPT_FRAMES
 from .linear import Linear, prepare_transposed_weights
 from .llm import NemotronH
 from .memory import check_fits, format_bytes, precast_budget
-from .numerics import Numerics, apply_numerics
+from .numerics import Numerics, apply_numerics, row_product_weights
 from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
@@ -170,7 +170,7 @@ def assemble_voicechat(
     With ``precast`` the weights that only meet float32 activations are converted once
     (see :mod:`engine.precast`; exact, faster, more memory), unless the copies would take
     more than ``precast_budget`` bytes; the rest stays lazy. ``numerics`` picks exact or fast
-    arithmetic (see :mod:`engine.numerics`).
+    arithmetic (see :mod:`engine.numerics`); for fast, the weights its row products read stay bf16.
     """
     if tokenizer.vocab_size > config.text_config.vocab_size:
         raise TokenizerError(
@@ -183,7 +183,9 @@ def assemble_voicechat(
         raise TokenizerError(f"{tokenizer.source}: {exc}") from exc
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
-    added = precast_float32(model, budget=precast_budget) if precast else 0
+    # Fast numerics reads its row products' weights in bf16: loaded for it, they are not cast.
+    keep = row_product_weights(model) if numerics == "fast" else frozenset()
+    added = precast_float32(model, budget=precast_budget, keep=keep) if precast else 0
     fuse_projections(model)
     prepare_transposed_weights(model)  # after every change of weights: views of the final ones
     fast_changes = apply_numerics(model, numerics)

@@ -400,6 +400,23 @@ def _row_product_part(
     )
 
 
+def row_product_weights(model: object) -> frozenset[str]:
+    """Parameter names of the weights fast mode's row products read (in bf16, directly): the encoder's
+    one-row projections, the TTS backbone's projections and the MoG head's MLP projections. A model
+    loaded for fast numerics does not precast them (:func:`engine.precast.precast_float32`)."""
+    from .tts import BackboneLayer, MixtureLayer
+
+    modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
+    read = {id(linear) for linear in encoder_row_linears(model)}
+    for module in modules:
+        if isinstance(module, BackboneLayer):
+            read.update(id(linear) for linear in module.projection_layers())
+        elif isinstance(module, MixtureLayer):
+            read.update(id(linear) for linear in (module.mlp.gate_proj, module.mlp.up_proj, module.mlp.down_proj))
+    named = model.named_modules()  # type: ignore[attr-defined]
+    return frozenset(f"{path}.weight" for path, module in named if id(module) in read)
+
+
 def encoder_row_linears(model: object) -> list[Any]:
     """The encoder's projections that a stream's newest frame passes through as one row (no biases)."""
     from .encoder import ConformerLayer

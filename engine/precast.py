@@ -12,6 +12,10 @@ the TTS backbone (formed in bf16), the character encoder and the fusion's text b
 (bf16 activations), the fusion gate (sigmoid in the parameter dtype), the RN-T LSTM (a
 bf16 embedding feeds it), the codec (bf16 activations), ``A_log`` (its exp is rounded in
 bf16), and the LLM of a bf16 checkpoint (the system-prompt prefill runs in bf16).
+
+A model loaded for fast numerics also keeps, as stored, the projections its row-product kernels
+read in bf16 directly (:func:`engine.numerics.row_product_weights`): a float32 copy of them would
+only be read by exact mode's operations, and fast mode would need a bf16 copy of it back.
 """
 
 from __future__ import annotations
@@ -56,20 +60,21 @@ def llm_runs_float32(model: nn.Module) -> bool:
     return probe.dtype == mx.float32
 
 
-def precast_targets(model: nn.Module) -> Iterator[tuple[str, mx.array]]:
-    """The bf16 parameters :func:`precast_float32` would cast."""
+def precast_targets(model: nn.Module, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, mx.array]]:
+    """The bf16 parameters :func:`precast_float32` would cast (none named in ``keep``)."""
     float32_llm = llm_runs_float32(model)
     for name, value in tree_flatten(model.parameters()):
-        if value.dtype == mx.bfloat16 and _eligible(name, float32_llm):
+        if value.dtype == mx.bfloat16 and _eligible(name, float32_llm) and name not in keep:
             yield name, value
 
 
-def precast_float32(model: nn.Module, budget: int | None = None) -> int:
-    """Cast the eligible bf16 parameters of ``model`` to float32 in place; returns the bytes added.
+def precast_float32(model: nn.Module, budget: int | None = None, keep: frozenset[str] = frozenset()) -> int:
+    """Cast the eligible bf16 parameters of ``model`` (except those named in ``keep``) to float32 in place;
+    returns the bytes added.
 
     Nothing is cast (and 0 returned) when the copies would add more than ``budget`` bytes.
     """
-    targets = list(precast_targets(model))
+    targets = list(precast_targets(model, keep))
     added = sum(value.nbytes for _, value in targets)  # a bf16 weight doubles in float32
     if budget is not None and added > budget:
         return 0

@@ -26,6 +26,7 @@ from engine.numerics import (
     custom_kernel,
     encoder_row_linears,
     relative_l2,
+    row_product_weights,
     use_encoder_row_products,
 )
 from engine.random_checkpoint import random_voicechat
@@ -304,6 +305,43 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
     use_encoder_row_products(model, None, enable=False)
     assert all(linear.row_weight is None for linear in linears)
     assert all(mx.array_equal(a, b).item() for a, b in zip(exact, stream(), strict=True))
+
+
+def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> None:
+    """Fast mode reads its row products' weights in bf16: loaded for it, they are not precast (no float32 copy
+    beside them, and no bf16 copy made back), and its conversation is exact mode's here (the CPU runs the
+    fallbacks, which widen the bf16 weights exactly as the precast did)."""
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from app.bench import bench_input
+    from engine.events import AudioChunk
+    from engine.session import Session
+
+    exact = random_voicechat("tiny", quantize=4)
+    fast = random_voicechat("tiny", quantize=4, numerics="fast")
+    names = row_product_weights(fast.model)
+    fast_weights = dict(tree_flatten(fast.model.parameters()))
+    exact_weights = dict(tree_flatten(exact.model.parameters()))
+    assert names and all(fast_weights[name].dtype == mx.bfloat16 for name in names)
+    assert all(exact_weights[name].dtype == mx.float32 for name in names)
+    assert fast.precast_bytes == exact.precast_bytes - sum(fast_weights[name].nbytes for name in names)
+    assert all(linear.copied is None for linear in encoder_row_linears(fast.model)), "nothing to copy back"
+
+    def conversation(voicechat: object) -> tuple[list[int], list[int], np.ndarray]:
+        session = Session(voicechat, seed=0)
+        samples = bench_input(10)
+        chunks = [
+            event.samples
+            for start in range(0, samples.size, 1280)
+            for event in session.push(samples[start : start + 1280])
+            if isinstance(event, AudioChunk)
+        ]
+        return session.text_ids, session.function_ids, np.concatenate(chunks)
+
+    (exact_text, exact_function, exact_wave), (fast_text, fast_function, fast_wave) = map(conversation, (exact, fast))
+    assert exact_text == fast_text and exact_function == fast_function
+    np.testing.assert_array_equal(exact_wave, fast_wave)
 
 
 def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
