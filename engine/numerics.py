@@ -65,8 +65,13 @@ Tried and rejected: stacking the projections that share an input on the GPU too 
 stacks them on the CPU only). On CUDA the taller products take another library path with
 reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
-(README, "Fast numerics"). The cost fast mode keeps: the bf16 copies are held beside the float32
-ones (about 2.2 GB at full size), so that a model switches between modes in place.
+(README, "Fast numerics").
+
+Memory: a model loaded for fast numerics keeps the weights its row products read as stored, in
+bf16 (:func:`row_product_weights`; :mod:`engine.precast` does not cast them), 2.2 GB less at
+full size than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
+once (:meth:`engine.linear.Linear.weight_in`) and holds them beside its float32 weights, so
+that it can switch back.
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
 "Fast numerics" section, with the drift each change causes. Random weights make the
