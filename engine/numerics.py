@@ -41,8 +41,8 @@ and the log says why. The changes:
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with the RMS norm before it, the previous sublayer's
   post-norm and residual add, and the MLP's ``gelu(gate)·up``, in one kernel that reads the
-  checkpoint's bf16 weight (a copy of the precast float32 one, made once: every bf16 value is
-  exact in float32, so nothing is lost) and sums in float32. Used for the TTS backbone's
+  checkpoint's bf16 weight (as stored, or a copy of the precast float32 one in a model switched
+  to fast: every bf16 value is exact in float32, so nothing is lost) and sums in float32. Used for the TTS backbone's
   sublayers (q/k/v, output, gate·up, down: 4 launches a layer), the MoG head's MLP layers and
   the encoder's one-row projections (feed-forward, query, output). Fallback:
   :func:`engine.row_product.row_product_ops`, the reference's operations. MLX's CUDA backend
