@@ -580,7 +580,7 @@ def bench(
             out(f"round {round_index + 1}: mlx-vlm p50 {_stats(ref_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
         if compare == "exact":
             # The same model switched in place (the weights are shared), then back for the next round.
-            set_numerics(voicechat, "exact")
+            set_numerics(voicechat, "exact", release=False)  # fast mode's copies and programs kept for its rounds
             exact_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, out=out))
             set_numerics(voicechat, "fast")
             out(f"round {round_index + 1}: exact p50 {_stats(exact_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")

@@ -623,6 +623,12 @@ class FastConformer(nn.Module):
     def _stream_programs(self) -> dict[tuple[Any, ...], Callable[..., tuple[mx.array, ...]]]:
         return {}  # in the instance __dict__, outside the parameter tree
 
+    def forget_row_programs(self) -> None:
+        """Drop the programs traced with row products: they hold the weights' bf16 copies as constants."""
+        programs = self._stream_programs
+        for key in [key for key in programs if key[2] is not None]:
+            del programs[key]
+
 
 class Perception(nn.Module):
     """Encoder plus ``proj`` (``stt_model.perception``): audio to LLM-width embeddings."""

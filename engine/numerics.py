@@ -218,7 +218,7 @@ def _fast_part(
     return _PARTS[full_key]
 
 
-def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
+def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -> dict[str, bool]:
     """Prepare a loaded model for ``numerics``; returns which of fast mode's changes run as kernels.
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
@@ -227,8 +227,10 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
     TTS backbone, the MoG head's MLP and the encoder's one-row projections row products, and the
     MaskGIT rounds the residual-VQ kernel: each the kernel where it matched its fallback on this
     device, else the fallback (operations; always so on the CPU).
-    Either way the weights are untouched (fast mode adds bf16 copies), so a loaded model switches
-    in place.
+    Either way the weights are untouched, so a loaded model switches in place. Fast mode on
+    precast weights makes bf16 copies of those its row products read; exact mode, with
+    ``release``, lets them go with the compiled programs that hold them (a switch back to fast
+    makes and traces them again). A benchmark alternating the modes keeps both ready.
     """
     import functools
 
@@ -242,7 +244,8 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
         norm_rope_samples,
         relative_attention_samples,
     )
-    from .encoder import RelativePositionAttention, attend_relative
+    from .encoder import FastConformer, RelativePositionAttention, attend_relative
+    from .linear import Linear
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
@@ -358,6 +361,14 @@ def apply_numerics(model: object, numerics: Numerics) -> dict[str, bool]:
         head.rows = mixture_parts
         for layer in mixture_layers:
             layer.row_weights = None if mixture_parts is None else layer.make_row_weights(weight_dtype)
+
+    if not fast and release:
+        # Exact mode reads no bf16 copy: release those a switch to fast made, and the programs holding them.
+        for module in modules:
+            if isinstance(module, Linear):
+                module.copied = None
+            elif isinstance(module, FastConformer | EarTTS):
+                module.forget_row_programs()
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
@@ -510,7 +521,8 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
     return MixtureRowParts(rows=rows, **parts), every
 
 
-def set_numerics(voicechat: object, numerics: Numerics) -> None:
-    """Switch a loaded :class:`engine.model.VoiceChat` to ``numerics`` in place (sessions opened after it use it)."""
-    voicechat.fast_changes = apply_numerics(voicechat.model, numerics)  # type: ignore[attr-defined]
+def set_numerics(voicechat: object, numerics: Numerics, *, release: bool = True) -> None:
+    """Switch a loaded :class:`engine.model.VoiceChat` to ``numerics`` in place (sessions opened after it use it;
+    ``release``: see :func:`apply_numerics`)."""
+    voicechat.fast_changes = apply_numerics(voicechat.model, numerics, release=release)  # type: ignore[attr-defined]
     voicechat.numerics = numerics  # type: ignore[attr-defined]

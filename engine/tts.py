@@ -839,6 +839,12 @@ class EarTTS(nn.Module):
     def _compiled_refines(self) -> dict[Any, Callable[[mx.array], tuple[mx.array, mx.array]]]:
         return {}  # one program per residual-VQ step and MoG row parts in use (a trace holds those it was traced with)
 
+    def forget_row_programs(self) -> None:
+        """Drop the MaskGIT programs traced with MoG row products: they hold the weights' bf16 copies."""
+        programs = self._compiled_refines
+        for key in [key for key in programs if key[1] is not None]:
+            del programs[key]
+
     def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         if hidden.shape[1] != 1:
             return self._refine_ops(hidden)

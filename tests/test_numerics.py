@@ -302,8 +302,11 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
     assert prices[name].nbytes == 2 * prices[f"{name}{COPY_MARK}"].nbytes == 1024 * 4096 * 4
     assert exact_reads[WeightUse(name, "whole")] == fast_reads[WeightUse(f"{name}{COPY_MARK}", "whole")] > 0
     assert WeightUse(name, "whole") not in fast_reads and WeightUse(f"{name}{COPY_MARK}", "whole") not in exact_reads
-    use_encoder_row_products(model, None, enable=False)
-    assert all(linear.row_weight is None for linear in linears)
+    encoder = perception.encoder
+    assert any(key[2] is not None for key in encoder._stream_programs), "the counted frames ran compiled"
+    apply_numerics(model, "exact")  # releases the copies and the programs holding them
+    assert all(linear.row_weight is None and linear.copied is None for linear in linears)
+    assert not any(key[2] is not None for key in encoder._stream_programs)
     assert all(mx.array_equal(a, b).item() for a, b in zip(exact, stream(), strict=True))
 
 
@@ -342,6 +345,35 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> Non
     (exact_text, exact_function, exact_wave), (fast_text, fast_function, fast_wave) = map(conversation, (exact, fast))
     assert exact_text == fast_text and exact_function == fast_function
     np.testing.assert_array_equal(exact_wave, fast_wave)
+
+
+def test_exact_mode_lets_the_programs_holding_bf16_copies_go() -> None:
+    """Compiled programs hold the weights they close over: a switch to exact drops those traced with row
+    products (the encoder's, the MaskGIT rounds'), so that the bf16 copies of a switched model are freed; a
+    benchmark alternating the modes keeps them (``release=False``)."""
+    from app.bench import bench_input
+    from engine.numerics import set_numerics
+    from engine.session import Session
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    session = Session(voicechat, seed=0)
+    samples = bench_input(8)
+    for start in range(0, samples.size, 1280):
+        session.push(samples[start : start + 1280])
+    encoder = voicechat.model.stt_model.perception.encoder
+    tts = voicechat.model.tts_model.tts_model
+
+    def held() -> tuple[bool, bool]:
+        return (
+            any(key[2] is not None for key in encoder._stream_programs),
+            any(key[1] is not None for key in tts._compiled_refines),
+        )
+
+    assert held() == (True, True)
+    set_numerics(voicechat, "exact", release=False)
+    assert held() == (True, True)
+    set_numerics(voicechat, "exact")
+    assert held() == (False, False)
 
 
 def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
