@@ -70,8 +70,8 @@ codes parted from exact within 24–36 frames — and the speaking phase got slo
 Memory: a model loaded for fast numerics keeps the weights its row products read as stored, in
 bf16 (:func:`row_product_weights`; :mod:`engine.precast` does not cast them), 2.2 GB less at
 full size than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
-once (:meth:`engine.linear.Linear.weight_in`) and holds them beside its float32 weights, so
-that it can switch back.
+(:meth:`engine.linear.Linear.weight_in`) and holds them beside its float32 weights until it
+switches back to exact, which releases them (:func:`apply_numerics`).
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
 "Fast numerics" section, with the drift each change causes. Random weights make the
