@@ -325,6 +325,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         changes["encoder_row_products"] = use_encoder_row_products(model, encoder_dtype)
         if on_gpu and not changes["encoder_row_products"]:
             use_encoder_row_products(model, None, enable=False)  # the compiled encoder's products, as in exact
+            for linear in row_linears:
+                linear.copied = None  # no kernel reads the copies
     else:
         use_encoder_row_products(model, None, enable=False)
 
