@@ -16,7 +16,7 @@ from engine.layout import RANDOM_SIZES
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
 NUMERICS_HELP = (
-    "exact: the reference's arithmetic, bit for bit (default); fast: fused kernels and stacked products, "
+    "exact: the reference's arithmetic, bit for bit (default); fast: fused GPU kernels reading bf16 weights, "
     "slightly different rounding (README, 'Fast numerics')"
 )
 
