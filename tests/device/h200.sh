@@ -50,6 +50,22 @@ for arg in "$@"; do
     fastexact) step fastexact 480 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
     fastcount) step fastcount 200 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
+    # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
+    fastmem)
+      for numerics in fast exact; do
+        echo "--- loaded for $numerics"
+        timeout 200 python3 -m app.cli bench --random full --quantize 4 --numerics "$numerics" --frames 100 \
+          --json "$OUT/mem-$numerics.json" 2>&1 | grep -E "^(parley |model|weights)"
+      done 2>&1 | tee "$OUT/fastmem.log" ;;
+    # Fast numerics in a ten-minute conversation: fresh and aged by 7300 frames, alternating processes.
+    fastlong)
+      for run in 1 2; do
+        for history in 0 7300; do
+          echo "--- history $history, run $run"
+          timeout 200 python3 -m app.cli bench --random full --quantize 4 --numerics fast --frames 200 \
+            --history "$history" 2>&1 | grep -E "^(parley |model)"
+        done
+      done 2>&1 | tee "$OUT/fastlong.log" ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
