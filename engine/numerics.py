@@ -321,7 +321,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     on_gpu = gpu_kernel_backend() is not None
     row_linears = encoder_row_linears(model)
     if fast and row_linears:
-        encoder_dtype = mx.bfloat16 if on_gpu and _bf16_exact([linear.weight for linear in row_linears]) else None
+        encoder_dtype = _kernel_weight_dtype(row_linears, on_gpu)
         changes["encoder_row_products"] = use_encoder_row_products(model, encoder_dtype)
         if on_gpu and not changes["encoder_row_products"]:
             use_encoder_row_products(model, None, enable=False)  # the compiled encoder's products, as in exact
@@ -334,8 +334,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     row_parts: LayerRowParts | None = None
     weight_dtype: mx.Dtype | None = None
     if fast and layers:
-        projections = [linear.weight for layer in layers for linear in layer.projection_layers()]
-        weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(projections) else None
+        projections = [linear for layer in layers for linear in layer.projection_layers()]
+        weight_dtype = _kernel_weight_dtype(projections, on_gpu)
         row_parts, changes["tts_row_products"] = _backbone_row_parts(layers[0], GUIDED_ROWS, weight_dtype)
         if on_gpu and not changes["tts_row_products"]:
             # On a GPU the fallbacks, run op by op, would cost more than the compiled step they replace;
@@ -350,12 +350,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         weight_dtype = None
         mixture_layers = head.mlp_stack[:-1]
         if fast and mixture_layers:
-            projections = [
-                linear.weight
-                for layer in mixture_layers
-                for linear in (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-            ]
-            weight_dtype = mx.bfloat16 if on_gpu and _bf16_exact(projections) else None
+            projections = [linear for layer in mixture_layers for linear in layer.projection_layers()]
+            weight_dtype = _kernel_weight_dtype(projections, on_gpu)
             first_layer = mixture_layers[0]
             mixture_parts, changes["mog_row_products"] = _mixture_row_parts(first_layer, GUIDED_ROWS, weight_dtype)
             if on_gpu and not changes["mog_row_products"]:
@@ -389,12 +385,16 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     return changes
 
 
-def _bf16_exact(weights: list[mx.array]) -> bool:
-    """True when every weight is a bf16 value (a float32 copy made by :mod:`engine.precast` from the
-    checkpoint's bf16), so a bf16 copy of it loses nothing."""
+def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
+    """bf16 — what the row-product kernels read — on a GPU when every weight of ``linears`` is a bf16 value
+    (as stored, or a float32 copy that :mod:`engine.precast` made of one), so a bf16 copy loses nothing;
+    otherwise None (the weights as they are: the CPU's fallbacks read them so)."""
+    if not on_gpu:
+        return None
+    weights = [linear.weight for linear in linears]
     same = [mx.array_equal(weight.astype(mx.bfloat16).astype(weight.dtype), weight) for weight in weights]
     mx.eval(same)
-    return all(bool(flag.item()) for flag in same)
+    return mx.bfloat16 if all(bool(flag.item()) for flag in same) else None
 
 
 def _row_product_part(
@@ -427,10 +427,8 @@ def row_product_weights(model: object) -> frozenset[str]:
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     read = {id(linear) for linear in encoder_row_linears(model)}
     for module in modules:
-        if isinstance(module, BackboneLayer):
+        if isinstance(module, BackboneLayer | MixtureLayer):
             read.update(id(linear) for linear in module.projection_layers())
-        elif isinstance(module, MixtureLayer):
-            read.update(id(linear) for linear in (module.mlp.gate_proj, module.mlp.up_proj, module.mlp.down_proj))
     named = model.named_modules()  # type: ignore[attr-defined]
     return frozenset(f"{path}.weight" for path, module in named if id(module) in read)
 

@@ -474,11 +474,14 @@ class MixtureLayer(nn.Module):
         self.post_norm = FloatRMSNorm(hidden_size, eps)
         self.row_weights: MixtureRowWeights | None = None  # fast numerics (MixtureHead.rows)
 
+    def projection_layers(self) -> tuple[Linear, ...]:
+        """The MLP's projections: gate, up, down."""
+        return self.mlp.gate_proj, self.mlp.up_proj, self.mlp.down_proj
+
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> MixtureRowWeights:
         """The weights the row parts read: the projections (as ``weight_dtype`` copies when given, made
         once, see :meth:`engine.linear.Linear.weight_in`) and the norms' float32 ``1 + w``."""
-        mlp = self.mlp
-        gate, up, down = (linear.weight_in(weight_dtype) for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = MixtureRowWeights(
             gate_up=(gate, up),
             down=down,
