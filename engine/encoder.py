@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -36,7 +36,7 @@ import mlx.nn as nn
 from .config import EncoderConfig, PerceptionConfig
 from .fused import Stacked, stack_projections
 from .jit import compile_enabled, jit, materialize
-from .linear import Linear
+from .linear import KeepsCopy, Linear
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
 
@@ -259,6 +259,14 @@ def attend_relative(
     return merged.reshape(query_len, -1) if rows else merged.reshape(batch, query_len, -1)
 
 
+class PointwiseConv(KeepsCopy, nn.Conv1d):
+    """A kernel-size-1 ``nn.Conv1d`` (same parameters and arithmetic) whose weight fast numerics may read
+    in bf16 (:class:`engine.linear.KeepsCopy`)."""
+
+    def weight_views(self) -> dict[str, mx.array]:
+        return self.copy_views()
+
+
 class ConvolutionModule(nn.Module):
     """Pointwise conv → GLU → causal depthwise conv → LayerNorm (named ``batch_norm``) → SiLU → pointwise conv."""
 
@@ -272,10 +280,10 @@ class ConvolutionModule(nn.Module):
             self.pad_before, self.pad_after = kernel - 1, 0
         else:
             self.pad_before, self.pad_after = int(context[0]), int(context[1])
-        self.pointwise_conv1 = nn.Conv1d(d_model, 2 * d_model, kernel_size=1, bias=config.use_bias)
+        self.pointwise_conv1 = PointwiseConv(d_model, 2 * d_model, kernel_size=1, bias=config.use_bias)
         self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size=kernel, groups=d_model, bias=config.use_bias)
         self.batch_norm = nn.LayerNorm(d_model)
-        self.pointwise_conv2 = nn.Conv1d(d_model, d_model, kernel_size=1, bias=config.use_bias)
+        self.pointwise_conv2 = PointwiseConv(d_model, d_model, kernel_size=1, bias=config.use_bias)
 
     def gate(self, x: mx.array) -> mx.array:
         """The GLU output, the input of the depthwise convolution (and what the streaming cache holds)."""
@@ -287,6 +295,34 @@ class ConvolutionModule(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         gated = mx.pad(self.gate(x), ((0, 0), (self.pad_before, self.pad_after), (0, 0)))
         return self.finish(self.depthwise_conv(gated))
+
+
+RowPart = Callable[..., tuple[mx.array, ...]]
+
+
+@dataclass(frozen=True)
+class ConformerRowParts:
+    """A Conformer layer's sublayers for a stream's newest frame, as :class:`engine.row_product.RowProduct`
+    kernels or :func:`engine.row_product.row_product_ops` (same call signature); fast numerics only."""
+
+    feed_forward_up: RowPart  # layer norm, linear1, SiLU
+    feed_forward_down: RowPart  # linear2, then x + ½·y
+    qkv: RowPart  # layer norm, the query, key and value projections
+    output: RowPart  # linear_out, then x + y
+    convolution_in: RowPart  # layer norm, pointwise_conv1, GLU
+    convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
+
+
+@dataclass(frozen=True)
+class ConformerRowWeights:
+    """The projection weights :class:`ConformerRowParts` read of one layer (bf16 copies, or as they are)."""
+
+    feed_forward1: tuple[mx.array, mx.array]
+    qkv: tuple[mx.array, mx.array, mx.array]
+    output: mx.array
+    pointwise1: mx.array
+    pointwise2: mx.array
+    feed_forward2: tuple[mx.array, mx.array]
 
 
 class ConformerLayer(nn.Module):
@@ -305,19 +341,34 @@ class ConformerLayer(nn.Module):
         self.norm_feed_forward2 = nn.LayerNorm(d_model)
         self.feed_forward2 = FeedForward(d_model, hidden, config.use_bias)
         self.norm_out = nn.LayerNorm(d_model)
+        # Fast numerics: the sublayers of a stream's newest frame as row-product calls, and what they read.
+        self.rows: ConformerRowParts | None = None
+        self.row_weights: ConformerRowWeights | None = None
 
-    def row_linears(self) -> tuple[Linear, ...]:
-        """The projections a stream's newest frame passes through as one row (the keys and values, and
-        the positions, are projected for the whole window)."""
-        attention = self.self_attn
+    def projection_layers(self) -> tuple[Linear | PointwiseConv, ...]:
+        """The projections fast numerics' row products read: feed-forward, attention (not the positions',
+        which are projected once per key length), and the convolution module's pointwise ones."""
+        attention, conv = self.self_attn, self.conv
         return (
             self.feed_forward1.linear1,
             self.feed_forward1.linear2,
             attention.linear_q,
+            attention.linear_k,
+            attention.linear_v,
             attention.linear_out,
+            conv.pointwise_conv1,
+            conv.pointwise_conv2,
             self.feed_forward2.linear1,
             self.feed_forward2.linear2,
         )
+
+    def make_row_weights(self, weight_dtype: mx.Dtype | None) -> ConformerRowWeights:
+        """The weights :meth:`stream_rows` reads, as ``weight_dtype`` copies when given (made once and kept,
+        see :class:`engine.linear.KeepsCopy`)."""
+        up1, down1, q, k, v, output, pointwise1, pointwise2, up2, down2 = (
+            module.weight_in(weight_dtype) for module in self.projection_layers()
+        )
+        return ConformerRowWeights((up1, down1), (q, k, v), output, pointwise1, pointwise2, (up2, down2))
 
     def __call__(self, x: mx.array, positions: mx.array, mask: mx.array | None) -> mx.array:
         """Offline: every frame of ``x`` at once under ``mask``."""
@@ -394,6 +445,58 @@ class ConformerLayer(nn.Module):
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x), next_attention, next_conv
 
+    def stream_rows(
+        self,
+        x: mx.array,
+        key_cache: mx.array | None,
+        value_cache: mx.array | None,
+        conv_cache: mx.array,
+        projected_positions: mx.array,
+        *,
+        left_context: int,
+    ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """Fast numerics' streaming step through :attr:`rows`: the newest frame ``x`` (one row) attends to
+        its projected key and value and the cached ones of the frames before it (rows), and convolves over
+        ``[conv_cache ‖ gate(x)]`` (rows). Six row products, the attention kernel and the output norm, where
+        :meth:`_stream_ops` runs about thirty operations; keys and values are projected once per frame
+        (cached projected) instead of for the whole window every frame.
+
+        Returns the block output and the updated caches (the last ``left_context`` keys and values, the
+        last ``kernel - 1`` gate outputs).
+        """
+        parts, weights, attention = self.rows, self.row_weights, self.self_attn
+        assert parts is not None and weights is not None and attention.fast_attention is not None
+        x = self._feed_forward_rows(x, self.norm_feed_forward1, weights.feed_forward1)
+        norm = self.norm_self_att
+        q, k, v = parts.qkv(x, weights.qkv, norm.weight, norm_bias=norm.bias)
+        keys = k if key_cache is None else mx.concatenate([key_cache, k], axis=0)
+        values = v if value_cache is None else mx.concatenate([value_cache, v], axis=0)
+        bias_u, bias_v = attention.pos_bias_u, attention.pos_bias_v
+        attended = attention.fast_attention(q, keys, values, projected_positions, bias_u, bias_v, attention.scale)
+        (x,) = parts.output(attended, (weights.output,), base=x)
+        norm, conv = self.norm_conv, self.conv
+        (gated,) = parts.convolution_in(x, (weights.pointwise1,), norm.weight, norm_bias=norm.bias)
+        window = mx.concatenate([conv_cache, gated], axis=0)
+        tail = conv.batch_norm
+        (x,) = parts.convolution_out(
+            window,
+            (weights.pointwise2,),
+            tail.weight,
+            norm_bias=tail.bias,
+            depthwise=conv.depthwise_conv.weight,
+            base=x,
+        )
+        x = self._feed_forward_rows(x, self.norm_feed_forward2, weights.feed_forward2)
+        kept = slice(-left_context, None) if left_context > 0 else slice(0, 0)
+        return self.norm_out(x), keys[kept], values[kept], window[1:]
+
+    def _feed_forward_rows(self, x: mx.array, norm: nn.LayerNorm, weights: tuple[mx.array, mx.array]) -> mx.array:
+        """``x + ½·feed_forward(norm(x))`` as two row products."""
+        assert self.rows is not None
+        (hidden,) = self.rows.feed_forward_up(x, weights[:1], norm.weight, norm_bias=norm.bias)
+        (x,) = self.rows.feed_forward_down(hidden, weights[1:], base=x)
+        return x
+
 
 # --------------------------------------------------------------------------- caches
 
@@ -404,14 +507,18 @@ class PerceptionCache:
 
     * ``mel``: the log-mel front end's retained samples and counters;
     * ``mel_window``: earlier mel frames re-fed to the subsampling stack (≤ 23, 17 in steady state);
-    * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs, as rows (70, d);
-    * ``convolution``: per layer, the last ``kernel - 1`` (8) GLU outputs;
+    * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs, as rows (70, d) —
+      or, with fast numerics' row products, the keys projected from them;
+    * ``values``: fast numerics' row products only: per layer, the projected values of those frames;
+    * ``convolution``: per layer, the last ``kernel - 1`` (8) GLU outputs ((1, 8, d); rows (8, d) with
+      the row products);
     * ``mel_consumed`` / ``frames_emitted``: mel frames fed to the encoder and encoder frames produced.
     """
 
     mel: MelCache
     attention: list[mx.array | None]
     convolution: list[mx.array | None]
+    values: list[mx.array | None] = field(default_factory=list)
     mel_window: mx.array | None = None
     mel_consumed: int = 0
     frames_emitted: int = 0
@@ -422,6 +529,7 @@ class PerceptionCache:
         if self.mel_window is not None:
             held.append(self.mel_window)
         held.extend(value for value in self.attention if value is not None)
+        held.extend(value for value in self.values if value is not None)
         held.extend(value for value in self.convolution if value is not None)
         return held
 
@@ -515,6 +623,11 @@ class FastConformer(nn.Module):
         config, left = self.config, self.config.left_context
         if x.shape[0] != 1:
             raise ValueError(f"the stream is one conversation: a batch of 1, got {x.shape[0]}")
+        rows = self.rows_in_use
+        if any(state is not None for state in cache.values) != (rows and cache.attention[0] is not None):
+            raise RuntimeError("this stream's encoder cache was filled in the other numerics mode: start a new session")
+        if rows:
+            return self._stream_rows(cache, x)
         if x.shape[1] != 1 or not compile_enabled():
             rows = x.reshape(-1, config.d_model)
             for index, layer in enumerate(self.layers):
@@ -541,10 +654,66 @@ class FastConformer(nn.Module):
         cache.convolution = list(states[layers:])
         return x
 
+    @property
+    def rows_in_use(self) -> bool:
+        """Whether a stream runs fast numerics' row products (:meth:`ConformerLayer.stream_rows`)."""
+        return bool(self.layers) and self.layers[0].rows is not None
+
+    def _stream_rows(self, cache: PerceptionCache, x: mx.array) -> mx.array:
+        """:meth:`stream_layers` through the row products: one compiled program per phase, as in exact mode."""
+        config, left, layers = self.config, self.config.left_context, len(self.layers)
+        if x.shape[1] != 1:
+            raise ValueError(f"fast numerics' encoder takes one frame at a time, got {x.shape[1]}")
+        convolution = [
+            mx.zeros((config.conv_kernel_size - 1, config.d_model), dtype=x.dtype) if state is None else state
+            for state in cache.convolution
+        ]
+        keys, values = cache.attention, cache.values
+        if keys[0] is None:
+            outputs = self._stream_program("fresh")(x, *convolution)
+        elif keys[0].shape[0] == left:
+            positions = [layer._positions(config, left + 1, x.dtype) for layer in self.layers]
+            outputs = self._stream_program("steady")(x, *keys, *values, *convolution, *positions)
+        else:
+            outputs = self._stream_program("filling")(x, *keys, *values, *convolution)
+        x, states = outputs[0], outputs[1:]
+        cache.attention = list(states[:layers])
+        cache.values = list(states[layers : 2 * layers])
+        cache.convolution = list(states[2 * layers :])
+        return x
+
+    def _layers_rows(
+        self,
+        x: mx.array,
+        keys: list[mx.array | None],
+        values: list[mx.array | None],
+        convolution: list[mx.array],
+        positions: list[mx.array] | None,
+    ) -> tuple[mx.array, ...]:
+        """Every layer's :meth:`ConformerLayer.stream_rows` in turn on ``x`` (1, 1, d); returns
+        ``(x, *keys, *values, *convolution)``."""
+        config, left = self.config, self.config.left_context
+        shape, x = x.shape, x.reshape(-1, config.d_model)
+        key_len = 1 + (0 if keys[0] is None else keys[0].shape[0])
+        next_keys, next_values, next_convolution = [], [], []
+        for index, layer in enumerate(self.layers):
+            if positions is None:
+                projected = layer.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
+            else:
+                projected = positions[index]
+            x, key_state, value_state, conv_state = layer.stream_rows(
+                x, keys[index], values[index], convolution[index], projected, left_context=left
+            )
+            next_keys.append(key_state)
+            next_values.append(value_state)
+            next_convolution.append(conv_state)
+        return (x.reshape(shape), *next_keys, *next_values, *next_convolution)
+
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
         """Trace the stream's programs for every attention cache length (0 … 70) on zeros; returns outputs
         to evaluate (evaluation compiles their kernels). Nothing is stored."""
         config = self.config
+        rows = self.rows_in_use
         outputs: list[mx.array] = []
         for cached in range(config.left_context + 1):
             history = None if cached == 0 else mx.zeros((cached, config.d_model), dtype=dtype)
@@ -552,6 +721,7 @@ class FastConformer(nn.Module):
                 mel=None,  # type: ignore[arg-type]  # the layers never touch the front end
                 attention=[history] * len(self.layers),
                 convolution=[None] * len(self.layers),
+                values=[history if rows else None] * len(self.layers),
             )
             outputs.append(self.stream_layers(scratch, mx.zeros((1, 1, config.d_model), dtype=dtype)))
         return outputs
@@ -600,9 +770,11 @@ class FastConformer(nn.Module):
         """The compiled ``kind`` program for the fast parts in use: a trace holds the attention and row
         products it was traced with, so a model switched between numerics modes keeps one program per mode."""
         first = self.layers[0] if self.layers else None
-        rows = None if first is None else first.feed_forward1.linear1.row_weight
-        key = (kind, None if first is None else first.self_attn.fast_attention, None if rows is None else rows.product)
+        rows = None if first is None else first.rows
+        key = (kind, None if first is None else first.self_attn.fast_attention, rows)
         programs = self._stream_programs
+        if key not in programs and rows is not None:
+            programs[key] = jit(self._rows_program(kind))
         if key not in programs:
             layers = len(self.layers)
 
@@ -618,6 +790,24 @@ class FastConformer(nn.Module):
 
             programs[key] = jit({"fresh": fresh, "filling": filling, "steady": steady}[kind])
         return programs[key]
+
+    def _rows_program(self, kind: str) -> Callable[..., tuple[mx.array, ...]]:
+        """The uncompiled ``kind`` program through the row products (inputs as in :meth:`_stream_rows`)."""
+        layers = len(self.layers)
+
+        def fresh(x: mx.array, *convolution: mx.array) -> tuple[mx.array, ...]:
+            return self._layers_rows(x, [None] * layers, [None] * layers, list(convolution), None)
+
+        def filling(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+            keys, values, convolution = states[:layers], states[layers : 2 * layers], states[2 * layers :]
+            return self._layers_rows(x, list(keys), list(values), list(convolution), None)
+
+        def steady(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
+            keys, values = states[:layers], states[layers : 2 * layers]
+            convolution, positions = states[2 * layers : 3 * layers], states[3 * layers :]
+            return self._layers_rows(x, list(keys), list(values), list(convolution), list(positions))
+
+        return {"fresh": fresh, "filling": filling, "steady": steady}[kind]
 
     @functools.cached_property
     def _stream_programs(self) -> dict[tuple[Any, ...], Callable[..., tuple[mx.array, ...]]]:
@@ -656,6 +846,7 @@ class Perception(nn.Module):
             mel=make_mel_cache(self.perception_config.preprocessor, self.frame_samples),
             attention=[None] * layers,
             convolution=[None] * layers,
+            values=[None] * layers,
         )
 
     def step(self, cache: PerceptionCache, frame: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:

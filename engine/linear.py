@@ -11,14 +11,13 @@ The view is remembered together with the weight it was made from: when a weight 
 (a precast, a reload), the stale view is ignored and the projection transposes per call
 until :func:`prepare_transposed_weights` runs again. Correctness never depends on it.
 
-Fast numerics (:mod:`engine.numerics`) may give a projection a :class:`RowWeight`: a stream's
-single row is then multiplied by a row-product kernel reading a bf16 copy of the weight
-(:meth:`Linear.weight_in`, made once and kept like the view) instead of the float32 copy.
+Fast numerics' row-product kernels (:mod:`engine.row_product`) read some weights in bf16: a module
+whose weight was precast to float32 then keeps a bf16 copy (:meth:`KeepsCopy.weight_in`, made once
+and kept like the view; the census names it ``<parameter>%``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -46,23 +45,34 @@ class WeightCopy:
     copy: mx.array
 
 
-@dataclass(frozen=True)
-class RowWeight:
-    """Fast numerics: ``x @ weight.T`` for ``rows`` float32 rows as ``product(x, (weight,))[0]``, where
-    ``product`` is a row-product kernel (:class:`engine.row_product.RowProduct`) or its fallback."""
+class KeepsCopy:
+    """A module (with a ``weight``) that hands fast numerics its weight in another dtype, copied once."""
 
-    rows: int
-    product: Callable[..., tuple[mx.array, ...]]
-    weight: mx.array
+    copied: WeightCopy | None = None  # an instance attribute once set, outside the parameters
+
+    def weight_in(self, dtype: mx.Dtype | None) -> mx.array:
+        """The weight in ``dtype`` (itself for None or its own dtype): a copy made once and kept while the
+        weight is current (outside any compiled function)."""
+        weight = self["weight"]  # type: ignore[index]
+        if dtype is None or weight.dtype == dtype:
+            return weight
+        held = self.copied
+        if held is None or held.source is not weight or held.copy.dtype != dtype:
+            held = WeightCopy(weight, weight.astype(dtype))
+            mx.eval(held.copy)
+            self.copied = held
+        return held.copy
+
+    def copy_views(self) -> dict[str, mx.array]:
+        """The current copy, named for :func:`engine.counters.named_weights`."""
+        held = self.copied
+        return {COPIED: held.copy} if held is not None and held.source is self["weight"] else {}  # type: ignore[index]
 
 
-class Linear(nn.Linear):
+class Linear(KeepsCopy, nn.Linear):
     """``nn.Linear`` (same parameters, same arithmetic) that reuses a prepared ``weight.T``."""
 
-    # Instance attributes once set, outside the parameters.
-    transposed: TransposedWeight | None = None
-    copied: WeightCopy | None = None
-    row_weight: RowWeight | None = None  # fast numerics only (engine.numerics)
+    transposed: TransposedWeight | None = None  # an instance attribute once set, outside the parameters
 
     def prepare(self) -> None:
         """Make the transposed view of the current weight (outside any compiled function)."""
@@ -77,35 +87,17 @@ class Linear(nn.Linear):
         prepared = self.transposed
         return prepared.view if prepared is not None and prepared.source is weight else weight.T
 
-    def weight_in(self, dtype: mx.Dtype | None) -> mx.array:
-        """The weight in ``dtype`` (itself for None or its own dtype): a copy made once and kept while the
-        weight is current (outside any compiled function)."""
-        weight = self["weight"]
-        if dtype is None or weight.dtype == dtype:
-            return weight
-        held = self.copied
-        if held is None or held.source is not weight or held.copy.dtype != dtype:
-            held = WeightCopy(weight, weight.astype(dtype))
-            mx.eval(held.copy)
-            self.copied = held
-        return held.copy
-
     def __call__(self, x: mx.array) -> mx.array:
-        fast = self.row_weight
-        if fast is not None and x.ndim == 2 and x.shape[0] == fast.rows and x.dtype == mx.float32:
-            return fast.product(x, (fast.weight,))[0]
         if "bias" in self:
             return mx.addmm(self["bias"], x, self.weight_t())
         return x @ self.weight_t()
 
     def weight_views(self) -> dict[str, mx.array]:
         """The prepared view and the copy, named for :func:`engine.counters.named_weights`."""
-        weight, views = self["weight"], dict[str, mx.array]()
-        prepared, held = self.transposed, self.copied
-        if prepared is not None and prepared.source is weight:
+        views = self.copy_views()
+        prepared = self.transposed
+        if prepared is not None and prepared.source is self["weight"]:
             views[TRANSPOSED] = prepared.view
-        if held is not None and held.source is weight:
-            views[COPIED] = held.copy
         return views
 
 

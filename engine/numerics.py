@@ -244,10 +244,11 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         norm_rope_samples,
         relative_attention_samples,
     )
-    from .encoder import FastConformer, RelativePositionAttention, attend_relative
-    from .linear import Linear
+    from .encoder import ConformerLayer, ConformerRowParts, FastConformer, RelativePositionAttention, attend_relative
+    from .linear import KeepsCopy
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
+    from .rnnt import RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
 
@@ -319,20 +320,22 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         module.fast_attention = relative
 
     on_gpu = gpu_kernel_backend() is not None
-    row_linears = encoder_row_linears(model)
-    if fast and row_linears:
-        encoder_dtype = _kernel_weight_dtype(row_linears, on_gpu)
-        changes["encoder_row_products"] = use_encoder_row_products(model, encoder_dtype)
-        if on_gpu and not changes["encoder_row_products"]:
-            use_encoder_row_products(model, None, enable=False)  # the compiled encoder's products, as in exact
-            for linear in row_linears:
-                linear.copied = None  # no kernel reads the copies
-    else:
-        use_encoder_row_products(model, None, enable=False)
+    conformers = [module for module in modules if isinstance(module, ConformerLayer)]
+    conformer_parts: ConformerRowParts | None = None
+    weight_dtype: mx.Dtype | None = None
+    projections = encoder_row_projections(model)
+    if fast and conformers and relative is not None and not any("bias" in module for module in projections):
+        weight_dtype = _kernel_weight_dtype(projections, on_gpu)
+        conformer_parts, changes["encoder_row_products"] = _conformer_row_parts(conformers[0], weight_dtype)
+        if on_gpu and not (changes["encoder_row_products"] and changes["relative_attention"]):
+            conformer_parts, weight_dtype = None, None  # the compiled encoder's operations, as in exact mode
+    for conformer in conformers:
+        conformer.rows = conformer_parts
+        conformer.row_weights = None if conformer_parts is None else conformer.make_row_weights(weight_dtype)
 
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
-    weight_dtype: mx.Dtype | None = None
+    weight_dtype = None
     if fast and layers:
         projections = [linear for layer in layers for linear in layer.projection_layers()]
         weight_dtype = _kernel_weight_dtype(projections, on_gpu)
@@ -363,10 +366,13 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     if not fast and release:
         # Exact mode reads no bf16 copy: release those a switch to fast made, and the programs holding them.
         for module in modules:
-            if isinstance(module, Linear):
+            if isinstance(module, KeepsCopy):
                 module.copied = None
             elif isinstance(module, FastConformer | EarTTS):
                 module.forget_row_programs()
+
+    for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
+        predictor.fast_rows = fast  # operations, no kernel: the same on every device
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
@@ -409,7 +415,7 @@ def _row_product_part(
     return _fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps),
         name,
-        functools.partial(row_product_ops, eps=eps, gated=shape.gated),
+        functools.partial(row_product_ops, eps=eps, epilogue=shape.epilogue, factor=shape.factor),
         lambda backend: functools.partial(RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps),
         lambda: row_product_samples(shape, weight_dtype, scale_dtype),
         # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
@@ -425,7 +431,7 @@ def row_product_weights(model: object) -> frozenset[str]:
     from .tts import BackboneLayer, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
-    read = {id(linear) for linear in encoder_row_linears(model)}
+    read = {id(projection) for projection in encoder_row_projections(model)}
     for module in modules:
         if isinstance(module, BackboneLayer | MixtureLayer):
             read.update(id(linear) for linear in module.projection_layers())
@@ -433,39 +439,43 @@ def row_product_weights(model: object) -> frozenset[str]:
     return frozenset(f"{path}.weight" for path, module in named if id(module) in read)
 
 
-def encoder_row_linears(model: object) -> list[Any]:
-    """The encoder's projections that a stream's newest frame passes through as one row (no biases)."""
+def encoder_row_projections(model: object) -> list[Any]:
+    """The encoder's projections that fast numerics' row products read (every layer's
+    :meth:`engine.encoder.ConformerLayer.projection_layers`)."""
     from .encoder import ConformerLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     layers = [module for module in modules if isinstance(module, ConformerLayer)]
-    return [linear for layer in layers for linear in layer.row_linears() if "bias" not in linear]
+    return [projection for layer in layers for projection in layer.projection_layers()]
 
 
-def use_encoder_row_products(model: object, weight_dtype: mx.Dtype | None, *, enable: bool = True) -> bool:
-    """Give the encoder's one-row projections row products (the kernels where admitted on this device,
-    else the fallbacks) reading their weights in ``weight_dtype`` (copies made once; None: the weights
-    as they are), or with ``enable`` False take them away. True when every product is a kernel."""
-    from .linear import RowWeight
+def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
+    """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
+    else the fallbacks); the flag says whether every one is a kernel."""
+    from .encoder import ConformerRowParts
     from .row_product import RowProductShape
 
-    linears = encoder_row_linears(model)
-    products: dict[tuple[int, ...], Callable[..., Any]] = {}
-    every = enable
-    for linear in linears if enable else ():
-        outputs, width = linear.weight.shape
-        if (outputs, width) not in products:
-            dtype = weight_dtype if weight_dtype is not None else linear.weight.dtype
-            shape = RowProductShape(ENCODER_ROWS, width, (outputs,), "none", gated=False)
-            # No norm in these products: the scale's dtype and eps only name the kernel.
-            name = f"encoder {width}→{outputs} row product"
-            products[(outputs, width)], used = _row_product_part(shape, dtype, mx.float32, 1e-6, name)
-            every = every and used
-    for linear in linears:
-        linear.row_weight = (
-            RowWeight(ENCODER_ROWS, products[linear.weight.shape], linear.weight_in(weight_dtype)) if enable else None
-        )
-    return every
+    norm, conv = layer.norm_feed_forward1, layer.conv
+    width, hidden = norm.weight.shape[0], layer.feed_forward1.linear1.weight.shape[0]
+    dtype = weight_dtype if weight_dtype is not None else layer.feed_forward1.linear1.weight.dtype
+    taps = conv.depthwise_conv.weight.shape[1]
+    rows = ENCODER_ROWS
+    shapes = {
+        "feed_forward_up": RowProductShape(rows, width, (hidden,), "layer_norm", "silu"),
+        "feed_forward_down": RowProductShape(rows, hidden, (width,), "none", "residual", factor=0.5),
+        "qkv": RowProductShape(rows, width, (width, width, width), "layer_norm"),
+        "output": RowProductShape(rows, width, (width,), "none", "residual"),
+        "convolution_in": RowProductShape(rows, width, (2 * width,), "layer_norm", "glu"),
+        "convolution_out": RowProductShape(rows, width, (width,), "conv_norm", "residual", taps=taps),
+    }
+    parts: dict[str, Callable[..., Any]] = {}
+    every = True
+    for name, shape in shapes.items():
+        eps = conv.batch_norm.eps if name == "convolution_out" else norm.eps
+        label = f"encoder {name.replace('_', ' ')} row product"
+        parts[name], used = _row_product_part(shape, dtype, norm.weight.dtype, eps, label)
+        every = every and used
+    return ConformerRowParts(**parts), every
 
 
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
@@ -480,11 +490,11 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
     qkv = (attention.q_proj.weight.shape[0], attention.k_proj.weight.shape[0], attention.v_proj.weight.shape[0])
     inner = mlp.gate_proj.weight.shape[0]
     shapes = {
-        "first_qkv": RowProductShape(rows, width, qkv, "norm", gated=False),
-        "qkv": RowProductShape(rows, width, qkv, "residual_norm", gated=False),
-        "output": RowProductShape(rows, attention.o_proj.weight.shape[1], (width,), "none", gated=False),
-        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", gated=True),
-        "down": RowProductShape(rows, inner, (width,), "none", gated=False),
+        "first_qkv": RowProductShape(rows, width, qkv, "norm"),
+        "qkv": RowProductShape(rows, width, qkv, "residual_norm"),
+        "output": RowProductShape(rows, attention.o_proj.weight.shape[1], (width,), "none"),
+        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
+        "down": RowProductShape(rows, inner, (width,), "none"),
     }
     parts: dict[str, Callable[..., Any]] = {}
     every = True
@@ -507,9 +517,9 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
     inner = mlp.gate_proj.weight.shape[0]
     dtype = weight_dtype if weight_dtype is not None else mlp.gate_proj.weight.dtype
     shapes = {
-        "first_gate_up": RowProductShape(rows, width, (inner, inner), "norm", gated=True),
-        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", gated=True),
-        "down": RowProductShape(rows, inner, (width,), "none", gated=False),
+        "first_gate_up": RowProductShape(rows, width, (inner, inner), "norm", "gelu_gate"),
+        "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
+        "down": RowProductShape(rows, inner, (width,), "none"),
     }
     parts: dict[str, Callable[..., Any]] = {}
     every = True

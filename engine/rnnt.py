@@ -51,16 +51,31 @@ def _lstm(layer: nn.LSTM, x: mx.array, hidden: mx.array | None, cell: mx.array |
     x = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
     all_hidden, all_cell = [], []
     for index in range(x.shape[-2]):
-        gates = x[..., index, :]
-        if hidden is not None:
-            gates = mx.addmm(gates, hidden, layer.Wh.T)
-        i, f, g, o = mx.split(gates, 4, axis=-1)
-        i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
-        cell = i * g if cell is None else materialize(f * cell) + materialize(i * g)
-        hidden = o * mx.tanh(cell)
+        hidden, cell = _lstm_cell(layer, x[..., index, :], hidden, cell, materialize)
         all_cell.append(cell)
         all_hidden.append(hidden)
     return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
+
+
+def _lstm_cell(
+    layer: nn.LSTM,
+    gates: mx.array,
+    hidden: mx.array | None,
+    cell: mx.array | None,
+    keep: Callable[[mx.array], mx.array],
+) -> tuple[mx.array, mx.array]:
+    """One step of an LSTM layer from its input projection ``gates``; ``keep`` holds the cell update's
+    products apart (:func:`engine.jit.materialize`) or lets them fuse."""
+    if hidden is not None:
+        gates = mx.addmm(gates, hidden, layer.Wh.T)
+    i, f, g, o = mx.split(gates, 4, axis=-1)
+    i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
+    cell = i * g if cell is None else keep(f * cell) + keep(i * g)
+    return o * mx.tanh(cell), cell
+
+
+def _as_is(x: mx.array) -> mx.array:
+    return x
 
 
 class _StackedLSTM(nn.Module):
@@ -69,6 +84,22 @@ class _StackedLSTM(nn.Module):
     def __init__(self, size: int, layers: int) -> None:
         super().__init__()
         self.lstm = [nn.LSTM(size, size) for _ in range(layers)]
+
+    def step_rows(
+        self, x: mx.array, hidden: list[mx.array] | None, cell: list[mx.array] | None
+    ) -> tuple[list[mx.array], list[mx.array]]:
+        """Fast numerics: one token's row ``x`` (1, D) through the layers, the state a row per layer (None
+        at the start): the same operations as :meth:`__call__` without its transposes, slices and stacks,
+        and the cell update left to fuse."""
+        new_hidden, new_cell = [], []
+        for index, layer in enumerate(self.lstm):
+            bias = getattr(layer, "bias", None)
+            gates = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
+            state = (None, None) if hidden is None or cell is None else (hidden[index], cell[index])
+            x, c = _lstm_cell(layer, gates, *state, _as_is)
+            new_hidden.append(x)
+            new_cell.append(c)
+        return new_hidden, new_cell
 
     def __call__(self, x: mx.array, state: LSTMState | None) -> tuple[mx.array, LSTMState]:
         # Same layout as the reference: (B, L, D) is swapped to (L, B, D) before the
@@ -94,6 +125,8 @@ class RNNTPredictor(nn.Module):
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
+        # Fast numerics (engine.numerics): the streaming greedy loop runs on rows (_greedy_rows).
+        self.fast_rows = False
         self.hidden_size = config.pred_hidden
         rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
         self.prediction = {
@@ -123,6 +156,14 @@ class RNNTJoint(nn.Module):
         self.enc = Linear(config.encoder_hidden, config.joint_hidden)
         self.pred = Linear(config.pred_hidden, config.joint_hidden)
         self.joint_net = [activations[name](), nn.Identity(), Linear(config.joint_hidden, config.num_classes + 1)]
+
+    def rows(self, projected: mx.array, prediction: mx.array) -> mx.array:
+        """Logits ``(1, classes + 1)`` for one frame's ``enc`` projection ``projected`` (1, joint) and one
+        prediction row (1, pred): :meth:`__call__`'s operations without its broadcast axes."""
+        x = projected + self.pred(prediction)
+        for layer in self.joint_net:
+            x = layer(x)
+        return x
 
     def __call__(self, encoded: mx.array, prediction: mx.array) -> mx.array:
         """``(B, T, enc)`` × ``(B, U, pred)`` → logits ``(B, T, U, classes + 1)``."""
@@ -319,23 +360,70 @@ def _unrolled_greedy(
     return mx.stack(symbols), last, hidden[0], hidden[1]
 
 
+def _greedy_rows(
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    encoded: mx.array,
+    last: mx.array,
+    hidden: LSTMState | None,
+    *,
+    started: bool,
+    blank_id: int,
+    max_symbols: int,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Fast numerics' :func:`_unrolled_greedy`: the same attempts on rows — the frame's ``enc`` projection
+    made once instead of at every attempt, the LSTM state kept per layer (stacked once, at the end), and
+    the cell updates left to fuse. On the CPU the tokens and states are exact mode's, bit for bit."""
+    embed, rnn = predictor.prediction["embed"], predictor.prediction["dec_rnn"]
+    projected = joint.enc(encoded.reshape(1, -1))
+    layers = len(rnn.lstm)
+    state_h = None if hidden is None else [hidden[0][index] for index in range(layers)]
+    state_c = None if hidden is None else [hidden[1][index] for index in range(layers)]
+    active: mx.array | None = None
+    symbols = []
+    for attempt in range(max_symbols):
+        # Until the first emission the predictor sees the start symbol and no state, as in the host loop.
+        fresh = attempt == 0 and not started
+        if fresh:
+            proposed_h, proposed_c = rnn.step_rows(mx.zeros((1, predictor.hidden_size)), None, None)
+        else:
+            proposed_h, proposed_c = rnn.step_rows(embed(last.reshape(-1)), state_h, state_c)
+        logits = joint.rows(projected, proposed_h[-1].astype(encoded.dtype))
+        best = mx.argmax(logits.reshape(-1)).astype(mx.int32)
+        emitted = best != blank_id if active is None else active & (best != blank_id)
+        symbols.append(mx.where(emitted, best, -1))
+        proposed_h = [row.astype(encoded.dtype) for row in proposed_h]
+        proposed_c = [row.astype(encoded.dtype) for row in proposed_c]
+        if state_h is None or state_c is None:
+            state_h, state_c = proposed_h, proposed_c  # masked out by the caller when nothing was emitted
+        else:
+            state_h = [mx.where(emitted, new, old) for new, old in zip(proposed_h, state_h, strict=True)]
+            state_c = [mx.where(emitted, new, old) for new, old in zip(proposed_c, state_c, strict=True)]
+        last = mx.where(emitted, best, last)
+        active = emitted
+    assert state_h is not None and state_c is not None
+    return mx.stack(symbols), last, mx.stack(state_h), mx.stack(state_c)
+
+
 class GreedyPrograms:
-    """Compiled unrolled greedy loops, one per (joint, started, blank, cap); built on first use."""
+    """Compiled unrolled greedy loops, one per (joint, started, blank, cap, rows); built on first use."""
 
     def __init__(self, predictor: RNNTPredictor) -> None:
         self._predictor = predictor
-        self._programs: dict[tuple[int, bool, int, int], Callable[..., tuple[mx.array, ...]]] = {}
+        self._programs: dict[tuple[int, bool, int, int, bool], Callable[..., tuple[mx.array, ...]]] = {}
 
     def get(
         self, joint: RNNTJoint, started: bool, blank_id: int, max_symbols: int
     ) -> Callable[..., tuple[mx.array, ...]]:
-        key = (id(joint), started, blank_id, max_symbols)
+        rows = self._predictor.fast_rows
+        key = (id(joint), started, blank_id, max_symbols, rows)
         if key not in self._programs:
             predictor = self._predictor
+            greedy = _greedy_rows if rows else _unrolled_greedy
 
             def program(encoded: mx.array, last: mx.array, *hidden: mx.array) -> tuple[mx.array, ...]:
                 state = (hidden[0], hidden[1]) if hidden else None
-                return _unrolled_greedy(
+                return greedy(
                     predictor,
                     joint,
                     encoded,

@@ -10,10 +10,14 @@ costing host time on a GPU whatever its arithmetic, and each product reads the f
 * **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
   ``1 + w`` as ``s``); ``"residual_norm"``: first ``h = x + rms_norm(r) · s_r`` (the previous
   sublayer's post-norm and residual add, which it also writes out as ``hidden``), then ``rms_norm(h) · s``;
+  ``"layer_norm"``: ``layer_norm(x) · s + b``; ``"conv_norm"``: ``x`` is a window of ``taps`` rows, and the
+  one row is ``silu(layer_norm(depthwise_conv(x)) · s + b)`` (the tail of a Conformer convolution module);
 * **products** — one to three weights sharing the input (a layer's q, k and v), each written as its
   own output; weights in bf16 (read directly, widened as they are multiplied) or float32;
-* **epilogue** — ``gated``: two weights ``g`` and ``u``, written as ``gelu_tanh(x·gᵀ) · (x·uᵀ)``
-  (a Gemma MLP's gate and up projections).
+* **epilogue** — ``"gelu_gate"``: two weights ``g`` and ``u``, written as ``gelu_tanh(x·gᵀ) · (x·uᵀ)``
+  (a Gemma MLP's gate and up projections); ``"glu"``: one weight of ``2n`` rows, written as
+  ``a · sigmoid(b)`` of its two halves; ``"silu"``: ``silu(x·wᵀ)``; ``"residual"``: ``base + f · (x·wᵀ)``
+  (a sublayer's residual add, ``f`` ½ for a Conformer's half-step feed-forward).
 
 Each warp computes one output column's dot products for every row, reading the contiguous weight
 row 16 bytes per lane; for a long input (the MLP's down projection) :attr:`RowProductShape.split`
@@ -39,8 +43,19 @@ import mlx.nn as nn
 
 from .numerics import custom_kernel
 
-Prologue = Literal["none", "norm", "residual_norm"]
-PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm")
+Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "conv_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "conv_norm")
+Epilogue = Literal["none", "gelu_gate", "glu", "silu", "residual"]
+EPILOGUES: tuple[Epilogue, ...] = ("none", "gelu_gate", "glu", "silu", "residual")  # the kernels' EPILOGUE codes
+# The inputs each prologue and epilogue reads besides the rows and the weights, in call order.
+PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
+    "none": (),
+    "norm": ("norm_scale",),
+    "residual_norm": ("norm_scale", "residual", "residual_scale"),
+    "layer_norm": ("norm_scale", "norm_bias"),
+    "conv_norm": ("norm_scale", "norm_bias", "depthwise"),
+}
+EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"residual": ("base",)}
 
 # Warps (simdgroups) per block; each computes one output column (or a slice of its sum: split).
 WARPS = 8
@@ -53,26 +68,49 @@ SHARED_BYTES = 32 * 1024
 @dataclass(frozen=True)
 class RowProductShape:
     """What one kernel instance computes: ``rows`` rows of ``width`` inputs into ``outputs`` columns per
-    weight (two weights and one output when ``gated``)."""
+    weight (``"gelu_gate"``: two weights, one output; ``"glu"``: one weight, half its rows out). A
+    ``"conv_norm"`` prologue reads a window of ``taps`` rows for its one row; ``"residual"`` adds ``factor``
+    times the product to its base."""
 
     rows: int
     width: int
     outputs: tuple[int, ...]
     prologue: Prologue
-    gated: bool
+    epilogue: Epilogue = "none"
+    taps: int = 0
+    factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.prologue not in PROLOGUES:
             raise ValueError(f"prologue must be one of {PROLOGUES}, not {self.prologue!r}")
-        if not 1 <= len(self.outputs) <= 3 or (self.gated and len(self.outputs) != 2):
-            raise ValueError(f"one to three weights (two when gated), not {len(self.outputs)}")
-        if self.gated and self.outputs[0] != self.outputs[1]:
+        if self.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, not {self.epilogue!r}")
+        weights = {"gelu_gate": 2, "glu": 1, "silu": 1, "residual": 1}.get(self.epilogue)
+        if not 1 <= len(self.outputs) <= 3 or (weights is not None and len(self.outputs) != weights):
+            raise ValueError(f"{self.epilogue} takes {weights or 'one to three'} weights, not {len(self.outputs)}")
+        if self.epilogue == "gelu_gate" and self.outputs[0] != self.outputs[1]:
             raise ValueError(f"gate and up weights differ in size: {self.outputs}")
+        if self.epilogue == "glu" and self.outputs[0] % 2:
+            raise ValueError(f"a GLU weight needs an even number of rows, not {self.outputs[0]}")
+        if (self.prologue == "conv_norm") != (self.taps > 0) or (self.taps and self.rows != 1):
+            raise ValueError("a conv_norm prologue makes one row from a window of taps > 0 rows")
 
     @property
     def columns(self) -> int:
         """Output columns the warps share out."""
-        return self.outputs[0] if self.gated else sum(self.outputs)
+        if self.epilogue == "gelu_gate":
+            return self.outputs[0]
+        return self.outputs[0] // 2 if self.epilogue == "glu" else sum(self.outputs)
+
+    @property
+    def output_widths(self) -> tuple[int, ...]:
+        """The width of each output (before the ``hidden`` rows of a ``"residual_norm"`` prologue)."""
+        return (self.columns,) if self.epilogue in ("gelu_gate", "glu") else self.outputs
+
+    @property
+    def input_rows(self) -> int:
+        """Rows of the input ``x``: the window for ``"conv_norm"``, else ``rows``."""
+        return self.taps if self.prologue == "conv_norm" else self.rows
 
     @property
     def split(self) -> int:
@@ -83,49 +121,73 @@ class RowProductShape:
         return next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 4 * 32)
 
 
-def _gelu_tanh_ops(x: mx.array) -> mx.array:
-    return nn.gelu_approx(x)
-
-
 def row_product_ops(
     x: mx.array,
     weights: tuple[mx.array, ...],
     norm_scale: mx.array | None = None,
     residual: mx.array | None = None,
     residual_scale: mx.array | None = None,
+    norm_bias: mx.array | None = None,
+    depthwise: mx.array | None = None,
+    base: mx.array | None = None,
     *,
     eps: float = 1e-6,
-    gated: bool = False,
+    epilogue: Epilogue = "none",
+    factor: float = 1.0,
 ) -> tuple[mx.array, ...]:
     """The reference's operations for :class:`RowProduct` (its fallback).
 
-    ``x`` (rows, width) float32; ``weights`` each (n, width); ``norm_scale`` applies an RMS norm first
-    (``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x`` before it).
-    Returns one output per weight (one for ``gated``), then the summed rows when a residual was added.
+    ``x`` (rows, width) float32 — for a depthwise convolution, the window ``(taps, width)`` it convolves
+    (``depthwise`` ``(width, taps, 1)``) before a layer norm and SiLU; ``weights`` each (n, width), or a
+    pointwise convolution's ``(n, 1, width)``; ``norm_scale`` applies an RMS norm first (a layer norm with
+    ``norm_bias``; ``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x``
+    before it). Returns one output per weight (one for a gate or GLU), then the summed rows when a
+    residual was added.
     """
     hidden = None
-    if residual is not None:
+    if depthwise is not None:
+        assert norm_scale is not None and norm_bias is not None
+        convolved = mx.conv1d(mx.expand_dims(x, 0), depthwise, groups=x.shape[-1])[0]
+        x = nn.silu(mx.fast.layer_norm(convolved, norm_scale, norm_bias, eps))
+    elif residual is not None:
         assert residual_scale is not None and norm_scale is not None
         hidden = x + mx.fast.rms_norm(residual, residual_scale, eps)
-        x = hidden
-    if norm_scale is not None:
+        x = mx.fast.rms_norm(hidden, norm_scale, eps)
+    elif norm_bias is not None:
+        x = mx.fast.layer_norm(x, norm_scale, norm_bias, eps)
+    elif norm_scale is not None:
         x = mx.fast.rms_norm(x, norm_scale, eps)
-    products = [x @ weight.T for weight in weights]
-    outputs = [_gelu_tanh_ops(products[0]) * products[1]] if gated else products
+    products = [x @ (weight if weight.ndim == 2 else weight.reshape(weight.shape[0], -1)).T for weight in weights]
+    if epilogue == "gelu_gate":
+        outputs = [_gelu_tanh_ops(products[0]) * products[1]]
+    elif epilogue == "glu":
+        outputs = [nn.glu(products[0], axis=-1)]
+    elif epilogue == "silu":
+        outputs = [nn.silu(products[0])]
+    elif epilogue == "residual":
+        assert base is not None
+        outputs = [base + factor * products[0]]
+    else:
+        outputs = products
     return (*outputs, hidden) if hidden is not None else tuple(outputs)
+
+
+def _gelu_tanh_ops(x: mx.array) -> mx.array:
+    return nn.gelu_approx(x)
 
 
 # --------------------------------------------------------------------------- CUDA
 
-# Sum of squares of SOURCE(r, i) per row into inv[r] = rsqrt(mean + eps), every thread of the block taking part.
-_CUDA_INVERSE_RMS = """
+# A sum over the row of TERM (of v = SOURCE(r, i)) per row into TARGET[r] = FINISH(total), every thread of
+# the block taking part.
+_CUDA_ROW_SUM = """
     {
         float sums[ROWS];
         for (int r = 0; r < ROWS; ++r) sums[r] = 0.0f;
         for (int i = threadIdx.x; i < K; i += WARPS * 32) {
             for (int r = 0; r < ROWS; ++r) {
                 const float v = @SOURCE@;
-                sums[r] += v * v;
+                sums[r] += @TERM@;
             }
         }
         for (int r = 0; r < ROWS; ++r) {
@@ -136,43 +198,93 @@ _CUDA_INVERSE_RMS = """
         if (threadIdx.x < ROWS) {
             float total = 0.0f;
             for (int w = 0; w < WARPS; ++w) total += partial[w][threadIdx.x];
-            @TARGET@[threadIdx.x] = rsqrtf(total / K + params[0]);
+            @TARGET@[threadIdx.x] = @FINISH@;
         }
         __syncthreads();
     }
 """
 
-_CUDA_PROLOGUES = {
-    "none": "",
-    "norm": _CUDA_INVERSE_RMS.replace("@SOURCE@", "x[r * K + i]").replace("@TARGET@", "inverse")
-    + """
-    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+
+def _row_sum(template: str, source: str, term: str, target: str, finish: str) -> str:
+    replaced = template.replace("@SOURCE@", source).replace("@TERM@", term)
+    return replaced.replace("@TARGET@", target).replace("@FINISH@", finish)
+
+
+def _prologues(row_sum: str, loop: str, barrier: str, rsqrt: str, exp: str, first_block: str) -> dict[str, str]:
+    """Each prologue's source for one backend: ``loop`` strides a thread over a row's K inputs (as ``i``),
+    ``barrier`` syncs the block, ``first_block`` is true in one block (which writes ``hidden``)."""
+
+    def total(source: str, term: str, target: str, finish: str) -> str:
+        return _row_sum(row_sum, source, term, target, finish)
+
+    inverse_rms = f"{rsqrt}(total / K + params[0])"
+    # Mean, then the inverse deviation about it, of SOURCE's rows (a layer norm's two passes).
+    layer_stats = total("@ROWS@[r * K + i]", "v", "mean", "total / K") + total(
+        "@ROWS@[r * K + i] - mean[r]", "v * v", "inverse", inverse_rms
+    )
+    layer_apply = f"""
+    {loop} {{
+        const float s = static_cast<float>(norm_scale[i]);
+        const float b = static_cast<float>(norm_bias[i]);
+        for (int r = 0; r < ROWS; ++r) {{
+            const float z = s * ((@ROWS@[r * K + i] - mean[r]) * inverse[r]) + b;
+            rows[r * K + i] = @ACTIVATE@;
+        }}
+    }}
+    {barrier}
+"""
+    return {
+        "none": "",
+        "norm": total("x[r * K + i]", "v * v", "inverse", inverse_rms)
+        + f"""
+    {loop} {{
         const float s = static_cast<float>(norm_scale[i]);
         for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (x[r * K + i] * inverse[r]);
-    }
-    __syncthreads();
+    }}
+    {barrier}
 """,
-    "residual_norm": _CUDA_INVERSE_RMS.replace("@SOURCE@", "residual[r * K + i]").replace("@TARGET@", "inverse_r")
-    + """
-    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+        "residual_norm": total("residual[r * K + i]", "v * v", "inverse_r", inverse_rms)
+        + f"""
+    {loop} {{
         const float s = static_cast<float>(residual_scale[i]);
-        for (int r = 0; r < ROWS; ++r) {
+        for (int r = 0; r < ROWS; ++r) {{
             const float h = x[r * K + i] + s * (residual[r * K + i] * inverse_r[r]);
             rows[r * K + i] = h;
-            if (blockIdx.x == 0) hidden[r * K + i] = h;
-        }
-    }
-    __syncthreads();
+            if ({first_block}) hidden[r * K + i] = h;
+        }}
+    }}
+    {barrier}
 """
-    + _CUDA_INVERSE_RMS.replace("@SOURCE@", "rows[r * K + i]").replace("@TARGET@", "inverse")
-    + """
-    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+        + total("rows[r * K + i]", "v * v", "inverse", inverse_rms)
+        + f"""
+    {loop} {{
         const float s = static_cast<float>(norm_scale[i]);
         for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (rows[r * K + i] * inverse[r]);
-    }
-    __syncthreads();
+    }}
+    {barrier}
 """,
-}
+        "layer_norm": (layer_stats + layer_apply).replace("@ROWS@", "x").replace("@ACTIVATE@", "z"),
+        # One row (ROWS is 1): the depthwise convolution of the TAPS-row window x, then layer norm and SiLU.
+        "conv_norm": f"""
+    {loop} {{
+        float c = 0.0f;
+        for (int t = 0; t < TAPS; ++t) c += x[t * K + i] * static_cast<float>(depthwise[i * TAPS + t]);
+        rows[i] = c;
+    }}
+    {barrier}
+"""
+        + (layer_stats + layer_apply).replace("@ROWS@", "rows").replace("@ACTIVATE@", f"z / (1.0f + {exp}(-z))"),
+    }
+
+
+_CUDA_PROLOGUES = _prologues(
+    _CUDA_ROW_SUM,
+    "for (int i = threadIdx.x; i < K; i += WARPS * 32)",
+    "__syncthreads();",
+    "rsqrtf",
+    "expf",
+    "blockIdx.x == 0",
+)
 
 # Eight weights of one row from ``pointer`` (16 bytes of bf16, 32 of float32) into ``w``.
 _CUDA_LOAD = {
@@ -195,10 +307,12 @@ _CUDA_LOAD = {
 
 _CUDA_BODY = """
     constexpr int CHUNKS = K / 8;
-    constexpr int STREAMS = GATED ? 2 : 1;  // weight rows a warp reads together (gated: gate and up)
+    // Weight rows a warp reads together: a gate's gate and up rows, a GLU's two halves.
+    constexpr int STREAMS = (EPILOGUE == 1 || EPILOGUE == 2) ? 2 : 1;
     constexpr int GROUPS = WARPS / SPLIT;  // columns per block; SPLIT warps share each column's sum
     constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     __shared__ float partial[WARPS][ROWS];
+    __shared__ float mean[ROWS];
     __shared__ float inverse[ROWS];
     __shared__ float inverse_r[ROWS];
     __shared__ float slices[WARPS][STREAMS][ROWS];
@@ -211,9 +325,12 @@ _CUDA_BODY = """
     const bool active = column < COLUMNS;
     const int row_of = active ? column : 0;
     const WT* sources[STREAMS];
-    if (GATED) {
+    if (EPILOGUE == 1) {
         sources[0] = w0 + static_cast<size_t>(row_of) * K;
         sources[STREAMS - 1] = @W1@ + static_cast<size_t>(row_of) * K;
+    } else if (EPILOGUE == 2) {
+        sources[0] = w0 + static_cast<size_t>(row_of) * K;
+        sources[STREAMS - 1] = w0 + static_cast<size_t>(row_of + COLUMNS) * K;
     } else if (row_of < N0) {
         sources[0] = w0 + static_cast<size_t>(row_of) * K;
     } else if (row_of < N0 + N1) {
@@ -257,12 +374,17 @@ _CUDA_BODY = """
             total[s] = 0.0f;
             for (int k = 0; k < SPLIT; ++k) total[s] += slices[warp + k * GROUPS][s][r];
         }
-        if (GATED) {
+        if (EPILOGUE == 1) {
             const float g = total[0];
             const float inner = params[1] * (g + 0.044715f * (g * g * g));
-            y0[r * N0 + column] = (0.5f * g * (1.0f + tanhf(inner))) * total[STREAMS - 1];
+            y0[r * COLUMNS + column] = (0.5f * g * (1.0f + tanhf(inner))) * total[STREAMS - 1];
+        } else if (EPILOGUE == 2) {
+            y0[r * COLUMNS + column] = total[0] * (1.0f / (1.0f + expf(-total[STREAMS - 1])));
         } else if (column < N0) {
-            y0[r * N0 + column] = total[0];
+            float value = total[0];
+            if (EPILOGUE == 3) value = value / (1.0f + expf(-value));
+            if (EPILOGUE == 4) value = @BASE@[r * N0 + column] + params[2] * value;
+            y0[r * N0 + column] = value;
         } else if (column < N0 + N1) {
             @Y1@[r * N1 + column - N0] = total[0];
         } else {
@@ -273,14 +395,14 @@ _CUDA_BODY = """
 
 # --------------------------------------------------------------------------- Metal
 
-_METAL_INVERSE_RMS = """
+_METAL_ROW_SUM = """
     {
         float sums[ROWS];
         for (int r = 0; r < ROWS; ++r) sums[r] = 0.0f;
         for (uint i = local; i < K; i += WARPS * 32) {
             for (int r = 0; r < ROWS; ++r) {
                 const float v = @SOURCE@;
-                sums[r] += v * v;
+                sums[r] += @TERM@;
             }
         }
         for (int r = 0; r < ROWS; ++r) {
@@ -291,50 +413,28 @@ _METAL_INVERSE_RMS = """
         if (local < ROWS) {
             float total = 0.0f;
             for (int w = 0; w < WARPS; ++w) total += partial[w * ROWS + local];
-            @TARGET@[local] = metal::rsqrt(total / K + params[0]);
+            @TARGET@[local] = @FINISH@;
         }
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
 """
 
-_METAL_PROLOGUES = {
-    "none": "",
-    "norm": _METAL_INVERSE_RMS.replace("@SOURCE@", "x[r * K + i]").replace("@TARGET@", "inverse")
-    + """
-    for (uint i = local; i < K; i += WARPS * 32) {
-        const float s = static_cast<float>(norm_scale[i]);
-        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (x[r * K + i] * inverse[r]);
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-""",
-    "residual_norm": _METAL_INVERSE_RMS.replace("@SOURCE@", "residual[r * K + i]").replace("@TARGET@", "inverse_r")
-    + """
-    for (uint i = local; i < K; i += WARPS * 32) {
-        const float s = static_cast<float>(residual_scale[i]);
-        for (int r = 0; r < ROWS; ++r) {
-            const float h = x[r * K + i] + s * (residual[r * K + i] * inverse_r[r]);
-            rows[r * K + i] = h;
-            if (block == 0) hidden[r * K + i] = h;
-        }
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-"""
-    + _METAL_INVERSE_RMS.replace("@SOURCE@", "rows[r * K + i]").replace("@TARGET@", "inverse")
-    + """
-    for (uint i = local; i < K; i += WARPS * 32) {
-        const float s = static_cast<float>(norm_scale[i]);
-        for (int r = 0; r < ROWS; ++r) rows[r * K + i] = s * (rows[r * K + i] * inverse[r]);
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-""",
-}
+_METAL_PROLOGUES = _prologues(
+    _METAL_ROW_SUM,
+    "for (uint i = local; i < K; i += WARPS * 32)",
+    "threadgroup_barrier(metal::mem_flags::mem_threadgroup);",
+    "metal::rsqrt",
+    "metal::precise::exp",
+    "block == 0",
+)
 
 _METAL_BODY = """
     constexpr int CHUNKS = K / 8;
-    constexpr int STREAMS = GATED ? 2 : 1;
+    constexpr int STREAMS = (EPILOGUE == 1 || EPILOGUE == 2) ? 2 : 1;
     constexpr int GROUPS = WARPS / SPLIT;
     constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     threadgroup float partial[WARPS * ROWS];
+    threadgroup float mean[ROWS];
     threadgroup float inverse[ROWS];
     threadgroup float inverse_r[ROWS];
     threadgroup float slices[WARPS * STREAMS * ROWS];
@@ -350,10 +450,10 @@ _METAL_BODY = """
     const int row_of = active ? column : 0;
     size_t offsets[STREAMS];
     const device WT* gate_or_only;
-    if (GATED) {
+    if (EPILOGUE == 1 || EPILOGUE == 2) {
         gate_or_only = w0;
         offsets[0] = size_t(row_of) * K;
-        offsets[STREAMS - 1] = size_t(row_of) * K;
+        offsets[STREAMS - 1] = size_t(EPILOGUE == 2 ? row_of + COLUMNS : row_of) * K;
     } else if (row_of < N0) {
         gate_or_only = w0;
         offsets[0] = size_t(row_of) * K;
@@ -376,7 +476,7 @@ _METAL_BODY = """
                 for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
             }
             for (int s = 0; s < STREAMS; ++s) {
-                const device WT* weights = s == 0 ? gate_or_only : @W1@;
+                const device WT* weights = s == 0 ? gate_or_only : @SECOND@;
                 for (int e = 0; e < 8; ++e) {
                     const float w = static_cast<float>(weights[offsets[s] + c * 8 + e]);
                     for (int r = 0; r < ROWS; ++r) acc[s][r] += in[r][e] * w;
@@ -398,12 +498,17 @@ _METAL_BODY = """
             total[s] = 0.0f;
             for (int k = 0; k < SPLIT; ++k) total[s] += slices[((warp + k * GROUPS) * STREAMS + s) * ROWS + r];
         }
-        if (GATED) {
+        if (EPILOGUE == 1) {
             const float g = total[0];
             const float inner = params[1] * (g + 0.044715f * (g * g * g));
-            y0[r * N0 + column] = (0.5f * g * (1.0f + metal::precise::tanh(inner))) * total[STREAMS - 1];
+            y0[r * COLUMNS + column] = (0.5f * g * (1.0f + metal::precise::tanh(inner))) * total[STREAMS - 1];
+        } else if (EPILOGUE == 2) {
+            y0[r * COLUMNS + column] = total[0] * (1.0f / (1.0f + metal::precise::exp(-total[STREAMS - 1])));
         } else if (column < N0) {
-            y0[r * N0 + column] = total[0];
+            float value = total[0];
+            if (EPILOGUE == 3) value = value / (1.0f + metal::precise::exp(-value));
+            if (EPILOGUE == 4) value = @BASE@[r * N0 + column] + params[2] * value;
+            y0[r * N0 + column] = value;
         } else if (column < N0 + N1) {
             @Y1@[r * N1 + column - N0] = total[0];
         } else {
@@ -418,14 +523,17 @@ def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight
     weights = len(shape.outputs)
     shared = "threadgroup" if metal else "__shared__"
     uses_rows = shape.prologue != "none"
+    single = shape.epilogue in ("gelu_gate", "glu")  # one output
     source = (
         body.replace("@PROLOGUE@", prologues[shape.prologue])
         .replace("@ROWS_MEMORY@", f"{shared} float rows[ROWS * K];" if uses_rows else "")
         .replace("@INPUT@", "rows" if uses_rows else "x")
         .replace("@W1@", "w1" if weights > 1 else "w0")
         .replace("@W2@", "w2" if weights > 2 else "w0")
-        .replace("@Y1@", "y1" if weights > 1 and not shape.gated else "y0")
+        .replace("@SECOND@", "w1" if shape.epilogue == "gelu_gate" else "w0")
+        .replace("@Y1@", "y1" if weights > 1 and not single else "y0")
         .replace("@Y2@", "y2" if weights > 2 else "y0")
+        .replace("@BASE@", "base" if shape.epilogue == "residual" else "y0")
     )
     if not metal:
         source = source.replace("@LOAD@", _CUDA_LOAD[weight_dtype])
@@ -457,13 +565,14 @@ class RowProduct:
         self._weight_dtype = weight_dtype
         self._scale_dtype = scale_dtype
         weights = [f"w{index}" for index in range(len(shape.outputs))]
-        extra = {"none": [], "norm": ["norm_scale"], "residual_norm": ["norm_scale", "residual", "residual_scale"]}
-        self._inputs = ["x", *weights, *extra[shape.prologue], "params"]
-        outputs = ["y0"] if shape.gated else [f"y{index}" for index in range(len(shape.outputs))]
+        extra = [*PROLOGUE_INPUTS[shape.prologue], *EPILOGUE_INPUTS.get(shape.epilogue, ())]
+        self._inputs = ["x", *weights, *extra, "params"]
+        outputs = [f"y{index}" for index in range(len(shape.output_widths))]
         self._outputs = [*outputs, "hidden"] if shape.prologue == "residual_norm" else outputs
+        epilogue = "" if shape.epilogue == "none" else f"_{shape.epilogue}"
         self._kernel = custom_kernel(
             backend,
-            f"parley_row_product_{shape.prologue}{'_gated' if shape.gated else ''}_{len(shape.outputs)}",
+            f"parley_row_product_{shape.prologue}{epilogue}_{len(shape.outputs)}",
             self._inputs,
             self._outputs,
             cuda=_source(_CUDA_BODY, _CUDA_PROLOGUES, shape, weight_dtype, metal=False),
@@ -478,19 +587,23 @@ class RowProduct:
         norm_scale: mx.array | None = None,
         residual: mx.array | None = None,
         residual_scale: mx.array | None = None,
+        norm_bias: mx.array | None = None,
+        depthwise: mx.array | None = None,
+        base: mx.array | None = None,
         *,
         eps: float = 1e-6,
     ) -> tuple[mx.array, ...]:
-        """:func:`row_product_ops`'s computation (``gated`` is the shape's)."""
+        """:func:`row_product_ops`'s computation (the epilogue and its factor are the shape's)."""
         shape = self.shape
         if eps not in self._params:
             # The gelu's sqrt(2/π) as the reference's float32 constant (``math.sqrt(2 / math.pi)`` rounded once).
-            self._params[eps] = mx.array([eps, math.sqrt(2 / math.pi)], dtype=mx.float32)
+            self._params[eps] = mx.array([eps, math.sqrt(2 / math.pi), shape.factor], dtype=mx.float32)
         named: dict[str, Any] = {"x": x, "params": self._params[eps], "norm_scale": norm_scale}
-        named.update({"residual": residual, "residual_scale": residual_scale})
+        named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
+        named.update({"depthwise": depthwise, "base": base})
         named.update({f"w{index}": weight for index, weight in enumerate(weights)})
         sizes = [*shape.outputs, 0, 0][:3]
-        out_shapes = [(shape.rows, size) for size in (shape.outputs[:1] if shape.gated else shape.outputs)]
+        out_shapes = [(shape.rows, size) for size in shape.output_widths]
         if shape.prologue == "residual_norm":
             out_shapes.append((shape.rows, shape.width))
         blocks = -(-shape.columns // (self.warps // shape.split))
@@ -504,7 +617,8 @@ class RowProduct:
                 ("N2", sizes[2]),
                 ("COLUMNS", shape.columns),
                 ("SPLIT", shape.split),
-                ("GATED", int(shape.gated)),
+                ("EPILOGUE", EPILOGUES.index(shape.epilogue)),
+                ("TAPS", max(shape.taps, 1)),
                 ("WARPS", self.warps),
                 ("WT", self._weight_dtype),
                 ("ST", self._scale_dtype),
@@ -518,17 +632,26 @@ class RowProduct:
 
 
 def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> tuple[Any, ...]:
-    """Random inputs for admitting a :class:`RowProduct` against :func:`row_product_ops`."""
-    keys = mx.random.split(mx.random.key(61), 6)
-    x = mx.random.normal((shape.rows, shape.width), key=keys[0])
+    """Random inputs for admitting a :class:`RowProduct` against :func:`row_product_ops` (in its call order)."""
+    keys = mx.random.split(mx.random.key(61), 8)
+    x = mx.random.normal((shape.input_rows, shape.width), key=keys[0])
     weights = tuple(
         (mx.random.normal((size, shape.width), key=key) / math.sqrt(shape.width)).astype(weight_dtype)
         for size, key in zip(shape.outputs, mx.random.split(keys[1], len(shape.outputs)), strict=True)
     )
-    norm_scale = residual = residual_scale = None
-    if shape.prologue != "none":
-        norm_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[2])).astype(scale_dtype)
-    if shape.prologue == "residual_norm":
-        residual = 3.0 * mx.random.normal((shape.rows, shape.width), key=keys[3])
-        residual_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[4])).astype(scale_dtype)
-    return (x, weights, norm_scale, residual, residual_scale)
+    named: dict[str, mx.array] = {}
+    inputs = PROLOGUE_INPUTS[shape.prologue]
+    if "norm_scale" in inputs:
+        named["norm_scale"] = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[2])).astype(scale_dtype)
+    if "residual" in inputs:
+        named["residual"] = 3.0 * mx.random.normal((shape.rows, shape.width), key=keys[3])
+        named["residual_scale"] = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[4])).astype(scale_dtype)
+    if "norm_bias" in inputs:
+        named["norm_bias"] = (0.1 * mx.random.normal((shape.width,), key=keys[5])).astype(scale_dtype)
+    if "depthwise" in inputs:
+        taps = mx.random.normal((shape.width, shape.taps, 1), key=keys[6]) / math.sqrt(shape.taps)
+        named["depthwise"] = taps.astype(scale_dtype)
+    if shape.epilogue == "residual":
+        named["base"] = mx.random.normal((shape.rows, shape.columns), key=keys[7])
+    order = ("norm_scale", "residual", "residual_scale", "norm_bias", "depthwise", "base")
+    return (x, weights, *(named.get(name) for name in order))

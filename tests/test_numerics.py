@@ -24,10 +24,9 @@ from engine.numerics import (
     apply_numerics,
     check_numerics,
     custom_kernel,
-    encoder_row_linears,
+    encoder_row_projections,
     relative_l2,
     row_product_weights,
-    use_encoder_row_products,
 )
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
@@ -123,16 +122,14 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
     assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
     conformers = [m for _, m in fast.model.named_modules() if isinstance(m, ConformerLayer)]
-    row_linears = [linear for layer in conformers for linear in layer.row_linears()]
-    assert row_linears and all(
-        linear.row_weight is not None and linear.row_weight.weight is linear.weight for linear in row_linears
-    )
+    assert conformers and all(layer.rows is not None and layer.row_weights is not None for layer in conformers)
+    assert all(layer.row_weights.output is layer.self_attn.linear_out.weight for layer in conformers), "no copies"
     head = fast.model.tts_model.tts_model.mog_head
     assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
     apply_numerics(fast.model, "exact")
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
-    assert all(linear.row_weight is None for linear in row_linears)
+    assert all(layer.rows is None and layer.row_weights is None for layer in conformers)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
 
@@ -259,13 +256,15 @@ def test_mixture_row_fallbacks_are_the_exact_head() -> None:
     assert all(mx.array_equal(a, b).item() for a, b in zip(*draws, strict=True))
 
 
-def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
-    """On a GPU fast mode gives the encoder's one-row projections row products that read bf16 copies of
-    the precast float32 weights. Here (the fallback's operations) the stream they give is the exact one,
-    bit for bit — the copies hold the checkpoint's bf16 values — and a frame reads the copies, priced at
-    two bytes a weight, instead of the float32 weights."""
+def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU fast mode runs the encoder's streaming layers as row products reading bf16 copies of the
+    precast float32 weights, and caches projected keys and values instead of the attention inputs. Here
+    (the fallbacks' operations, made to read the copies as a GPU's kernels would) the stream stays within
+    float32 rounding of exact mode's, and a steady frame reads the copies, priced at two bytes a weight,
+    once each — the keys' and values' too, where exact mode projects the whole window."""
     from collections import Counter
 
+    import engine.numerics
     from app.bench import bench_input, count_frames
     from engine.counters import COPY_MARK, WeightUse, full_size_prices
 
@@ -273,12 +272,13 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
     model = voicechat.model
     mx.eval(model.parameters())
     perception = model.stt_model.perception
-    audio = mx.array(bench_input(6))
+    frames = 74  # past the 71-frame window: the steady program too
+    audio = mx.array(bench_input(frames))
     frame = perception.frame_samples
 
     def stream() -> list[mx.array]:
         cache = perception.make_cache()
-        outputs = [perception.step(cache, audio[index * frame : (index + 1) * frame])[1] for index in range(6)]
+        outputs = [perception.step(cache, audio[index * frame : (index + 1) * frame])[1] for index in range(frames)]
         mx.eval(outputs)
         return outputs
 
@@ -290,24 +290,76 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16() -> None:
         return uses
 
     exact, exact_reads = stream(), reads()
-    assert not use_encoder_row_products(model, mx.bfloat16), "the CPU has no kernels, only the fallbacks"
-    linears = encoder_row_linears(model)
-    assert len(linears) == 6 * len(perception.encoder.layers)
-    assert all(linear.row_weight.weight.dtype == mx.bfloat16 for linear in linears)
+    monkeypatch.setattr(engine.numerics, "_kernel_weight_dtype", lambda projections, on_gpu: mx.bfloat16)
+    changes = apply_numerics(model, "fast")
+    assert not changes["encoder_row_products"], "the CPU has no kernels, only the fallbacks"
+    layers = [module for _, module in model.named_modules() if isinstance(module, ConformerLayer)]
+    assert all(layer.row_weights is not None and layer.row_weights.pointwise1.dtype == mx.bfloat16 for layer in layers)
+    assert len(encoder_row_projections(model)) == 10 * len(layers)
     fast, fast_reads = stream(), reads()
-    assert all(mx.array_equal(a, b).item() for a, b in zip(exact, fast, strict=True))
+    assert all(relative_l2(b, a) < 1e-6 for a, b in zip(exact, fast, strict=True))
 
-    name = "stt_model.perception.encoder.layers.0.feed_forward1.linear1.weight"
     prices = full_size_prices(model, 4)
+    prefix = "stt_model.perception.encoder.layers.0"
+    name = f"{prefix}.feed_forward1.linear1.weight"
     assert prices[name].nbytes == 2 * prices[f"{name}{COPY_MARK}"].nbytes == 1024 * 4096 * 4
     assert exact_reads[WeightUse(name, "whole")] == fast_reads[WeightUse(f"{name}{COPY_MARK}", "whole")] > 0
-    assert WeightUse(name, "whole") not in fast_reads and WeightUse(f"{name}{COPY_MARK}", "whole") not in exact_reads
+    for projection in ("self_attn.linear_k", "conv.pointwise_conv1", "conv.pointwise_conv2"):
+        weight = f"{prefix}.{projection}.weight"
+        assert WeightUse(weight, "whole") not in fast_reads
+        assert fast_reads[WeightUse(f"{weight}{COPY_MARK}", "whole")] > 0
+    stacked = WeightUse(f"{prefix}.self_attn.stacked", "whole")  # the CPU stacks k and v in exact mode
+    assert exact_reads[stacked] > 0 and stacked not in fast_reads
     encoder = perception.encoder
     assert any(key[2] is not None for key in encoder._stream_programs), "the counted frames ran compiled"
     apply_numerics(model, "exact")  # releases the copies and the programs holding them
-    assert all(linear.row_weight is None and linear.copied is None for linear in linears)
+    assert all(module.copied is None for module in encoder_row_projections(model))
     assert not any(key[2] is not None for key in encoder._stream_programs)
     assert all(mx.array_equal(a, b).item() for a, b in zip(exact, stream(), strict=True))
+
+
+def test_every_row_product_source_is_complete() -> None:
+    """Each shape fast mode builds gets a CUDA and a Metal source with every placeholder filled (the kernels
+    only compile on a GPU; this catches a template slip here), and shapes the kernel cannot do are refused."""
+    from engine.row_product import _CUDA_BODY, _CUDA_PROLOGUES, _METAL_BODY, _METAL_PROLOGUES, RowProductShape, _source
+
+    shapes = [
+        RowProductShape(2, 64, (64, 64, 64), "residual_norm"),
+        RowProductShape(2, 64, (128, 128), "norm", "gelu_gate"),
+        RowProductShape(1, 64, (256,), "layer_norm", "silu"),
+        RowProductShape(1, 256, (64,), "none", "residual", factor=0.5),
+        RowProductShape(1, 64, (128,), "layer_norm", "glu"),
+        RowProductShape(1, 64, (64,), "conv_norm", "residual", taps=9),
+    ]
+    for shape in shapes:
+        for body, prologues, metal in ((_CUDA_BODY, _CUDA_PROLOGUES, False), (_METAL_BODY, _METAL_PROLOGUES, True)):
+            source = _source(body, prologues, shape, mx.bfloat16, metal)
+            assert "@" not in source, (shape, metal)
+    assert RowProductShape(1, 64, (128,), "layer_norm", "glu").output_widths == (64,)
+    for bad in (
+        {"outputs": (64, 64), "epilogue": "silu"},
+        {"outputs": (63,), "epilogue": "glu"},
+        {"outputs": (64,), "prologue": "conv_norm"},
+        {"outputs": (64,), "taps": 9},
+    ):
+        with pytest.raises(ValueError):
+            RowProductShape(**{"rows": 1, "width": 64, "prologue": "none", **bad})  # type: ignore[arg-type]
+
+
+def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
+    """Fast numerics caches projected keys and values where exact mode caches the attention inputs: a
+    cache filled in one mode cannot continue in the other (the app starts a new session on a switch)."""
+    voicechat = random_voicechat("tiny", quantize=4)
+    perception = voicechat.model.stt_model.perception
+    audio = mx.zeros((perception.frame_samples,))
+    for first, second in (("exact", "fast"), ("fast", "exact")):
+        apply_numerics(voicechat.model, first)  # type: ignore[arg-type]
+        cache = perception.make_cache()
+        for _ in range(3):
+            perception.step(cache, audio)
+        apply_numerics(voicechat.model, second)  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="filled in the other numerics mode"):
+            perception.step(cache, audio)
 
 
 def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> None:
@@ -329,7 +381,7 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> Non
     assert names and all(fast_weights[name].dtype == mx.bfloat16 for name in names)
     assert all(exact_weights[name].dtype == mx.float32 for name in names)
     assert fast.precast_bytes == exact.precast_bytes - sum(fast_weights[name].nbytes for name in names)
-    assert all(linear.copied is None for linear in encoder_row_linears(fast.model)), "nothing to copy back"
+    assert all(module.copied is None for module in encoder_row_projections(fast.model)), "nothing to copy back"
 
     def conversation(voicechat: object) -> tuple[list[int], list[int], np.ndarray]:
         session = Session(voicechat, seed=0)
@@ -486,12 +538,13 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             module.fast_attention = counted("encoder attention", module.fast_attention)
             layers["encoder attention"] += 1
         elif isinstance(module, ConformerLayer):
-            for linear in module.row_linears():
-                assert linear.row_weight is not None
-                linear.row_weight = dataclasses.replace(
-                    linear.row_weight, product=counted("encoder rows", linear.row_weight.product)
-                )
-            layers["encoder rows"] += len(module.row_linears())
+            assert module.rows is not None
+            names = ("feed_forward_up", "feed_forward_down", "qkv", "output", "convolution_in", "convolution_out")
+            module.rows = dataclasses.replace(
+                module.rows, **{name: counted(f"encoder {name}", getattr(module.rows, name)) for name in names}
+            )
+            for name in names:
+                layers[f"encoder {name}"] += 2 if name.startswith("feed_forward") else 1
         elif isinstance(module, BackboneLayer):
             assert module.rows is not None
             names = ("first_qkv", "qkv", "output", "gate_up", "down")

@@ -266,11 +266,15 @@ def _device_frame(
     return update, symbols
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["exact", "fast-rows"])
 @pytest.mark.parametrize("max_symbols", [1, 2, 5])
-def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int) -> None:
-    """A short unrolled first pass, then (when it all emitted) the rest unrolled and read back: same as rnnt_step."""
+def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int, rows: bool) -> None:
+    """A short unrolled first pass, then (when it all emitted) the rest unrolled and read back: same as rnnt_step.
+    Fast numerics' loop on rows (no kernel of its own: the same operations, the cell update left to fuse on a
+    GPU) gives the same tokens and LSTM states, bit for bit, on the CPU."""
     host_predictor, joint = _modules(seed=4)  # frames that end at once and frames that run to the cap
     device_predictor, _ = _modules(seed=4)
+    device_predictor.fast_rows = rows
     frames = _frames(40, seed=11)
     host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
     continued = finished_on_device = 0
@@ -330,3 +334,27 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
         attempts = next_first_pass(symbols, max_symbols)
     assert used == {UNROLLED_ATTEMPTS, max_symbols}  # both passes were exercised
     assert 0 < len(readbacks) < busy_frames
+
+
+def test_fast_rows_loop_keeps_the_state_of_the_last_emission() -> None:
+    """Fast numerics' greedy loop on rows against exact mode's unrolled loop, on a joint that the prediction
+    network steers (so frames also stop after one to four emissions, with the state of the last emission
+    kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU."""
+    exact_predictor, joint = _modules(seed=29)
+    rows_predictor, _ = _modules(seed=29)
+    rows_predictor.fast_rows = True
+    joint.pred.weight = joint.pred.weight * 10.0
+    frames = _frames(30, seed=11)
+    exact, rows = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    stopped_early = 0
+    for index in range(30):
+        frame = frames[:, index : index + 1]
+        _, symbols = _device_frame(exact_predictor, joint, exact, frame, 5, 5, [])
+        _, rows_symbols = _device_frame(rows_predictor, joint, rows, frame, 5, 5, [])
+        assert rows_symbols == symbols, f"frame {index}"
+        assert (rows.tokens, rows.last_token) == (exact.tokens, exact.last_token)
+        if exact.hidden is not None:
+            assert rows.hidden is not None
+            assert all(mx.array_equal(a, b).item() for a, b in zip(rows.hidden, exact.hidden, strict=True))
+        stopped_early += 0 < sum(symbol >= 0 for symbol in symbols) < 5
+    assert stopped_early >= 3

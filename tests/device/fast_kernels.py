@@ -109,17 +109,21 @@ def main() -> None:
         f"{queued_us(copy_one, (single,)):.1f} us queued"
     )
     for shape in (
-        RowProductShape(2, 1152, (1152, 1152, 1152), "norm", gated=False),
-        RowProductShape(2, 1152, (1152, 1152, 1152), "residual_norm", gated=False),
-        RowProductShape(2, 1152, (1152,), "none", gated=False),
-        RowProductShape(2, 1152, (4608, 4608), "residual_norm", gated=True),
-        RowProductShape(2, 4608, (1152,), "none", gated=False),
-        RowProductShape(1, 1024, (4096,), "none", gated=False),
-        RowProductShape(1, 4096, (1024,), "none", gated=False),
-        RowProductShape(1, 1024, (1024,), "none", gated=False),
+        RowProductShape(2, 1152, (1152, 1152, 1152), "norm"),
+        RowProductShape(2, 1152, (1152, 1152, 1152), "residual_norm"),
+        RowProductShape(2, 1152, (1152,), "none"),
+        RowProductShape(2, 1152, (4608, 4608), "residual_norm", "gelu_gate"),
+        RowProductShape(2, 4608, (1152,), "none"),
+        # The encoder layer's six (engine.numerics._conformer_row_parts).
+        RowProductShape(1, 1024, (4096,), "layer_norm", "silu"),
+        RowProductShape(1, 4096, (1024,), "none", "residual", factor=0.5),
+        RowProductShape(1, 1024, (1024, 1024, 1024), "layer_norm"),
+        RowProductShape(1, 1024, (1024,), "none", "residual"),
+        RowProductShape(1, 1024, (2048,), "layer_norm", "glu"),
+        RowProductShape(1, 1024, (1024,), "conv_norm", "residual", taps=9),
     ):
         product = functools.partial(RowProduct(backend, shape, mx.bfloat16, mx.bfloat16), eps=1e-6)
-        fallback = functools.partial(row_product_ops, eps=1e-6, gated=shape.gated)
+        fallback = functools.partial(row_product_ops, eps=1e-6, epilogue=shape.epilogue, factor=shape.factor)
         inputs = row_product_samples(shape, mx.bfloat16, mx.bfloat16)
         float32_inputs = (inputs[0], tuple(weight.astype(mx.float32) for weight in inputs[1]), *inputs[2:])
         mx.eval(inputs, float32_inputs)
