@@ -18,6 +18,7 @@ and kept like the view; the census names it ``<parameter>%``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -92,6 +93,14 @@ class Linear(KeepsCopy, nn.Linear):
             return mx.addmm(self["bias"], x, self.weight_t())
         return x @ self.weight_t()
 
+    def to_quantized(
+        self, group_size: int | None = None, bits: int | None = None, mode: str = "affine", quantize_input: bool = False
+    ) -> nn.Module:
+        """What ``nn.quantize`` puts in this projection's place: :class:`QuantizedLinear` (the same as MLX's)."""
+        if quantize_input:
+            return super().to_quantized(group_size, bits, mode, quantize_input)
+        return QuantizedLinear.from_linear(self, group_size, bits, mode)
+
     def weight_views(self) -> dict[str, mx.array]:
         """The prepared view and the copy, named for :func:`engine.counters.named_weights`."""
         views = self.copy_views()
@@ -99,6 +108,20 @@ class Linear(KeepsCopy, nn.Linear):
         if prepared is not None and prepared.source is self["weight"]:
             views[TRANSPOSED] = prepared.view
         return views
+
+
+class QuantizedLinear(nn.QuantizedLinear):
+    """``nn.QuantizedLinear`` (same parameters, same arithmetic); fast numerics may give it a kernel for a
+    single float32 row (:mod:`engine.quantized_product`), called with the packed weight, scales and biases."""
+
+    fast_row: Callable[..., mx.array] | None = None  # an instance attribute once set, outside the parameters
+
+    def __call__(self, x: mx.array) -> mx.array:
+        fast = self.fast_row
+        if fast is None or x.dtype != mx.float32 or x.size != x.shape[-1]:
+            return super().__call__(x)
+        y = fast(x.reshape(1, -1), self["weight"], self["scales"], self["biases"]).reshape(*x.shape[:-1], -1)
+        return y + self["bias"] if "bias" in self else y
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

@@ -26,7 +26,7 @@ import mlx.nn as nn
 from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
-from .linear import Linear
+from .linear import Linear, QuantizedLinear
 from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -330,13 +330,26 @@ class NemotronH(nn.Module):
     # ----------------------------------------------------------------- compiled single-position step
 
     @property
-    def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
-        """The compiled pieces for the Mamba step in use: a program's trace holds the step it was traced
-        with, so a model switched between numerics modes keeps one set of programs per step."""
+    def _fast_parts(self) -> tuple[Any, Any]:
+        """The fast parts a step's programs are traced with: the Mamba step and the quantized row product
+        (engine.numerics gives every mixer and every quantized projection of one shape the same ones)."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
-        if step not in self._segment_sets:
-            self._segment_sets[step] = self._build_segments()
-        return self._segment_sets[step]
+        projection = self._first_quantized
+        return step, None if projection is None else projection.fast_row
+
+    @functools.cached_property
+    def _first_quantized(self) -> QuantizedLinear | None:
+        """The first quantized projection (after loading: the checkpoint decides which are quantized)."""
+        return next((module for module in self.modules() if isinstance(module, QuantizedLinear)), None)
+
+    @property
+    def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
+        """The compiled pieces for the fast parts in use: a program's trace holds the parts it was traced
+        with, so a model switched between numerics modes keeps one set of programs per mode."""
+        parts = self._fast_parts
+        if parts not in self._segment_sets:
+            self._segment_sets[parts] = self._build_segments()
+        return self._segment_sets[parts]
 
     @functools.cached_property
     def _first_mixer(self) -> Mamba2Mixer | None:
@@ -420,14 +433,15 @@ class NemotronH(nn.Module):
 
     def _attention_residual(self, index: int) -> Callable[[mx.array, mx.array], mx.array]:
         programs = self._residual_programs
-        if index not in programs:
+        key = (index, self._fast_parts)
+        if key not in programs:
             mixer = self.layers[index].mixer
             assert isinstance(mixer, CausalSelfAttention)
-            programs[index] = jit(lambda hidden, attended: hidden + mixer.output(attended))
-        return programs[index]
+            programs[key] = jit(lambda hidden, attended: hidden + mixer.output(attended))
+        return programs[key]
 
     @functools.cached_property
-    def _residual_programs(self) -> dict[int, Callable[[mx.array, mx.array], mx.array]]:
+    def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], mx.array]]:
         # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
         return {}
 

@@ -71,16 +71,21 @@ class DuplexSTT(nn.Module):
         return row
 
     def choose(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
-        """Greedy text and function ids (1,) from the last position of ``hidden``."""
-        return self._compiled_choose(hidden)
+        """Greedy text and function ids (1,) from the last position of ``hidden``: one program per fast part of
+        the heads (a trace holds the part it was traced with)."""
+        part = getattr(self.lm_head, "fast_row", None)
+        programs = self._compiled_choose
+        if part not in programs:
+            programs[part] = jit(self._choose)
+        return programs[part](hidden)
 
     def _choose(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         last = hidden[:, -1]
         return mx.argmax(self.lm_head(last), axis=-1), mx.argmax(self.function_head(last), axis=-1)
 
     @functools.cached_property
-    def _compiled_choose(self) -> Callable[[mx.array], tuple[mx.array, mx.array]]:
-        return jit(self._choose)
+    def _compiled_choose(self) -> dict[Any, Callable[[mx.array], tuple[mx.array, mx.array]]]:
+        return {}  # in the instance __dict__, outside the parameter tree
 
     @functools.cached_property
     def _embedding_memo(self) -> dict[int, mx.array]:

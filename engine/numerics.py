@@ -245,7 +245,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         relative_attention_samples,
     )
     from .encoder import ConformerLayer, ConformerRowParts, FastConformer, RelativePositionAttention, attend_relative
-    from .linear import KeepsCopy
+    from .linear import KeepsCopy, QuantizedLinear
     from .llm import Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .rnnt import RNNTPredictor
@@ -371,6 +371,14 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             elif isinstance(module, FastConformer | EarTTS):
                 module.forget_row_programs()
 
+    quantized = [module for module in modules if isinstance(module, QuantizedLinear)]
+    every_row = bool(quantized)
+    for module in quantized:
+        module.fast_row, used = _quantized_row_part(module) if fast else (None, False)
+        every_row = every_row and used
+    if fast and quantized:
+        changes["quantized_rows"] = every_row
+
     for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
         predictor.fast_rows = fast  # operations, no kernel: the same on every device
 
@@ -421,6 +429,30 @@ def _row_product_part(
         # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
         # kernel, which does not, is held to a float32 reference computed on the CPU.
         reference_device=mx.cpu,
+    )
+
+
+def _quantized_row_part(module: Any) -> tuple[Callable[..., Any] | None, bool]:
+    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`): the kernel
+    where admitted, else MLX's own operation (the fallback; None for a layout the kernel does not read)."""
+    import functools
+
+    from .quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
+
+    if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
+        return None, False
+    outputs, words = module.weight.shape
+    try:
+        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size)
+    except ValueError:
+        return None, False
+    scale_dtype = module.scales.dtype
+    return _fast_part(
+        ("quantized_row", shape, scale_dtype),
+        f"{shape.bits}-bit {shape.width}→{shape.outputs} row product",
+        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits),
+        functools.partial(QuantizedRowProduct, shape=shape),
+        functools.partial(quantized_row_samples, shape, scale_dtype),
     )
 
 

@@ -18,6 +18,7 @@ from app.drift import measure_drift
 from engine.cache import KVCache, SlidingKVCache
 from engine.decode_attention import decode_attention_ops, norm_rope_ops
 from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative
+from engine.linear import QuantizedLinear
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.numerics import (
     admit_kernel,
@@ -106,6 +107,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "encoder_row_products": False,
         "tts_row_products": False,
         "mog_row_products": False,
+        "quantized_rows": False,
         "residual_vq": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -553,6 +555,11 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             )
             for name in ("qkv", "output", "gate_up", "down"):
                 layers[f"tts {name}"] += 1
+        elif isinstance(module, QuantizedLinear):
+            module.fast_row, layers["quantized row"] = (
+                counted("quantized row", module.fast_row),
+                layers["quantized row"] + 1,
+            )
         elif isinstance(module, EarTTS):
             module.nearest_code = counted("residual vq", module.nearest_code)
             layers["residual vq"] = module.config.num_quantizers

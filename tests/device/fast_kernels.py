@@ -4,15 +4,18 @@ Run on the device (never in CI; the CPU has no kernels): ``python3 tests/device/
 Full-size shapes: the TTS backbone's 16 heads of 72 at batch 2 over 300, 2,000 and 7,500 cached
 positions, one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks), and the backbone
 layer's row products (two rows of 1,152, q/k/v 3 × 1,152, MLP 4,608) and the encoder's (one row of 1,024,
-feed-forward 4,096) reading bf16 weights, checked against
+feed-forward 4,096; its six sublayers) reading bf16 weights, checked against
 the CPU's float32 operations (beside MLX's own GPU products, which take reduced-precision inputs) and
-timed against MLX's operations on the float32 copies exact mode reads.
+timed against MLX's operations on the float32 copies exact mode reads. Then the LLM's quantized one-row
+products (4 and 8 bits, group 64) against MLX's ``quantized_matmul``, timed over distinct weights (more
+than the GPU's 50 MB L2 cache holds), with the bandwidth each reaches.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,7 @@ from engine.decode_attention import (
     norm_rope_samples,
 )
 from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
+from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
@@ -61,6 +65,9 @@ def main() -> None:
     print("backend", backend)
     if backend is None:
         raise SystemExit("no GPU kernels on this device")
+    if sys.argv[1:] == ["quantized"]:
+        quantized_rows(backend)
+        return
     model = random_voicechat("structure", quantize=4, numerics="fast")
     print("fast changes in use on the structure model:", model.fast_changes)
 
@@ -147,6 +154,39 @@ def main() -> None:
             print(
                 f"  kernel, {warps} warps per block (bf16 weights): {error:.1e}, "
                 f"{synced:.1f} us with its sync, {queued:.1f} us queued"
+            )
+    quantized_rows(backend)
+
+
+def quantized_rows(backend: str) -> None:
+    """The LLM's quantized products for one row: admitted or not, and time and bandwidth per call, queued as a
+    frame queues them, over distinct weights so that the L2 cache does not serve them."""
+    for bits in (4, 8):
+        for width, outputs_ in ((4480, 18560), (8192, 4480), (4480, 15680), (15680, 4480), (4480, 131072)):
+            shape = QuantizedRowShape(width, outputs_, bits, 64)
+            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits)
+            kernel = QuantizedRowProduct(backend, shape)
+            samples = [quantized_row_samples(shape, mx.bfloat16)]
+            copies = max(2, 400_000_000 // (width * outputs_ * bits // 8))
+            x = samples[0][0]
+            samples += [(x, *quantized_row_samples(shape, mx.bfloat16)[1:]) for _ in range(1, copies)]
+            mx.eval(samples)
+            admitted = admit_kernel("quantized row", kernel, fallback, samples[0])
+            error = relative_l2(kernel(*samples[0]), fallback(*samples[0]))
+            nbytes = sum(array.nbytes for array in samples[0][1:])
+            timings = []
+            for function in (kernel, fallback):
+                for _ in range(3):
+                    mx.eval([function(*inputs) for inputs in samples])
+                started = time.perf_counter()
+                rounds = max(1, 200 // copies)
+                for _ in range(rounds):
+                    mx.eval([function(*inputs) for inputs in samples])
+                timings.append((time.perf_counter() - started) / (rounds * copies) * 1e6)
+            print(
+                f"quantized row {bits}-bit {width}->{outputs_}: admitted {admitted}, relative L2 to MLX {error:.1e}; "
+                f"kernel {timings[0]:.1f} us ({nbytes / timings[0] / 1e3:.0f} GB/s), MLX {timings[1]:.1f} us "
+                f"({nbytes / timings[1] / 1e3:.0f} GB/s) per call, queued over {copies} distinct weights"
             )
 
 

@@ -68,6 +68,8 @@ for arg in "$@"; do
       done 2>&1 | tee "$OUT/fastlong.log" ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
+    # Only the LLM's quantized one-row products against MLX's, with their bandwidth.
+    quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)
