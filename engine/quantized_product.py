@@ -4,9 +4,11 @@ The LLM's projections are stored at 4 or 8 bits (MLX's affine layout: ``uint32``
 ``32 / bits`` values, lowest bits first, and a scale ``s`` and bias ``b`` per group of
 ``group_size`` inputs, so a weight is ``s·q + b``). A streaming frame multiplies one row by each
 of them: 122 products reading 5.55 GB at 4 bits, most of the LLM's time. On the H200 MLX's CUDA
-kernel for that product read about 0.4 TB/s within a frame (``language.llm`` 13.4 ms of
-``parley bench --sub-stages``); this kernel gives each output column a warp whose lanes read 16
-bytes of packed weights at a time, the whole weight streaming through many warps at once.
+kernel for that product reads about 0.3-0.45 TB/s (``python3 tests/device/fast_kernels.py quantized``).
+Here a warp computes :data:`COLUMNS` output columns, reading each 16-byte chunk of the float32 input row
+once for all of them (the inputs are eight times the bytes of 4-bit weights: read once per column, as a
+first version of this kernel did, they held it to 0.13 TB/s), and warps share the columns of a short row,
+each summing a slice of it, so that the whole weight streams through many warps at once.
 
 Arithmetic: per group, ``s · Σ x·q + b · Σ x`` in float32 (the form MLX's kernels use), summed over
 the groups in another order: relative L2 about 1e-7 from :func:`quantized_row_ops`, MLX's own
@@ -26,8 +28,10 @@ import mlx.core as mx
 
 from .numerics import custom_kernel
 
-# Warps per block, each computing one output column.
+# Warps per block; a warp computes COLUMNS output columns (over a slice of the row, see split), reading
+# each chunk of the input row once for all of them.
 WARPS = 8
+COLUMNS = 8
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
 
@@ -65,36 +69,78 @@ def quantized_row_ops(
 
 _CUDA = """
     constexpr int PER_WORD = 32 / BITS;
-    constexpr int PER_CHUNK = 4 * PER_WORD;
+    constexpr int PER_CHUNK = 4 * PER_WORD;  // values in one 16-byte read, all in one group
     constexpr int CHUNKS = K / PER_CHUNK;
     constexpr int GROUPS = K / GROUP;
+    constexpr int COLUMN_SETS = WARPS / SPLIT;  // sets of COLUMNS columns per block; SPLIT warps share each
+    constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     constexpr unsigned int MASK = (1u << BITS) - 1u;
+    __shared__ float partial[WARPS][COLUMNS];
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int column = blockIdx.x * WARPS + warp;
-    if (column >= N) return;
-    const uint4* packed = reinterpret_cast<const uint4*>(weight) + static_cast<size_t>(column) * CHUNKS;
-    const size_t group_row = static_cast<size_t>(column) * GROUPS;
-    float acc = 0.0f;
-#pragma unroll 2
-    for (int c = lane; c < CHUNKS; c += 32) {
-        const uint4 chunk = packed[c];
-        const unsigned int words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+    const int set = warp % COLUMN_SETS;
+    const int slice = warp / COLUMN_SETS;
+    const int first_column = (blockIdx.x * COLUMN_SETS + set) * COLUMNS;
+    const uint4* packed = reinterpret_cast<const uint4*>(weight);
+    // An array may start anywhere in its buffer: 16-byte reads only from a 16-byte boundary.
+    const bool aligned = reinterpret_cast<unsigned long long>(x) % 16 == 0;
+    const bool weights_aligned = reinterpret_cast<unsigned long long>(weight) % 16 == 0;
+    float acc[COLUMNS];
+    for (int r = 0; r < COLUMNS; ++r) acc[r] = 0.0f;
+    const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
+    for (int c = slice * PER_SLICE + lane; c < end; c += 32) {
+        // The chunk's inputs, read once and used for every column of the set.
         const int first = c * PER_CHUNK;
-        float dot = 0.0f;
-        float total = 0.0f;
-        for (int j = 0; j < 4; ++j) {
-            for (int e = 0; e < PER_WORD; ++e) {
-                const float value = static_cast<float>(x[first + j * PER_WORD + e]);
-                dot += value * static_cast<float>((words[j] >> (e * BITS)) & MASK);
-                total += value;
+        float inputs[PER_CHUNK];
+        if (aligned) {
+            const float4* source = reinterpret_cast<const float4*>(x + first);
+            for (int v = 0; v < PER_CHUNK / 4; ++v) {
+                const float4 four = source[v];
+                inputs[4 * v] = four.x;
+                inputs[4 * v + 1] = four.y;
+                inputs[4 * v + 2] = four.z;
+                inputs[4 * v + 3] = four.w;
             }
+        } else {
+            for (int e = 0; e < PER_CHUNK; ++e) inputs[e] = x[first + e];
         }
-        const size_t group = group_row + first / GROUP;
-        acc += static_cast<float>(scales[group]) * dot + static_cast<float>(biases[group]) * total;
+        float total = 0.0f;
+        for (int e = 0; e < PER_CHUNK; ++e) total += inputs[e];
+        const int group = first / GROUP;
+        for (int r = 0; r < COLUMNS; ++r) {
+            const int column = first_column + r;
+            if (column >= N) break;
+            const size_t at_chunk = static_cast<size_t>(column) * CHUNKS + c;
+            unsigned int words[4];
+            if (weights_aligned) {
+                const uint4 chunk = packed[at_chunk];
+                words[0] = chunk.x;
+                words[1] = chunk.y;
+                words[2] = chunk.z;
+                words[3] = chunk.w;
+            } else {
+                for (int j = 0; j < 4; ++j) words[j] = weight[4 * at_chunk + j];
+            }
+            float dot = 0.0f;
+            for (int j = 0; j < 4; ++j) {
+                for (int e = 0; e < PER_WORD; ++e) {
+                    dot += inputs[j * PER_WORD + e] * static_cast<float>((words[j] >> (e * BITS)) & MASK);
+                }
+            }
+            const size_t at = static_cast<size_t>(column) * GROUPS + group;
+            acc[r] += static_cast<float>(scales[at]) * dot + static_cast<float>(biases[at]) * total;
+        }
     }
-    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffff, acc, offset);
-    if (lane == 0) y[column] = acc;
+    for (int r = 0; r < COLUMNS; ++r) {
+        for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffff, acc[r], offset);
+        if (lane == 0) partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (slice == 0 && lane < COLUMNS && first_column + lane < N) {
+        float sum = 0.0f;
+        for (int k = 0; k < SPLIT; ++k) sum += partial[set + k * COLUMN_SETS][lane];
+        y[first_column + lane] = sum;
+    }
 """
 
 
@@ -105,6 +151,10 @@ class QuantizedRowProduct:
         if backend != "cuda":
             raise ValueError("MLX's own kernel serves quantized rows on Metal")
         self.shape = shape
+        chunks = shape.width // shape.chunk_values
+        # Warps sharing a set of columns, each summing a slice of the row: enough that every lane of a
+        # slice has a chunk to read, and the short rows still spread over many warps.
+        self.split = next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 32)
         self._kernel = custom_kernel(
             backend,
             f"parley_quantized_row_{shape.bits}bit",
@@ -116,7 +166,8 @@ class QuantizedRowProduct:
 
     def __call__(self, x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
         shape = self.shape
-        blocks = -(-shape.outputs // WARPS)
+        per_block = COLUMNS * WARPS // self.split
+        blocks = -(-shape.outputs // per_block)
         (y,) = self._kernel(
             inputs=[x, weight, scales, biases],
             template=[
@@ -124,6 +175,8 @@ class QuantizedRowProduct:
                 ("N", shape.outputs),
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
+                ("COLUMNS", COLUMNS),
+                ("SPLIT", self.split),
                 ("WARPS", WARPS),
             ],
             grid=(blocks * WARPS * 32, 1, 1),
