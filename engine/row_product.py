@@ -343,12 +343,23 @@ _CUDA_BODY = """
         for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
     }
     const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
+    // The rows' start (an input view may start anywhere; threadgroup rows are aligned): 16-byte reads from a boundary.
+    const bool inputs_aligned = reinterpret_cast<unsigned long long>(@INPUT@) % 16 == 0;
     if (active) {
 #pragma unroll 4
         for (int c = slice * PER_SLICE + lane; c < end; c += 32) {
             float in[ROWS][8];
             for (int r = 0; r < ROWS; ++r) {
-                for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
+                const float* from = @INPUT@ + r * K + c * 8;
+                if (inputs_aligned) {
+                    // Two 16-byte reads, not eight 4-byte ones (which threadgroup memory serves eight ways apart).
+                    const float4 low = reinterpret_cast<const float4*>(from)[0];
+                    const float4 high = reinterpret_cast<const float4*>(from)[1];
+                    in[r][0] = low.x; in[r][1] = low.y; in[r][2] = low.z; in[r][3] = low.w;
+                    in[r][4] = high.x; in[r][5] = high.y; in[r][6] = high.z; in[r][7] = high.w;
+                } else {
+                    for (int e = 0; e < 8; ++e) in[r][e] = from[e];
+                }
             }
             for (int s = 0; s < STREAMS; ++s) {
                 const WT* pointer = sources[s] + c * 8;
@@ -521,7 +532,7 @@ _METAL_BODY = """
 def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight_dtype: mx.Dtype, metal: bool) -> str:
     """The kernel source for ``shape``: unused weights and outputs point at the first ones (never reached)."""
     weights = len(shape.outputs)
-    shared = "threadgroup" if metal else "__shared__"
+    shared = "threadgroup" if metal else "__shared__ __align__(16)"
     uses_rows = shape.prologue != "none"
     single = shape.epilogue in ("gelu_gate", "glu")  # one output
     source = (
