@@ -39,16 +39,30 @@ and the log says why. The changes:
   quantizer as one kernel. This one is bit-identical to the operations (the same roundings,
   ties to the lowest index) and is admitted only if it is.
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
-  or two rows through a dense projection, with the RMS norm before it, the previous sublayer's
-  post-norm and residual add, and the MLP's ``gelu(gate)·up``, in one kernel that reads the
-  checkpoint's bf16 weight (as stored, or a copy of the precast float32 one in a model switched
-  to fast: every bf16 value is exact in float32, so nothing is lost) and sums in float32. Used for the TTS backbone's
-  sublayers (q/k/v, output, gate·up, down: 4 launches a layer), the MoG head's MLP layers and
-  the encoder's one-row projections (feed-forward, query, output). Fallback:
-  :func:`engine.row_product.row_product_ops`, the reference's operations. MLX's CUDA backend
-  multiplies several float32 rows with reduced-precision (TF32) inputs, so these kernels are
-  admitted against a float32 reference computed on the CPU, and on a GPU they run only where
-  every kernel of their network was admitted.
+  or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
+  (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
+  add, and after it the MLP's ``gelu(gate)·up``, a GLU, a SiLU or a residual add — in one kernel
+  that reads the checkpoint's bf16 weight (as stored, or a copy of the precast float32 one in a
+  model switched to fast: every bf16 value is exact in float32, so nothing is lost) and sums in
+  float32. Used for the TTS backbone's sublayers (q/k/v, output, gate·up, down: 4 launches a
+  layer), the MoG head's MLP layers, and the encoder's streaming layer
+  (:meth:`engine.encoder.ConformerLayer.stream_rows`: six launches, the attention kernel and the
+  output norm, where exact mode runs about thirty operations). The encoder then projects each
+  frame's key and value once, as it arrives, and caches them projected, where exact mode caches
+  the attention inputs and projects the whole 71-frame window every frame (on CUDA with TF32
+  inputs, being several rows). Fallback: :func:`engine.row_product.row_product_ops`, the reference's
+  operations. MLX's CUDA backend multiplies several float32 rows with reduced-precision (TF32)
+  inputs, so these kernels are admitted against a float32 reference computed on the CPU, and on a
+  GPU they run only where every kernel of their network was admitted.
+* **The LLM's quantized projections for one row** (:class:`engine.quantized_product.QuantizedRowProduct`,
+  CUDA only): ``s · Σ x·q + b · Σ x`` per group in float32, as MLX's kernels compute it, with the
+  groups summed in another order. Fallback and reference: MLX's ``quantized_matmul``, which
+  Metal keeps (its kernel there already reads at the memory's bandwidth).
+* **The RN-T greedy loop on rows** (no kernel of its own): the same operations as exact mode's
+  unrolled loop, with the frame's encoder projection made once instead of at every attempt, the
+  LSTM state kept per layer, and the cell update's two products left to fuse (exact mode stores
+  them apart, :func:`engine.jit.materialize`). On the CPU it is exact mode's, bit for bit; on a
+  GPU the fused multiply-add rounds once where the reference rounds twice.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
@@ -70,7 +84,7 @@ codes parted from exact within 24–36 frames — and the speaking phase got slo
 Memory: a model loaded for fast numerics keeps the weights its row products read as stored, in
 bf16 (:func:`row_product_weights`; :mod:`engine.precast` does not cast them), 2.2 GB less at
 full size than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
-(:meth:`engine.linear.Linear.weight_in`) and holds them beside its float32 weights until it
+(:meth:`engine.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
 switches back to exact, which releases them (:func:`apply_numerics`).
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
@@ -224,9 +238,10 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
     Fast mode gives each Mamba-2 mixer the fused step, the TTS backbone's and the encoder's
     attention their single-position kernels (and the TTS its query and key heads kernel), the
-    TTS backbone, the MoG head's MLP and the encoder's one-row projections row products, and the
-    MaskGIT rounds the residual-VQ kernel: each the kernel where it matched its fallback on this
-    device, else the fallback (operations; always so on the CPU).
+    TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the LLM's
+    quantized projections their one-row kernel, the MaskGIT rounds the residual-VQ kernel, and the
+    RN-T its loop on rows: each the kernel where it matched its fallback on this device, else the
+    fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
     ``release``, lets them go with the compiled programs that hold them (a switch back to fast
