@@ -112,7 +112,8 @@ class Linear(KeepsCopy, nn.Linear):
 
 class QuantizedLinear(nn.QuantizedLinear):
     """``nn.QuantizedLinear`` (same parameters, same arithmetic); fast numerics may give it a kernel for a
-    single float32 row (:mod:`engine.quantized_product`), called with the packed weight, scales and biases."""
+    single float32 row (:mod:`engine.quantized_product`), called with the row in its own shape (no views:
+    each costs host time) and the packed weight, scales and biases."""
 
     fast_row: Callable[..., mx.array] | None = None  # an instance attribute once set, outside the parameters
 
@@ -120,7 +121,7 @@ class QuantizedLinear(nn.QuantizedLinear):
         fast = self.fast_row
         if fast is None or x.dtype != mx.float32 or x.size != x.shape[-1]:
             return super().__call__(x)
-        y = fast(x.reshape(1, -1), self["weight"], self["scales"], self["biases"]).reshape(*x.shape[:-1], -1)
+        y = fast(x, self["weight"], self["scales"], self["biases"])
         return y + self["bias"] if "bias" in self else y
 
 

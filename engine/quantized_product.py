@@ -165,6 +165,7 @@ class QuantizedRowProduct:
         )
 
     def __call__(self, x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+        """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape."""
         shape = self.shape
         per_block = COLUMNS * WARPS // self.split
         blocks = -(-shape.outputs // per_block)
@@ -181,7 +182,7 @@ class QuantizedRowProduct:
             ],
             grid=(blocks * WARPS * 32, 1, 1),
             threadgroup=(WARPS * 32, 1, 1),
-            output_shapes=[(1, shape.outputs)],
+            output_shapes=[(*x.shape[:-1], shape.outputs)],
             output_dtypes=[mx.float32],
         )
         return y
