@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 NUMERICS_NOTE = (
-    "Fast uses fused GPU kernels that read bf16 weights: about 1.4× faster on a large GPU; results differ from "
+    "Fast uses fused GPU kernels that read bf16 weights: about 1.5–2× faster on a large GPU; results differ from "
     "the reference in the last digits, so speech, and now and then a word, can come out differently. Exact is "
     "the reference, bit for bit. Switching needs no reload; a new conversation starts."
 )
