@@ -623,10 +623,10 @@ class FastConformer(nn.Module):
         config, left = self.config, self.config.left_context
         if x.shape[0] != 1:
             raise ValueError(f"the stream is one conversation: a batch of 1, got {x.shape[0]}")
-        rows = self.rows_in_use
-        if any(state is not None for state in cache.values) != (rows and cache.attention[0] is not None):
+        row_products = self.rows_in_use
+        if any(state is not None for state in cache.values) != (row_products and cache.attention[0] is not None):
             raise RuntimeError("this stream's encoder cache was filled in the other numerics mode: start a new session")
-        if rows:
+        if row_products:
             return self._stream_rows(cache, x)
         if x.shape[1] != 1 or not compile_enabled():
             rows = x.reshape(-1, config.d_model)
