@@ -19,7 +19,9 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
   While frames keep emitting that much, :func:`next_first_pass` unrolls every attempt in
   the first pass instead, so such a run of frames needs no extra readback either.
   The attempts actually taken run exactly the operations the host loop runs, on the same
-  values, so the tokens are the same.
+  values, so the tokens are the same. Fast numerics unrolls the same attempts on rows
+  (:func:`_greedy_rows`: the frame's encoder projection once, the LSTM state per layer, the
+  cell update left to fuse on a GPU).
 """
 
 from __future__ import annotations
