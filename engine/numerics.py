@@ -447,6 +447,20 @@ def _row_product_part(
     )
 
 
+def _row_product_parts(
+    network: str, shapes: dict[str, Any], weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: dict[str, float]
+) -> tuple[dict[str, Callable[..., Any]], bool]:
+    """:func:`_row_product_part` for each of a network's named ``shapes`` (with its norm's ``eps``); the flag
+    says whether every one is a kernel."""
+    parts: dict[str, Callable[..., Any]] = {}
+    every = True
+    for name, shape in shapes.items():
+        label = f"{network} {name.replace('_', ' ')} row product"
+        parts[name], used = _row_product_part(shape, weight_dtype, scale_dtype, eps[name], label)
+        every = every and used
+    return parts, every
+
+
 def _quantized_row_part(module: Any) -> tuple[Callable[..., Any] | None, bool]:
     """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`): the kernel
     where admitted, else MLX's own operation (the fallback; None for a layout the kernel does not read)."""
@@ -515,13 +529,9 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
         "convolution_in": RowProductShape(rows, width, (2 * width,), "layer_norm", "glu"),
         "convolution_out": RowProductShape(rows, width, (width,), "conv_norm", "residual", taps=taps),
     }
-    parts: dict[str, Callable[..., Any]] = {}
-    every = True
-    for name, shape in shapes.items():
-        eps = conv.batch_norm.eps if name == "convolution_out" else norm.eps
-        label = f"encoder {name.replace('_', ' ')} row product"
-        parts[name], used = _row_product_part(shape, dtype, norm.weight.dtype, eps, label)
-        every = every and used
+    # The convolution module's norm may have an eps of its own.
+    eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
+    parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
     return ConformerRowParts(**parts), every
 
 
@@ -543,13 +553,7 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
         "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
-    parts: dict[str, Callable[..., Any]] = {}
-    every = True
-    for name, shape in shapes.items():
-        parts[name], used = _row_product_part(
-            shape, dtype, scale_dtype, eps, f"TTS {name.replace('_', ' ')} row product"
-        )
-        every = every and used
+    parts, every = _row_product_parts("TTS", shapes, dtype, scale_dtype, dict.fromkeys(shapes, eps))
     return LayerRowParts(rows=rows, **parts), every
 
 
@@ -568,13 +572,8 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
         "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
-    parts: dict[str, Callable[..., Any]] = {}
-    every = True
-    for name, shape in shapes.items():
-        # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
-        label = f"MoG {name.replace('_', ' ')} row product"
-        parts[name], used = _row_product_part(shape, dtype, mx.float32, eps, label)
-        every = every and used
+    # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
+    parts, every = _row_product_parts("MoG", shapes, dtype, mx.float32, dict.fromkeys(shapes, eps))
     return MixtureRowParts(rows=rows, **parts), every
 
 
