@@ -278,7 +278,7 @@ class BackboneLayer(nn.Module):
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> LayerRowWeights:
         """The weights :meth:`step_rows` reads: the projections (as ``weight_dtype`` copies when given,
         which fast mode's kernels read instead of the float32 copies; made once, see
-        :meth:`engine.linear.Linear.weight_in`) and the norms' ``1 + w``."""
+        :meth:`engine.linear.KeepsCopy.weight_in`) and the norms' ``1 + w``."""
         q, k, v, o, gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = LayerRowWeights(
             qkv=(q, k, v),
@@ -480,7 +480,7 @@ class MixtureLayer(nn.Module):
 
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> MixtureRowWeights:
         """The weights the row parts read: the projections (as ``weight_dtype`` copies when given, made
-        once, see :meth:`engine.linear.Linear.weight_in`) and the norms' float32 ``1 + w``."""
+        once, see :meth:`engine.linear.KeepsCopy.weight_in`) and the norms' float32 ``1 + w``."""
         gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = MixtureRowWeights(
             gate_up=(gate, up),
