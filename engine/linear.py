@@ -113,9 +113,15 @@ class Linear(KeepsCopy, nn.Linear):
 class QuantizedLinear(nn.QuantizedLinear):
     """``nn.QuantizedLinear`` (same parameters, same arithmetic); fast numerics may give it a kernel for a
     single float32 row (:mod:`engine.quantized_product`), called with the row in its own shape (no views:
-    each costs host time) and the packed weight, scales and biases."""
+    each costs host time) and the packed weight, scales and biases.
 
-    fast_row: Callable[..., mx.array] | None = None  # an instance attribute once set, outside the parameters
+    Inside one of the LLM's blocks fast numerics also gives it ``fused_row``: the same product with the
+    block's norm before it or its residual add (or squared ReLU) after it, which the block calls through
+    :meth:`fused`."""
+
+    # Instance attributes once set, outside the parameters.
+    fast_row: Callable[..., mx.array] | None = None
+    fused_row: Callable[..., mx.array] | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
         fast = self.fast_row
@@ -123,6 +129,12 @@ class QuantizedLinear(nn.QuantizedLinear):
             return super().__call__(x)
         y = fast(x, self["weight"], self["scales"], self["biases"])
         return y + self["bias"] if "bias" in self else y
+
+    def fused(self, x: mx.array, norm_scale: mx.array | None = None, base: mx.array | None = None) -> mx.array:
+        """One float32 row through ``fused_row`` (given only to projections without a bias): normalized by
+        ``norm_scale`` first, or added to ``base`` after, as the part was made for."""
+        assert self.fused_row is not None
+        return self.fused_row(x, self["weight"], self["scales"], self["biases"], norm_scale, base)
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

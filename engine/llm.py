@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,6 +27,9 @@ from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
 from .linear import Linear, QuantizedLinear
+
+if TYPE_CHECKING:
+    from .quantized_product import Epilogue, Prologue
 from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -139,12 +142,38 @@ class Mamba2Mixer(nn.Module):
     def _takes_fast_step(self, projected: mx.array, cache: MambaCache | None) -> bool:
         """One position of one row with both states from earlier positions, in float32 (the step's types)."""
         return (
-            cache is not None
+            self.steps_fast(cache) and projected.shape[0] == projected.shape[1] == 1 and projected.dtype == mx.float32
+        )
+
+    def steps_fast(self, cache: MambaCache | None) -> bool:
+        """Whether a position's step runs through ``fast_step``: given one, and both states from earlier ones."""
+        return (
+            self.fast_step is not None
+            and cache is not None
             and cache.conv_state is not None
             and cache.ssm_state is not None
-            and projected.shape[0] == projected.shape[1] == 1
-            and projected.dtype == mx.float32
         )
+
+    def _step_fast(self, projected: mx.array, cache: MambaCache) -> mx.array:
+        """One position's projected row through ``fast_step`` (updating both states): the normed readout."""
+        assert self.fast_step is not None and cache.conv_state is not None and cache.ssm_state is not None
+        gated, cache.conv_state, cache.ssm_state = self.fast_step(
+            projected.reshape(-1),
+            cache.conv_state,
+            self.conv1d.weight,
+            self._step_conv_bias,
+            self.dt_bias,
+            self.A_log,
+            self.D,
+            cache.ssm_state,
+            self._step_limits,
+        )
+        return self.norm.normalize(gated.reshape(*projected.shape[:-1], self.inner_size))
+
+    def fused_block(self, x: mx.array, norm_scale: mx.array, cache: MambaCache) -> mx.array:
+        """Fast numerics' whole block for one float32 row (``steps_fast``): the block's norm inside the input
+        projection's kernel, its residual add inside the output projection's."""
+        return self.out_proj.fused(self._step_fast(self.in_proj.fused(x, norm_scale), cache), base=x)
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -161,20 +190,9 @@ class Mamba2Mixer(nn.Module):
     def __call__(self, x: mx.array, cache: MambaCache | None = None) -> mx.array:
         batch, length, _ = x.shape
         projected = self.in_proj(x)
-        if self.fast_step is not None and self._takes_fast_step(projected, cache):
-            assert cache is not None and cache.conv_state is not None and cache.ssm_state is not None
-            gated, cache.conv_state, cache.ssm_state = self.fast_step(
-                projected.reshape(-1),
-                cache.conv_state,
-                self.conv1d.weight,
-                self._step_conv_bias,
-                self.dt_bias,
-                self.A_log,
-                self.D,
-                cache.ssm_state,
-                self._step_limits,
-            )
-            return self.out_proj(self.norm.normalize(gated.reshape(batch, length, self.inner_size)))
+        if self._takes_fast_step(projected, cache):
+            assert cache is not None
+            return self.out_proj(self._step_fast(projected, cache))
         conv_start = self.inner_size
         dt_start = conv_start + self.conv_dim
         gate = projected[..., :conv_start]
@@ -237,8 +255,23 @@ class CausalSelfAttention(nn.Module):
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
     def output(self, attended: mx.array) -> mx.array:
+        return self.o_proj(self._rows(attended))
+
+    def _rows(self, attended: mx.array) -> mx.array:
         batch, _, length, _ = attended.shape
-        return self.o_proj(attended.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+        return attended.transpose(0, 2, 1, 3).reshape(batch, length, -1)
+
+    def project_fused(self, x: mx.array, norm_scale: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`project` of one float32 row with the block's norm inside each projection's kernel."""
+        return (
+            self._heads(self.q_proj.fused(x, norm_scale), self.num_heads),
+            self._heads(self.k_proj.fused(x, norm_scale), self.num_kv_heads),
+            self._heads(self.v_proj.fused(x, norm_scale), self.num_kv_heads),
+        )
+
+    def output_fused(self, attended: mx.array, base: mx.array) -> mx.array:
+        """``base + output(attended)`` for one row, the add inside the output projection's kernel."""
+        return self.o_proj.fused(self._rows(attended), base=base)
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: KVCache | None = None) -> mx.array:
         return self.output(self.attend(*self.project(x), mask, cache))
@@ -265,6 +298,9 @@ class HybridBlock(nn.Module):
             raise ValueError(f"unsupported Nemotron-H block type {kind!r} (expected one of {BLOCK_KINDS})")
         self.kind = kind
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        # Fast numerics: every projection has a fused row (engine.numerics), so a single row runs the block
+        # as its projections' kernels, the norm and the residual add inside them.
+        self.fused_rows = False
         self.mixer: Mamba2Mixer | CausalSelfAttention | ReLU2MLP
         if kind == MAMBA:
             self.mixer = Mamba2Mixer(config)
@@ -273,7 +309,23 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = ReLU2MLP(config)
 
+    def fused_projections(self) -> list[tuple[nn.Module, Prologue, Epilogue]]:
+        """The block's projections, each with the prologue and epilogue (:mod:`engine.quantized_product`)
+        that fold the block's other arithmetic into it: the norm into the first ones, the residual add (and
+        the MLP's squared ReLU) into the others."""
+        mixer = self.mixer
+        if isinstance(mixer, Mamba2Mixer):
+            return [(mixer.in_proj, "rms_norm", "none"), (mixer.out_proj, "none", "residual")]
+        if isinstance(mixer, CausalSelfAttention):
+            first = [(projection, "rms_norm", "none") for projection in (mixer.q_proj, mixer.k_proj, mixer.v_proj)]
+            return [*first, (mixer.o_proj, "none", "residual")]
+        return [(mixer.up_proj, "rms_norm", "relu2"), (mixer.down_proj, "none", "residual")]
+
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
+        if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:
+            fused = self._fused(x, mask, cache)
+            if fused is not None:
+                return fused
         normed = self.norm(x)
         if isinstance(self.mixer, Mamba2Mixer):
             assert cache is None or isinstance(cache, MambaCache)
@@ -284,6 +336,18 @@ class HybridBlock(nn.Module):
         else:
             update = self.mixer(normed)
         return x + update
+
+    def _fused(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array | None:
+        """The block for one float32 row as its projections' fused kernels (None where the Mamba step
+        cannot run yet: the states start with the first call)."""
+        mixer, scale = self.mixer, self.norm.weight
+        if isinstance(mixer, ReLU2MLP):
+            return mixer.down_proj.fused(mixer.up_proj.fused(x, scale), base=x)
+        if isinstance(mixer, Mamba2Mixer):
+            assert cache is None or isinstance(cache, MambaCache)
+            return mixer.fused_block(x, scale, cache) if mixer.steps_fast(cache) else None
+        assert cache is None or isinstance(cache, KVCache)
+        return mixer.output_fused(mixer.attend(*mixer.project_fused(x, scale), mask, cache), x)
 
 
 # --------------------------------------------------------------------------- model
@@ -330,12 +394,14 @@ class NemotronH(nn.Module):
     # ----------------------------------------------------------------- compiled single-position step
 
     @property
-    def _fast_parts(self) -> tuple[Any, Any]:
-        """The fast parts a step's programs are traced with: the Mamba step and the quantized row product
-        (engine.numerics gives every mixer and every quantized projection of one shape the same ones)."""
+    def _fast_parts(self) -> tuple[Any, Any, Any]:
+        """The fast parts a step's programs are traced with: the Mamba step and the quantized row products
+        (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones)."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
         projection = self._first_quantized
-        return step, None if projection is None else projection.fast_row
+        if projection is None:
+            return step, None, None
+        return step, projection.fast_row, projection.fused_row
 
     @functools.cached_property
     def _first_quantized(self) -> QuantizedLinear | None:
@@ -398,6 +464,8 @@ class NemotronH(nn.Module):
     def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
+        if layer.fused_rows:
+            return layer.mixer.project_fused(hidden, layer.norm.weight)
         return layer.mixer.project(layer.norm(hidden))
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
@@ -435,9 +503,13 @@ class NemotronH(nn.Module):
         programs = self._residual_programs
         key = (index, self._fast_parts)
         if key not in programs:
-            mixer = self.layers[index].mixer
+            layer = self.layers[index]
+            mixer = layer.mixer
             assert isinstance(mixer, CausalSelfAttention)
-            programs[key] = jit(lambda hidden, attended: hidden + mixer.output(attended))
+            if layer.fused_rows:
+                programs[key] = jit(lambda hidden, attended: mixer.output_fused(attended, hidden))
+            else:
+                programs[key] = jit(lambda hidden, attended: hidden + mixer.output(attended))
         return programs[key]
 
     @functools.cached_property

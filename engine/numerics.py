@@ -98,9 +98,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import mlx.core as mx
+
+if TYPE_CHECKING:
+    from .quantized_product import Epilogue, Prologue
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -261,7 +264,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     )
     from .encoder import ConformerLayer, ConformerRowParts, FastConformer, RelativePositionAttention, attend_relative
     from .linear import KeepsCopy, QuantizedLinear
-    from .llm import Mamba2Mixer
+    from .llm import HybridBlock, Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
     from .rnnt import RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
@@ -390,7 +393,19 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     every_row = bool(quantized)
     for module in quantized:
         module.fast_row, used = _quantized_row_part(module) if fast else (None, False)
+        module.fused_row = None
         every_row = every_row and used
+    for block in (module for module in modules if isinstance(module, HybridBlock)):
+        # A block runs fused only when every projection of it has its fused part (kernel or operations).
+        fused = block.fused_projections()
+        block.fused_rows = fast and all(
+            isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _, _ in fused
+        )
+        if block.fused_rows:
+            for projection, prologue, epilogue in fused:
+                projection.fused_row, used = _quantized_row_part(projection, prologue, epilogue, block.norm)
+                block.fused_rows = block.fused_rows and projection.fused_row is not None
+                every_row = every_row and used
     if fast and quantized:
         changes["quantized_rows"] = every_row
 
@@ -461,9 +476,13 @@ def _row_product_parts(
     return parts, every
 
 
-def _quantized_row_part(module: Any) -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`): the kernel
-    where admitted, else MLX's own operation (the fallback; None for a layout the kernel does not read)."""
+def _quantized_row_part(
+    module: Any, prologue: Prologue = "none", epilogue: Epilogue = "none", norm: Any = None
+) -> tuple[Callable[..., Any] | None, bool]:
+    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), with the
+    ``prologue`` (the block's ``norm``, an ``nn.RMSNorm``) and ``epilogue`` of its place in a block: the
+    kernel where admitted, else MLX's own operations (the fallback; None for a layout the kernel does not
+    read)."""
     import functools
 
     from .quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
@@ -471,17 +490,20 @@ def _quantized_row_part(module: Any) -> tuple[Callable[..., Any] | None, bool]:
     if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
         return None, False
     outputs, words = module.weight.shape
+    width = words * 32 // module.bits
     try:
-        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size)
+        shape = QuantizedRowShape(width, outputs, module.bits, module.group_size, prologue, epilogue)
     except ValueError:
         return None, False
     scale_dtype = module.scales.dtype
+    norm_dtype, eps = (mx.float32, 0.0) if norm is None else (norm.weight.dtype, norm.eps)
+    roles = "".join(f" {part}" for part in (prologue, epilogue) if part != "none")
     return _fast_part(
-        ("quantized_row", shape, scale_dtype),
-        f"{shape.bits}-bit {shape.width}→{shape.outputs} row product",
-        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits),
-        functools.partial(QuantizedRowProduct, shape=shape),
-        functools.partial(quantized_row_samples, shape, scale_dtype),
+        ("quantized_row", shape, scale_dtype, norm_dtype, eps),
+        f"{shape.bits}-bit {shape.width}→{shape.outputs}{roles} row product",
+        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, eps=eps, epilogue=epilogue),
+        lambda backend: functools.partial(QuantizedRowProduct(backend, shape), eps=eps),
+        functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype),
     )
 
 

@@ -22,11 +22,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .numerics import custom_kernel
+
+Prologue = Literal["none", "rms_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "rms_norm")
+Epilogue = Literal["none", "residual", "relu2"]
+EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
 
 # Warps per block; a warp computes COLUMNS output columns (over a slice of the row, see split), reading
 # each chunk of the input row once for all of them.
@@ -34,19 +40,28 @@ WARPS = 8
 COLUMNS = 8
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
+# Static shared memory a block may use (CUDA's limit without opting in): the normed row must fit.
+CUDA_SHARED_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
 class QuantizedRowShape:
     """One row of ``width`` inputs through an ``outputs × width`` projection quantized to ``bits`` in
-    groups of ``group_size``."""
+    groups of ``group_size``; ``prologue`` ``"rms_norm"`` normalizes the row first (``rms_norm(x) · s``),
+    ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` writes ``max(y, 0)²``."""
 
     width: int
     outputs: int
     bits: int
     group_size: int
+    prologue: Prologue = "none"
+    epilogue: Epilogue = "none"
 
     def __post_init__(self) -> None:
+        if self.prologue not in PROLOGUES or self.epilogue not in EPILOGUES:
+            raise ValueError(f"prologue must be one of {PROLOGUES} and epilogue one of {EPILOGUES}")
+        if self.prologue != "none" and self.width * 4 + 1024 > CUDA_SHARED_BYTES:
+            raise ValueError(f"a normed row of {self.width} does not fit in a block's shared memory")
         if self.bits not in (4, 8):
             raise ValueError(f"the quantized row kernel reads 4 or 8 bits, not {self.bits}")
         if self.group_size % self.chunk_values or self.width % self.group_size:
@@ -61,21 +76,41 @@ class QuantizedRowShape:
 
 
 def quantized_row_ops(
-    x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, *, group_size: int, bits: int
+    x: mx.array,
+    weight: mx.array,
+    scales: mx.array,
+    biases: mx.array,
+    norm_scale: mx.array | None = None,
+    base: mx.array | None = None,
+    *,
+    group_size: int,
+    bits: int,
+    eps: float = 1e-5,
+    epilogue: Epilogue = "none",
 ) -> mx.array:
-    """The reference's operation (the kernel's fallback): ``x @ dequantize(weight).T``."""
-    return mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
+    """The reference's operations (the kernel's fallback): ``x @ dequantize(weight).T``, after
+    ``rms_norm(x, norm_scale)`` when ``norm_scale`` is given, then the ``epilogue`` (``base +`` it, or
+    ``relu2``) — as a block of :mod:`engine.llm` computes them."""
+    if norm_scale is not None:
+        x = mx.fast.rms_norm(x, norm_scale, eps)
+    y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
+    if epilogue == "residual":
+        assert base is not None
+        return base + y
+    return nn.relu2(y) if epilogue == "relu2" else y
 
 
 _CUDA = """
     constexpr int PER_WORD = 32 / BITS;
     constexpr int PER_CHUNK = 4 * PER_WORD;  // values in one 16-byte read, all in one group
+    constexpr int PIECES = PER_CHUNK / 4;  // float4s of input per chunk
     constexpr int CHUNKS = K / PER_CHUNK;
     constexpr int GROUPS = K / GROUP;
     constexpr int COLUMN_SETS = WARPS / SPLIT;  // sets of COLUMNS columns per block; SPLIT warps share each
     constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
     constexpr unsigned int MASK = (1u << BITS) - 1u;
     __shared__ float partial[WARPS][COLUMNS];
+    @NORMED_MEMORY@
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int set = warp % COLUMN_SETS;
@@ -85,6 +120,7 @@ _CUDA = """
     // An array may start anywhere in its buffer: 16-byte reads only from a 16-byte boundary.
     const bool aligned = reinterpret_cast<unsigned long long>(x) % 16 == 0;
     const bool weights_aligned = reinterpret_cast<unsigned long long>(weight) % 16 == 0;
+    @PROLOGUE@
     float acc[COLUMNS];
     for (int r = 0; r < COLUMNS; ++r) acc[r] = 0.0f;
     const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
@@ -92,18 +128,7 @@ _CUDA = """
         // The chunk's inputs, read once and used for every column of the set.
         const int first = c * PER_CHUNK;
         float inputs[PER_CHUNK];
-        if (aligned) {
-            const float4* source = reinterpret_cast<const float4*>(x + first);
-            for (int v = 0; v < PER_CHUNK / 4; ++v) {
-                const float4 four = source[v];
-                inputs[4 * v] = four.x;
-                inputs[4 * v + 1] = four.y;
-                inputs[4 * v + 2] = four.z;
-                inputs[4 * v + 3] = four.w;
-            }
-        } else {
-            for (int e = 0; e < PER_CHUNK; ++e) inputs[e] = x[first + e];
-        }
+        @INPUTS@
         float total = 0.0f;
         for (int e = 0; e < PER_CHUNK; ++e) total += inputs[e];
         const int group = first / GROUP;
@@ -139,9 +164,84 @@ _CUDA = """
     if (slice == 0 && lane < COLUMNS && first_column + lane < N) {
         float sum = 0.0f;
         for (int k = 0; k < SPLIT; ++k) sum += partial[set + k * COLUMN_SETS][lane];
+        @EPILOGUE@
         y[first_column + lane] = sum;
     }
 """
+
+# The chunk's inputs straight from the row (float4 reads where aligned).
+_CUDA_ROW_INPUTS = """
+        if (aligned) {
+            const float4* source = reinterpret_cast<const float4*>(x + first);
+            for (int v = 0; v < PIECES; ++v) {
+                const float4 four = source[v];
+                inputs[4 * v] = four.x;
+                inputs[4 * v + 1] = four.y;
+                inputs[4 * v + 2] = four.z;
+                inputs[4 * v + 3] = four.w;
+            }
+        } else {
+            for (int e = 0; e < PER_CHUNK; ++e) inputs[e] = x[first + e];
+        }
+"""
+
+# The block normalizes the row into shared memory once. A lane reads a whole chunk (PER_CHUNK floats, up to
+# 128 bytes) as float4s: stored in order, the lanes of a quarter warp would meet in the same banks, so each
+# chunk's float4s are stored rotated by the chunk's index.
+_CUDA_NORM = """
+    {
+        float squares = 0.0f;
+        for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+            const float v = x[i];
+            squares += v * v;
+        }
+        for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffff, squares, offset);
+        if (lane == 0) partial[warp][0] = squares;
+        __syncthreads();
+        float total = 0.0f;
+        for (int w = 0; w < WARPS; ++w) total += partial[w][0];
+        const float inverse = rsqrtf(total / K + params[0]);
+        for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+            const int chunk = i / PER_CHUNK;
+            const int piece = ((i % PER_CHUNK) / 4 + chunk) % PIECES;
+            normed[(chunk * PIECES + piece) * 4 + i % 4] = static_cast<float>(norm_scale[i]) * (x[i] * inverse);
+        }
+        __syncthreads();
+    }
+"""
+
+_CUDA_NORMED_INPUTS = """
+        {
+            const float4* source = reinterpret_cast<const float4*>(normed) + c * PIECES;
+            for (int v = 0; v < PIECES; ++v) {
+                const float4 four = source[(v + c) % PIECES];
+                inputs[4 * v] = four.x;
+                inputs[4 * v + 1] = four.y;
+                inputs[4 * v + 2] = four.z;
+                inputs[4 * v + 3] = four.w;
+            }
+        }
+"""
+
+_CUDA_EPILOGUES: dict[Epilogue, str] = {
+    "none": "",
+    "residual": "sum = base[first_column + lane] + sum;",
+    "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
+}
+# The inputs each part reads besides the row and the quantized weight, in call order.
+PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {"none": (), "rms_norm": ("norm_scale", "params")}
+EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"none": (), "residual": ("base",), "relu2": ()}
+
+
+def cuda_source(shape: QuantizedRowShape) -> str:
+    """The kernel body for ``shape``'s prologue and epilogue."""
+    normed = shape.prologue == "rms_norm"
+    return (
+        _CUDA.replace("@NORMED_MEMORY@", "__shared__ __align__(16) float normed[K];" if normed else "")
+        .replace("@PROLOGUE@", _CUDA_NORM if normed else "")
+        .replace("@INPUTS@", _CUDA_NORMED_INPUTS if normed else _CUDA_ROW_INPUTS)
+        .replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.epilogue])
+    )
 
 
 class QuantizedRowProduct:
@@ -155,22 +255,41 @@ class QuantizedRowProduct:
         # Warps sharing a set of columns, each summing a slice of the row: enough that every lane of a
         # slice has a chunk to read, and the short rows still spread over many warps.
         self.split = next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 32)
+        self._inputs = ["x", "weight", "scales", "biases", *PROLOGUE_INPUTS[shape.prologue]]
+        self._inputs += EPILOGUE_INPUTS[shape.epilogue]
+        parts = "".join(f"_{part}" for part in (shape.prologue, shape.epilogue) if part != "none")
         self._kernel = custom_kernel(
             backend,
-            f"parley_quantized_row_{shape.bits}bit",
-            ["x", "weight", "scales", "biases"],
+            f"parley_quantized_row_{shape.bits}bit{parts}",
+            self._inputs,
             ["y"],
-            cuda=_CUDA,
+            cuda=cuda_source(shape),
             metal="",
         )
+        self._params: dict[float, mx.array] = {}
 
-    def __call__(self, x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
-        """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape."""
+    def __call__(
+        self,
+        x: mx.array,
+        weight: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        norm_scale: mx.array | None = None,
+        base: mx.array | None = None,
+        *,
+        eps: float = 1e-5,
+    ) -> mx.array:
+        """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape
+        (``base``, for a residual epilogue, holds one row of ``outputs``)."""
         shape = self.shape
+        if eps not in self._params:
+            self._params[eps] = mx.array([eps], dtype=mx.float32)
+        named = {"x": x, "weight": weight, "scales": scales, "biases": biases, "norm_scale": norm_scale}
+        named.update({"base": base, "params": self._params[eps]})
         per_block = COLUMNS * WARPS // self.split
         blocks = -(-shape.outputs // per_block)
         (y,) = self._kernel(
-            inputs=[x, weight, scales, biases],
+            inputs=[named[name] for name in self._inputs],
             template=[
                 ("K", shape.width),
                 ("N", shape.outputs),
@@ -188,10 +307,17 @@ class QuantizedRowProduct:
         return y
 
 
-def quantized_row_samples(shape: QuantizedRowShape, scale_dtype: mx.Dtype) -> tuple[Any, ...]:
-    """A float32 row and a random weight quantized as the checkpoint stores it, for admission."""
-    keys = mx.random.split(mx.random.key(67), 2)
-    x = mx.random.normal((1, shape.width), key=keys[0])
+def quantized_row_samples(
+    shape: QuantizedRowShape, scale_dtype: mx.Dtype, norm_dtype: mx.Dtype = mx.float32
+) -> tuple[Any, ...]:
+    """A float32 row and a random weight quantized as the checkpoint stores it (then the norm's scale and the
+    residual's base where the shape reads them), for admission."""
+    keys = mx.random.split(mx.random.key(67), 4)
+    x = 3.0 * mx.random.normal((1, shape.width), key=keys[0])
     dense = mx.random.normal((shape.outputs, shape.width), key=keys[1]) / math.sqrt(shape.width)
     weight, scales, biases = mx.quantize(dense.astype(mx.bfloat16), shape.group_size, shape.bits)
-    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype))
+    norm_scale = None
+    if shape.prologue == "rms_norm":
+        norm_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[2])).astype(norm_dtype)
+    base = mx.random.normal((1, shape.outputs), key=keys[3]) if shape.epilogue == "residual" else None
+    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), norm_scale, base)

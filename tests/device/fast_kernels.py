@@ -159,21 +159,32 @@ def main() -> None:
 
 
 def quantized_rows(backend: str) -> None:
-    """The LLM's quantized products for one row: admitted or not, and time and bandwidth per call, queued as a
-    frame queues them, over distinct weights so that the L2 cache does not serve them."""
+    """The LLM's quantized products for one row, plain and with their block's norm or residual add (or squared
+    ReLU) inside: admitted or not, and time and bandwidth per call, queued as a frame queues them, over distinct
+    weights so that the L2 cache does not serve them."""
+    plain = ((4480, 18560), (8192, 4480), (4480, 15680), (15680, 4480), (4480, 131072))
+    fused = (
+        (4480, 18560, "rms_norm", "none"),
+        (8192, 4480, "none", "residual"),
+        (4480, 15680, "rms_norm", "relu2"),
+        (15680, 4480, "none", "residual"),
+        (4480, 1024, "rms_norm", "none"),
+    )
     for bits in (4, 8):
-        for width, outputs_ in ((4480, 18560), (8192, 4480), (4480, 15680), (15680, 4480), (4480, 131072)):
-            shape = QuantizedRowShape(width, outputs_, bits, 64)
-            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits)
-            kernel = QuantizedRowProduct(backend, shape)
-            samples = [quantized_row_samples(shape, mx.bfloat16)]
+        for width, outputs_, prologue, epilogue in [(*pair, "none", "none") for pair in plain] + list(fused):
+            shape = QuantizedRowShape(width, outputs_, bits, 64, prologue, epilogue)  # type: ignore[arg-type]
+            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, eps=1e-5, epilogue=epilogue)
+            kernel = functools.partial(QuantizedRowProduct(backend, shape), eps=1e-5)
+            first = quantized_row_samples(shape, mx.bfloat16)
             copies = max(2, 400_000_000 // (width * outputs_ * bits // 8))
-            x = samples[0][0]
-            samples += [(x, *quantized_row_samples(shape, mx.bfloat16)[1:]) for _ in range(1, copies)]
+            samples = [first]
+            for _ in range(1, copies):
+                _, weight, scales, biases, *_ = quantized_row_samples(shape, mx.bfloat16)
+                samples.append((first[0], weight, scales, biases, *first[4:]))
             mx.eval(samples)
-            admitted = admit_kernel("quantized row", kernel, fallback, samples[0])
-            error = relative_l2(kernel(*samples[0]), fallback(*samples[0]))
-            nbytes = sum(array.nbytes for array in samples[0][1:])
+            admitted = admit_kernel("quantized row", kernel, fallback, first)
+            error = relative_l2(kernel(*first), fallback(*first))
+            nbytes = sum(array.nbytes for array in first[1:4])
             timings = []
             for function in (kernel, fallback):
                 for _ in range(3):
@@ -183,10 +194,12 @@ def quantized_rows(backend: str) -> None:
                 for _ in range(rounds):
                     mx.eval([function(*inputs) for inputs in samples])
                 timings.append((time.perf_counter() - started) / (rounds * copies) * 1e6)
+            roles = "".join(f" {part}" for part in (prologue, epilogue) if part != "none")
             print(
-                f"quantized row {bits}-bit {width}->{outputs_}: admitted {admitted}, relative L2 to MLX {error:.1e}; "
-                f"kernel {timings[0]:.1f} us ({nbytes / timings[0] / 1e3:.0f} GB/s), MLX {timings[1]:.1f} us "
-                f"({nbytes / timings[1] / 1e3:.0f} GB/s) per call, queued over {copies} distinct weights"
+                f"quantized row {bits}-bit {width}->{outputs_}{roles}: admitted {admitted}, relative L2 to MLX "
+                f"{error:.1e}; kernel {timings[0]:.1f} us ({nbytes / timings[0] / 1e3:.0f} GB/s), MLX "
+                f"{timings[1]:.1f} us ({nbytes / timings[1] / 1e3:.0f} GB/s) per call, queued over {copies} "
+                "distinct weights"
             )
 
 
