@@ -88,11 +88,19 @@ class GroupedGatedRMSNorm(nn.Module):
     def __call__(self, values: mx.array, gate: mx.array) -> mx.array:
         return self.normalize(silu_gate(gate, values))
 
+    @property
+    def groups(self) -> int:
+        return self.weight.shape[0] // self.group_width
+
     def normalize(self, gated: mx.array) -> mx.array:
         """The norm of already gated values (the fused step gates them itself)."""
-        grouped = mx.unflatten(gated, axis=-1, shape=(-1, self.group_width))
-        normalised = mx.fast.rms_norm(grouped, weight=None, eps=self.eps)
-        return self.weight * normalised.flatten(-2)
+        return group_rms_norm(gated, self.weight, self.groups, self.eps)
+
+
+def group_rms_norm(x: mx.array, weight: mx.array, groups: int, eps: float) -> mx.array:
+    """``weight · rms_norm`` of each of ``groups`` equal slices of ``x``'s last axis."""
+    grouped = mx.unflatten(x, axis=-1, shape=(groups, -1))
+    return weight * mx.fast.rms_norm(grouped, weight=None, eps=eps).flatten(-2)
 
 
 class Mamba2Mixer(nn.Module):
@@ -155,7 +163,7 @@ class Mamba2Mixer(nn.Module):
         )
 
     def _step_fast(self, projected: mx.array, cache: MambaCache) -> mx.array:
-        """One position's projected row through ``fast_step`` (updating both states): the normed readout."""
+        """One position's projected row through ``fast_step`` (updating both states): the gated readout."""
         assert self.fast_step is not None and cache.conv_state is not None and cache.ssm_state is not None
         gated, cache.conv_state, cache.ssm_state = self.fast_step(
             projected.reshape(-1),
@@ -168,12 +176,13 @@ class Mamba2Mixer(nn.Module):
             cache.ssm_state,
             self._step_limits,
         )
-        return self.norm.normalize(gated.reshape(*projected.shape[:-1], self.inner_size))
+        return gated.reshape(*projected.shape[:-1], self.inner_size)
 
     def fused_block(self, x: mx.array, norm_scale: mx.array, cache: MambaCache) -> mx.array:
         """Fast numerics' whole block for one float32 row (``steps_fast``): the block's norm inside the input
-        projection's kernel, its residual add inside the output projection's."""
-        return self.out_proj.fused(self._step_fast(self.in_proj.fused(x, norm_scale), cache), base=x)
+        projection's kernel, the gated norm and the residual add inside the output projection's."""
+        gated = self._step_fast(self.in_proj.fused(x, norm_scale), cache)
+        return self.out_proj.fused(gated, self.norm.weight, base=x)
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -192,7 +201,7 @@ class Mamba2Mixer(nn.Module):
         projected = self.in_proj(x)
         if self._takes_fast_step(projected, cache):
             assert cache is not None
-            return self.out_proj(self._step_fast(projected, cache))
+            return self.out_proj(self.norm.normalize(self._step_fast(projected, cache)))
         conv_start = self.inner_size
         dt_start = conv_start + self.conv_dim
         gate = projected[..., :conv_start]
@@ -234,6 +243,10 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    @property
+    def projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        return self.q_proj, self.k_proj, self.v_proj
 
     def _heads(self, projected: mx.array, count: int) -> mx.array:
         batch, length, _ = projected.shape
@@ -289,6 +302,17 @@ class ReLU2MLP(nn.Module):
         return self.down_proj(nn.relu2(self.up_proj(x)))
 
 
+@dataclass(frozen=True)
+class FusedProjection:
+    """A projection of a block with the arithmetic a fused row folds into it, and the norm its prologue
+    applies (an ``nn.RMSNorm`` or a :class:`GroupedGatedRMSNorm`; None without one)."""
+
+    projection: nn.Module
+    prologue: Prologue
+    epilogue: Epilogue
+    norm: nn.Module | None = None
+
+
 class HybridBlock(nn.Module):
     """Pre-norm residual block around one mixer of the given kind (``M``, ``*`` or ``-``)."""
 
@@ -309,17 +333,23 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = ReLU2MLP(config)
 
-    def fused_projections(self) -> list[tuple[nn.Module, Prologue, Epilogue]]:
+    def fused_projections(self) -> list[FusedProjection]:
         """The block's projections, each with the prologue and epilogue (:mod:`engine.quantized_product`)
-        that fold the block's other arithmetic into it: the norm into the first ones, the residual add (and
-        the MLP's squared ReLU) into the others."""
-        mixer = self.mixer
+        that fold the block's other arithmetic into it: the norm into the first ones, the Mamba mixer's
+        gated norm into its output projection, the residual add (and the MLP's squared ReLU) into the last."""
+        mixer, norm = self.mixer, self.norm
         if isinstance(mixer, Mamba2Mixer):
-            return [(mixer.in_proj, "rms_norm", "none"), (mixer.out_proj, "none", "residual")]
+            return [
+                FusedProjection(mixer.in_proj, "rms_norm", "none", norm),
+                FusedProjection(mixer.out_proj, "group_rms_norm", "residual", mixer.norm),
+            ]
         if isinstance(mixer, CausalSelfAttention):
-            first = [(projection, "rms_norm", "none") for projection in (mixer.q_proj, mixer.k_proj, mixer.v_proj)]
-            return [*first, (mixer.o_proj, "none", "residual")]
-        return [(mixer.up_proj, "rms_norm", "relu2"), (mixer.down_proj, "none", "residual")]
+            first = [FusedProjection(projection, "rms_norm", "none", norm) for projection in mixer.projections]
+            return [*first, FusedProjection(mixer.o_proj, "none", "residual")]
+        return [
+            FusedProjection(mixer.up_proj, "rms_norm", "relu2", norm),
+            FusedProjection(mixer.down_proj, "none", "residual"),
+        ]
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
         if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:

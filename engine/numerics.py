@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 
 if TYPE_CHECKING:
-    from .quantized_product import Epilogue, Prologue
+    from .llm import FusedProjection
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -399,12 +399,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         # A block runs fused only when every projection of it has its fused part (kernel or operations).
         fused = block.fused_projections()
         block.fused_rows = fast and all(
-            isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _, _ in fused
+            isinstance(part.projection, QuantizedLinear) and "bias" not in part.projection for part in fused
         )
         if block.fused_rows:
-            for projection, prologue, epilogue in fused:
-                projection.fused_row, used = _quantized_row_part(projection, prologue, epilogue, block.norm)
-                block.fused_rows = block.fused_rows and projection.fused_row is not None
+            for part in fused:
+                part.projection.fused_row, used = _quantized_row_part(part.projection, part)
+                block.fused_rows = block.fused_rows and part.projection.fused_row is not None
                 every_row = every_row and used
     if fast and quantized:
         changes["quantized_rows"] = every_row
@@ -476,13 +476,10 @@ def _row_product_parts(
     return parts, every
 
 
-def _quantized_row_part(
-    module: Any, prologue: Prologue = "none", epilogue: Epilogue = "none", norm: Any = None
-) -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), with the
-    ``prologue`` (the block's ``norm``, an ``nn.RMSNorm``) and ``epilogue`` of its place in a block: the
-    kernel where admitted, else MLX's own operations (the fallback; None for a layout the kernel does not
-    read)."""
+def _quantized_row_part(module: Any, fused: FusedProjection | None = None) -> tuple[Callable[..., Any] | None, bool]:
+    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or
+    with the prologue and epilogue of its place in a block (``fused``): the kernel where admitted, else
+    MLX's own operations (the fallback; None for a layout the kernel does not read)."""
     import functools
 
     from .quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
@@ -491,17 +488,33 @@ def _quantized_row_part(
         return None, False
     outputs, words = module.weight.shape
     width = words * 32 // module.bits
+    norm = None if fused is None else fused.norm
+    norm_dtype, eps = (mx.float32, 0.0) if norm is None else (norm.weight.dtype, norm.eps)
     try:
-        shape = QuantizedRowShape(width, outputs, module.bits, module.group_size, prologue, epilogue)
+        shape = QuantizedRowShape(
+            width,
+            outputs,
+            module.bits,
+            module.group_size,
+            *(("none", "none") if fused is None else (fused.prologue, fused.epilogue)),
+            norm_groups=getattr(norm, "groups", 1),
+        )
     except ValueError:
         return None, False
     scale_dtype = module.scales.dtype
-    norm_dtype, eps = (mx.float32, 0.0) if norm is None else (norm.weight.dtype, norm.eps)
-    roles = "".join(f" {part}" for part in (prologue, epilogue) if part != "none")
+    roles = "".join(f" {part}" for part in (shape.prologue, shape.epilogue) if part != "none")
     return _fast_part(
         ("quantized_row", shape, scale_dtype, norm_dtype, eps),
         f"{shape.bits}-bit {shape.width}→{shape.outputs}{roles} row product",
-        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, eps=eps, epilogue=epilogue),
+        functools.partial(
+            quantized_row_ops,
+            group_size=shape.group_size,
+            bits=shape.bits,
+            eps=eps,
+            prologue=shape.prologue,
+            epilogue=shape.epilogue,
+            norm_groups=shape.norm_groups,
+        ),
         lambda backend: functools.partial(QuantizedRowProduct(backend, shape), eps=eps),
         functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype),
     )

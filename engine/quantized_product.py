@@ -27,10 +27,11 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
+from .llm import group_rms_norm
 from .numerics import custom_kernel
 
-Prologue = Literal["none", "rms_norm"]
-PROLOGUES: tuple[Prologue, ...] = ("none", "rms_norm")
+Prologue = Literal["none", "rms_norm", "group_rms_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "rms_norm", "group_rms_norm")
 Epilogue = Literal["none", "residual", "relu2"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
 
@@ -47,7 +48,8 @@ CUDA_SHARED_BYTES = 48 * 1024
 @dataclass(frozen=True)
 class QuantizedRowShape:
     """One row of ``width`` inputs through an ``outputs × width`` projection quantized to ``bits`` in
-    groups of ``group_size``; ``prologue`` ``"rms_norm"`` normalizes the row first (``rms_norm(x) · s``),
+    groups of ``group_size``. ``prologue`` ``"rms_norm"`` normalizes the row first (``rms_norm(x) · s``, a
+    block's norm), ``"group_rms_norm"`` each of its ``norm_groups`` slices (a Mamba mixer's gated norm);
     ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` writes ``max(y, 0)²``."""
 
     width: int
@@ -56,10 +58,16 @@ class QuantizedRowShape:
     group_size: int
     prologue: Prologue = "none"
     epilogue: Epilogue = "none"
+    norm_groups: int = 1
 
     def __post_init__(self) -> None:
         if self.prologue not in PROLOGUES or self.epilogue not in EPILOGUES:
             raise ValueError(f"prologue must be one of {PROLOGUES} and epilogue one of {EPILOGUES}")
+        grouped = self.prologue == "group_rms_norm"
+        if (self.norm_groups != 1 and not grouped) or not 1 <= self.norm_groups <= COLUMNS:
+            raise ValueError(f"{self.norm_groups} norm groups: 1 unless a group norm, and at most {COLUMNS}")
+        if self.width % self.norm_groups:
+            raise ValueError(f"{self.norm_groups} norm groups do not tile {self.width}")
         if self.prologue != "none" and self.width * 4 + 1024 > CUDA_SHARED_BYTES:
             raise ValueError(f"a normed row of {self.width} does not fit in a block's shared memory")
         if self.bits not in (4, 8):
@@ -86,13 +94,19 @@ def quantized_row_ops(
     group_size: int,
     bits: int,
     eps: float = 1e-5,
+    prologue: Prologue = "none",
     epilogue: Epilogue = "none",
+    norm_groups: int = 1,
 ) -> mx.array:
-    """The reference's operations (the kernel's fallback): ``x @ dequantize(weight).T``, after
-    ``rms_norm(x, norm_scale)`` when ``norm_scale`` is given, then the ``epilogue`` (``base +`` it, or
-    ``relu2``) — as a block of :mod:`engine.llm` computes them."""
-    if norm_scale is not None:
+    """The reference's operations (the kernel's fallback): the ``prologue``'s norm by ``norm_scale``, then
+    ``x @ dequantize(weight).T``, then the ``epilogue`` (``base +`` it, or ``relu2``) — as a block of
+    :mod:`engine.llm` computes them."""
+    if prologue == "rms_norm":
+        assert norm_scale is not None
         x = mx.fast.rms_norm(x, norm_scale, eps)
+    elif prologue == "group_rms_norm":
+        assert norm_scale is not None
+        x = group_rms_norm(x, norm_scale, norm_groups, eps)
     y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
     if epilogue == "residual":
         assert base is not None
@@ -185,25 +199,32 @@ _CUDA_ROW_INPUTS = """
         }
 """
 
-# The block normalizes the row into shared memory once. A lane reads a whole chunk (PER_CHUNK floats, up to
-# 128 bytes) as float4s: stored in order, the lanes of a quarter warp would meet in the same banks, so each
-# chunk's float4s are stored rotated by the chunk's index.
+# The block normalizes the row (each of its NORM_GROUPS slices) into shared memory once. A lane reads a whole
+# chunk (PER_CHUNK floats, up to 128 bytes) as float4s: stored in order, the lanes of a quarter warp would meet
+# in the same banks, so each chunk's float4s are stored rotated by the chunk's index.
 _CUDA_NORM = """
     {
-        float squares = 0.0f;
-        for (int i = threadIdx.x; i < K; i += WARPS * 32) {
-            const float v = x[i];
-            squares += v * v;
+        constexpr int NORM_WIDTH = K / NORM_GROUPS;
+        for (int g = 0; g < NORM_GROUPS; ++g) {
+            float squares = 0.0f;
+            for (int i = g * NORM_WIDTH + threadIdx.x; i < (g + 1) * NORM_WIDTH; i += WARPS * 32) {
+                const float v = x[i];
+                squares += v * v;
+            }
+            for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffff, squares, offset);
+            if (lane == 0) partial[warp][g] = squares;
         }
-        for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffff, squares, offset);
-        if (lane == 0) partial[warp][0] = squares;
         __syncthreads();
-        float total = 0.0f;
-        for (int w = 0; w < WARPS; ++w) total += partial[w][0];
-        const float inverse = rsqrtf(total / K + params[0]);
+        if (threadIdx.x < NORM_GROUPS) {
+            float total = 0.0f;
+            for (int w = 0; w < WARPS; ++w) total += partial[w][threadIdx.x];
+            inverses[threadIdx.x] = rsqrtf(total / NORM_WIDTH + params[0]);
+        }
+        __syncthreads();
         for (int i = threadIdx.x; i < K; i += WARPS * 32) {
             const int chunk = i / PER_CHUNK;
             const int piece = ((i % PER_CHUNK) / 4 + chunk) % PIECES;
+            const float inverse = inverses[i / NORM_WIDTH];
             normed[(chunk * PIECES + piece) * 4 + i % 4] = static_cast<float>(norm_scale[i]) * (x[i] * inverse);
         }
         __syncthreads();
@@ -229,15 +250,20 @@ _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
 }
 # The inputs each part reads besides the row and the quantized weight, in call order.
-PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {"none": (), "rms_norm": ("norm_scale", "params")}
+PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
+    "none": (),
+    "rms_norm": ("norm_scale", "params"),
+    "group_rms_norm": ("norm_scale", "params"),
+}
 EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"none": (), "residual": ("base",), "relu2": ()}
 
 
 def cuda_source(shape: QuantizedRowShape) -> str:
     """The kernel body for ``shape``'s prologue and epilogue."""
-    normed = shape.prologue == "rms_norm"
+    normed = shape.prologue != "none"
+    memory = "__shared__ __align__(16) float normed[K];\n    __shared__ float inverses[NORM_GROUPS];"
     return (
-        _CUDA.replace("@NORMED_MEMORY@", "__shared__ __align__(16) float normed[K];" if normed else "")
+        _CUDA.replace("@NORMED_MEMORY@", memory if normed else "")
         .replace("@PROLOGUE@", _CUDA_NORM if normed else "")
         .replace("@INPUTS@", _CUDA_NORMED_INPUTS if normed else _CUDA_ROW_INPUTS)
         .replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.epilogue])
@@ -298,6 +324,7 @@ class QuantizedRowProduct:
                 ("COLUMNS", COLUMNS),
                 ("SPLIT", self.split),
                 ("WARPS", WARPS),
+                ("NORM_GROUPS", shape.norm_groups),
             ],
             grid=(blocks * WARPS * 32, 1, 1),
             threadgroup=(WARPS * 32, 1, 1),
@@ -317,7 +344,7 @@ def quantized_row_samples(
     dense = mx.random.normal((shape.outputs, shape.width), key=keys[1]) / math.sqrt(shape.width)
     weight, scales, biases = mx.quantize(dense.astype(mx.bfloat16), shape.group_size, shape.bits)
     norm_scale = None
-    if shape.prologue == "rms_norm":
+    if shape.prologue != "none":
         norm_scale = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[2])).astype(norm_dtype)
     base = mx.random.normal((1, shape.outputs), key=keys[3]) if shape.epilogue == "residual" else None
     return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), norm_scale, base)

@@ -355,10 +355,19 @@ def test_every_quantized_row_source_is_complete() -> None:
 
     for prologue in PROLOGUES:
         for epilogue in EPILOGUES:
-            source = cuda_source(QuantizedRowShape(4480, 1024, 4, 64, prologue, epilogue))
-            assert "@" not in source and ("normed[" in source) == (prologue == "rms_norm")
+            groups = 8 if prologue == "group_rms_norm" else 1
+            source = cuda_source(QuantizedRowShape(4480, 1024, 4, 64, prologue, epilogue, groups))
+            assert "@" not in source and ("normed[" in source) == (prologue != "none")
     QuantizedRowShape(15680, 4480, 4, 64)  # the MLP's down projection: a plain row may be any width
-    for bad in ({"width": 15680, "prologue": "rms_norm"}, {"prologue": "layer_norm"}, {"epilogue": "gelu"}):
+    QuantizedRowShape(10240, 4480, 4, 64, "group_rms_norm", "residual", 8)  # a Mamba mixer's output
+    for bad in (
+        {"width": 15680, "prologue": "rms_norm"},
+        {"prologue": "layer_norm"},
+        {"epilogue": "gelu"},
+        {"prologue": "rms_norm", "norm_groups": 2},
+        {"prologue": "group_rms_norm", "norm_groups": 9},
+        {"prologue": "group_rms_norm", "norm_groups": 3},
+    ):
         with pytest.raises(ValueError):
             QuantizedRowShape(**{"width": 4480, "outputs": 64, "bits": 4, "group_size": 64, **bad})  # type: ignore[arg-type]
 

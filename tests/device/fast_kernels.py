@@ -162,18 +162,27 @@ def quantized_rows(backend: str) -> None:
     """The LLM's quantized products for one row, plain and with their block's norm or residual add (or squared
     ReLU) inside: admitted or not, and time and bandwidth per call, queued as a frame queues them, over distinct
     weights so that the L2 cache does not serve them."""
-    plain = ((4480, 18560), (8192, 4480), (4480, 15680), (15680, 4480), (4480, 131072))
+    # The full model's projections: Mamba in and out, the MLP's up and down, attention's k (or v), the heads.
+    plain = ((4480, 22656), (10240, 4480), (4480, 15680), (15680, 4480), (4480, 131072))
     fused = (
-        (4480, 18560, "rms_norm", "none"),
-        (8192, 4480, "none", "residual"),
-        (4480, 15680, "rms_norm", "relu2"),
-        (15680, 4480, "none", "residual"),
-        (4480, 1024, "rms_norm", "none"),
+        (4480, 22656, "rms_norm", "none", 1),
+        (10240, 4480, "group_rms_norm", "residual", 8),
+        (4480, 15680, "rms_norm", "relu2", 1),
+        (15680, 4480, "none", "residual", 1),
+        (4480, 1024, "rms_norm", "none", 1),
     )
     for bits in (4, 8):
-        for width, outputs_, prologue, epilogue in [(*pair, "none", "none") for pair in plain] + list(fused):
-            shape = QuantizedRowShape(width, outputs_, bits, 64, prologue, epilogue)  # type: ignore[arg-type]
-            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, eps=1e-5, epilogue=epilogue)
+        for width, outputs_, prologue, epilogue, groups in [(*pair, "none", "none", 1) for pair in plain] + list(fused):
+            shape = QuantizedRowShape(width, outputs_, bits, 64, prologue, epilogue, groups)  # type: ignore[arg-type]
+            fallback = functools.partial(
+                quantized_row_ops,
+                group_size=64,
+                bits=bits,
+                eps=1e-5,
+                prologue=prologue,
+                epilogue=epilogue,
+                norm_groups=groups,
+            )
             kernel = functools.partial(QuantizedRowProduct(backend, shape), eps=1e-5)
             first = quantized_row_samples(shape, mx.bfloat16)
             copies = max(2, 400_000_000 // (width * outputs_ * bits // 8))
