@@ -38,6 +38,10 @@ EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
 # Warps per block; a warp computes COLUMNS output columns (over a slice of the row, see split), reading
 # each chunk of the input row once for all of them.
 WARPS = 8
+# Warps per block of a kernel that normalizes its row first: every block repeats the norm (the row and the
+# norm's scale read again, a barrier), so fewer, larger blocks share it — with eight warps it cost as much as
+# the product of a short row (tests/device/fast_kernels.py quantized, on the H200).
+NORMING_WARPS = 32
 COLUMNS = 8
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
@@ -281,6 +285,7 @@ class QuantizedRowProduct:
         # Warps sharing a set of columns, each summing a slice of the row: enough that every lane of a
         # slice has a chunk to read, and the short rows still spread over many warps.
         self.split = next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 32)
+        self.warps = WARPS if shape.prologue == "none" else NORMING_WARPS
         self._inputs = ["x", "weight", "scales", "biases", *PROLOGUE_INPUTS[shape.prologue]]
         self._inputs += EPILOGUE_INPUTS[shape.epilogue]
         parts = "".join(f"_{part}" for part in (shape.prologue, shape.epilogue) if part != "none")
@@ -312,7 +317,8 @@ class QuantizedRowProduct:
             self._params[eps] = mx.array([eps], dtype=mx.float32)
         named = {"x": x, "weight": weight, "scales": scales, "biases": biases, "norm_scale": norm_scale}
         named.update({"base": base, "params": self._params[eps]})
-        per_block = COLUMNS * WARPS // self.split
+        warps = self.warps
+        per_block = COLUMNS * warps // self.split
         blocks = -(-shape.outputs // per_block)
         (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
@@ -323,11 +329,11 @@ class QuantizedRowProduct:
                 ("GROUP", shape.group_size),
                 ("COLUMNS", COLUMNS),
                 ("SPLIT", self.split),
-                ("WARPS", WARPS),
+                ("WARPS", warps),
                 ("NORM_GROUPS", shape.norm_groups),
             ],
-            grid=(blocks * WARPS * 32, 1, 1),
-            threadgroup=(WARPS * 32, 1, 1),
+            grid=(blocks * warps * 32, 1, 1),
+            threadgroup=(warps * 32, 1, 1),
             output_shapes=[(*x.shape[:-1], shape.outputs)],
             output_dtypes=[mx.float32],
         )

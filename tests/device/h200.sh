@@ -70,6 +70,8 @@ for arg in "$@"; do
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     # Only the LLM's quantized one-row products against MLX's, with their bandwidth.
     quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
+    # Fast numerics with and without the LLM blocks' fused quantized rows, alternating in one process.
+    fusedab) step fusedab 400 python3 tests/device/fused_rows_ab.py ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)
