@@ -116,8 +116,7 @@ class QuantizedLinear(nn.QuantizedLinear):
     each costs host time) and the packed weight, scales and biases.
 
     Inside one of the LLM's blocks fast numerics also gives it ``fused_row``: the same product with the
-    block's norm before it or its residual add (or squared ReLU) after it, which the block calls through
-    :meth:`fused`."""
+    block's residual add (or the MLP's squared ReLU) after it, which the block calls through :meth:`fused`."""
 
     # Instance attributes once set, outside the parameters.
     fast_row: Callable[..., mx.array] | None = None
@@ -130,11 +129,11 @@ class QuantizedLinear(nn.QuantizedLinear):
         y = fast(x, self["weight"], self["scales"], self["biases"])
         return y + self["bias"] if "bias" in self else y
 
-    def fused(self, x: mx.array, norm_scale: mx.array | None = None, base: mx.array | None = None) -> mx.array:
-        """One float32 row through ``fused_row`` (given only to projections without a bias): normalized by
-        ``norm_scale`` first, or added to ``base`` after, as the part was made for."""
+    def fused(self, x: mx.array, base: mx.array | None = None) -> mx.array:
+        """One float32 row through ``fused_row`` (given only to projections without a bias), added to ``base``
+        where the part adds a residual."""
         assert self.fused_row is not None
-        return self.fused_row(x, self["weight"], self["scales"], self["biases"], norm_scale, base)
+        return self.fused_row(x, self["weight"], self["scales"], self["biases"], base)
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

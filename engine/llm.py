@@ -29,7 +29,7 @@ from .jit import jit
 from .linear import Linear, QuantizedLinear
 
 if TYPE_CHECKING:
-    from .quantized_product import Epilogue, Prologue
+    from .quantized_product import Epilogue
 from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -88,19 +88,11 @@ class GroupedGatedRMSNorm(nn.Module):
     def __call__(self, values: mx.array, gate: mx.array) -> mx.array:
         return self.normalize(silu_gate(gate, values))
 
-    @property
-    def groups(self) -> int:
-        return self.weight.shape[0] // self.group_width
-
     def normalize(self, gated: mx.array) -> mx.array:
         """The norm of already gated values (the fused step gates them itself)."""
-        return group_rms_norm(gated, self.weight, self.groups, self.eps)
-
-
-def group_rms_norm(x: mx.array, weight: mx.array, groups: int, eps: float) -> mx.array:
-    """``weight · rms_norm`` of each of ``groups`` equal slices of ``x``'s last axis."""
-    grouped = mx.unflatten(x, axis=-1, shape=(groups, -1))
-    return weight * mx.fast.rms_norm(grouped, weight=None, eps=eps).flatten(-2)
+        grouped = mx.unflatten(gated, axis=-1, shape=(-1, self.group_width))
+        normalised = mx.fast.rms_norm(grouped, weight=None, eps=self.eps)
+        return self.weight * normalised.flatten(-2)
 
 
 class Mamba2Mixer(nn.Module):
@@ -178,11 +170,10 @@ class Mamba2Mixer(nn.Module):
         )
         return gated.reshape(*projected.shape[:-1], self.inner_size)
 
-    def fused_block(self, x: mx.array, norm_scale: mx.array, cache: MambaCache) -> mx.array:
-        """Fast numerics' whole block for one float32 row (``steps_fast``): the block's norm inside the input
-        projection's kernel, the gated norm and the residual add inside the output projection's."""
-        gated = self._step_fast(self.in_proj.fused(x, norm_scale), cache)
-        return self.out_proj.fused(gated, self.norm.weight, base=x)
+    def fused_block(self, x: mx.array, normed: mx.array, cache: MambaCache) -> mx.array:
+        """Fast numerics' block for one float32 row ``x`` (normed: ``normed``; ``steps_fast``): ``x`` plus
+        the mixer's output, the add inside the output projection's kernel."""
+        return self.out_proj.fused(self.norm.normalize(self._step_fast(self.in_proj(normed), cache)), base=x)
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -244,10 +235,6 @@ class CausalSelfAttention(nn.Module):
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    @property
-    def projections(self) -> tuple[nn.Module, nn.Module, nn.Module]:
-        return self.q_proj, self.k_proj, self.v_proj
-
     def _heads(self, projected: mx.array, count: int) -> mx.array:
         batch, length, _ = projected.shape
         return projected.reshape(batch, length, count, -1).transpose(0, 2, 1, 3)
@@ -274,14 +261,6 @@ class CausalSelfAttention(nn.Module):
         batch, _, length, _ = attended.shape
         return attended.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
-    def project_fused(self, x: mx.array, norm_scale: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """:meth:`project` of one float32 row with the block's norm inside each projection's kernel."""
-        return (
-            self._heads(self.q_proj.fused(x, norm_scale), self.num_heads),
-            self._heads(self.k_proj.fused(x, norm_scale), self.num_kv_heads),
-            self._heads(self.v_proj.fused(x, norm_scale), self.num_kv_heads),
-        )
-
     def output_fused(self, attended: mx.array, base: mx.array) -> mx.array:
         """``base + output(attended)`` for one row, the add inside the output projection's kernel."""
         return self.o_proj.fused(self._rows(attended), base=base)
@@ -302,17 +281,6 @@ class ReLU2MLP(nn.Module):
         return self.down_proj(nn.relu2(self.up_proj(x)))
 
 
-@dataclass(frozen=True)
-class FusedProjection:
-    """A projection of a block with the arithmetic a fused row folds into it, and the norm its prologue
-    applies (an ``nn.RMSNorm`` or a :class:`GroupedGatedRMSNorm`; None without one)."""
-
-    projection: nn.Module
-    prologue: Prologue
-    epilogue: Epilogue
-    norm: nn.Module | None = None
-
-
 class HybridBlock(nn.Module):
     """Pre-norm residual block around one mixer of the given kind (``M``, ``*`` or ``-``)."""
 
@@ -322,8 +290,8 @@ class HybridBlock(nn.Module):
             raise ValueError(f"unsupported Nemotron-H block type {kind!r} (expected one of {BLOCK_KINDS})")
         self.kind = kind
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-        # Fast numerics: every projection has a fused row (engine.numerics), so a single row runs the block
-        # as its projections' kernels, the norm and the residual add inside them.
+        # Fast numerics: the projections of fused_projections have their fused rows (engine.numerics), so a
+        # single row runs the block with the residual add (and the MLP's squared ReLU) inside their kernels.
         self.fused_rows = False
         self.mixer: Mamba2Mixer | CausalSelfAttention | ReLU2MLP
         if kind == MAMBA:
@@ -333,23 +301,16 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = ReLU2MLP(config)
 
-    def fused_projections(self) -> list[FusedProjection]:
-        """The block's projections, each with the prologue and epilogue (:mod:`engine.quantized_product`)
-        that fold the block's other arithmetic into it: the norm into the first ones, the Mamba mixer's
-        gated norm into its output projection, the residual add (and the MLP's squared ReLU) into the last."""
-        mixer, norm = self.mixer, self.norm
+    def fused_projections(self) -> list[tuple[nn.Module, Epilogue]]:
+        """The projections that fold the block's arithmetic after them into their kernels, each with its
+        epilogue (:mod:`engine.quantized_product`): the last adds the residual, the MLP's up projection
+        squares its ReLU."""
+        mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):
-            return [
-                FusedProjection(mixer.in_proj, "rms_norm", "none", norm),
-                FusedProjection(mixer.out_proj, "group_rms_norm", "residual", mixer.norm),
-            ]
+            return [(mixer.out_proj, "residual")]
         if isinstance(mixer, CausalSelfAttention):
-            first = [FusedProjection(projection, "rms_norm", "none", norm) for projection in mixer.projections]
-            return [*first, FusedProjection(mixer.o_proj, "none", "residual")]
-        return [
-            FusedProjection(mixer.up_proj, "rms_norm", "relu2", norm),
-            FusedProjection(mixer.down_proj, "none", "residual"),
-        ]
+            return [(mixer.o_proj, "residual")]
+        return [(mixer.up_proj, "relu2"), (mixer.down_proj, "residual")]
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
         if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:
@@ -368,16 +329,16 @@ class HybridBlock(nn.Module):
         return x + update
 
     def _fused(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array | None:
-        """The block for one float32 row as its projections' fused kernels (None where the Mamba step
-        cannot run yet: the states start with the first call)."""
-        mixer, scale = self.mixer, self.norm.weight
-        if isinstance(mixer, ReLU2MLP):
-            return mixer.down_proj.fused(mixer.up_proj.fused(x, scale), base=x)
+        """The block for one float32 row with its fused projections (None where the Mamba step cannot run
+        yet: the states start with the first call)."""
+        mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):
             assert cache is None or isinstance(cache, MambaCache)
-            return mixer.fused_block(x, scale, cache) if mixer.steps_fast(cache) else None
+            return mixer.fused_block(x, self.norm(x), cache) if mixer.steps_fast(cache) else None
+        if isinstance(mixer, ReLU2MLP):
+            return mixer.down_proj.fused(mixer.up_proj.fused(self.norm(x)), base=x)
         assert cache is None or isinstance(cache, KVCache)
-        return mixer.output_fused(mixer.attend(*mixer.project_fused(x, scale), mask, cache), x)
+        return mixer.output_fused(mixer.attend(*mixer.project(self.norm(x)), mask, cache), x)
 
 
 # --------------------------------------------------------------------------- model
@@ -494,8 +455,6 @@ class NemotronH(nn.Module):
     def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
-        if layer.fused_rows:
-            return layer.mixer.project_fused(hidden, layer.norm.weight)
         return layer.mixer.project(layer.norm(hidden))
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:

@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 
 if TYPE_CHECKING:
-    from .llm import FusedProjection
+    from .quantized_product import Epilogue
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -399,12 +399,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         # A block runs fused only when every projection of it has its fused part (kernel or operations).
         fused = block.fused_projections()
         block.fused_rows = fast and all(
-            isinstance(part.projection, QuantizedLinear) and "bias" not in part.projection for part in fused
+            isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _ in fused
         )
         if block.fused_rows:
-            for part in fused:
-                part.projection.fused_row, used = _quantized_row_part(part.projection, part)
-                block.fused_rows = block.fused_rows and part.projection.fused_row is not None
+            for projection, epilogue in fused:
+                projection.fused_row, used = _quantized_row_part(projection, epilogue)
+                block.fused_rows = block.fused_rows and projection.fused_row is not None
                 every_row = every_row and used
     if fast and quantized:
         changes["quantized_rows"] = every_row
@@ -476,10 +476,10 @@ def _row_product_parts(
     return parts, every
 
 
-def _quantized_row_part(module: Any, fused: FusedProjection | None = None) -> tuple[Callable[..., Any] | None, bool]:
+def _quantized_row_part(module: Any, epilogue: Epilogue = "none") -> tuple[Callable[..., Any] | None, bool]:
     """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or
-    with the prologue and epilogue of its place in a block (``fused``): the kernel where admitted, else
-    MLX's own operations (the fallback; None for a layout the kernel does not read)."""
+    with the ``epilogue`` of its place in a block: the kernel where admitted, else MLX's own operations
+    (the fallback; None for a layout the kernel does not read)."""
     import functools
 
     from .quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
@@ -487,36 +487,18 @@ def _quantized_row_part(module: Any, fused: FusedProjection | None = None) -> tu
     if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
         return None, False
     outputs, words = module.weight.shape
-    width = words * 32 // module.bits
-    norm = None if fused is None else fused.norm
-    norm_dtype, eps = (mx.float32, 0.0) if norm is None else (norm.weight.dtype, norm.eps)
     try:
-        shape = QuantizedRowShape(
-            width,
-            outputs,
-            module.bits,
-            module.group_size,
-            *(("none", "none") if fused is None else (fused.prologue, fused.epilogue)),
-            norm_groups=getattr(norm, "groups", 1),
-        )
+        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size, epilogue)
     except ValueError:
         return None, False
     scale_dtype = module.scales.dtype
-    roles = "".join(f" {part}" for part in (shape.prologue, shape.epilogue) if part != "none")
+    role = "" if epilogue == "none" else f" {epilogue}"
     return _fast_part(
-        ("quantized_row", shape, scale_dtype, norm_dtype, eps),
-        f"{shape.bits}-bit {shape.width}→{shape.outputs}{roles} row product",
-        functools.partial(
-            quantized_row_ops,
-            group_size=shape.group_size,
-            bits=shape.bits,
-            eps=eps,
-            prologue=shape.prologue,
-            epilogue=shape.epilogue,
-            norm_groups=shape.norm_groups,
-        ),
-        lambda backend: functools.partial(QuantizedRowProduct(backend, shape), eps=eps),
-        functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype),
+        ("quantized_row", shape, scale_dtype),
+        f"{shape.bits}-bit {shape.width}→{shape.outputs}{role} row product",
+        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, epilogue=epilogue),
+        functools.partial(QuantizedRowProduct, shape=shape),
+        functools.partial(quantized_row_samples, shape, scale_dtype),
     )
 
 

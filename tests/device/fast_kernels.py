@@ -159,37 +159,23 @@ def main() -> None:
 
 
 def quantized_rows(backend: str) -> None:
-    """The LLM's quantized products for one row, plain and with their block's norm or residual add (or squared
-    ReLU) inside: admitted or not, and time and bandwidth per call, queued as a frame queues them, over distinct
+    """The LLM's quantized products for one row, plain and with their block's residual add (or squared ReLU)
+    inside: admitted or not, and time and bandwidth per call, queued as a frame queues them, over distinct
     weights so that the L2 cache does not serve them."""
-    # The full model's projections: Mamba in and out, the MLP's up and down, attention's k (or v), the heads.
+    # The full model's projections: Mamba in and out, the MLP's up and down, the heads; then the fused ones.
     plain = ((4480, 22656), (10240, 4480), (4480, 15680), (15680, 4480), (4480, 131072))
-    fused = (
-        (4480, 22656, "rms_norm", "none", 1),
-        (10240, 4480, "group_rms_norm", "residual", 8),
-        (4480, 15680, "rms_norm", "relu2", 1),
-        (15680, 4480, "none", "residual", 1),
-        (4480, 1024, "rms_norm", "none", 1),
-    )
+    fused = ((10240, 4480, "residual"), (4480, 15680, "relu2"), (15680, 4480, "residual"))
     for bits in (4, 8):
-        for width, outputs_, prologue, epilogue, groups in [(*pair, "none", "none", 1) for pair in plain] + list(fused):
-            shape = QuantizedRowShape(width, outputs_, bits, 64, prologue, epilogue, groups)  # type: ignore[arg-type]
-            fallback = functools.partial(
-                quantized_row_ops,
-                group_size=64,
-                bits=bits,
-                eps=1e-5,
-                prologue=prologue,
-                epilogue=epilogue,
-                norm_groups=groups,
-            )
-            kernel = functools.partial(QuantizedRowProduct(backend, shape), eps=1e-5)
+        for width, outputs_, epilogue in [(*pair, "none") for pair in plain] + list(fused):
+            shape = QuantizedRowShape(width, outputs_, bits, 64, epilogue)  # type: ignore[arg-type]
+            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, epilogue=epilogue)
+            kernel = QuantizedRowProduct(backend, shape)
             first = quantized_row_samples(shape, mx.bfloat16)
             copies = max(2, 400_000_000 // (width * outputs_ * bits // 8))
             samples = [first]
             for _ in range(1, copies):
-                _, weight, scales, biases, *_ = quantized_row_samples(shape, mx.bfloat16)
-                samples.append((first[0], weight, scales, biases, *first[4:]))
+                _, weight, scales, biases, _ = quantized_row_samples(shape, mx.bfloat16)
+                samples.append((first[0], weight, scales, biases, first[4]))
             mx.eval(samples)
             admitted = admit_kernel("quantized row", kernel, fallback, first)
             error = relative_l2(kernel(*first), fallback(*first))
@@ -203,9 +189,9 @@ def quantized_rows(backend: str) -> None:
                 for _ in range(rounds):
                     mx.eval([function(*inputs) for inputs in samples])
                 timings.append((time.perf_counter() - started) / (rounds * copies) * 1e6)
-            roles = "".join(f" {part}" for part in (prologue, epilogue) if part != "none")
+            role = "" if epilogue == "none" else f" {epilogue}"
             print(
-                f"quantized row {bits}-bit {width}->{outputs_}{roles}: admitted {admitted}, relative L2 to MLX "
+                f"quantized row {bits}-bit {width}->{outputs_}{role}: admitted {admitted}, relative L2 to MLX "
                 f"{error:.1e}; kernel {timings[0]:.1f} us ({nbytes / timings[0] / 1e3:.0f} GB/s), MLX "
                 f"{timings[1]:.1f} us ({nbytes / timings[1] / 1e3:.0f} GB/s) per call, queued over {copies} "
                 "distinct weights"

@@ -1,8 +1,8 @@
 """Fast numerics with and without the LLM blocks' fused quantized rows, alternating rounds in one process.
 
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup fusedab``): the full-size
-4-bit random model loaded for fast numerics; "fused" runs each block's norm, residual add and squared ReLU
-inside its projections' kernels, "unfused" runs them as operations around the plain quantized rows. Each
+4-bit random model loaded for fast numerics; "fused" runs each block's residual add and the MLP's squared
+ReLU inside its projections' kernels, "unfused" runs them as operations around the plain quantized rows. Each
 variant keeps its own compiled programs, so that both are warm before the rounds.
 """
 
