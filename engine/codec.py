@@ -45,6 +45,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .config import CodecConfig
+from .counters import COPY_MARK
 from .jit import jit, materialize
 from .profiler import Probe
 
@@ -219,6 +220,16 @@ class QuantizerVariance(nn.Module):
         self.variance = mx.array(1.0)
 
 
+@dataclass(frozen=True)
+class StackedCodebooks:
+    """Every codebook of ``sources`` stacked into one ``(Q · codebook_size, latent_dim)`` table (a copy made
+    once), and each quantizer's first row in it."""
+
+    sources: tuple[mx.array, ...]
+    table: mx.array
+    offsets: mx.array  # (Q, 1) int32
+
+
 class ResidualQuantizer(nn.Module):
     """Probabilistic residual VQ: ``mus_list[q]`` is codebook ``q`` (``codebook_size x latent_dim``)."""
 
@@ -231,14 +242,42 @@ class ResidualQuantizer(nn.Module):
         """``codes (B, Q, T)`` -> latents ``(B, T, D)``: the codebook rows summed in quantizer order.
 
         The sum runs one quantizer at a time in the codebook dtype, as the reference does;
-        a single reduction would round differently.
+        a single reduction would round differently. The rows come from :meth:`codebook_table` in
+        one gather (a gather per codebook, with its slice of the codes, was about 120 primitives a
+        frame); they are the same values, added in the same order.
         """
         if codes.ndim != 3 or not 0 < codes.shape[1] <= len(self.mus_list):
             raise ValueError(f"codes must be (batch, <= {len(self.mus_list)} quantizers, frames), got {codes.shape}")
-        latents = self.mus_list[0][codes[:, 0, :]]
-        for quantizer in range(1, codes.shape[1]):
-            latents = latents + self.mus_list[quantizer][codes[:, quantizer, :]]
-        return latents
+        stacked = self.codebook_table()
+        quantizers = codes.shape[1]
+        rows = stacked.table[codes + stacked.offsets[:quantizers]]  # (B, Q, T, D)
+        parts = mx.split(rows, quantizers, axis=1) if quantizers > 1 else [rows]
+        latents = parts[0]
+        for part in parts[1:]:
+            latents = latents + part
+        return latents.squeeze(1)
+
+    def codebook_table(self) -> StackedCodebooks:
+        """The stacked codebooks of the current ``mus_list``, made on first use after a load (outside any
+        compiled function: :meth:`Codec.decode_step` asks for it before its compiled step)."""
+        held = self._stacked_store.get("codebooks")
+        if held is None or any(a is not b for a, b in zip(held.sources, self.mus_list, strict=True)):
+            size = self.mus_list[0].shape[0]
+            offsets = (mx.arange(len(self.mus_list), dtype=mx.int32) * size)[:, None]
+            held = StackedCodebooks(tuple(self.mus_list), mx.concatenate(self.mus_list, axis=0), offsets)
+            mx.eval(held.table, held.offsets)
+            self._stacked_store["codebooks"] = held
+        return held
+
+    def weight_views(self) -> dict[str, mx.array]:
+        """The stacked table, named for :func:`engine.counters.named_weights` (``prvq.mus_list%``: the
+        codebooks, whole, in their dtype)."""
+        held = self._stacked_store.get("codebooks")
+        return {} if held is None else {f"mus_list{COPY_MARK}": held.table}
+
+    @functools.cached_property
+    def _stacked_store(self) -> dict[str, StackedCodebooks]:
+        return {}  # in the instance __dict__, outside the parameter tree
 
     def encode(self, latents: mx.array) -> mx.array:
         """``latents (B, T, D)`` -> codes ``(B, Q, T)`` (int32): greedy nearest mean per quantizer."""
@@ -379,6 +418,7 @@ class Codec(nn.Module):
 
         Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring).
         """
+        self.prvq.codebook_table()  # made here, outside the compiled step, on the first call after a load
         if probe is not None:  # a compiled call cannot be split into its parts
             step = functools.partial(self._step_ops, probe=probe)
         else:

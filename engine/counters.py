@@ -284,7 +284,8 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
     Shapes come from the full-size config (a module tree of lazy arrays, never evaluated);
     dtypes from ``model`` as loaded (float32 where precast, bf16 where stored, and the packed
     integers and scales of quantized modules). Stacked projections cost their members; a copy in
-    another dtype (``<parameter>%``) costs the parameter's elements in the copy's dtype.
+    another dtype (``<parameter>%``) costs the parameter's elements in the copy's dtype, and a copy
+    stacking a list of parameters (``<list>%``) its members'.
     """
     import mlx.nn as nn
     from mlx.utils import tree_flatten
@@ -319,10 +320,16 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
         if callable(views):
             for name, array in views().items():
                 if name.endswith(COPY_MARK):
+                    # A parameter, or a list of them stacked along their first axis (the codec's codebooks).
                     source = f"{path}.{name.removesuffix(COPY_MARK)}"
-                    price = prices[source]
-                    nbytes = price.nbytes // dtypes.get(source, mx.bfloat16).size * array.dtype.size
-                    prices[f"{path}.{name}"] = WeightPrice(nbytes, price.leading, price.second)
+                    members = [source] if source in prices else [n for n in shapes if n.startswith(f"{source}.")]
+                    nbytes = sum(
+                        prices[member].nbytes // dtypes.get(member, mx.bfloat16).size * array.dtype.size
+                        for member in members
+                    )
+                    leading = sum(prices[member].leading for member in members)
+                    second = prices[members[0]].second if len(members) == 1 else array.shape[1]
+                    prices[f"{path}.{name}"] = WeightPrice(nbytes, leading, second)
     return prices
 
 

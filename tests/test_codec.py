@@ -141,3 +141,31 @@ def test_construction_draws_no_random_numbers() -> None:
     mx.random.seed(123)
     Codec(CodecConfig(base_channels=8, latent_dim=32, codebook_size=128))
     assert mx.array_equal(mx.random.uniform(shape=(4,)), expected).item()
+
+
+def test_dequantize_reads_one_stacked_table_and_follows_a_reload(codec: Codec) -> None:
+    """The codebook rows come from one stacked table, in one gather: the same bits as a gather per codebook
+    summed in quantizer order (the reference's form), for fewer quantizers than the codec has too; a
+    replaced codebook (a reload) is seen at once."""
+    prvq = codec.prvq
+
+    def reference(codes: mx.array) -> mx.array:
+        latents = prvq.mus_list[0][codes[:, 0, :]]
+        for quantizer in range(1, codes.shape[1]):
+            latents = latents + prvq.mus_list[quantizer][codes[:, quantizer, :]]
+        return latents
+
+    for quantizers in (len(prvq.mus_list), 3):
+        codes = _random_codes(codec, 2, 4, seed=quantizers)[:, :quantizers, :]
+        assert mx.array_equal(prvq.decode(codes), reference(codes)).item()
+    table = prvq.codebook_table().table
+    assert table.shape == (len(prvq.mus_list) * prvq.mus_list[0].shape[0], prvq.mus_list[0].shape[1])
+    original = prvq.mus_list[1]
+    codes = _random_codes(codec, 1, 2, seed=9)
+    try:
+        prvq.mus_list[1] = original + 1.0
+        assert mx.array_equal(prvq.decode(codes), reference(codes)).item()
+        assert prvq.codebook_table().table is not table
+    finally:
+        prvq.mus_list[1] = original
+    assert mx.array_equal(prvq.decode(codes), reference(codes)).item()
