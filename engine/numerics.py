@@ -56,7 +56,9 @@ and the log says why. The changes:
   GPU they run only where every kernel of their network was admitted.
 * **The LLM's quantized projections for one row** (:class:`engine.quantized_product.QuantizedRowProduct`,
   CUDA only): ``s · Σ x·q + b · Σ x`` per group in float32, as MLX's kernels compute it, with the
-  groups summed in another order. Fallback and reference: MLX's ``quantized_matmul``, which
+  groups summed in another order. Inside each block the last projection adds the residual and the
+  MLP's up projection squares its ReLU in the same launch (the same float32 operations, after the
+  sum). Fallback and reference: MLX's ``quantized_matmul`` (and the add or squared ReLU), which
   Metal keeps (its kernel there already reads at the memory's bandwidth).
 * **The RN-T greedy loop on rows** (no kernel of its own): the same operations as exact mode's
   unrolled loop, with the frame's encoder projection made once instead of at every attempt, the
