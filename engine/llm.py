@@ -27,10 +27,10 @@ from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
 from .linear import Linear, QuantizedLinear
+from .ssm import silu_gate, ssm_scan
 
 if TYPE_CHECKING:
     from .quantized_product import Epilogue
-from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
@@ -171,8 +171,8 @@ class Mamba2Mixer(nn.Module):
         return gated.reshape(*projected.shape[:-1], self.inner_size)
 
     def fused_block(self, x: mx.array, normed: mx.array, cache: MambaCache) -> mx.array:
-        """Fast numerics' block for one float32 row ``x`` (normed: ``normed``; ``steps_fast``): ``x`` plus
-        the mixer's output, the add inside the output projection's kernel."""
+        """Fast numerics' block for one float32 row ``x``, normed ``normed``, with both states (:meth:`steps_fast`):
+        ``x`` plus the mixer's output, the add inside the output projection's kernel."""
         return self.out_proj.fused(self.norm.normalize(self._step_fast(self.in_proj(normed), cache)), base=x)
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
