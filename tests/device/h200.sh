@@ -6,6 +6,9 @@
 # .whl: the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr, mlx-vlm and
 # mlx-audio for --compare) and ../shared/tools/mlx-cuda/peer-shim-sitecustomize.py as sitecustomize.py.
 # Steps write logs and JSON under $OUT; each is time-limited so that one slow step leaves the others' results.
+# A fresh machine's first process compiles MLX's kernels for about 5 minutes: `ptxsave` (last step of a call)
+# returns the compiled kernels as $OUT/ptx.tgz; copied to .ptx-cache/ptx.tgz here and carried with the
+# stash call (beside .gpu-wheels/a), `stash` unpacks them, so that the next machine starts compiled.
 set -uo pipefail
 # A step past its limit gets SIGABRT, so that faulthandler prints where every thread was.
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLX_PTX_CACHE_DIR=/tmp/ptx
@@ -19,7 +22,11 @@ step() {
 
 for arg in "$@"; do
   case "$arg" in
-    stash) bash .gpu-wheels/install.sh stash .gpu-wheels/a ;;
+    stash) bash .gpu-wheels/install.sh stash .gpu-wheels/a
+      if [ -f .ptx-cache/ptx.tgz ]; then
+        mkdir -p /tmp/ptx && tar -xzf .ptx-cache/ptx.tgz -C /tmp && echo "kernels unpacked: $(ls /tmp/ptx | wc -l)"
+      fi ;;
+    ptxsave) tar -czf "$OUT/ptx.tgz" -C /tmp ptx && ls -l "$OUT/ptx.tgz" ;;
     setup)
       [ -d "$HOME/mlx-site/mlx" ] || bash .gpu-wheels/install.sh finish .gpu-wheels/b
       [ -d /tmp/site/mlx_vlm ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
