@@ -284,7 +284,7 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
     """``counters`` of the JSON report: per frame and per stage, early (6–70) and steady (71+)."""
     from collections import Counter
 
-    from engine.counters import full_size_prices, weight_bytes
+    from engine.counters import full_size_prices, weight_bytes, weight_bytes_by_network
 
     def windows(values: list[float]) -> dict[str, float | None]:
         return {name: _window_mean(values, window) for name, window in COUNTER_WINDOWS.items()}
@@ -310,14 +310,14 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
         for stage in census.stages.values():
             by_primitive.update(stage.by_primitive)
     uses = Counter({use: count / frames for use, count in uses.items()})
+    prices = {bits: full_size_prices(voicechat.model, bits) for bits in COUNTER_BITS}
     kept_syncs = syncs[COUNTER_WINDOWS["early"][0] :] or syncs
     return {
         "primitives_per_frame": windows([float(c.primitives) for c in censuses]),
         "kernels_per_frame": windows([float(c.kernels) for c in censuses]),
         "host_syncs_per_frame": round(sum(kept_syncs) / len(kept_syncs), 2) if kept_syncs else None,
-        "weight_bytes_per_frame": {
-            str(bits): weight_bytes(uses, full_size_prices(voicechat.model, bits)) for bits in COUNTER_BITS
-        },
+        "weight_bytes_per_frame": {str(bits): weight_bytes(uses, prices[bits]) for bits in COUNTER_BITS},
+        "weight_bytes_by_network": {str(bits): weight_bytes_by_network(uses, prices[bits]) for bits in COUNTER_BITS},
         "per_stage": per_stage,
         "steady_by_primitive": {name: round(count / frames, 1) for name, count in by_primitive.most_common()},
         "frames": len(censuses),
@@ -336,6 +336,10 @@ def format_counters(counters: dict[str, Any]) -> str:
         "  weight bytes a full-size frame reads: "
         + ", ".join(f"{bits}-bit {value / 1e9:.2f} GB" for bits, value in counters["weight_bytes_per_frame"].items()),
     ]
+    networks = counters.get("weight_bytes_by_network", {}).get(str(COUNTER_BITS[0]), {})
+    if networks:
+        shares = ", ".join(f"{name} {value / 1e9:.3f}" for name, value in networks.items())
+        lines.append(f"  of which ({COUNTER_BITS[0]}-bit, GB): {shares}")
     for stage, values in counters["per_stage"].items():
         lines.append(f"  {stage:10} primitives {pair(values['primitives'])}, kernels {pair(values['kernels'])}")
     top = ", ".join(f"{name} {count:g}" for name, count in list(counters["steady_by_primitive"].items())[:12])

@@ -336,3 +336,13 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
 def weight_bytes(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> int:
     """Bytes of weights a frame with these ``uses`` reads at the prices given."""
     return round(sum(prices[use.name].of(use.part) * count for use, count in uses.items() if use.name in prices))
+
+
+def weight_bytes_by_network(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
+    """:func:`weight_bytes` per network (the first two parts of a weight's name, e.g. ``stt_model.llm``), most
+    first: where a frame's bytes go, to compare one device's census with another's."""
+    totals: Counter[str] = Counter()
+    for use, count in uses.items():
+        if use.name in prices:
+            totals[".".join(use.name.split(".")[:2])] += prices[use.name].of(use.part) * count
+    return {network: round(value) for network, value in totals.most_common()}

@@ -73,6 +73,12 @@ def test_weight_bytes_per_full_size_frame(structure_counts: dict) -> None:
     assert 11.0e9 < four < 12.5e9
     # 8-bit stores twice the packed bits: the LLM's share grows by its 4-bit packed size (~4.4 GB).
     assert 4.0e9 < eight - four < 5.0e9
+    # Where they go, per network: the parts add up to the frame, and the LLM reads the most.
+    for bits, total in structure_counts["weight_bytes_per_frame"].items():
+        networks = structure_counts["weight_bytes_by_network"][bits]
+        assert abs(sum(networks.values()) - total) <= len(networks)
+        assert next(iter(networks)) == "stt_model.llm" and networks["stt_model.llm"] > 0.4 * total
+    assert "tts_model.audio_codec" in structure_counts["weight_bytes_by_network"]["4"]
 
 
 def test_census_counts_each_primitive_once_and_resolves_weight_views() -> None:
