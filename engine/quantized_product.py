@@ -14,7 +14,7 @@ Inside one of the LLM's residual blocks the last projection also adds the block'
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
 block and no activation between the MLP's products, about 80 primitives fewer, and those kernels take no
 longer than the plain one. The blocks' norms stay MLX's own kernel: folded into the products (each block
-normalizing the row into shared memory first), they made the products 30-40 µs slower per call on the H200,
+normalizing the row into shared memory first), they made the products 26-55 µs slower per call on the H200,
 more than the primitives they saved (``tests/device/fused_rows_ab.py``).
 
 Arithmetic: per group, ``s · Σ x·q + b · Σ x`` in float32 (the form MLX's kernels use), summed over
