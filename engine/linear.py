@@ -116,7 +116,8 @@ class QuantizedLinear(nn.QuantizedLinear):
     each costs host time) and the packed weight, scales and biases.
 
     Inside one of the LLM's blocks fast numerics also gives it ``fused_row``: the same product with the
-    block's residual add (or the MLP's squared ReLU) after it, which the block calls through :meth:`fused`."""
+    block's residual add (or the MLP's squared ReLU) after it, and the Mamba mixer's gated norm before it, which the
+    block calls through :meth:`fused`."""
 
     # Instance attributes once set, outside the parameters.
     fast_row: Callable[..., mx.array] | None = None
@@ -129,11 +130,14 @@ class QuantizedLinear(nn.QuantizedLinear):
         y = fast(x, self["weight"], self["scales"], self["biases"])
         return y + self["bias"] if "bias" in self else y
 
-    def fused(self, x: mx.array, base: mx.array | None = None) -> mx.array:
+    def fused(
+        self, x: mx.array, base: mx.array | None = None, norm: tuple[mx.array, mx.array, mx.array] | None = None
+    ) -> mx.array:
         """One float32 row through ``fused_row`` (given only to projections without a bias), added to ``base``
-        where the part adds a residual."""
+        where the part adds a residual; ``norm`` (partial sums of squares, weight, eps) where it finishes a
+        group norm of ``x``."""
         assert self.fused_row is not None
-        return self.fused_row(x, self["weight"], self["scales"], self["biases"], base)
+        return self.fused_row(x, self["weight"], self["scales"], self["biases"], base, *(norm or ()))
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

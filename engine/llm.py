@@ -30,7 +30,7 @@ from .linear import Linear, QuantizedLinear
 from .ssm import silu_gate, ssm_scan
 
 if TYPE_CHECKING:
-    from .quantized_product import Epilogue
+    from .quantized_product import RowRole
 
 MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
@@ -90,9 +90,9 @@ class GroupedGatedRMSNorm(nn.Module):
 
     def normalize(self, gated: mx.array) -> mx.array:
         """The norm of already gated values (the fused step gates them itself)."""
-        grouped = mx.unflatten(gated, axis=-1, shape=(-1, self.group_width))
-        normalised = mx.fast.rms_norm(grouped, weight=None, eps=self.eps)
-        return self.weight * normalised.flatten(-2)
+        from .quantized_product import grouped_rms_norm
+
+        return grouped_rms_norm(gated, self.weight, groups=gated.shape[-1] // self.group_width, eps=self.eps)
 
 
 class Mamba2Mixer(nn.Module):
@@ -128,13 +128,15 @@ class Mamba2Mixer(nn.Module):
         )
         self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
         # Fast numerics: one position's step from its input projection (convolution included) as one kernel, or
-        # its operations fallback; returns the gated readout and both new states.
-        self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array]] | None = None
+        # its operations fallback; returns the gated readout, both new states and the readout's partial sums
+        # of squares (engine.ssm.fused_step_ops).
+        self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None = None
 
-    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array]] | None) -> None:
+    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None) -> None:
         """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""
         self.fast_step = step
         self._step_limits = mx.array([self.dt_min, self.dt_max], dtype=mx.float32)
+        self._norm_params = mx.array([self.norm.eps], dtype=mx.float32)  # what a kernel finishing the norm reads
         bias = getattr(self.conv1d, "bias", None)
         # A kernel takes the convolution's bias as an array: zeros when the checkpoint has none.
         self._step_conv_bias = mx.zeros((self.conv_dim,)) if bias is None else bias
@@ -154,11 +156,12 @@ class Mamba2Mixer(nn.Module):
             and cache.ssm_state is not None
         )
 
-    def _step_fast(self, projected: mx.array, cache: MambaCache) -> mx.array:
-        """One position's projected row through ``fast_step`` (updating both states): the gated readout."""
+    def _step_fast(self, projected: mx.array, cache: MambaCache) -> tuple[mx.array, mx.array]:
+        """One position's projected row through ``fast_step`` (updating both states): the gated readout, in the
+        row's shape, and its partial sums of squares."""
         assert self.fast_step is not None and cache.conv_state is not None and cache.ssm_state is not None
-        gated, cache.conv_state, cache.ssm_state = self.fast_step(
-            projected.reshape(-1),
+        gated, cache.conv_state, cache.ssm_state, squares = self.fast_step(
+            projected,
             cache.conv_state,
             self.conv1d.weight,
             self._step_conv_bias,
@@ -168,12 +171,25 @@ class Mamba2Mixer(nn.Module):
             cache.ssm_state,
             self._step_limits,
         )
-        return gated.reshape(*projected.shape[:-1], self.inner_size)
+        return gated, squares
+
+    def norm_role(self) -> RowRole:
+        """The output projection's part in fast numerics' fused block: it finishes the gated norm from the
+        step's partial sums of squares, and adds the block's residual."""
+        from .quantized_product import RowRole
+        from .ssm import block_rows
+
+        partials = self.inner_size // block_rows(self.num_heads, self.head_dim, self.n_groups)
+        return RowRole(
+            "residual", "group_norm", norm_groups=self.n_groups, norm_partials=partials, norm_eps=self.norm.eps
+        )
 
     def fused_block(self, x: mx.array, normed: mx.array, cache: MambaCache) -> mx.array:
         """Fast numerics' block for one float32 row ``x``, normed ``normed``, with both states (:meth:`steps_fast`):
-        ``x`` plus the mixer's output, the add inside the output projection's kernel."""
-        return self.out_proj.fused(self.norm.normalize(self._step_fast(self.in_proj(normed), cache)), base=x)
+        ``x`` plus the mixer's output, the gated norm's last step and the add inside the output projection's
+        kernel."""
+        gated, squares = self._step_fast(self.in_proj(normed), cache)
+        return self.out_proj.fused(gated, base=x, norm=(squares, self.norm.weight, self._norm_params))
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -192,7 +208,8 @@ class Mamba2Mixer(nn.Module):
         projected = self.in_proj(x)
         if self._takes_fast_step(projected, cache):
             assert cache is not None
-            return self.out_proj(self.norm.normalize(self._step_fast(projected, cache)))
+            gated, _ = self._step_fast(projected, cache)
+            return self.out_proj(self.norm.normalize(gated))
         conv_start = self.inner_size
         dt_start = conv_start + self.conv_dim
         gate = projected[..., :conv_start]
@@ -301,16 +318,18 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = ReLU2MLP(config)
 
-    def fused_projections(self) -> list[tuple[nn.Module, Epilogue]]:
-        """The projections that fold the block's arithmetic after them into their kernels, each with its
-        epilogue (:mod:`engine.quantized_product`): the last adds the residual, the MLP's up projection
-        squares its ReLU."""
+    def fused_projections(self) -> list[tuple[nn.Module, RowRole]]:
+        """The projections that fold the block's arithmetic around them into their kernels, each with its
+        role (:mod:`engine.quantized_product`): the last adds the residual (Mamba's also finishes the gated
+        norm), the MLP's up projection squares its ReLU."""
+        from .quantized_product import RowRole
+
         mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):
-            return [(mixer.out_proj, "residual")]
+            return [(mixer.out_proj, mixer.norm_role())]
         if isinstance(mixer, CausalSelfAttention):
-            return [(mixer.o_proj, "residual")]
-        return [(mixer.up_proj, "relu2"), (mixer.down_proj, "residual")]
+            return [(mixer.o_proj, RowRole("residual"))]
+        return [(mixer.up_proj, RowRole("relu2")), (mixer.down_proj, RowRole("residual"))]
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
         if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:

@@ -105,7 +105,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 
 if TYPE_CHECKING:
-    from .quantized_product import Epilogue
+    from .quantized_product import RowRole
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -404,8 +404,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _ in fused
         )
         if block.fused_rows:
-            for projection, epilogue in fused:
-                projection.fused_row, used = _quantized_row_part(projection, epilogue)
+            for projection, role in fused:
+                norm_dtype = block.mixer.norm.weight.dtype if role.prologue == "group_norm" else None
+                projection.fused_row, used = _quantized_row_part(projection, role, norm_dtype)
                 block.fused_rows = block.fused_rows and projection.fused_row is not None
                 every_row = every_row and used
     if fast and quantized:
@@ -478,29 +479,38 @@ def _row_product_parts(
     return parts, every
 
 
-def _quantized_row_part(module: Any, epilogue: Epilogue = "none") -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or
-    with the ``epilogue`` of its place in a block: the kernel where admitted, else MLX's own operations
-    (the fallback; None for a layout the kernel does not read)."""
+def _quantized_row_part(
+    module: Any, role: RowRole | None = None, norm_dtype: mx.Dtype | None = None
+) -> tuple[Callable[..., Any] | None, bool]:
+    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or in
+    the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``): the kernel where
+    admitted, else MLX's own operations (the fallback; None for a layout the kernel does not read)."""
     import functools
 
-    from .quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
+    from .quantized_product import (
+        QuantizedRowProduct,
+        QuantizedRowShape,
+        RowRole,
+        quantized_row_ops,
+        quantized_row_samples,
+    )
 
+    role = role or RowRole()
     if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
         return None, False
     outputs, words = module.weight.shape
     try:
-        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size, epilogue)
+        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size, role)
     except ValueError:
         return None, False
     scale_dtype = module.scales.dtype
-    role = "" if epilogue == "none" else f" {epilogue}"
+    parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
     return _fast_part(
-        ("quantized_row", shape, scale_dtype),
-        f"{shape.bits}-bit {shape.width}→{shape.outputs}{role} row product",
-        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, epilogue=epilogue),
+        ("quantized_row", shape, scale_dtype, norm_dtype),
+        f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
+        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
         functools.partial(QuantizedRowProduct, shape=shape),
-        functools.partial(quantized_row_samples, shape, scale_dtype),
+        functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32),
     )
 
 

@@ -8,19 +8,26 @@ kernel for that product reads about 0.3-0.45 TB/s (``python3 tests/device/fast_k
 Here a warp computes :data:`COLUMNS` output columns, reading each 16-byte chunk of the float32 input row
 once for all of them (the inputs are eight times the bytes of 4-bit weights: read once per column, as a
 first version of this kernel did, they held it to 0.13 TB/s), and warps share the columns of a short row,
-each summing a slice of it, so that the whole weight streams through many warps at once.
+each lane reading whole chunks (:meth:`QuantizedRowShape.layout`). A lane issues every load of a pass before
+using the first, so a pass costs one memory latency: this layout read 0.93-1.45 TB/s at 4 bits where the
+one before it, whose lanes waited on each column's load in turn and shared rows unevenly, read 0.6-0.95
+(same process, interleaved, ``tests/device/fast_kernels.py quantized``; the LLM's projections 5-35 % faster).
 
 Inside one of the LLM's residual blocks the last projection also adds the block's input (epilogue
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
 block and no activation between the MLP's products, about 80 primitives fewer, and those kernels take no
-longer than the plain one. The blocks' norms stay MLX's own kernel: folded into the products (each block
-normalizing the row into shared memory first), they made the products 26-55 µs slower per call on the H200,
-more than the primitives they saved (``tests/device/fused_rows_ab.py``).
+longer than the plain one. The Mamba mixer's output projection also finishes the mixer's gated group norm
+(prologue ``"group_norm"``): the fused step (:class:`engine.ssm.FusedStep`) sums the squares of its readout
+per block as it writes it, so each block of this kernel adds a few hundred partial sums per group instead
+of reading the whole row, and scales its chunks of the row as it reads them (six primitives fewer per
+Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
+normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
+call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``).
 
 Arithmetic: per group, ``s · Σ x·q + b · Σ x`` in float32 (the form MLX's kernels use), summed over
-the groups in another order: relative L2 about 1e-7 from :func:`quantized_row_ops` — MLX's own
-``quantized_matmul`` and the add or squared ReLU — which is the fallback and the reference the kernel
-is admitted against.
+the groups in another order; the norm as ``w · (x · rsqrt(Σ/n + eps))`` with its sum in another order:
+relative L2 about 1e-7 from :func:`quantized_row_ops` — MLX's own norm, ``quantized_matmul`` and the add
+or squared ReLU — which is the fallback and the reference the kernel is admitted against.
 
 CUDA only: on Apple silicon MLX's Metal kernel for a quantized row already reads near the memory's
 bandwidth, so Metal keeps it (the fallback) rather than risk a slower kernel of ours.
@@ -39,41 +46,96 @@ from .numerics import custom_kernel
 
 Epilogue = Literal["none", "residual", "relu2"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
+Prologue = Literal["none", "group_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm")
 
-# Warps per block; a warp computes COLUMNS output columns (over a slice of the row, see split), reading
-# each chunk of the input row once for all of them.
-WARPS = 8
+# Output columns a warp computes, reading each chunk of the input row once for all of them.
 COLUMNS = 8
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
+# Most warps in a block (more would not fit the registers of one multiprocessor at once).
+MAX_WARPS = 8
+
+
+@dataclass(frozen=True)
+class RowRole:
+    """What a projection's kernel computes around its product, by the projection's place in a block.
+
+    ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` ``max(y, 0)²``. ``prologue``
+    ``"group_norm"`` takes the row before its norm (:func:`grouped_rms_norm`, ``norm_groups`` slices, eps
+    ``norm_eps``) with the sums of its squares over ``norm_partials`` equal runs, which the kernel that
+    wrote the row summed as it went (:class:`engine.ssm.FusedStep`)."""
+
+    epilogue: Epilogue = "none"
+    prologue: Prologue = "none"
+    norm_groups: int = 1
+    norm_partials: int = 0
+    norm_eps: float = 0.0
 
 
 @dataclass(frozen=True)
 class QuantizedRowShape:
     """One row of ``width`` inputs through an ``outputs × width`` projection quantized to ``bits`` in
-    groups of ``group_size``; ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"``
-    ``max(y, 0)²``."""
+    groups of ``group_size``, in its :class:`RowRole`."""
 
     width: int
     outputs: int
     bits: int
     group_size: int
-    epilogue: Epilogue = "none"
+    role: RowRole = RowRole()
 
     def __post_init__(self) -> None:
-        if self.epilogue not in EPILOGUES:
-            raise ValueError(f"epilogue must be one of {EPILOGUES}, not {self.epilogue!r}")
+        role = self.role
+        if role.epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, not {role.epilogue!r}")
+        if role.prologue not in PROLOGUES:
+            raise ValueError(f"prologue must be one of {PROLOGUES}, not {role.prologue!r}")
         if self.bits not in (4, 8):
             raise ValueError(f"the quantized row kernel reads 4 or 8 bits, not {self.bits}")
         if self.group_size % self.chunk_values or self.width % self.group_size:
             raise ValueError(
                 f"groups of {self.group_size} must hold whole {self.chunk_values}-value chunks and tile {self.width}"
             )
+        if role.prologue == "group_norm" and (
+            self.width % (role.norm_groups * self.chunk_values)
+            or role.norm_partials % role.norm_groups
+            or role.norm_partials < role.norm_groups
+        ):
+            raise ValueError(
+                f"{role.norm_groups} norm groups must hold whole {self.chunk_values}-value chunks of {self.width}"
+                f" and whole runs of {role.norm_partials} partial sums"
+            )
 
     @property
     def chunk_values(self) -> int:
         """Values in one 16-byte read (a chunk lies within one group)."""
         return CHUNK_BYTES * 8 // self.bits
+
+    @property
+    def chunks(self) -> int:
+        return self.width // self.chunk_values
+
+    def layout(self) -> tuple[int, int]:
+        """``(split, sets)``: warps sharing one set of :data:`COLUMNS` columns, each lane reading whole chunks
+        of the row, and sets per block.
+
+        A lane issues all its loads at once and waits out one memory latency per pass over the row, so
+        the fewest passes that keep most lanes busy win: one pass where a block can hold the lanes, else
+        two (a pass with lanes left idle at its end wastes their share of the memory's parallelism)."""
+        for passes in (1, 2, 3, 4, 8, 16):
+            split = -(-self.chunks // (32 * passes))
+            if split <= MAX_WARPS and self.chunks / (32 * split * passes) >= 0.85:
+                break
+        split = min(split, MAX_WARPS)
+        return split, max(1, 8 // split)
+
+
+def grouped_rms_norm(x: mx.array, weight: mx.array, *, groups: int, eps: float) -> mx.array:
+    """``weight · x / rms`` with each of ``groups`` equal slices of ``x`` normed apart (MLX's RMS norm kernel):
+    the Mamba mixer's norm (:class:`engine.llm.GroupedGatedRMSNorm`), and the fallback of the prologue that
+    finishes it from partial sums."""
+    grouped = mx.unflatten(x, axis=-1, shape=(groups, -1))
+    return weight * mx.fast.rms_norm(grouped, weight=None, eps=eps).flatten(-2)
 
 
 def quantized_row_ops(
@@ -82,92 +144,127 @@ def quantized_row_ops(
     scales: mx.array,
     biases: mx.array,
     base: mx.array | None = None,
+    squares: mx.array | None = None,
+    norm_weight: mx.array | None = None,
+    norm_params: mx.array | None = None,
     *,
     group_size: int,
     bits: int,
-    epilogue: Epilogue = "none",
+    role: RowRole = RowRole(),
 ) -> mx.array:
-    """The reference's operations (the kernel's fallback): ``x @ dequantize(weight).T``, then the
-    ``epilogue`` (``base +`` it, or ``relu2``) — as a block of :mod:`engine.llm` computes them."""
+    """The reference's operations (the kernel's fallback): the ``role``'s prologue (the norm itself, from the row:
+    the partial sums are the kernel's shortcut), ``x @ dequantize(weight).T``, then its epilogue (``base +``
+    it, or ``relu2``) — as a block of :mod:`engine.llm` computes them."""
+    if role.prologue == "group_norm":
+        assert norm_weight is not None
+        x = grouped_rms_norm(x, norm_weight, groups=role.norm_groups, eps=role.norm_eps)
     y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
-    if epilogue == "residual":
+    if role.epilogue == "residual":
         assert base is not None
         return base + y
-    return nn.relu2(y) if epilogue == "relu2" else y
+    return nn.relu2(y) if role.epilogue == "relu2" else y
 
 
 _CUDA = """
     constexpr int PER_WORD = 32 / BITS;
+    constexpr int PER_HALF = 16 / BITS;  // values in 16 bits
     constexpr int PER_CHUNK = 4 * PER_WORD;  // values in one 16-byte read, all in one group
     constexpr int CHUNKS = K / PER_CHUNK;
     constexpr int GROUPS = K / GROUP;
-    constexpr int COLUMN_SETS = WARPS / SPLIT;  // sets of COLUMNS columns per block; SPLIT warps share each
-    constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
+    constexpr int LANES = SPLIT * 32;  // lanes sharing one set of COLUMNS columns, a chunk each per pass
+    constexpr int PASSES = (CHUNKS + LANES - 1) / LANES;
     constexpr unsigned int MASK = (1u << BITS) - 1u;
-    __shared__ float partial[WARPS][COLUMNS];
+    __shared__ float partial[SETS * SPLIT][COLUMNS];
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int set = warp % COLUMN_SETS;
-    const int slice = warp / COLUMN_SETS;
-    const int first_column = (blockIdx.x * COLUMN_SETS + set) * COLUMNS;
+    const int set = warp / SPLIT;
+    const int first_column = (blockIdx.x * SETS + set) * COLUMNS;
+    const int reader = (warp % SPLIT) * 32 + lane;
     const uint4* packed = reinterpret_cast<const uint4*>(weight);
     // An array may start anywhere in its buffer: 16-byte reads only from a 16-byte boundary.
     const bool aligned = reinterpret_cast<unsigned long long>(x) % 16 == 0;
     const bool weights_aligned = reinterpret_cast<unsigned long long>(weight) % 16 == 0;
     float acc[COLUMNS];
+#pragma unroll
     for (int r = 0; r < COLUMNS; ++r) acc[r] = 0.0f;
-    const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
-    for (int c = slice * PER_SLICE + lane; c < end; c += 32) {
-        // The chunk's inputs, read once and used for every column of the set.
-        const int first = c * PER_CHUNK;
-        float inputs[PER_CHUNK];
-        if (aligned) {
-            const float4* source = reinterpret_cast<const float4*>(x + first);
-            for (int v = 0; v < PER_CHUNK / 4; ++v) {
-                const float4 four = source[v];
-                inputs[4 * v] = four.x;
-                inputs[4 * v + 1] = four.y;
-                inputs[4 * v + 2] = four.z;
-                inputs[4 * v + 3] = four.w;
-            }
-        } else {
-            for (int e = 0; e < PER_CHUNK; ++e) inputs[e] = x[first + e];
-        }
-        float total = 0.0f;
-        for (int e = 0; e < PER_CHUNK; ++e) total += inputs[e];
-        const int group = first / GROUP;
-        for (int r = 0; r < COLUMNS; ++r) {
-            const int column = first_column + r;
-            if (column >= N) break;
-            const size_t at_chunk = static_cast<size_t>(column) * CHUNKS + c;
-            unsigned int words[4];
-            if (weights_aligned) {
-                const uint4 chunk = packed[at_chunk];
-                words[0] = chunk.x;
-                words[1] = chunk.y;
-                words[2] = chunk.z;
-                words[3] = chunk.w;
-            } else {
-                for (int j = 0; j < 4; ++j) words[j] = weight[4 * at_chunk + j];
-            }
-            float dot = 0.0f;
-            for (int j = 0; j < 4; ++j) {
-                for (int e = 0; e < PER_WORD; ++e) {
-                    dot += inputs[j * PER_WORD + e] * static_cast<float>((words[j] >> (e * BITS)) & MASK);
+    @SETUP@
+#pragma unroll
+    for (int pass = 0; pass < PASSES; ++pass) {
+        const int c = reader + pass * LANES;
+        if (c < CHUNKS) {
+            // Every load of the pass is issued before the first is used: one memory latency per pass.
+            // Columns past N read the last column again (the result is not written).
+            const int group = c * PER_CHUNK / GROUP;
+            uint4 chunk[COLUMNS];
+            float scale[COLUMNS];
+            float bias[COLUMNS];
+#pragma unroll
+            for (int r = 0; r < COLUMNS; ++r) {
+                const int column = min(first_column + r, N - 1);
+                const size_t at_chunk = static_cast<size_t>(column) * CHUNKS + c;
+                if (weights_aligned) {
+                    chunk[r] = packed[at_chunk];
+                } else {
+                    chunk[r] = make_uint4(weight[4 * at_chunk], weight[4 * at_chunk + 1], weight[4 * at_chunk + 2],
+                                          weight[4 * at_chunk + 3]);
                 }
+                const size_t at = static_cast<size_t>(column) * GROUPS + group;
+                scale[r] = static_cast<float>(scales[at]);
+                bias[r] = static_cast<float>(biases[at]);
             }
-            const size_t at = static_cast<size_t>(column) * GROUPS + group;
-            acc[r] += static_cast<float>(scales[at]) * dot + static_cast<float>(biases[at]) * total;
+            // The chunk's inputs, read once and used for every column of the set.
+            const int first = c * PER_CHUNK;
+            float inputs[PER_CHUNK];
+            if (aligned) {
+                const float4* source = reinterpret_cast<const float4*>(x + first);
+#pragma unroll
+                for (int v = 0; v < PER_CHUNK / 4; ++v) {
+                    const float4 four = source[v];
+                    inputs[4 * v] = four.x;
+                    inputs[4 * v + 1] = four.y;
+                    inputs[4 * v + 2] = four.z;
+                    inputs[4 * v + 3] = four.w;
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < PER_CHUNK; ++e) inputs[e] = x[first + e];
+            }
+            @INPUTS@
+            float total = 0.0f;
+#pragma unroll
+            for (int e = 0; e < PER_CHUNK; ++e) total += inputs[e];
+            // A value's bits in place in its half word, v = q·2^(BITS·k) < 2^23, are the low bits of the float
+            // 2^23 + v: one bitwise operation and one exact subtraction give v, where converting q took a
+            // quarter-rate instruction that held the kernel to about 2e12 values a second. The inputs are
+            // scaled by 2^(−BITS·k) to match (powers of two: exact), so every product x·q keeps its bits.
+#pragma unroll
+            for (int e = 0; e < PER_CHUNK; ++e) inputs[e] *= __int_as_float((127 - BITS * (e % PER_HALF)) << 23);
+#pragma unroll
+            for (int r = 0; r < COLUMNS; ++r) {
+                const unsigned int words[4] = {chunk[r].x, chunk[r].y, chunk[r].z, chunk[r].w};
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const unsigned int halves[2] = {words[j], words[j] >> 16};
+#pragma unroll
+                    for (int e = 0; e < PER_WORD; ++e) {
+                        const unsigned int in_place = halves[e / PER_HALF] & (MASK << (BITS * (e % PER_HALF)));
+                        dot += inputs[j * PER_WORD + e] * (__uint_as_float(0x4B000000u | in_place) - 8388608.0f);
+                    }
+                }
+                acc[r] += scale[r] * dot + bias[r] * total;
+            }
         }
     }
+#pragma unroll
     for (int r = 0; r < COLUMNS; ++r) {
         for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffff, acc[r], offset);
         if (lane == 0) partial[warp][r] = acc[r];
     }
     __syncthreads();
-    if (slice == 0 && lane < COLUMNS && first_column + lane < N) {
+    if (warp % SPLIT == 0 && lane < COLUMNS && first_column + lane < N) {
         float sum = 0.0f;
-        for (int k = 0; k < SPLIT; ++k) sum += partial[set + k * COLUMN_SETS][lane];
+        for (int k = 0; k < SPLIT; ++k) sum += partial[warp + k][lane];
         @EPILOGUE@
         y[first_column + lane] = sum;
     }
@@ -178,13 +275,41 @@ _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "residual": "sum = base[first_column + lane] + sum;",
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
 }
-# The inputs each epilogue reads besides the row and the quantized weight.
+# The group norm's factors, once per block from the partial sums (each group's summed in one fixed order, so
+# every block gets the same bits), then applied to each chunk's inputs as they are read.
+_CUDA_PROLOGUES: dict[Prologue, tuple[str, str]] = {
+    "none": ("", ""),
+    "group_norm": (
+        """constexpr int NORM_WIDTH = K / NORM_GROUPS;
+    constexpr int PER_GROUP = PARTIALS / NORM_GROUPS;
+    __shared__ float norm_factor[NORM_GROUPS];
+    for (int g = warp; g < NORM_GROUPS; g += SETS * SPLIT) {
+        float sum = 0.0f;
+        for (int i = lane; i < PER_GROUP; i += 32) sum += squares[g * PER_GROUP + i];
+        for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+        if (lane == 0) norm_factor[g] = rsqrtf(sum / NORM_WIDTH + norm_params[0]);
+    }
+    __syncthreads();""",
+        """const float factor = norm_factor[first / NORM_WIDTH];
+#pragma unroll
+            for (int e = 0; e < PER_CHUNK; ++e) {
+                inputs[e] = static_cast<float>(norm_weight[first + e]) * (inputs[e] * factor);
+            }""",
+    ),
+}
+# The inputs each part reads besides the row and the quantized weight.
 EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"none": (), "residual": ("base",), "relu2": ()}
+PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
+    "none": (),
+    "group_norm": ("squares", "norm_weight", "norm_params"),
+}
 
 
 def cuda_source(shape: QuantizedRowShape) -> str:
-    """The kernel body for ``shape``'s epilogue."""
-    return _CUDA.replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.epilogue])
+    """The kernel body for ``shape``'s role."""
+    setup, inputs = _CUDA_PROLOGUES[shape.role.prologue]
+    body = _CUDA.replace("@SETUP@", setup).replace("@INPUTS@", inputs)
+    return body.replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.role.epilogue])
 
 
 class QuantizedRowProduct:
@@ -194,15 +319,21 @@ class QuantizedRowProduct:
         if backend != "cuda":
             raise ValueError("MLX's own kernel serves quantized rows on Metal")
         self.shape = shape
-        chunks = shape.width // shape.chunk_values
-        # Warps sharing a set of columns, each summing a slice of the row: enough that every lane of a
-        # slice has a chunk to read, and the short rows still spread over many warps.
-        self.split = next(count for count in (8, 4, 2, 1) if count == 1 or chunks // count >= 32)
-        self._inputs = ["x", "weight", "scales", "biases", *EPILOGUE_INPUTS[shape.epilogue]]
-        epilogue = "" if shape.epilogue == "none" else f"_{shape.epilogue}"
+        self.split, self.sets = shape.layout()
+        self.columns = COLUMNS
+        role = shape.role
+        self._inputs = [
+            "x",
+            "weight",
+            "scales",
+            "biases",
+            *EPILOGUE_INPUTS[role.epilogue],
+            *PROLOGUE_INPUTS[role.prologue],
+        ]
+        parts = "".join(f"_{part}" for part in (role.prologue, role.epilogue) if part != "none")
         self._kernel = custom_kernel(
             backend,
-            f"parley_quantized_row_{shape.bits}bit{epilogue}",
+            f"parley_quantized_row_{shape.bits}bit{parts}",
             self._inputs,
             ["y"],
             cuda=cuda_source(shape),
@@ -210,14 +341,31 @@ class QuantizedRowProduct:
         )
 
     def __call__(
-        self, x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, base: mx.array | None = None
+        self,
+        x: mx.array,
+        weight: mx.array,
+        scales: mx.array,
+        biases: mx.array,
+        base: mx.array | None = None,
+        squares: mx.array | None = None,
+        norm_weight: mx.array | None = None,
+        norm_params: mx.array | None = None,
     ) -> mx.array:
         """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape
         (``base``, for a residual epilogue, holds one row of ``outputs``)."""
         shape = self.shape
-        named = {"x": x, "weight": weight, "scales": scales, "biases": biases, "base": base}
-        per_block = COLUMNS * WARPS // self.split
-        blocks = -(-shape.outputs // per_block)
+        named = {
+            "x": x,
+            "weight": weight,
+            "scales": scales,
+            "biases": biases,
+            "base": base,
+            "squares": squares,
+            "norm_weight": norm_weight,
+            "norm_params": norm_params,
+        }
+        warps = self.split * self.sets
+        blocks = -(-shape.outputs // (self.columns * self.sets))
         (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -225,24 +373,35 @@ class QuantizedRowProduct:
                 ("N", shape.outputs),
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
-                ("COLUMNS", COLUMNS),
+                ("COLUMNS", self.columns),
                 ("SPLIT", self.split),
-                ("WARPS", WARPS),
+                ("SETS", self.sets),
+                ("NORM_GROUPS", shape.role.norm_groups),
+                ("PARTIALS", shape.role.norm_partials),
             ],
-            grid=(blocks * WARPS * 32, 1, 1),
-            threadgroup=(WARPS * 32, 1, 1),
+            grid=(blocks * warps * 32, 1, 1),
+            threadgroup=(warps * 32, 1, 1),
             output_shapes=[(*x.shape[:-1], shape.outputs)],
             output_dtypes=[mx.float32],
         )
         return y
 
 
-def quantized_row_samples(shape: QuantizedRowShape, scale_dtype: mx.Dtype) -> tuple[Any, ...]:
-    """A float32 row and a random weight quantized as the checkpoint stores it (then a residual's base where
-    the shape adds one), for admission."""
-    keys = mx.random.split(mx.random.key(67), 3)
+def quantized_row_samples(
+    shape: QuantizedRowShape, scale_dtype: mx.Dtype, norm_dtype: mx.Dtype = mx.float32
+) -> tuple[Any, ...]:
+    """Inputs for admission, in :class:`QuantizedRowProduct`'s call order: a float32 row and a random weight
+    quantized as the checkpoint stores it, then what the role reads besides (None where it reads nothing):
+    a residual's base, and a group norm's partial sums of squares (of the row itself), weight and eps."""
+    keys = mx.random.split(mx.random.key(67), 4)
     x = mx.random.normal((1, shape.width), key=keys[0])
     dense = mx.random.normal((shape.outputs, shape.width), key=keys[1]) / math.sqrt(shape.width)
     weight, scales, biases = mx.quantize(dense.astype(mx.bfloat16), shape.group_size, shape.bits)
-    base = mx.random.normal((1, shape.outputs), key=keys[2]) if shape.epilogue == "residual" else None
-    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), base)
+    role = shape.role
+    base = mx.random.normal((1, shape.outputs), key=keys[2]) if role.epilogue == "residual" else None
+    norm: tuple[mx.array | None, ...] = (None, None, None)
+    if role.prologue == "group_norm":
+        squares = mx.sum(mx.square(x).reshape(role.norm_partials, -1), axis=1)
+        norm_weight = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[3])).astype(norm_dtype)
+        norm = (squares, norm_weight, mx.array([role.norm_eps], dtype=mx.float32))
+    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), base, *norm)

@@ -192,6 +192,14 @@ def ssm_scan(
 
 # --------------------------------------------------------------------------- fast numerics: one kernel per step
 
+
+def block_rows(heads: int, head_dim: int, groups: int) -> int:
+    """Rows (one warp each) per block of the fused step: the most, up to 16, that tile one norm group, so
+    that each block's sum of squares belongs to one group."""
+    group_rows = heads // groups * head_dim
+    return next(rows for rows in (16, 8, 4, 2, 1) if group_rows % rows == 0)
+
+
 # CONV_OF(channel, result) in both sources: the causal convolution of one channel over the window
 # [conv_state rows 0 … K-2, this position's input], plus its bias, through SiLU.
 _STEP_CUDA = """
@@ -240,9 +248,19 @@ _STEP_CUDA = """
     for (int offset = 16; offset > 0; offset /= 2) {
         readout += __shfl_down_sync(0xffffffff, readout, offset);
     }
+    __shared__ float row_squares[ROWS];
     if (lane == 0) {
         const float gate_value = projected[row];
-        y[row] = gate_value * (1.0f / (1.0f + expf(-gate_value))) * (readout + skip[h] * x);
+        const float gated = gate_value * (1.0f / (1.0f + expf(-gate_value))) * (readout + skip[h] * x);
+        y[row] = gated;
+        row_squares[threadIdx.x / 32] = gated * gated;
+    }
+    // The block's ROWS squares summed in order: the mixer's norm adds a group's blocks (engine.quantized_product).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int r = 0; r < ROWS; ++r) sum += row_squares[r];
+        squares[blockIdx.x] = sum;
     }
     #undef CONV_OF
 """
@@ -287,15 +305,24 @@ _STEP_METAL = """
         readout += s * c;
     }
     readout = metal::simd_sum(readout);
+    threadgroup float row_squares[ROWS];
     if (lane == 0) {
         const float gate_value = projected[row];
-        y[row] = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * (readout + skip[h] * x);
+        const float gated = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * (readout + skip[h] * x);
+        y[row] = gated;
+        row_squares[simdgroup_index_in_threadgroup] = gated * gated;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (thread_index_in_threadgroup == 0) {
+        float sum = 0.0f;
+        for (uint r = 0; r < ROWS; ++r) sum += row_squares[r];
+        squares[threadgroup_position_in_grid.x] = sum;
     }
     #undef CONV_OF
 """
 
 _STEP_INPUTS = ["projected", "conv_state", "conv_weight", "conv_bias", "dt_bias", "a_log", "skip", "state", "limits"]
-_STEP_OUTPUTS = ["y", "new_conv_state", "new_state"]
+_STEP_OUTPUTS = ["y", "new_conv_state", "new_state", "squares"]
 
 
 def fused_step_ops(
@@ -310,21 +337,22 @@ def fused_step_ops(
     limits: mx.array,
     *,
     groups: int,
-) -> tuple[mx.array, mx.array, mx.array]:
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """The fused step's arithmetic as operations: its fallback, and fast mode's step on the CPU.
 
-    ``projected`` (P,) is one position's input projection ``[gate (H·P) | conv input (conv_dim) | dt (H)]``;
+    ``projected`` (…, P) is one position's input projection ``[gate (H·P) | conv input (conv_dim) | dt (H)]``;
     ``conv_state`` (1, K-1, conv_dim) the convolution's window before it, ``conv_weight`` (conv_dim, K, 1)
     and ``conv_bias`` (conv_dim,) the depthwise convolution; ``state`` (1, H, P, N) float32 and ``limits``
-    the (2,) time-step clip. Returns ``silu(gate) · y`` (H·P,), the gated readout the mixer's norm takes,
-    the new convolution window (1, K-1, conv_dim) and the new state. Unlike the exact form it sums the
-    convolution tap by tap and reads the output from the new state, ``y = C·S_new + D·x``: the same
-    quantities, summed in another order.
+    the (2,) time-step clip. Returns ``silu(gate) · y`` (…, H·P), the gated readout the mixer's norm takes,
+    the new convolution window (1, K-1, conv_dim), the new state, and the sums of the readout's squares
+    over each :func:`block_rows` rows (the norm's statistics, which the output projection's kernel
+    completes). Unlike the exact form it sums the convolution tap by tap and reads the output from the
+    new state, ``y = C·S_new + D·x``: the same quantities, summed in another order.
     """
     _, heads, head_dim, state_size = state.shape
     inner = heads * head_dim
     conv_dim = conv_state.shape[-1]
-    gate, conv_input, dt_raw = mx.split(projected, [inner, inner + conv_dim])
+    gate, conv_input, dt_raw = mx.split(projected.reshape(-1), [inner, inner + conv_dim])
     window = mx.concatenate([conv_state[0].astype(mx.float32), conv_input[None]], axis=0)  # (K, conv_dim)
     mixed = nn.silu(mx.sum(window * conv_weight[..., 0].T.astype(mx.float32), axis=0) + conv_bias)
     x = mixed[:inner].reshape(heads, head_dim)
@@ -334,7 +362,9 @@ def fused_step_ops(
     decay = mx.exp(dt * -mx.exp(a_log).astype(mx.float32))
     new_state = state[0] * decay[:, None, None] + (dt[:, None] * x)[:, :, None] * b_heads[:, None, :]
     y = mx.sum(new_state * c_heads[:, None, :], axis=-1) + skip[:, None] * x
-    return nn.silu(gate) * y.reshape(inner), window[1:][None], new_state[None]
+    gated = nn.silu(gate) * y.reshape(inner)
+    squares = mx.sum(mx.square(gated).reshape(-1, block_rows(heads, head_dim, groups)), axis=1)
+    return gated.reshape(*projected.shape[:-1], inner), window[1:][None], new_state[None], squares
 
 
 def fused_step_sample(mixer: Mamba2Mixer, seed: int = 1234) -> tuple[mx.array, ...]:
@@ -358,7 +388,8 @@ def fused_step_sample(mixer: Mamba2Mixer, seed: int = 1234) -> tuple[mx.array, .
 
 class FusedStep:
     """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see :mod:`engine.numerics`):
-    the causal convolution of one position, the state update, its readout, the skip term and the gate."""
+    the causal convolution of one position, the state update, its readout, the skip term and the gate, and
+    the sums of the gated readout's squares per block (:func:`fused_step_ops` says what each output is)."""
 
     def __init__(self, backend: str, heads: int, head_dim: int, groups: int, state_size: int) -> None:
         if heads % groups:
@@ -379,11 +410,11 @@ class FusedStep:
         skip: mx.array,
         state: mx.array,
         limits: mx.array,
-    ) -> tuple[mx.array, mx.array, mx.array]:
+    ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         rows = self.heads * self.head_dim
-        threads = rows * 32
+        block = block_rows(self.heads, self.head_dim, self.groups)
         kernel_size = conv_weight.shape[1]
-        y, new_conv_state, new_state = self._kernel(
+        y, new_conv_state, new_state, squares = self._kernel(
             inputs=[projected, conv_state, conv_weight, conv_bias, dt_bias, a_log, skip, state, limits],
             template=[
                 ("H", self.heads),
@@ -391,15 +422,21 @@ class FusedStep:
                 ("G", self.groups),
                 ("N", self.state_size),
                 ("K", kernel_size),
+                ("ROWS", block),
                 ("AT", a_log.dtype),
                 # The source is generated for its inputs' types: they name the kernel too.
                 ("ST", conv_state.dtype),
                 ("WT", conv_weight.dtype),
                 ("BT", conv_bias.dtype),
             ],
-            grid=(threads, 1, 1),
-            threadgroup=(128 if rows % 4 == 0 else 32, 1, 1),
-            output_shapes=[(rows,), (1, kernel_size - 1, conv_state.shape[-1]), state.shape],
-            output_dtypes=[mx.float32, mx.float32, mx.float32],
+            grid=(rows * 32, 1, 1),
+            threadgroup=(block * 32, 1, 1),
+            output_shapes=[
+                (*projected.shape[:-1], rows),
+                (1, kernel_size - 1, conv_state.shape[-1]),
+                state.shape,
+                (rows // block,),
+            ],
+            output_dtypes=[mx.float32, mx.float32, mx.float32, mx.float32],
         )
-        return y, new_conv_state, new_state
+        return y, new_conv_state, new_state, squares

@@ -31,7 +31,7 @@ from engine.numerics import (
 )
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
-from engine.ssm import fused_step_ops, fused_step_sample, silu_gate, ssm_scan
+from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
 from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -41,8 +41,9 @@ ARGMAX_AGREEMENT = 0.99
 WAVEFORM_SNR_DB = 40.0
 
 
-def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """The exact mode's operations for the same step (engine.llm.Mamba2Mixer.__call__ after its projection)."""
+def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """The exact mode's operations for the same step (engine.llm.Mamba2Mixer.__call__ after its projection), and
+    the sums of the gated readout's squares over the fused step's runs of rows."""
     projected, conv_state, _, _, dt_bias, a_log, skip, state, limits = inputs
     inner, conv_dim, width = mixer.inner_size, mixer.conv_dim, mixer.n_groups * mixer.state_size
     rows = projected.reshape(1, 1, -1)
@@ -62,7 +63,9 @@ def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.arr
         (float(limits[0].item()), float(limits[1].item())),
     )
     assert cache.conv_state is not None
-    return silu_gate(gate.reshape(inner), y.reshape(inner)), cache.conv_state, new_state
+    gated = silu_gate(gate.reshape(inner), y.reshape(inner))
+    runs = mx.square(gated).reshape(-1, block_rows(mixer.num_heads, mixer.head_dim, mixer.n_groups))
+    return gated, cache.conv_state, new_state, mx.sum(runs, axis=1)
 
 
 @pytest.mark.parametrize("size", ["tiny", "structure"])
@@ -85,11 +88,11 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
     inputs = fused_step_sample(mixer, 7)
     assert admit_kernel("exact step", functools.partial(_exact_step, mixer), fallback, inputs)
 
-    def wrong(*args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        y, window, state = fallback(*args)
-        return y * 1.001, window, state  # a 0.1 % error is far beyond reordering
+    def wrong(*args: mx.array) -> tuple[mx.array, ...]:
+        y, window, state, squares = fallback(*args)
+        return y * 1.001, window, state, squares  # a 0.1 % error is far beyond reordering
 
-    def broken(*args: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    def broken(*args: mx.array) -> tuple[mx.array, ...]:
         raise RuntimeError("kernel failed to compile")
 
     assert not admit_kernel("wrong step", wrong, fallback, inputs)
@@ -349,21 +352,48 @@ def test_every_row_product_source_is_complete() -> None:
 
 
 def test_every_quantized_row_source_is_complete() -> None:
-    """Each epilogue of the quantized row kernel fills every placeholder (it compiles only on a GPU), and an
-    unknown one is refused."""
-    from engine.quantized_product import EPILOGUES, QuantizedRowShape, cuda_source
+    """Each role of the quantized row kernel fills every placeholder and reads its own inputs (it compiles only on
+    a GPU), and an unknown part or a norm that does not tile the row is refused."""
+    from engine.quantized_product import EPILOGUES, PROLOGUES, QuantizedRowShape, RowRole, cuda_source
 
     for epilogue in EPILOGUES:
-        source = cuda_source(QuantizedRowShape(4480, 1024, 4, 64, epilogue))
-        assert "@" not in source and ("base[" in source) == (epilogue == "residual")
-    with pytest.raises(ValueError):
-        QuantizedRowShape(4480, 1024, 4, 64, "gelu")  # type: ignore[arg-type]
+        for prologue in PROLOGUES:
+            role = RowRole(epilogue, prologue, norm_groups=8, norm_partials=64)
+            source = cuda_source(QuantizedRowShape(10240, 1024, 4, 64, role))
+            assert "@" not in source and ("base[" in source) == (epilogue == "residual")
+            assert ("squares[" in source and "norm_weight[" in source) == (prologue == "group_norm")
+    for bad in (RowRole("gelu"), RowRole(prologue="layer_norm"), RowRole(prologue="group_norm", norm_groups=7)):  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            QuantizedRowShape(10240, 1024, 4, 64, bad)
+
+
+def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
+    """Fast numerics' Mamba block on a GPU: the output projection's kernel finishes the gated norm from the step's
+    partial sums of squares, summed per group, as ``rsqrt(sum / width + eps)`` (engine.quantized_product). That
+    arithmetic, here in operations, is the mixer's own norm to float32 rounding; sums of another row are not."""
+    voicechat = random_voicechat("tiny", quantize=4)
+    mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
+    mixer.norm.weight = 1.0 + 0.1 * mx.random.normal(mixer.norm.weight.shape, key=mx.random.key(3))
+    role = mixer.norm_role()
+    assert role.norm_eps == mixer.norm.eps and role.norm_groups == mixer.n_groups
+
+    def finished(gated: mx.array, squares: mx.array) -> mx.array:
+        factors = mx.rsqrt(
+            mx.sum(squares.reshape(role.norm_groups, -1), axis=1) / mixer.norm.group_width + mixer.norm.eps
+        )
+        rows = gated.reshape(role.norm_groups, -1) * factors[:, None]
+        return mixer.norm.weight * rows.reshape(gated.shape)
+
+    gated, _, _, squares = fused_step_ops(*fused_step_sample(mixer, 11), groups=mixer.n_groups)
+    assert squares.shape == (role.norm_partials,)
+    assert relative_l2(finished(gated, squares), mixer.norm.normalize(gated)) < 1e-6
+    assert relative_l2(finished(gated, 1.1 * squares), mixer.norm.normalize(gated)) > 1e-3
 
 
 def test_a_fused_llm_block_is_its_operations_on_the_fallbacks() -> None:
-    """Fast numerics runs each LLM block on one row with its projections' fused parts (the residual add and the
-    MLP's squared ReLU inside them): on the CPU's fallbacks, bit for bit the block's own operations, for every
-    block kind, and the Mamba states advance the same."""
+    """Fast numerics runs each LLM block on one row with its projections' fused parts (the residual add, the
+    MLP's squared ReLU and the Mamba mixer's gated norm inside them): on the CPU's fallbacks, bit for bit the
+    block's own operations, for every block kind, and the Mamba states advance the same."""
     voicechat = random_voicechat("tiny", quantize=4)
     llm = voicechat.model.stt_model.llm
     apply_numerics(voicechat.model, "fast")

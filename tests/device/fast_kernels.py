@@ -31,7 +31,13 @@ from engine.decode_attention import (
     norm_rope_samples,
 )
 from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
-from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
+from engine.quantized_product import (
+    QuantizedRowProduct,
+    QuantizedRowShape,
+    RowRole,
+    quantized_row_ops,
+    quantized_row_samples,
+)
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
@@ -159,23 +165,26 @@ def main() -> None:
 
 
 def quantized_rows(backend: str) -> None:
-    """The LLM's quantized products for one row, plain and with their block's residual add (or squared ReLU)
-    inside: admitted or not, and time and bandwidth per call, queued as a frame queues them, over distinct
-    weights so that the L2 cache does not serve them."""
-    # The full model's projections: Mamba in and out, the MLP's up and down, the heads; then the fused ones.
+    """The LLM's quantized products for one row, plain and in their blocks' roles (the residual add, the squared
+    ReLU, the Mamba mixer's gated norm finished from the step's partial sums): admitted or not, and time and
+    bandwidth per call, queued as a frame queues them, over distinct weights so that the L2 cache does not
+    serve them."""
+    # The full model's projections: Mamba in and out, the MLP's up and down, the heads; then the fused ones
+    # (the Mamba norm's 8 groups of 1,280, summed by the step in 640 runs of 16 rows).
     plain = ((4480, 22656), (10240, 4480), (4480, 15680), (15680, 4480), (4480, 131072))
-    fused = ((10240, 4480, "residual"), (4480, 15680, "relu2"), (15680, 4480, "residual"))
+    mamba_out = RowRole("residual", "group_norm", norm_groups=8, norm_partials=640)
+    fused = ((10240, 4480, mamba_out), (4480, 15680, RowRole("relu2")), (15680, 4480, RowRole("residual")))
     for bits in (4, 8):
-        for width, outputs_, epilogue in [(*pair, "none") for pair in plain] + list(fused):
-            shape = QuantizedRowShape(width, outputs_, bits, 64, epilogue)  # type: ignore[arg-type]
-            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, epilogue=epilogue)
+        for width, outputs_, role in [(*pair, RowRole()) for pair in plain] + list(fused):
+            shape = QuantizedRowShape(width, outputs_, bits, 64, role)
+            fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, role=role)
             kernel = QuantizedRowProduct(backend, shape)
             first = quantized_row_samples(shape, mx.bfloat16)
             copies = max(2, 400_000_000 // (width * outputs_ * bits // 8))
             samples = [first]
             for _ in range(1, copies):
-                _, weight, scales, biases, _ = quantized_row_samples(shape, mx.bfloat16)
-                samples.append((first[0], weight, scales, biases, first[4]))
+                _, weight, scales, biases, *_ = quantized_row_samples(shape, mx.bfloat16)
+                samples.append((first[0], weight, scales, biases, *first[4:]))
             mx.eval(samples)
             admitted = admit_kernel("quantized row", kernel, fallback, first)
             error = relative_l2(kernel(*first), fallback(*first))
@@ -189,12 +198,12 @@ def quantized_rows(backend: str) -> None:
                 for _ in range(rounds):
                     mx.eval([function(*inputs) for inputs in samples])
                 timings.append((time.perf_counter() - started) / (rounds * copies) * 1e6)
-            role = "" if epilogue == "none" else f" {epilogue}"
+            parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
             print(
-                f"quantized row {bits}-bit {width}->{outputs_}{role}: admitted {admitted}, relative L2 to MLX "
-                f"{error:.1e}; kernel {timings[0]:.1f} us ({nbytes / timings[0] / 1e3:.0f} GB/s), MLX "
-                f"{timings[1]:.1f} us ({nbytes / timings[1] / 1e3:.0f} GB/s) per call, queued over {copies} "
-                "distinct weights"
+                f"quantized row {bits}-bit {width}->{outputs_}{parts} (split {kernel.split}, sets {kernel.sets}): "
+                f"admitted {admitted}, relative L2 to MLX {error:.1e}; kernel {timings[0]:.1f} us "
+                f"({nbytes / timings[0] / 1e3:.0f} GB/s), MLX {timings[1]:.1f} us ({nbytes / timings[1] / 1e3:.0f}"
+                f" GB/s) per call, queued over {copies} distinct weights"
             )
 
 
