@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -132,10 +133,10 @@ class QuantizedLinear(nn.QuantizedLinear):
 
     def fused(
         self, x: mx.array, base: mx.array | None = None, norm: tuple[mx.array, mx.array, mx.array] | None = None
-    ) -> mx.array:
+    ) -> Any:
         """One float32 row through ``fused_row`` (given only to projections without a bias), added to ``base``
         where the part adds a residual; ``norm`` (partial sums of squares, weight, eps) where it finishes a
-        group norm of ``x``."""
+        norm of ``x``. Returns the row, and its partial sums of squares where the part writes them."""
         assert self.fused_row is not None
         return self.fused_row(x, self["weight"], self["scales"], self["biases"], base, *(norm or ()))
 
