@@ -361,12 +361,11 @@ class QuantizedRowProduct:
             *PROLOGUE_INPUTS[role.prologue],
         ]
         parts = "".join(f"_{part}" for part in (role.prologue, role.epilogue) if part != "none")
-        self._outputs = ["y", "squares_out"] if role.squares_out else ["y"]
         self._kernel = custom_kernel(
             backend,
             f"parley_quantized_row_{shape.bits}bit{parts}",
             self._inputs,
-            self._outputs,
+            ["y"],
             cuda=cuda_source(shape),
             metal="",
         )
