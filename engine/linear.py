@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -133,10 +132,10 @@ class QuantizedLinear(nn.QuantizedLinear):
 
     def fused(
         self, x: mx.array, base: mx.array | None = None, norm: tuple[mx.array, mx.array, mx.array] | None = None
-    ) -> Any:
+    ) -> mx.array:
         """One float32 row through ``fused_row`` (given only to projections without a bias), added to ``base``
         where the part adds a residual; ``norm`` (partial sums of squares, weight, eps) where it finishes a
-        norm of ``x``. Returns the row, and its partial sums of squares where the part writes them."""
+        group norm of ``x``."""
         assert self.fused_row is not None
         return self.fused_row(x, self["weight"], self["scales"], self["biases"], base, *(norm or ()))
 

@@ -30,7 +30,7 @@ from .linear import Linear, QuantizedLinear
 from .ssm import silu_gate, ssm_scan
 
 if TYPE_CHECKING:
-    from .quantized_product import PartialNorm, RowRole
+    from .quantized_product import RowRole
 
 MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
@@ -173,32 +173,22 @@ class Mamba2Mixer(nn.Module):
         )
         return gated, squares
 
-    def norm_role(self, squares_out: bool = False) -> RowRole:
+    def norm_role(self) -> RowRole:
         """The output projection's part in fast numerics' fused block: it finishes the gated norm from the
-        step's partial sums of squares, and adds the block's residual (whose partial sums it writes with
-        ``squares_out``)."""
+        step's partial sums of squares, and adds the block's residual."""
         from .quantized_product import RowRole
         from .ssm import block_rows
 
         partials = self.inner_size // block_rows(self.num_heads, self.head_dim, self.n_groups)
         return RowRole(
-            "residual",
-            "group_norm",
-            norm_groups=self.n_groups,
-            norm_partials=partials,
-            norm_eps=self.norm.eps,
-            squares_out=squares_out,
+            "residual", "group_norm", norm_groups=self.n_groups, norm_partials=partials, norm_eps=self.norm.eps
         )
 
-    def fused_block(
-        self, x: mx.array, cache: MambaCache, normed: mx.array | None = None, norm: PartialNorm | None = None
-    ) -> Any:
-        """Fast numerics' block for one float32 row ``x`` with both states (:meth:`steps_fast`), its input normed
-        ``normed`` or, with ``norm``, normed inside the input projection's kernel: ``x`` plus the mixer's output,
-        the gated norm's last step and the add inside the output projection's kernel (which also returns the
-        output's partial sums of squares where the block's role writes them)."""
-        projected = self.in_proj(normed) if norm is None else self.in_proj.fused(x, norm=norm)
-        gated, squares = self._step_fast(projected, cache)
+    def fused_block(self, x: mx.array, normed: mx.array, cache: MambaCache) -> mx.array:
+        """Fast numerics' block for one float32 row ``x``, normed ``normed``, with both states (:meth:`steps_fast`):
+        ``x`` plus the mixer's output, the gated norm's last step and the add inside the output projection's
+        kernel."""
+        gated, squares = self._step_fast(self.in_proj(normed), cache)
         return self.out_proj.fused(gated, base=x, norm=(squares, self.norm.weight, self._norm_params))
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
@@ -274,14 +264,6 @@ class CausalSelfAttention(nn.Module):
             self._heads(self.v_proj(x), self.num_kv_heads),
         )
 
-    def project_fused(self, x: mx.array, norm: PartialNorm) -> tuple[mx.array, mx.array, mx.array]:
-        """:meth:`project` of one row ``x`` before its block's norm, normed inside each projection's kernel."""
-        return (
-            self._heads(self.q_proj.fused(x, norm=norm), self.num_heads),
-            self._heads(self.k_proj.fused(x, norm=norm), self.num_kv_heads),
-            self._heads(self.v_proj.fused(x, norm=norm), self.num_kv_heads),
-        )
-
     def attend(
         self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: KVCache | None
     ) -> mx.array:
@@ -296,9 +278,8 @@ class CausalSelfAttention(nn.Module):
         batch, _, length, _ = attended.shape
         return attended.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
-    def output_fused(self, attended: mx.array, base: mx.array) -> Any:
-        """``base + output(attended)`` for one row, the add inside the output projection's kernel (and its partial
-        sums of squares after it, where the block's role writes them)."""
+    def output_fused(self, attended: mx.array, base: mx.array) -> mx.array:
+        """``base + output(attended)`` for one row, the add inside the output projection's kernel."""
         return self.o_proj.fused(self._rows(attended), base=base)
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: KVCache | None = None) -> mx.array:
@@ -327,10 +308,8 @@ class HybridBlock(nn.Module):
         self.kind = kind
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         # Fast numerics: the projections of fused_projections have their fused rows (engine.numerics), so a
-        # single row runs the block with the residual add (and the MLP's squared ReLU) inside their kernels;
-        # with partial_norms the block's norm too, from the previous block's partial sums of squares.
+        # single row runs the block with the residual add (and the MLP's squared ReLU) inside their kernels.
         self.fused_rows = False
-        self.partial_norms = False
         self.mixer: Mamba2Mixer | CausalSelfAttention | ReLU2MLP
         if kind == MAMBA:
             self.mixer = Mamba2Mixer(config)
@@ -342,40 +321,15 @@ class HybridBlock(nn.Module):
     def fused_projections(self) -> list[tuple[nn.Module, RowRole]]:
         """The projections that fold the block's arithmetic around them into their kernels, each with its
         role (:mod:`engine.quantized_product`): the last adds the residual (Mamba's also finishes the gated
-        norm), the MLP's up projection squares its ReLU; with :attr:`partial_norms` the first ones norm the
-        block's input and the last writes its output's partial sums of squares for the next block."""
-        from .quantized_product import COLUMNS, RowRole
+        norm), the MLP's up projection squares its ReLU."""
+        from .quantized_product import RowRole
 
-        mixer, carry = self.mixer, self.partial_norms
-        width = self.norm.weight.shape[0]
-        normed = RowRole(prologue="rms_norm", norm_partials=width // COLUMNS, norm_eps=self.norm.eps)
-        first = normed if carry else None
-        residual = RowRole("residual", squares_out=carry)
+        mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):
-            return [*([(mixer.in_proj, normed)] if carry else []), (mixer.out_proj, mixer.norm_role(carry))]
+            return [(mixer.out_proj, mixer.norm_role())]
         if isinstance(mixer, CausalSelfAttention):
-            inputs = [(mixer.q_proj, normed), (mixer.k_proj, normed), (mixer.v_proj, normed)] if carry else []
-            return [*inputs, (mixer.o_proj, residual)]
-        up = RowRole("relu2", "rms_norm", norm_partials=normed.norm_partials, norm_eps=self.norm.eps) if first else None
-        return [(mixer.up_proj, up or RowRole("relu2")), (mixer.down_proj, residual)]
-
-    @functools.cached_property
-    def _norm_params(self) -> mx.array:
-        return mx.array([self.norm.eps], dtype=mx.float32)  # what a kernel norming the block's input reads
-
-    def step_carrying(self, x: mx.array, squares: mx.array, cache: LayerCache) -> tuple[mx.array, mx.array]:
-        """Fast numerics' step of one row with :attr:`partial_norms`: ``x`` and its partial sums of squares in,
-        the block's output and its own out (written by the block's last kernel)."""
-        mixer, norm = self.mixer, (squares, self.norm.weight, self._norm_params)
-        if isinstance(mixer, Mamba2Mixer):
-            assert isinstance(cache, MambaCache)
-            output, out_squares = mixer.fused_block(x, cache, norm=norm)
-        elif isinstance(mixer, ReLU2MLP):
-            output, out_squares = mixer.down_proj.fused(mixer.up_proj.fused(x, norm=norm), base=x)
-        else:
-            assert cache is None or isinstance(cache, KVCache)
-            output, out_squares = mixer.output_fused(mixer.attend(*mixer.project_fused(x, norm), None, cache), x)
-        return output, out_squares
+            return [(mixer.o_proj, RowRole("residual"))]
+        return [(mixer.up_proj, RowRole("relu2")), (mixer.down_proj, RowRole("residual"))]
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
         if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:
@@ -397,15 +351,9 @@ class HybridBlock(nn.Module):
         """The block for one float32 row with its fused projections (None where the Mamba step cannot run
         yet: the states start with the first call)."""
         mixer = self.mixer
-        if isinstance(mixer, Mamba2Mixer) and not mixer.steps_fast(cache):  # type: ignore[arg-type]
-            return None
-        if self.partial_norms:
-            from .quantized_product import partial_squares
-
-            return self.step_carrying(x, partial_squares(x), cache)[0]
         if isinstance(mixer, Mamba2Mixer):
-            assert isinstance(cache, MambaCache)
-            return mixer.fused_block(x, cache, normed=self.norm(x))
+            assert cache is None or isinstance(cache, MambaCache)
+            return mixer.fused_block(x, self.norm(x), cache) if mixer.steps_fast(cache) else None
         if isinstance(mixer, ReLU2MLP):
             return mixer.down_proj.fused(mixer.up_proj.fused(self.norm(x)), base=x)
         assert cache is None or isinstance(cache, KVCache)
@@ -474,16 +422,10 @@ class NemotronH(nn.Module):
     def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
         """The compiled pieces for the fast parts in use: a program's trace holds the parts it was traced
         with, so a model switched between numerics modes keeps one set of programs per mode."""
-        key = (self._fast_parts, self._carries_squares)
-        if key not in self._segment_sets:
-            self._segment_sets[key] = self._build_segments()
-        return self._segment_sets[key]
-
-    @property
-    def _carries_squares(self) -> bool:
-        """Whether a step hands each block's partial sums of squares to the next (fast numerics on a GPU:
-        every block norms its input inside its first kernels, :attr:`HybridBlock.partial_norms`)."""
-        return bool(self.layers) and all(layer.fused_rows and layer.partial_norms for layer in self.layers)
+        parts = self._fast_parts
+        if parts not in self._segment_sets:
+            self._segment_sets[parts] = self._build_segments()
+        return self._segment_sets[parts]
 
     @functools.cached_property
     def _first_mixer(self) -> Mamba2Mixer | None:
@@ -515,43 +457,27 @@ class NemotronH(nn.Module):
         return segments
 
     def _run_blocks(self, indices: tuple[int, ...], hidden: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-        """Mamba and MLP blocks in order; ``states`` are each Mamba block's (conv, ssm) state, in order (after
-        the row's partial sums of squares where the step carries them); returns the row (and its sums) and the
-        updated states."""
-        carrying = self._carries_squares
-        squares: mx.array | None = None
-        if carrying:
-            squares, *states = states  # type: ignore[assignment]
+        """Mamba and MLP blocks in order; ``states`` are each Mamba block's (conv, ssm) state, in order."""
         pending = iter(states)
         updated: list[mx.array] = []
         for index in indices:
             layer = self.layers[index]
-            cache = MambaCache(conv_state=next(pending), ssm_state=next(pending)) if layer.kind == MAMBA else None
-            if squares is not None:
-                hidden, squares = layer.step_carrying(hidden, squares, cache)
-            else:
+            if layer.kind == MAMBA:
+                cache = MambaCache(conv_state=next(pending), ssm_state=next(pending))
                 hidden = layer(hidden, None, cache)
-            if cache is not None:
                 assert cache.conv_state is not None and cache.ssm_state is not None
                 updated += [cache.conv_state, cache.ssm_state]
-        return (hidden, *([] if squares is None else [squares]), *updated)
+            else:
+                hidden = layer(hidden, None, None)
+        return (hidden, *updated)
 
-    def _attention_inputs(
-        self, index: int, hidden: mx.array, *squares: mx.array
-    ) -> tuple[mx.array, mx.array, mx.array]:
+    def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
-        if squares:
-            return layer.mixer.project_fused(hidden, (squares[0], layer.norm.weight, layer._norm_params))
         return layer.mixer.project(layer.norm(hidden))
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
         hidden = inputs_embeds
-        carried: list[mx.array] = []  # the row's partial sums of squares, where the step carries them
-        if self._carries_squares:
-            from .quantized_product import partial_squares
-
-            carried = [partial_squares(hidden)]
         for kind, indices, program in self._segments:
             if kind == "run":
                 states: list[mx.array] = []
@@ -560,8 +486,7 @@ class NemotronH(nn.Module):
                     if isinstance(layer_cache, MambaCache):
                         assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
                         states += [layer_cache.conv_state, layer_cache.ssm_state]
-                hidden, *updated = program(hidden, *carried, *states)
-                carried, updated = updated[: len(carried)], updated[len(carried) :]
+                hidden, *updated = program(hidden, *states)
                 pending = iter(updated)
                 for index in indices:
                     layer_cache = cache.layers[index]
@@ -572,13 +497,9 @@ class NemotronH(nn.Module):
                 layer = self.layers[index]
                 layer_cache = cache.layers[index]
                 assert isinstance(layer.mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
-                queries, keys, values = program(hidden, *carried)
+                queries, keys, values = program(hidden)
                 attended = layer.mixer.attend(queries, keys, values, None, layer_cache)
-                if carried:
-                    hidden, squares = self._attention_residual(index)(hidden, attended)
-                    carried = [squares]
-                else:
-                    hidden = self._attention_residual(index)(hidden, attended)
+                hidden = self._attention_residual(index)(hidden, attended)
         cache.position += 1
         return self._compiled_norm(hidden)
 
@@ -586,9 +507,9 @@ class NemotronH(nn.Module):
     def _compiled_norm(self) -> Callable[[mx.array], mx.array]:
         return jit(self.norm_f)
 
-    def _attention_residual(self, index: int) -> Callable[..., Any]:
+    def _attention_residual(self, index: int) -> Callable[[mx.array, mx.array], mx.array]:
         programs = self._residual_programs
-        key = (index, self._fast_parts, self._carries_squares)
+        key = (index, self._fast_parts)
         if key not in programs:
             layer = self.layers[index]
             mixer = layer.mixer
@@ -600,7 +521,7 @@ class NemotronH(nn.Module):
         return programs[key]
 
     @functools.cached_property
-    def _residual_programs(self) -> dict[tuple[int, Any, bool], Callable[..., Any]]:
+    def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], mx.array]]:
         # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
         return {}
 

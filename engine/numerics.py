@@ -398,10 +398,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         module.fused_row = None
         every_row = every_row and used
     for block in (module for module in modules if isinstance(module, HybridBlock)):
-        # A block runs fused only when every projection of it has its fused part (kernel or operations). Its
-        # norm moves into its first kernels only where the quantized row kernel runs (CUDA): elsewhere the
-        # fallbacks would compute the partial sums of squares for nothing.
-        block.partial_norms = fast and _norms_move_into_kernels()
+        # A block runs fused only when every projection of it has its fused part (kernel or operations).
         fused = block.fused_projections()
         block.fused_rows = fast and all(
             isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _ in fused
@@ -433,11 +430,6 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             )
         tts.nearest_code = nearest
     return changes
-
-
-def _norms_move_into_kernels() -> bool:
-    """Whether the LLM's blocks norm their input inside their first quantized row kernels: where those run."""
-    return gpu_kernel_backend() == "cuda"
 
 
 def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:

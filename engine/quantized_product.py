@@ -44,12 +44,10 @@ import mlx.nn as nn
 
 from .numerics import custom_kernel
 
-# A norm finished inside a kernel: the row's partial sums of squares, the norm's weight, its eps (a (1,) array).
-PartialNorm = tuple[mx.array, mx.array, mx.array]
 Epilogue = Literal["none", "residual", "relu2"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
-Prologue = Literal["none", "group_norm", "rms_norm"]
-PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm", "rms_norm")
+Prologue = Literal["none", "group_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm")
 
 # Output columns a warp computes, reading each chunk of the input row once for all of them.
 COLUMNS = 8
@@ -63,25 +61,16 @@ MAX_WARPS = 8
 class RowRole:
     """What a projection's kernel computes around its product, by the projection's place in a block.
 
-    ``epilogue`` ``"residual"`` writes ``base + y`` (and with ``squares_out`` also the sums of that row's
-    squares over each :data:`COLUMNS` columns, the next block's norm statistics), ``"relu2"`` ``max(y, 0)²``.
-    ``prologue`` takes the row before its norm with the sums of its squares over ``norm_partials`` equal
-    runs, which the kernel that wrote the row summed as it went: ``"group_norm"`` the Mamba mixer's
-    (:func:`grouped_rms_norm` over ``norm_groups`` slices; the sums from :class:`engine.ssm.FusedStep`),
-    ``"rms_norm"`` a block's pre-norm (the sums from the previous block's residual kernel); eps ``norm_eps``."""
+    ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` ``max(y, 0)²``. ``prologue``
+    ``"group_norm"`` takes the row before its norm (:func:`grouped_rms_norm`, ``norm_groups`` slices, eps
+    ``norm_eps``) with the sums of its squares over ``norm_partials`` equal runs, which the kernel that
+    wrote the row summed as it went (:class:`engine.ssm.FusedStep`)."""
 
     epilogue: Epilogue = "none"
     prologue: Prologue = "none"
     norm_groups: int = 1
     norm_partials: int = 0
     norm_eps: float = 0.0
-    squares_out: bool = False
-
-
-def partial_squares(row: mx.array) -> mx.array:
-    """The sums of ``row``'s squares over each :data:`COLUMNS` values, as a residual kernel with ``squares_out``
-    writes them (the LLM's input row, which no kernel wrote, gets them from here)."""
-    return mx.sum(mx.square(row).reshape(-1, COLUMNS), axis=1)
 
 
 @dataclass(frozen=True)
@@ -107,11 +96,7 @@ class QuantizedRowShape:
             raise ValueError(
                 f"groups of {self.group_size} must hold whole {self.chunk_values}-value chunks and tile {self.width}"
             )
-        if role.squares_out and (role.epilogue != "residual" or self.outputs % COLUMNS):
-            raise ValueError(f"partial sums of squares come from a residual row of whole {COLUMNS}-column runs")
-        if role.prologue == "rms_norm" and role.norm_groups != 1:
-            raise ValueError("a block's pre-norm is one group")
-        if role.prologue != "none" and (
+        if role.prologue == "group_norm" and (
             self.width % (role.norm_groups * self.chunk_values)
             or role.norm_partials % role.norm_groups
             or role.norm_partials < role.norm_groups
@@ -166,20 +151,17 @@ def quantized_row_ops(
     group_size: int,
     bits: int,
     role: RowRole = RowRole(),
-) -> mx.array | tuple[mx.array, mx.array]:
+) -> mx.array:
     """The reference's operations (the kernel's fallback): the ``role``'s prologue (the norm itself, from the row:
     the partial sums are the kernel's shortcut), ``x @ dequantize(weight).T``, then its epilogue (``base +``
     it, or ``relu2``) — as a block of :mod:`engine.llm` computes them."""
     if role.prologue == "group_norm":
         assert norm_weight is not None
         x = grouped_rms_norm(x, norm_weight, groups=role.norm_groups, eps=role.norm_eps)
-    elif role.prologue == "rms_norm":
-        x = mx.fast.rms_norm(x, norm_weight, eps=role.norm_eps)
     y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
     if role.epilogue == "residual":
         assert base is not None
-        y = base + y
-        return (y, partial_squares(y)) if role.squares_out else y
+        return base + y
     return nn.relu2(y) if role.epilogue == "relu2" else y
 
 
@@ -281,15 +263,11 @@ _CUDA = """
         if (lane == 0) partial[warp][r] = acc[r];
     }
     __syncthreads();
-    if (warp % SPLIT == 0) {
-        const bool writes = lane < COLUMNS && first_column + lane < N;
+    if (warp % SPLIT == 0 && lane < COLUMNS && first_column + lane < N) {
         float sum = 0.0f;
-        if (writes) {
-            for (int k = 0; k < SPLIT; ++k) sum += partial[warp + k][lane];
-            @EPILOGUE@
-            y[first_column + lane] = sum;
-        }
-        @OUTRO@
+        for (int k = 0; k < SPLIT; ++k) sum += partial[warp + k][lane];
+        @EPILOGUE@
+        y[first_column + lane] = sum;
     }
 """
 
@@ -298,10 +276,12 @@ _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "residual": "sum = base[first_column + lane] + sum;",
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
 }
-# A norm's factors, once per block from the partial sums (each group's summed in one fixed order, so every
-# block gets the same bits), then applied to each chunk's inputs as they are read.
-_NORM_FROM_PARTIALS = (
-    """constexpr int NORM_WIDTH = K / NORM_GROUPS;
+# The group norm's factors, once per block from the partial sums (each group's summed in one fixed order, so
+# every block gets the same bits), then applied to each chunk's inputs as they are read.
+_CUDA_PROLOGUES: dict[Prologue, tuple[str, str]] = {
+    "none": ("", ""),
+    "group_norm": (
+        """constexpr int NORM_WIDTH = K / NORM_GROUPS;
     constexpr int PER_GROUP = PARTIALS / NORM_GROUPS;
     __shared__ float norm_factor[NORM_GROUPS];
     for (int g = warp; g < NORM_GROUPS; g += SETS * SPLIT) {
@@ -311,27 +291,18 @@ _NORM_FROM_PARTIALS = (
         if (lane == 0) norm_factor[g] = rsqrtf(sum / NORM_WIDTH + norm_params[0]);
     }
     __syncthreads();""",
-    """const float factor = norm_factor[first / NORM_WIDTH];
+        """const float factor = norm_factor[first / NORM_WIDTH];
 #pragma unroll
             for (int e = 0; e < PER_CHUNK; ++e) {
                 inputs[e] = static_cast<float>(norm_weight[first + e]) * (inputs[e] * factor);
             }""",
-)
-_CUDA_PROLOGUES: dict[Prologue, tuple[str, str]] = {
-    "none": ("", ""),
-    "group_norm": _NORM_FROM_PARTIALS,
-    "rms_norm": _NORM_FROM_PARTIALS,
+    ),
 }
-# The written row's squares, summed over the set's COLUMNS lanes (the whole warp takes part in the shuffles).
-_CUDA_SQUARES_OUT = """float square = writes ? sum * sum : 0.0f;
-        for (int offset = COLUMNS / 2; offset > 0; offset /= 2) square += __shfl_down_sync(0xffffffff, square, offset);
-        if (lane == 0) squares_out[first_column / COLUMNS] = square;"""
 # The inputs each part reads besides the row and the quantized weight.
 EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"none": (), "residual": ("base",), "relu2": ()}
 PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
     "none": (),
     "group_norm": ("squares", "norm_weight", "norm_params"),
-    "rms_norm": ("squares", "norm_weight", "norm_params"),
 }
 
 
@@ -339,7 +310,6 @@ def cuda_source(shape: QuantizedRowShape) -> str:
     """The kernel body for ``shape``'s role."""
     setup, inputs = _CUDA_PROLOGUES[shape.role.prologue]
     body = _CUDA.replace("@SETUP@", setup).replace("@INPUTS@", inputs)
-    body = body.replace("@OUTRO@", _CUDA_SQUARES_OUT if shape.role.squares_out else "")
     return body.replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.role.epilogue])
 
 
@@ -351,6 +321,7 @@ class QuantizedRowProduct:
             raise ValueError("MLX's own kernel serves quantized rows on Metal")
         self.shape = shape
         self.split, self.sets = shape.layout()
+        self.columns = COLUMNS
         role = shape.role
         self._inputs = [
             "x",
@@ -380,10 +351,9 @@ class QuantizedRowProduct:
         squares: mx.array | None = None,
         norm_weight: mx.array | None = None,
         norm_params: mx.array | None = None,
-    ) -> mx.array | tuple[mx.array, mx.array]:
+    ) -> mx.array:
         """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape
-        (``base``, for a residual epilogue, holds one row of ``outputs``), followed by its partial sums of
-        squares with ``squares_out``."""
+        (``base``, for a residual epilogue, holds one row of ``outputs``)."""
         shape = self.shape
         named = {
             "x": x,
@@ -396,15 +366,15 @@ class QuantizedRowProduct:
             "norm_params": norm_params,
         }
         warps = self.split * self.sets
-        blocks = -(-shape.outputs // (COLUMNS * self.sets))
-        outputs = self._kernel(
+        blocks = -(-shape.outputs // (self.columns * self.sets))
+        (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
                 ("K", shape.width),
                 ("N", shape.outputs),
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
-                ("COLUMNS", COLUMNS),
+                ("COLUMNS", self.columns),
                 ("SPLIT", self.split),
                 ("SETS", self.sets),
                 ("NORM_GROUPS", shape.role.norm_groups),
@@ -412,10 +382,10 @@ class QuantizedRowProduct:
             ],
             grid=(blocks * warps * 32, 1, 1),
             threadgroup=(warps * 32, 1, 1),
-            output_shapes=[(*x.shape[:-1], shape.outputs), (shape.outputs // COLUMNS,)][: len(self._outputs)],
-            output_dtypes=[mx.float32] * len(self._outputs),
+            output_shapes=[(*x.shape[:-1], shape.outputs)],
+            output_dtypes=[mx.float32],
         )
-        return (outputs[0], outputs[1]) if shape.role.squares_out else outputs[0]
+        return y
 
 
 def quantized_row_samples(
@@ -431,7 +401,7 @@ def quantized_row_samples(
     role = shape.role
     base = mx.random.normal((1, shape.outputs), key=keys[2]) if role.epilogue == "residual" else None
     norm: tuple[mx.array | None, ...] = (None, None, None)
-    if role.prologue != "none":
+    if role.prologue == "group_norm":
         squares = mx.sum(mx.square(x).reshape(role.norm_partials, -1), axis=1)
         norm_weight = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[3])).astype(norm_dtype)
         norm = (squares, norm_weight, mx.array([role.norm_eps], dtype=mx.float32))

@@ -352,27 +352,17 @@ def test_every_row_product_source_is_complete() -> None:
 
 
 def test_every_quantized_row_source_is_complete() -> None:
-    """Each role of the quantized row kernel fills every placeholder and reads and writes its own arrays (it
-    compiles only on a GPU), and an unknown part, a norm that does not tile the row, or partial sums of squares
-    out of anything but a residual row are refused."""
+    """Each role of the quantized row kernel fills every placeholder and reads its own inputs (it compiles only on
+    a GPU), and an unknown part or a norm that does not tile the row is refused."""
     from engine.quantized_product import EPILOGUES, PROLOGUES, QuantizedRowShape, RowRole, cuda_source
 
     for epilogue in EPILOGUES:
         for prologue in PROLOGUES:
-            for squares_out in (False, True) if epilogue == "residual" else (False,):
-                groups = 8 if prologue == "group_norm" else 1
-                role = RowRole(epilogue, prologue, norm_groups=groups, norm_partials=64, squares_out=squares_out)
-                source = cuda_source(QuantizedRowShape(10240, 1024, 4, 64, role))
-                assert "@" not in source and ("base[" in source) == (epilogue == "residual")
-                assert ("squares[" in source and "norm_weight[" in source) == (prologue != "none")
-                assert ("squares_out[" in source) == squares_out
-    for bad in (
-        RowRole("gelu"),  # type: ignore[arg-type]
-        RowRole(prologue="layer_norm"),  # type: ignore[arg-type]
-        RowRole(prologue="group_norm", norm_groups=7, norm_partials=7),
-        RowRole(prologue="rms_norm", norm_groups=2, norm_partials=64),
-        RowRole("relu2", squares_out=True),
-    ):
+            role = RowRole(epilogue, prologue, norm_groups=8, norm_partials=64)
+            source = cuda_source(QuantizedRowShape(10240, 1024, 4, 64, role))
+            assert "@" not in source and ("base[" in source) == (epilogue == "residual")
+            assert ("squares[" in source and "norm_weight[" in source) == (prologue == "group_norm")
+    for bad in (RowRole("gelu"), RowRole(prologue="layer_norm"), RowRole(prologue="group_norm", norm_groups=7)):  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             QuantizedRowShape(10240, 1024, 4, 64, bad)
 
@@ -425,29 +415,6 @@ def test_a_fused_llm_block_is_its_operations_on_the_fallbacks() -> None:
     assert isinstance(up, QuantizedLinear) and up.fused_row is not None
     apply_numerics(voicechat.model, "exact")
     assert not any(layer.fused_rows for layer in llm.layers) and up.fused_row is None
-
-
-def test_the_llm_step_carrying_partial_sums_is_the_same_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA fast mode hands each block's partial sums of squares to the next, whose first kernels finish its
-    norm (engine.llm.HybridBlock.partial_norms). Forced here, on the CPU's fallbacks (MLX's own norm, the sums
-    computed and left unused), the compiled steps carry the sums and give the same bits as without them."""
-    from engine import numerics
-
-    voicechat = random_voicechat("tiny", quantize=4)
-    llm = voicechat.model.stt_model.llm
-    config = llm.config
-    embeds = [mx.random.normal((1, 1, config.hidden_size), key=mx.random.key(seed)) for seed in range(6)]
-    runs = []
-    for carrying in (False, True):
-        monkeypatch.setattr(numerics, "_norms_move_into_kernels", lambda carrying=carrying: carrying)
-        apply_numerics(voicechat.model, "fast")
-        assert llm._carries_squares == carrying
-        cache = llm.make_cache()
-        runs.append([llm(embed, cache) for embed in embeds])
-        mx.eval(runs[-1])
-    assert all(mx.array_equal(a, b).item() for a, b in zip(*runs, strict=True))
-    up = next(layer for layer in llm.layers if layer.kind == "-").mixer.up_proj
-    assert up.fused_row.keywords["role"].prologue == "rms_norm"  # type: ignore[union-attr]
 
 
 def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
