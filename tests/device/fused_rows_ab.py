@@ -1,26 +1,21 @@
-"""Fast numerics with the LLM blocks' quantized rows in three forms, alternating rounds in one process.
+"""Fast numerics with and without the LLM blocks' fused quantized rows, alternating rounds in one process.
 
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup fusedab``): the full-size
-4-bit random model loaded for fast numerics. "unfused" runs every block as operations around the plain
-quantized rows; "fused" runs each block's residual add, the MLP's squared ReLU and the Mamba mixer's gated
-norm inside its projections' kernels; "fused+norms" also norms each block's input inside its first kernels,
-from the partial sums of squares the block before wrote (what fast mode runs on CUDA). Each form keeps its
-own compiled programs, so that all are warm before the rounds.
+4-bit random model loaded for fast numerics; "fused" runs each block's residual add, the MLP's squared ReLU
+and the Mamba mixer's gated norm inside its projections' kernels, "unfused" runs them as operations around the
+plain quantized rows. Each
+variant keeps its own compiled programs, so that both are warm before the rounds.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from app.bench import bench_input, question_audio, run_ours
-from engine import numerics
 from engine.model import assemble_voicechat
 from engine.random_checkpoint import random_weights
 from engine.session import warm_up
 from engine.tokenizer import TextTokenizer
-
-FORMS = ("unfused", "fused", "fused+norms")
 
 
 def main() -> None:
@@ -35,34 +30,31 @@ def main() -> None:
         numerics="fast",
     )
     llm = voicechat.model.stt_model.llm
-    programs: dict[str, tuple[dict[Any, Any], dict[Any, Any]]] = {form: ({}, {}) for form in FORMS}
+    fused_layers = [layer for layer in llm.layers if layer.fused_rows]
+    print(f"{len(fused_layers)} of {len(llm.layers)} blocks fused")
+    programs = {True: ({}, {}), False: ({}, {})}
 
-    def use(form: str) -> None:
-        carrying = form == "fused+norms"
-        numerics._norms_move_into_kernels = lambda: carrying  # type: ignore[attr-defined]
-        numerics.apply_numerics(voicechat.model, "fast")
-        if form == "unfused":
-            for layer in llm.layers:
-                layer.fused_rows = False
-        # A trace holds the block form it was traced with: each form keeps its own programs.
-        llm.__dict__["_segment_sets"], llm.__dict__["_residual_programs"] = programs[form]
+    def use(fused: bool) -> None:
+        for layer in fused_layers:
+            layer.fused_rows = fused
+        # A trace holds the block form it was traced with: each variant keeps its own programs.
+        llm.__dict__["_segment_sets"], llm.__dict__["_residual_programs"] = programs[fused]
 
-    for form in FORMS:
-        use(form)
-        fused = sum(layer.fused_rows for layer in llm.layers)
-        print(f"{form}: {fused} of {len(llm.layers)} blocks fused, partial sums carried {llm._carries_squares}")
+    for fused in (True, False):
+        use(fused)
         warm_up(voicechat, speech=question_audio())
     samples = bench_input(100)
-    results: dict[str, list[float]] = {form: [] for form in FORMS}
+    results: dict[bool, list[float]] = {True: [], False: []}
     for round_ in range(3):
-        for form in FORMS:
-            use(form)
+        for fused in (True, False):
+            use(fused)
             record = run_ours(voicechat, samples, seed=0, sub_stages=False)
             p50 = statistics.median(record.totals_ms)
-            results[form].append(p50)
-            print(f"round {round_ + 1} {form}: p50 {p50:.2f} ms, mean {statistics.mean(record.totals_ms):.2f} ms")
-    for form in FORMS:
-        print(f"{form} p50 per round: {', '.join(f'{value:.2f}' for value in results[form])}")
+            results[fused].append(p50)
+            name = "fused" if fused else "unfused"
+            print(f"round {round_ + 1} {name}: p50 {p50:.2f} ms, mean {statistics.mean(record.totals_ms):.2f} ms")
+    for fused in (True, False):
+        print(f"{'fused' if fused else 'unfused'} p50 per round: {', '.join(f'{v:.2f}' for v in results[fused])}")
 
 
 if __name__ == "__main__":
