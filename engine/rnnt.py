@@ -378,20 +378,22 @@ def _greedy_rows(
     the cell updates left to fuse. On the CPU the tokens and states are exact mode's, bit for bit."""
     embed, rnn = predictor.prediction["embed"], predictor.prediction["dec_rnn"]
     projected = joint.enc(encoded.reshape(1, -1))
-    layers = len(rnn.lstm)
-    state_h = None if hidden is None else [hidden[0][index] for index in range(layers)]
-    state_c = None if hidden is None else [hidden[1][index] for index in range(layers)]
+    layers, width = len(rnn.lstm), predictor.hidden_size
+    # Tokens as (1,) and states as one (1, width) row per layer throughout, so that no attempt reshapes them.
+    state_h = None if hidden is None else mx.split(hidden[0].reshape(layers, width), layers)
+    state_c = None if hidden is None else mx.split(hidden[1].reshape(layers, width), layers)
+    last = last.reshape(1)
     active: mx.array | None = None
     symbols = []
     for attempt in range(max_symbols):
         # Until the first emission the predictor sees the start symbol and no state, as in the host loop.
         fresh = attempt == 0 and not started
         if fresh:
-            proposed_h, proposed_c = rnn.step_rows(mx.zeros((1, predictor.hidden_size)), None, None)
+            proposed_h, proposed_c = rnn.step_rows(mx.zeros((1, width)), None, None)
         else:
-            proposed_h, proposed_c = rnn.step_rows(embed(last.reshape(-1)), state_h, state_c)
+            proposed_h, proposed_c = rnn.step_rows(embed(last), state_h, state_c)
         logits = joint.rows(projected, proposed_h[-1].astype(encoded.dtype))
-        best = mx.argmax(logits.reshape(-1)).astype(mx.int32)
+        best = mx.argmax(logits, axis=-1).astype(mx.int32)
         emitted = best != blank_id if active is None else active & (best != blank_id)
         symbols.append(mx.where(emitted, best, -1))
         proposed_h = [row.astype(encoded.dtype) for row in proposed_h]
@@ -404,7 +406,8 @@ def _greedy_rows(
         last = mx.where(emitted, best, last)
         active = emitted
     assert state_h is not None and state_c is not None
-    return mx.stack(symbols), last, mx.stack(state_h), mx.stack(state_c)
+    states = (mx.concatenate(state_h).reshape(layers, 1, width), mx.concatenate(state_c).reshape(layers, 1, width))
+    return mx.concatenate(symbols), last.reshape(1, 1), *states
 
 
 class GreedyPrograms:
