@@ -123,11 +123,12 @@ def nearest_code_ops(
     """The exact arithmetic of one quantizer's greedy step: the kernel's fallback.
 
     ``scores`` (T, C) is ``residual @ bookᵀ``, ``norms`` (C,) each entry's ‖e‖², ``book`` (C, L),
-    ``residual`` and ``chosen_sum`` (T, L). Returns the codes (T,) int32, the residual after
-    the chosen rows are taken out, and the sum after they are added in.
+    ``residual`` and ``chosen_sum`` (T, L). Returns the codes (T, 1) int32 (a column of the frame's
+    (T, Q) codes, joined without reshaping), the residual after the chosen rows are taken out, and the
+    sum after they are added in.
     """
-    chosen = mx.argmin(norms - 2.0 * scores, axis=-1)
-    row = book[chosen]
+    chosen = mx.argmin(norms - 2.0 * scores, axis=-1, keepdims=True)
+    row = book[chosen.reshape(-1)]
     return chosen.astype(mx.int32), residual - row, chosen_sum + row
 
 
@@ -151,7 +152,7 @@ class NearestCode:
             template=[("C", entries), ("L", width), ("THREADS", THREADS), ("BT", book.dtype), ("NT", norms.dtype)],
             grid=(rows * THREADS, 1, 1),
             threadgroup=(THREADS, 1, 1),
-            output_shapes=[(rows,), (rows, width), (rows, width)],
+            output_shapes=[(rows, 1), (rows, width), (rows, width)],
             output_dtypes=[mx.int32, mx.float32, mx.float32],
         )
         return code, residual_out, chosen_sum_out

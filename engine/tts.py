@@ -871,7 +871,7 @@ class EarTTS(nn.Module):
         _, length, width = hidden.shape
         rows = hidden.reshape(-1, width)
         conditional, unconditional = rows[:length], rows[length:]
-        columns = [mx.full((length,), config.mask_code, dtype=mx.int32)] * config.num_quantizers
+        columns = [mx.full((length, 1), config.mask_code, dtype=mx.int32)] * config.num_quantizers
         chosen_sum = mx.zeros((length, config.latent_size))
         norms = self.codebook_norms
         nearest = self.nearest_code
@@ -892,4 +892,4 @@ class EarTTS(nn.Module):
                 )
             if probe is not None:
                 probe(f"tts.rvq.{number}", chosen_sum, *columns)
-        return mx.expand_dims(mx.stack(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)
+        return mx.expand_dims(mx.concatenate(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)

@@ -517,9 +517,9 @@ def test_nearest_code_fallback_breaks_ties_toward_the_lowest_entry() -> None:
     """The kernel must match this bit for bit (it is admitted with tolerance 0): ties go to the first entry."""
     scores, norms, book, residual, chosen_sum = nearest_code_sample(64, 16)
     codes, new_residual, new_sum = nearest_code_ops(scores, norms, book, residual, chosen_sum)
-    assert codes.dtype == mx.int32 and codes.tolist() == [0, 5]
-    assert mx.array_equal(new_residual, residual - book[codes]).item()
-    assert mx.array_equal(new_sum, chosen_sum + book[codes]).item()
+    assert codes.dtype == mx.int32 and codes.tolist() == [[0], [5]]
+    assert mx.array_equal(new_residual, residual - book[codes[:, 0]]).item()
+    assert mx.array_equal(new_sum, chosen_sum + book[codes[:, 0]]).item()
     inputs = (scores, norms, book, residual, chosen_sum)
 
     def off_by_one(*args: mx.array) -> tuple[mx.array, ...]:
