@@ -18,8 +18,9 @@ and the log says why. The changes:
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
   layer, reading the whole input projection (no slices), instead of about fifty operations.
   It sums the convolution tap by tap and reads the output from the new state, where the
-  reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. Fallback:
-  :func:`engine.ssm.fused_step_ops`.
+  reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. It also writes the sums of its gated
+  readout's squares over each block of rows, which the output projection's kernel turns into the
+  mixer's norm (below). Fallback: :func:`engine.ssm.fused_step_ops`.
 * **Single-position attention for the TTS backbone** (:class:`engine.decode_attention.DecodeAttention`):
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
@@ -58,8 +59,10 @@ and the log says why. The changes:
   CUDA only): ``s · Σ x·q + b · Σ x`` per group in float32, as MLX's kernels compute it, with the
   groups summed in another order. Inside each block the last projection adds the residual and the
   MLP's up projection squares its ReLU in the same launch (the same float32 operations, after the
-  sum). Fallback and reference: MLX's ``quantized_matmul`` (and the add or squared ReLU), which
-  Metal keeps (its kernel there already reads at the memory's bandwidth).
+  sum), and the Mamba mixer's output projection first finishes its gated group norm from the step's
+  partial sums of squares (the same sum of squares in another order). Fallback and reference: MLX's
+  norm, ``quantized_matmul`` and the add or squared ReLU, which Metal keeps (its kernel there already
+  reads at the memory's bandwidth).
 * **The RN-T greedy loop on rows** (no kernel of its own): the same operations as exact mode's
   unrolled loop, with the frame's encoder projection made once instead of at every attempt, the
   LSTM state kept per layer, and the cell update's two products left to fuse (exact mode stores
