@@ -367,6 +367,34 @@ def test_every_quantized_row_source_is_complete() -> None:
             QuantizedRowShape(10240, 1024, 4, 64, bad)
 
 
+def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
+    """The kernel's lanes read whole chunks in even passes (one memory latency each): for the LLM's shapes at 4 and
+    8 bits, every chunk has a lane, a block fits the registers (at most MAX_WARPS warps), and the lanes of a row
+    are at least 85 % busy, in as few passes as that allows."""
+    from engine.quantized_product import MAX_WARPS, QuantizedRowShape
+
+    for bits in (4, 8):
+        for width, outputs in ((4480, 22656), (10240, 4480), (4480, 15680), (15680, 4480), (4480, 131072), (64, 128)):
+            shape = QuantizedRowShape(width, outputs, bits, 64)
+            split, sets = shape.layout()
+            lanes = 32 * split
+            passes = -(-shape.chunks // lanes)
+            assert 1 <= split * sets <= MAX_WARPS, shape
+            assert shape.chunks / (lanes * passes) >= 0.85 or split == 1, shape
+            if 1 < split < MAX_WARPS:  # the fewest warps for that many passes: one fewer would need another
+                assert -(-shape.chunks // (lanes - 32)) > passes, shape
+
+
+def test_the_fused_step_s_blocks_tile_the_norm_groups() -> None:
+    """Each block of the fused Mamba step sums the squares of rows of one norm group only."""
+    from engine.ssm import block_rows
+
+    for heads, head_dim, groups in ((128, 80, 8), (8, 16, 2), (6, 10, 3), (1, 7, 1)):
+        rows = block_rows(heads, head_dim, groups)
+        assert (heads // groups * head_dim) % rows == 0 and rows in (1, 2, 4, 8, 16)
+    assert block_rows(128, 80, 8) == 16
+
+
 def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
     """Fast numerics' Mamba block on a GPU: the output projection's kernel finishes the gated norm from the step's
     partial sums of squares, summed per group, as ``rsqrt(sum / width + eps)`` (engine.quantized_product). That
