@@ -9,9 +9,9 @@ Here a warp computes :data:`COLUMNS` output columns, reading each 16-byte chunk 
 once for all of them (the inputs are eight times the bytes of 4-bit weights: read once per column, as a
 first version of this kernel did, they held it to 0.13 TB/s), and warps share the columns of a short row,
 each lane reading whole chunks (:meth:`QuantizedRowShape.layout`). A lane issues every load of a pass before
-using the first, so a pass costs one memory latency: this layout read 0.93-1.45 TB/s at 4 bits where the
-one before it, whose lanes waited on each column's load in turn and shared rows unevenly, read 0.6-0.95
-(same process, interleaved, ``tests/device/fast_kernels.py quantized``; the LLM's projections 5-35 % faster).
+using the first, so a pass costs one memory latency: on the H200 this layout read 0.73-1.32 TB/s at 4 bits
+where the one before it, whose lanes waited on each column's load in turn and shared rows unevenly, read
+0.60-0.91 (same process, interleaved; the LLM's projections 5-31 % faster per call at 4 bits, up to 21 % at 8).
 
 Inside one of the LLM's residual blocks the last projection also adds the block's input (epilogue
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
@@ -53,7 +53,8 @@ PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm")
 COLUMNS = 8
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
-# Most warps in a block (more would not fit the registers of one multiprocessor at once).
+# Most warps sharing one row's columns in a block: on the H200, 16 warps in one pass ran slower than 8 in two
+# (fewer blocks fit a multiprocessor at once).
 MAX_WARPS = 8
 
 
@@ -120,14 +121,15 @@ class QuantizedRowShape:
         of the row, and sets per block.
 
         A lane issues all its loads at once and waits out one memory latency per pass over the row, so
-        the fewest passes that keep most lanes busy win: one pass where a block can hold the lanes, else
-        two (a pass with lanes left idle at its end wastes their share of the memory's parallelism)."""
+        the fewest passes that keep at least 85 % of the lanes busy win, with at most :data:`MAX_WARPS`
+        warps to a row (a pass with lanes left idle at its end wastes their share of the memory's
+        parallelism); a short row's block holds several sets of columns."""
         for passes in (1, 2, 3, 4, 8, 16):
             split = -(-self.chunks // (32 * passes))
             if split <= MAX_WARPS and self.chunks / (32 * split * passes) >= 0.85:
                 break
         split = min(split, MAX_WARPS)
-        return split, max(1, 8 // split)
+        return split, max(1, MAX_WARPS // split)
 
 
 def grouped_rms_norm(x: mx.array, weight: mx.array, *, groups: int, eps: float) -> mx.array:
@@ -321,7 +323,6 @@ class QuantizedRowProduct:
             raise ValueError("MLX's own kernel serves quantized rows on Metal")
         self.shape = shape
         self.split, self.sets = shape.layout()
-        self.columns = COLUMNS
         role = shape.role
         self._inputs = [
             "x",
@@ -366,7 +367,7 @@ class QuantizedRowProduct:
             "norm_params": norm_params,
         }
         warps = self.split * self.sets
-        blocks = -(-shape.outputs // (self.columns * self.sets))
+        blocks = -(-shape.outputs // (COLUMNS * self.sets))
         (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -374,7 +375,7 @@ class QuantizedRowProduct:
                 ("N", shape.outputs),
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
-                ("COLUMNS", self.columns),
+                ("COLUMNS", COLUMNS),
                 ("SPLIT", self.split),
                 ("SETS", self.sets),
                 ("NORM_GROUPS", shape.role.norm_groups),
