@@ -459,7 +459,9 @@ def _row_product_part(
     return _fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps),
         name,
-        functools.partial(row_product_ops, eps=eps, epilogue=shape.epilogue, factor=shape.factor),
+        functools.partial(
+            row_product_ops, eps=eps, epilogue=shape.epilogue, factor=shape.factor, value_heads=shape.value_heads
+        ),
         lambda backend: functools.partial(RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps),
         lambda: row_product_samples(shape, weight_dtype, scale_dtype),
         # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
@@ -578,9 +580,10 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
     dtype = weight_dtype if weight_dtype is not None else attention.q_proj.weight.dtype
     qkv = (attention.q_proj.weight.shape[0], attention.k_proj.weight.shape[0], attention.v_proj.weight.shape[0])
     inner = mlp.gate_proj.weight.shape[0]
+    heads = attention.num_kv_heads  # the values come out as the cache stores them
     shapes = {
-        "first_qkv": RowProductShape(rows, width, qkv, "norm"),
-        "qkv": RowProductShape(rows, width, qkv, "residual_norm"),
+        "first_qkv": RowProductShape(rows, width, qkv, "norm", value_heads=heads),
+        "qkv": RowProductShape(rows, width, qkv, "residual_norm", value_heads=heads),
         "output": RowProductShape(rows, attention.o_proj.weight.shape[1], (width,), "none"),
         "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
         "down": RowProductShape(rows, inner, (width,), "none"),

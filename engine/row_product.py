@@ -70,7 +70,9 @@ class RowProductShape:
     """What one kernel instance computes: ``rows`` rows of ``width`` inputs into ``outputs`` columns per
     weight (``"gelu_gate"``: two weights, one output; ``"glu"``: one weight, half its rows out). A
     ``"conv_norm"`` prologue reads a window of ``taps`` rows for its one row; ``"residual"`` adds ``factor``
-    times the product to its base."""
+    times the product to its base. With ``value_heads`` the last output comes as ``(rows, value_heads, 1,
+    n / value_heads)``, one position's heads as an attention cache stores them (the same memory as its rows,
+    with no view to make)."""
 
     rows: int
     width: int
@@ -79,6 +81,7 @@ class RowProductShape:
     epilogue: Epilogue = "none"
     taps: int = 0
     factor: float = 1.0
+    value_heads: int = 0
 
     def __post_init__(self) -> None:
         if self.prologue not in PROLOGUES:
@@ -94,6 +97,8 @@ class RowProductShape:
             raise ValueError(f"a GLU weight needs an even number of rows, not {self.outputs[0]}")
         if (self.prologue == "conv_norm") != (self.taps > 0) or (self.taps and self.rows != 1):
             raise ValueError("a conv_norm prologue makes one row from a window of taps > 0 rows")
+        if self.value_heads and (self.epilogue != "none" or self.outputs[-1] % self.value_heads):
+            raise ValueError(f"{self.value_heads} heads do not split the last of the outputs {self.outputs}")
 
     @property
     def columns(self) -> int:
@@ -134,6 +139,7 @@ def row_product_ops(
     eps: float = 1e-6,
     epilogue: Epilogue = "none",
     factor: float = 1.0,
+    value_heads: int = 0,
 ) -> tuple[mx.array, ...]:
     """The reference's operations for :class:`RowProduct` (its fallback).
 
@@ -141,8 +147,8 @@ def row_product_ops(
     (``depthwise`` ``(width, taps, 1)``) before a layer norm and SiLU; ``weights`` each (n, width), or a
     pointwise convolution's ``(n, 1, width)``; ``norm_scale`` applies an RMS norm first (a layer norm with
     ``norm_bias``; ``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x``
-    before it). Returns one output per weight (one for a gate or GLU), then the summed rows when a
-    residual was added.
+    before it). Returns one output per weight (one for a gate or GLU; the last split into ``value_heads``
+    heads, see :class:`RowProductShape`), then the summed rows when a residual was added.
     """
     hidden = None
     if depthwise is not None:
@@ -169,6 +175,8 @@ def row_product_ops(
         outputs = [base + factor * products[0]]
     else:
         outputs = products
+    if value_heads:
+        outputs[-1] = outputs[-1].reshape(outputs[-1].shape[0], value_heads, 1, -1)
     return (*outputs, hidden) if hidden is not None else tuple(outputs)
 
 
@@ -614,7 +622,9 @@ class RowProduct:
         named.update({"depthwise": depthwise, "base": base})
         named.update({f"w{index}": weight for index, weight in enumerate(weights)})
         sizes = [*shape.outputs, 0, 0][:3]
-        out_shapes = [(shape.rows, size) for size in shape.output_widths]
+        out_shapes: list[tuple[int, ...]] = [(shape.rows, size) for size in shape.output_widths]
+        if shape.value_heads:
+            out_shapes[-1] = (shape.rows, shape.value_heads, 1, shape.output_widths[-1] // shape.value_heads)
         if shape.prologue == "residual_norm":
             out_shapes.append((shape.rows, shape.width))
         blocks = -(-shape.columns // (self.warps // shape.split))

@@ -205,7 +205,7 @@ class LayerRowParts:
     or :func:`engine.row_product.row_product_ops` (same call signature)."""
 
     rows: int
-    first_qkv: Callable[..., tuple[mx.array, ...]]  # input norm, q/k/v (the first layer)
+    first_qkv: Callable[..., tuple[mx.array, ...]]  # input norm, q/k/v (the first layer; v split into heads)
     qkv: Callable[..., tuple[mx.array, ...]]  # the previous layer's post-norm and add, input norm, q/k/v
     output: Callable[..., tuple[mx.array, ...]]  # o_proj
     gate_up: Callable[..., tuple[mx.array, ...]]  # post-attention norm and add, pre-MLP norm, gelu(gate)·up
@@ -337,8 +337,7 @@ class BackboneLayer(nn.Module):
         q_scale, k_scale = attention._norm_scales()
         heads = attention.fast_heads if attention.fast_heads is not None else attention._heads_ops
         queries, keys = heads(q, k, q_scale, k_scale, position)
-        values = v.reshape(v.shape[0], attention.num_kv_heads, 1, attention.head_dim)
-        mixed = attention.attend_rows(queries, keys, values, cache)
+        mixed = attention.attend_rows(queries, keys, v, cache)  # v comes split into heads
         (attended,) = rows.output(mixed, (weights.output,))
         gated, hidden = rows.gate_up(
             hidden, weights.gate_up, weights.pre_feedforward_scale, attended, weights.post_attention_scale

@@ -346,9 +346,25 @@ def test_every_row_product_source_is_complete() -> None:
         {"outputs": (63,), "epilogue": "glu"},
         {"outputs": (64,), "prologue": "conv_norm"},
         {"outputs": (64,), "taps": 9},
+        {"outputs": (64,), "epilogue": "silu", "value_heads": 2},
+        {"outputs": (64, 63), "value_heads": 2},
     ):
         with pytest.raises(ValueError):
             RowProductShape(**{"rows": 1, "width": 64, "prologue": "none", **bad})  # type: ignore[arg-type]
+
+
+def test_a_row_product_hands_its_values_over_in_heads() -> None:
+    """The TTS backbone's q/k/v product writes the values as the cache stores one position's heads, (rows, heads, 1,
+    head size): the same numbers as the plain product's last output, and the other outputs untouched."""
+    from engine.row_product import RowProductShape, row_product_ops, row_product_samples
+
+    shape = RowProductShape(2, 64, (96, 32, 32), "norm", value_heads=4)
+    inputs = row_product_samples(shape, mx.float32, mx.float32)
+    plain = row_product_ops(*inputs[:3])
+    split = row_product_ops(*inputs[:3], value_heads=4)
+    assert split[2].shape == (2, 4, 1, 8)
+    assert mx.array_equal(split[2], plain[2].reshape(2, 4, 1, 8)).item()
+    assert all(mx.array_equal(a, b).item() for a, b in zip(split[:2], plain[:2], strict=True))
 
 
 def test_every_quantized_row_source_is_complete() -> None:
