@@ -63,11 +63,11 @@ and the log says why. The changes:
   partial sums of squares (the same sum of squares in another order). Fallback and reference: MLX's
   norm, ``quantized_matmul`` and the add or squared ReLU, which Metal keeps (its kernel there already
   reads at the memory's bandwidth).
-* **The RN-T greedy loop on rows** (no kernel of its own): the same operations as exact mode's
-  unrolled loop, with the frame's encoder projection made once instead of at every attempt, the
-  LSTM state kept per layer, and the cell update's two products left to fuse (exact mode stores
-  them apart, :func:`engine.jit.materialize`). On the CPU it is exact mode's, bit for bit; on a
-  GPU the fused multiply-add rounds once where the reference rounds twice.
+* **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
+  loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
+  products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse. On the
+  CPU the two are the same bits; on a GPU the fused multiply-add rounds once where the reference
+  rounds twice.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
@@ -416,7 +416,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         changes["quantized_rows"] = every_row
 
     for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
-        predictor.fast_rows = fast  # operations, no kernel: the same on every device
+        predictor.fused_cell = fast  # operations, no kernel: the same on every device
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops

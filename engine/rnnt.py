@@ -19,9 +19,11 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
   While frames keep emitting that much, :func:`next_first_pass` unrolls every attempt in
   the first pass instead, so such a run of frames needs no extra readback either.
   The attempts actually taken run exactly the operations the host loop runs, on the same
-  values, so the tokens are the same. Fast numerics unrolls the same attempts on rows
-  (:func:`_greedy_rows`: the frame's encoder projection once, the LSTM state per layer, the
-  cell update left to fuse on a GPU).
+  values, so the tokens are the same: on rows (:func:`_greedy_rows`: the frame's encoder
+  projection once, the LSTM state per layer, no per-attempt views), which a matrix product
+  computes with the same kernel as the host loop's one-row 3-D inputs. Exact mode stores the
+  cell update's products before they are added, as the host loop does; fast numerics leaves
+  them to fuse on a GPU.
 """
 
 from __future__ import annotations
@@ -88,17 +90,22 @@ class _StackedLSTM(nn.Module):
         self.lstm = [nn.LSTM(size, size) for _ in range(layers)]
 
     def step_rows(
-        self, x: mx.array, hidden: list[mx.array] | None, cell: list[mx.array] | None
+        self,
+        x: mx.array,
+        hidden: list[mx.array] | None,
+        cell: list[mx.array] | None,
+        keep: Callable[[mx.array], mx.array] = materialize,
     ) -> tuple[list[mx.array], list[mx.array]]:
-        """Fast numerics: one token's row ``x`` (1, D) through the layers, the state a row per layer (None
-        at the start): the same operations as :meth:`__call__` without its transposes, slices and stacks,
-        and the cell update left to fuse."""
+        """One token's row ``x`` (1, D) through the layers, the state a row per layer (None at the start):
+        the same operations as :meth:`__call__` without its transposes, slices and stacks; ``keep`` holds
+        the cell update's products apart (:func:`engine.jit.materialize`, as :meth:`__call__` does) or
+        lets them fuse (fast numerics)."""
         new_hidden, new_cell = [], []
         for index, layer in enumerate(self.lstm):
             bias = getattr(layer, "bias", None)
             gates = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
             state = (None, None) if hidden is None or cell is None else (hidden[index], cell[index])
-            x, c = _lstm_cell(layer, gates, *state, _as_is)
+            x, c = _lstm_cell(layer, gates, *state, keep)
             new_hidden.append(x)
             new_cell.append(c)
         return new_hidden, new_cell
@@ -127,8 +134,8 @@ class RNNTPredictor(nn.Module):
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
-        # Fast numerics (engine.numerics): the streaming greedy loop runs on rows (_greedy_rows).
-        self.fast_rows = False
+        # Fast numerics (engine.numerics): the streaming greedy loop lets the cell update fuse (_greedy_rows).
+        self.fused_cell = False
         self.hidden_size = config.pred_hidden
         rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
         self.prediction = {
@@ -330,38 +337,6 @@ def next_first_pass(symbols: list[int], max_symbols: int) -> int:
     return max_symbols if emitted >= usual else usual
 
 
-def _unrolled_greedy(
-    predictor: RNNTPredictor,
-    joint: RNNTJoint,
-    encoded: mx.array,
-    last: mx.array,
-    hidden: LSTMState | None,
-    *,
-    started: bool,
-    blank_id: int,
-    max_symbols: int,
-) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    active: mx.array | None = None
-    symbols = []
-    for attempt in range(max_symbols):
-        # Until the first emission the predictor sees the start symbol and no state, as in the host loop.
-        fresh = attempt == 0 and not started
-        prediction, proposed = predictor(None if fresh else last, None if fresh else hidden)
-        logits = joint(encoded, prediction.astype(encoded.dtype))
-        best = mx.argmax(logits.reshape(-1)).astype(mx.int32)
-        emitted = best != blank_id if active is None else active & (best != blank_id)
-        symbols.append(mx.where(emitted, best, -1))
-        cast = (proposed[0].astype(encoded.dtype), proposed[1].astype(encoded.dtype))
-        if hidden is None:
-            hidden = cast  # masked out by the caller when nothing was emitted
-        else:
-            hidden = (mx.where(emitted, cast[0], hidden[0]), mx.where(emitted, cast[1], hidden[1]))
-        last = mx.where(emitted, best, last)
-        active = emitted
-    assert hidden is not None
-    return mx.stack(symbols), last, hidden[0], hidden[1]
-
-
 def _greedy_rows(
     predictor: RNNTPredictor,
     joint: RNNTJoint,
@@ -373,10 +348,16 @@ def _greedy_rows(
     blank_id: int,
     max_symbols: int,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """Fast numerics' :func:`_unrolled_greedy`: the same attempts on rows — the frame's ``enc`` projection
-    made once instead of at every attempt, the LSTM state kept per layer (stacked once, at the end), and
-    the cell updates left to fuse. On the CPU the tokens and states are exact mode's, bit for bit."""
+    """``max_symbols`` attempts of the host loop unrolled, each masked out after the first blank: the emitted
+    ids (-1 after the blank), the last emitted id (1, 1) and the LSTM state after the last emission.
+
+    The attempts run on rows: the frame's ``enc`` projection is made once instead of at every attempt, the
+    LSTM state is kept per layer (joined once, at the end), and tokens stay (1,), so that no attempt
+    reshapes, squeezes or stacks. The products are the host loop's (a one-row 3-D input is multiplied as
+    its row); on the CPU the tokens and states are the host loop's bit for bit, and with the cell update's
+    products stored apart (exact mode) on a GPU too."""
     embed, rnn = predictor.prediction["embed"], predictor.prediction["dec_rnn"]
+    keep = _as_is if predictor.fused_cell else materialize
     projected = joint.enc(encoded.reshape(1, -1))
     layers, width = len(rnn.lstm), predictor.hidden_size
     # Tokens as (1,) and states as one (1, width) row per layer throughout, so that no attempt reshapes them.
@@ -389,9 +370,9 @@ def _greedy_rows(
         # Until the first emission the predictor sees the start symbol and no state, as in the host loop.
         fresh = attempt == 0 and not started
         if fresh:
-            proposed_h, proposed_c = rnn.step_rows(mx.zeros((1, width)), None, None)
+            proposed_h, proposed_c = rnn.step_rows(mx.zeros((1, width)), None, None, keep)
         else:
-            proposed_h, proposed_c = rnn.step_rows(embed(last), state_h, state_c)
+            proposed_h, proposed_c = rnn.step_rows(embed(last), state_h, state_c, keep)
         logits = joint.rows(projected, proposed_h[-1].astype(encoded.dtype))
         best = mx.argmax(logits, axis=-1).astype(mx.int32)
         emitted = best != blank_id if active is None else active & (best != blank_id)
@@ -411,7 +392,7 @@ def _greedy_rows(
 
 
 class GreedyPrograms:
-    """Compiled unrolled greedy loops, one per (joint, started, blank, cap, rows); built on first use."""
+    """Compiled unrolled greedy loops, one per (joint, started, blank, cap, fused cell); built on first use."""
 
     def __init__(self, predictor: RNNTPredictor) -> None:
         self._predictor = predictor
@@ -420,15 +401,13 @@ class GreedyPrograms:
     def get(
         self, joint: RNNTJoint, started: bool, blank_id: int, max_symbols: int
     ) -> Callable[..., tuple[mx.array, ...]]:
-        rows = self._predictor.fast_rows
-        key = (id(joint), started, blank_id, max_symbols, rows)
+        key = (id(joint), started, blank_id, max_symbols, self._predictor.fused_cell)
         if key not in self._programs:
             predictor = self._predictor
-            greedy = _greedy_rows if rows else _unrolled_greedy
 
             def program(encoded: mx.array, last: mx.array, *hidden: mx.array) -> tuple[mx.array, ...]:
                 state = (hidden[0], hidden[1]) if hidden else None
-                return greedy(
+                return _greedy_rows(
                     predictor,
                     joint,
                     encoded,

@@ -266,15 +266,16 @@ def _device_frame(
     return update, symbols
 
 
-@pytest.mark.parametrize("rows", [False, True], ids=["exact", "fast-rows"])
+@pytest.mark.parametrize("fused_cell", [False, True], ids=["exact", "fast"])
 @pytest.mark.parametrize("max_symbols", [1, 2, 5])
-def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int, rows: bool) -> None:
+def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int, fused_cell: bool) -> None:
     """A short unrolled first pass, then (when it all emitted) the rest unrolled and read back: same as rnnt_step.
-    Fast numerics' loop on rows (no kernel of its own: the same operations, the cell update left to fuse on a
-    GPU) gives the same tokens and LSTM states, bit for bit, on the CPU."""
+    The unrolled loop runs on rows (the same products, no per-attempt views); with the cell update's products
+    stored apart (exact mode) or left to fuse on a GPU (fast numerics) it gives the host loop's tokens and LSTM
+    states, bit for bit, on the CPU."""
     host_predictor, joint = _modules(seed=4)  # frames that end at once and frames that run to the cap
     device_predictor, _ = _modules(seed=4)
-    device_predictor.fast_rows = rows
+    device_predictor.fused_cell = fused_cell
     frames = _frames(40, seed=11)
     host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
     continued = finished_on_device = 0
@@ -336,13 +337,13 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
     assert 0 < len(readbacks) < busy_frames
 
 
-def test_fast_rows_loop_keeps_the_state_of_the_last_emission() -> None:
-    """Fast numerics' greedy loop on rows against exact mode's unrolled loop, on a joint that the prediction
-    network steers (so frames also stop after one to four emissions, with the state of the last emission
-    kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU."""
+def test_fast_loop_keeps_the_state_of_the_last_emission() -> None:
+    """Fast numerics' greedy loop (the cell update left to fuse) against exact mode's, on a joint that the
+    prediction network steers (so frames also stop after one to four emissions, with the state of the last
+    emission kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU."""
     exact_predictor, joint = _modules(seed=29)
     rows_predictor, _ = _modules(seed=29)
-    rows_predictor.fast_rows = True
+    rows_predictor.fused_cell = True
     joint.pred.weight = joint.pred.weight * 10.0
     frames = _frames(30, seed=11)
     exact, rows = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
