@@ -385,8 +385,8 @@ def test_every_quantized_row_source_is_complete() -> None:
 
 def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
     """The kernel's lanes read whole chunks in even passes (one memory latency each): for the LLM's shapes at 4 and
-    8 bits, every chunk has a lane, a block fits the registers (at most MAX_WARPS warps), and the lanes of a row
-    are at least 85 % busy, in as few passes as that allows."""
+    8 bits, every chunk has a lane, a block holds at most MAX_WARPS warps (more ran slower on the H200), and the
+    lanes of a row are at least 85 % busy, in as few passes as that allows."""
     from engine.quantized_product import MAX_WARPS, QuantizedRowShape
 
     for bits in (4, 8):
