@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,10 +27,8 @@ from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
 from .linear import Linear, QuantizedLinear
-from .ssm import silu_gate, ssm_scan
-
-if TYPE_CHECKING:
-    from .quantized_product import RowRole
+from .quantized_product import RowRole, grouped_rms_norm
+from .ssm import block_rows, silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
@@ -90,8 +88,6 @@ class GroupedGatedRMSNorm(nn.Module):
 
     def normalize(self, gated: mx.array) -> mx.array:
         """The norm of already gated values (the fused step gates them itself)."""
-        from .quantized_product import grouped_rms_norm
-
         return grouped_rms_norm(gated, self.weight, groups=gated.shape[-1] // self.group_width, eps=self.eps)
 
 
@@ -176,9 +172,6 @@ class Mamba2Mixer(nn.Module):
     def norm_role(self) -> RowRole:
         """The output projection's part in fast numerics' fused block: it finishes the gated norm from the
         step's partial sums of squares, and adds the block's residual."""
-        from .quantized_product import RowRole
-        from .ssm import block_rows
-
         partials = self.inner_size // block_rows(self.num_heads, self.head_dim, self.n_groups)
         return RowRole(
             "residual", "group_norm", norm_groups=self.n_groups, norm_partials=partials, norm_eps=self.norm.eps
@@ -322,8 +315,6 @@ class HybridBlock(nn.Module):
         """The projections that fold the block's arithmetic around them into their kernels, each with its
         role (:mod:`engine.quantized_product`): the last adds the residual (Mamba's also finishes the gated
         norm), the MLP's up projection squares its ReLU."""
-        from .quantized_product import RowRole
-
         mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):
             return [(mixer.out_proj, mixer.norm_role())]
