@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -333,16 +333,22 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
     return prices
 
 
+def _priced_uses(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> Iterator[tuple[str, float]]:
+    """Each priced weight use's name and the bytes it reads (uses of weights without a price are left out)."""
+    for use, count in uses.items():
+        if use.name in prices:
+            yield use.name, prices[use.name].of(use.part) * count
+
+
 def weight_bytes(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> int:
     """Bytes of weights a frame with these ``uses`` reads at the prices given."""
-    return round(sum(prices[use.name].of(use.part) * count for use, count in uses.items() if use.name in prices))
+    return round(sum(read for _, read in _priced_uses(uses, prices)))
 
 
 def weight_bytes_by_network(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
     """:func:`weight_bytes` per network (the first two parts of a weight's name, e.g. ``stt_model.llm``), most
     first: where a frame's bytes go, to compare one device's census with another's."""
     totals: Counter[str] = Counter()
-    for use, count in uses.items():
-        if use.name in prices:
-            totals[".".join(use.name.split(".")[:2])] += prices[use.name].of(use.part) * count
+    for name, read in _priced_uses(uses, prices):
+        totals[".".join(name.split(".")[:2])] += read
     return {network: round(value) for network, value in totals.most_common()}
