@@ -56,6 +56,15 @@ for arg in "$@"; do
     # Fast against exact: the same model switched in place, alternating rounds in one process.
     fastexact) step fastexact 480 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare exact --json "$OUT/fastexact.json" ;;
+    # Where a fast frame's time goes: every stage and sub-stage evaluated at its boundary, at full size and on the
+    # structure model (the same kernels with almost no arithmetic: what is left there is per-kernel cost).
+    fastsub) step fastsub 300 parley bench --random full --quantize 4 --numerics fast --frames 60 --sub-stages \
+      --json "$OUT/fastsub.json" ;;
+    fastsubs) step fastsubs 200 parley bench --random structure --numerics fast --frames 60 --sub-stages \
+      --json "$OUT/fastsubs.json" ;;
+    # Fast numerics at 8 bits against mlx-vlm (speed and peak memory, one process).
+    fast8) step fast8 590 parley bench --random full --quantize 8 --numerics fast --frames 100 --rounds 2 \
+      --compare mlx-vlm --json "$OUT/fast8.json" ;;
     fastcount) step fastcount 200 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
     fastmem)
