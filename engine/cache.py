@@ -14,7 +14,9 @@ Both have the same contract: ``update(keys, values)`` stores ``(B, heads, L, D)`
 arrays and returns the keys and values attention must read, ``store(keys, values)``
 (one position) returns the whole buffers and how many leading positions are filled,
 for a kernel that reads them unsliced (:mod:`engine.decode_attention`), and ``arrays()``
-lists what a frame's evaluation must materialise.
+lists what a frame's evaluation must materialise. ``store`` is ``reserve`` (room for the
+next position: the slot it goes to and the filled count after it), the write, and
+``advance``; a compiled program that writes the slot itself calls the two around it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,29 @@ AttentionMask = mx.array | str | None
 
 GROWTH_STEP = 256
 """Positions a growing buffer adds at a time (the reference's ``KVCache.step``)."""
+
+
+@dataclass(frozen=True)
+class PositionLayout:
+    """The shape and dtypes of one position's keys and values, (B, heads, 1, D): what a buffer grows by."""
+
+    batch: int
+    heads: int
+    key_dim: int
+    value_dim: int
+    key_dtype: mx.Dtype
+    value_dtype: mx.Dtype
+
+    @classmethod
+    def of(cls, keys: mx.array, values: mx.array) -> PositionLayout:
+        return cls(keys.shape[0], keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, values.dtype)
+
+    def zeros(self, positions: int) -> tuple[mx.array, mx.array]:
+        """Zero key and value buffers of ``positions`` positions."""
+        return (
+            mx.zeros((self.batch, self.heads, positions, self.key_dim), self.key_dtype),
+            mx.zeros((self.batch, self.heads, positions, self.value_dim), self.value_dtype),
+        )
 
 
 def causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
@@ -76,19 +101,30 @@ class KVCache:
         positions of them are filled (a kernel reads the buffer as it is, with no slice)."""
         start = self.offset
         new_positions = keys.shape[2]
-        if self.keys is None or self.values is None or start + new_positions > self.keys.shape[2]:
-            self._grow(keys, values)
+        self._make_room(PositionLayout.of(keys, values), new_positions)
         assert self.keys is not None and self.values is not None
         self.offset = start + new_positions
         self.keys[..., start : self.offset, :] = keys
         self.values[..., start : self.offset, :] = values
         return self.keys, self.values, self.offset
 
-    def _grow(self, keys: mx.array, values: mx.array) -> None:
-        batch, kv_heads, new_positions, key_dim = keys.shape
+    def reserve(self, layout: PositionLayout) -> tuple[int, int]:
+        """Make room for one position (as :meth:`store` would); return its slot and the filled count after it."""
+        self._make_room(layout, 1)
+        return self.offset, self.offset + 1
+
+    def advance(self, keys: mx.array, values: mx.array) -> None:
+        """Take the buffers with the reserved position written, and count it."""
+        self.keys, self.values = keys, values
+        self.offset += 1
+
+    def _make_room(self, layout: PositionLayout, new_positions: int) -> None:
+        if self.keys is None or self.values is None or self.offset + new_positions > self.keys.shape[2]:
+            self._grow(layout, new_positions)
+
+    def _grow(self, layout: PositionLayout, new_positions: int) -> None:
         steps = (self.GROWTH_STEP + new_positions - 1) // self.GROWTH_STEP
-        extra_keys = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, key_dim), keys.dtype)
-        extra_values = mx.zeros((batch, kv_heads, steps * self.GROWTH_STEP, values.shape[3]), values.dtype)
+        extra_keys, extra_values = layout.zeros(steps * self.GROWTH_STEP)
         if self.keys is None or self.values is None:
             self.keys, self.values = extra_keys, extra_values
             return
@@ -161,16 +197,23 @@ class SlidingKVCache:
         leading slots are filled (all of them once it has wrapped; read as stored, like :meth:`update`)."""
         if keys.shape[2] != 1:
             raise ValueError(f"store writes one position at a time, not {keys.shape[2]}")
+        slot, filled = self.reserve(PositionLayout.of(keys, values))
+        assert self.keys is not None and self.values is not None
+        key_buffer, value_buffer = self.keys, self.values
+        key_buffer[..., slot : slot + 1, :] = keys
+        value_buffer[..., slot : slot + 1, :] = values
+        self.advance(key_buffer, value_buffer)
+        return key_buffer, value_buffer, filled
+
+    def reserve(self, layout: PositionLayout) -> tuple[int, int]:
+        """Make room for one position (as :meth:`store` would); return its slot and the filled count after it."""
         start = self.offset
         if (
             self.keys is None
             or self.values is None
             or (start >= self.keys.shape[2] and self.keys.shape[2] < self.window)
         ):
-            batch, heads, _, key_dim = keys.shape
-            grow = min(GROWTH_STEP, self.window - start)
-            fresh_keys = mx.zeros((batch, heads, grow, key_dim), keys.dtype)
-            fresh_values = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
+            fresh_keys, fresh_values = layout.zeros(min(GROWTH_STEP, self.window - start))
             if self.keys is None or self.values is None:
                 self.keys, self.values = fresh_keys, fresh_values
             else:
@@ -183,12 +226,13 @@ class SlidingKVCache:
             self.write_index = self.window
         if self.write_index == self.window:
             self.write_index = 0
-        slot = self.write_index
-        self.keys[..., slot : slot + 1, :] = keys
-        self.values[..., slot : slot + 1, :] = values
+        return self.write_index, min(self.offset + 1, self.keys.shape[2])
+
+    def advance(self, keys: mx.array, values: mx.array) -> None:
+        """Take the buffers with the reserved slot written, and count the position."""
+        self.keys, self.values = keys, values
         self.offset += 1
         self.write_index += 1
-        return self.keys, self.values, min(self.offset, self.keys.shape[2])
 
     def attention_mask(self, length: int) -> AttentionMask:
         if length == 1:

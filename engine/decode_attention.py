@@ -310,16 +310,29 @@ class DecodeAttention:
 
     def __call__(self, queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
         """:func:`decode_attention_ops`'s result, computed by the kernel."""
+        return self.attend_bounded(queries, keys, values, self.bounds(count), self.splits(count), scale)
+
+    @staticmethod
+    def splits(count: int) -> int:
+        """Blocks per head for ``count`` filled positions: the launch's shape (a traced call's depends on it)."""
+        return -(-count // KEYS_PER_BLOCK)
+
+    def bounds(self, count: int) -> mx.array:
+        """The kernels' view of ``count``, an array (as an input of a traced call, it varies without a retrace)."""
         if count not in self._bounds:
             if len(self._bounds) >= 4:
                 self._bounds.clear()
             self._bounds[count] = mx.array([count, KEYS_PER_BLOCK], dtype=mx.int32)
+        return self._bounds[count]
+
+    def attend_bounded(
+        self, queries: mx.array, keys: mx.array, values: mx.array, bounds: mx.array, splits: int, scale: float
+    ) -> mx.array:
+        """:meth:`__call__` with the count as :meth:`bounds` made it and :meth:`splits` of that count."""
         if scale not in self._scales:
             self._scales[scale] = mx.array([scale], dtype=mx.float32)
-        bounds = self._bounds[count]
         batch, width = queries.shape[0], self.query_heads * self.head_dim
         groups = batch * self.query_heads
-        splits = -(-count // KEYS_PER_BLOCK)
         final = splits == 1
         threads = 32 * WARPS
         (out,) = self._attend(

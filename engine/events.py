@@ -85,6 +85,8 @@ class FrameTiming:
     total_ms: float
     host_syncs: int
     sub_stages: dict[str, float] = field(default_factory=dict)
+    # Of each sub-stage's time, the part spent evaluating its outputs (the rest built their graphs).
+    sub_stage_evaluation: dict[str, float] = field(default_factory=dict)
     timing_mode: str = "host"
 
     def stage_ms(self, name: str) -> float:

@@ -48,6 +48,7 @@ class FrameProfiler:
         self._frame_index = 0
         self._stage_ms: dict[str, float] = {}
         self._sub_ms: dict[str, float] = {}
+        self._sub_eval_ms: dict[str, float] = {}
         self._syncs = 0
         self._stage = STAGES[0]
 
@@ -57,6 +58,7 @@ class FrameProfiler:
         self._frame_start = self._mark = self._sub_mark = now
         self._stage_ms = dict.fromkeys(STAGES, 0.0)
         self._sub_ms = {}
+        self._sub_eval_ms = {}
         self._syncs = 0
         self._stage = STAGES[0]
         if self.census is not None:
@@ -84,11 +86,13 @@ class FrameProfiler:
         """Close sub-stage ``name``; only active (and forcing evaluation) with ``sub_stages``."""
         if not self.sub_stages_enabled:
             return
+        built = time.perf_counter()
         if arrays:
             self._evaluate(arrays)
             self._syncs += 1
         now = time.perf_counter()
         self._sub_ms[name] = self._sub_ms.get(name, 0.0) + (now - self._sub_mark) * 1000.0
+        self._sub_eval_ms[name] = self._sub_eval_ms.get(name, 0.0) + (now - built) * 1000.0
         self._sub_mark = now
 
     def stage(self, name: str, *arrays: Any) -> None:
@@ -120,6 +124,7 @@ class FrameProfiler:
             total_ms=(now - self._frame_start) * 1000.0,
             host_syncs=self._syncs,
             sub_stages=dict(self._sub_ms),
+            sub_stage_evaluation=dict(self._sub_eval_ms),
             timing_mode="device" if self.stage_timing else "host",
         )
 

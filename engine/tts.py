@@ -24,12 +24,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import AttentionMask, KVCache, SlidingKVCache, causal_mask
+from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
 from .counters import TRANSPOSE_MARK, VIEW_MARK
 from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
-from .jit import jit, materialize
+from .jit import compile_enabled, jit, materialize
 from .linear import Linear
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
@@ -182,11 +182,43 @@ class BackboneAttention(nn.Module):
         as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.decode_attention`)."""
         assert self.fast_attention is not None
         key_buffer, value_buffer, filled = cache.store(keys, values)
-        if isinstance(self.fast_attention, DecodeAttention) and not (
-            queries.dtype == key_buffer.dtype == value_buffer.dtype == mx.float32
-        ):
-            return decode_attention_ops(queries, key_buffer, value_buffer, filled, self.scale)  # float32 kernel only
-        return self.fast_attention(queries, key_buffer, value_buffer, filled, self.scale)
+        attention = self._counted_attention(key_buffer.dtype, value_buffer.dtype)
+        return attention(queries, key_buffer, value_buffer, filled, self.scale)
+
+    def kernel_reads(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> bool:
+        """Whether the attention kernel reads buffers of these dtypes (float32 only; fast mode's queries are)."""
+        return isinstance(self.fast_attention, DecodeAttention) and key_dtype == value_dtype == mx.float32
+
+    def _counted_attention(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> Callable[..., mx.array]:
+        """:attr:`fast_attention`, or its fallback where the kernel does not read these buffers."""
+        assert self.fast_attention is not None
+        if isinstance(self.fast_attention, DecodeAttention) and not self.kernel_reads(key_dtype, value_dtype):
+            return decode_attention_ops
+        return self.fast_attention
+
+    def attend_slot(
+        self,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        slot: BufferSlot,
+        written: list[tuple[mx.array, mx.array]],
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+    ) -> mx.array:
+        """:meth:`attend_rows` inside a traced step: the position is written at ``slot.index`` (an array, so
+        each frame's slot needs no retrace), the written buffers appended to ``written``."""
+        key_buffer = mx.slice_update(key_buffer, keys, slot.index, axes=(2,))
+        value_buffer = mx.slice_update(value_buffer, values, slot.index, axes=(2,))
+        written.append((key_buffer, value_buffer))
+        if slot.bounds is not None:
+            assert isinstance(self.fast_attention, DecodeAttention)
+            return self.fast_attention.attend_bounded(
+                queries, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
+            )
+        assert slot.count is not None
+        attention = self._counted_attention(key_buffer.dtype, value_buffer.dtype)
+        return attention(queries, key_buffer, value_buffer, slot.count, self.scale)
 
     def output(self, mixed: mx.array, rows: bool = False) -> mx.array:
         """(B, heads, L, D) mixed values → (B, L, H); with ``rows`` (one position) → (B, H)."""
@@ -236,6 +268,25 @@ class LayerRowWeights:
             self.pre_feedforward_scale,
             self.post_feedforward_scale,
         ]
+
+
+@dataclass(frozen=True)
+class BufferSlot:
+    """Where a traced backbone step writes the new position in one kind of layer's cache buffers (every cache of
+    a kind has seen the same positions), and how many positions attention then reads."""
+
+    index: mx.array  # (1,) int32, the slot: an input of the traced step
+    bounds: mx.array | None  # the attention kernel's view of the filled count (engine.decode_attention), or None
+    splits: int  # the kernel's blocks per head for that count: the launch's shape, part of the trace's key
+    count: int | None  # the filled count where the fallback reads it (slicing, so part of the key), else None
+
+    def arrays(self) -> list[mx.array]:
+        """The traced step's inputs for this slot, in order."""
+        return [self.index] if self.bounds is None else [self.index, self.bounds]
+
+    def key(self, capacity: int) -> tuple[int, int, int | None]:
+        """What a trace of this slot depends on besides the arrays' values."""
+        return capacity, self.splits, self.count
 
 
 @dataclass(frozen=True)
@@ -320,13 +371,19 @@ class BackboneLayer(nn.Module):
         return {}  # one program per heads kernel in use (a trace holds the one it was traced with)
 
     def step_rows(
-        self, hidden: mx.array, pending: LayerRowsPending | None, cache: LayerCache, position: mx.array
+        self,
+        hidden: mx.array,
+        pending: LayerRowsPending | None,
+        attend: Callable[[mx.array, mx.array, mx.array], mx.array],
+        position: mx.array,
     ) -> tuple[mx.array, LayerRowsPending]:
         """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks).
 
         The layer's last sublayer is left pending: its output projection's result and post-norm scale,
         which the next layer's first kernel normalizes and adds (its prologue) — the same sum the exact
         step forms at the end of this layer. ``hidden`` plus the pending term is the layer's output.
+        ``attend(queries, keys, values)`` stores the position and returns the mixed values as rows
+        (:meth:`BackboneAttention.attend_rows` on a cache, or :meth:`BackboneAttention.attend_slot`).
         """
         rows, weights, attention = self.rows, self.row_weights, self.self_attn
         assert rows is not None and weights is not None
@@ -337,7 +394,7 @@ class BackboneLayer(nn.Module):
         q_scale, k_scale = attention._norm_scales()
         heads = attention.fast_heads if attention.fast_heads is not None else attention._heads_ops
         queries, keys = heads(q, k, q_scale, k_scale, position)
-        mixed = attention.attend_rows(queries, keys, v, cache)  # v comes split into heads
+        mixed = attend(queries, keys, v)  # v comes split into heads
         (attended,) = rows.output(mixed, (weights.output,))
         gated, hidden = rows.gate_up(
             hidden, weights.gate_up, weights.pre_feedforward_scale, attended, weights.post_attention_scale
@@ -372,6 +429,7 @@ class Backbone(nn.Module):
         self.global_layers = tuple(config.is_global_layer(i) for i in range(config.num_hidden_layers))
         self.layers = [BackboneLayer(config, is_global) for is_global in self.global_layers]
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.trace_rows: bool | None = None  # see traces_rows
 
     def _masks(self, length: int, caches: list[LayerCache] | None) -> tuple[AttentionMask, AttentionMask]:
         """(global mask, sliding mask) for ``length`` new positions."""
@@ -402,12 +460,13 @@ class Backbone(nn.Module):
             if self.layers and all(
                 layer.rows is not None and layer.rows.rows == rows.shape[0] for layer in self.layers
             ):
-                pending: LayerRowsPending | None = None
-                for layer, cache in zip(self.layers, caches, strict=True):
-                    rows, pending = layer.step_rows(rows, pending, cache, position)
-                assert pending is not None
-                rows = rows + self.layers[-1].post_feedforward_layernorm(pending.output)
-                return mx.expand_dims(self.norm(rows), 1)
+                if self.traces_rows():
+                    return self._traced_step(rows, caches, position)
+                attends = [
+                    functools.partial(layer.self_attn.attend_rows, cache=cache)
+                    for layer, cache in zip(self.layers, caches, strict=True)
+                ]
+                return self._step_rows(rows, position, attends)
             for layer, cache in zip(self.layers, caches, strict=True):
                 rows = layer.step(rows, cache, position)
             return mx.expand_dims(self.norm(rows), 1)
@@ -416,6 +475,113 @@ class Backbone(nn.Module):
             is_global = self.global_layers[index]
             x = layer(x, full_mask if is_global else sliding_mask, None if caches is None else caches[index])
         return self.norm(x)
+
+    def _step_rows(
+        self,
+        rows: mx.array,
+        position: mx.array,
+        attends: list[Callable[[mx.array, mx.array, mx.array], mx.array]],
+    ) -> mx.array:
+        """Fast numerics' step of every layer on rows, each attending through its ``attends`` entry."""
+        pending: LayerRowsPending | None = None
+        for layer, attend in zip(self.layers, attends, strict=True):
+            rows, pending = layer.step_rows(rows, pending, attend, position)
+        assert pending is not None
+        rows = rows + self.layers[-1].post_feedforward_layernorm(pending.output)
+        return mx.expand_dims(self.norm(rows), 1)
+
+    def traces_rows(self) -> bool:
+        """Whether fast numerics' step runs as one traced program (:meth:`_traced_step`): when compiling
+        and the attention kernel is in use. ``trace_rows`` overrides it (the fallback's attention slices
+        the buffers to the filled count, so a trace holds one count: right for a test, a retrace a frame
+        in use)."""
+        if self.trace_rows is not None:
+            return self.trace_rows
+        attention = self.layers[0].self_attn.fast_attention
+        return compile_enabled() and isinstance(attention, DecodeAttention)
+
+    @functools.cached_property
+    def _traced_steps(self) -> dict[Any, Callable[..., Any]]:
+        return {}  # (parts in use, each kind's slot key) → the compiled step; a few kept
+
+    def _traced_step(self, rows: mx.array, caches: list[LayerCache], position: mx.array) -> mx.array:
+        """:meth:`_step_rows` as one compiled program: its Python and its kernels' launch arguments are
+        built once per trace instead of every frame.
+
+        The caches' bookkeeping (growth, slot, filled count) stays here; the program writes the new
+        position into each buffer at the slot it is given as an array and returns the written buffers.
+        A trace holds the buffers' capacity and the attention kernel's blocks per head, which change
+        every :data:`engine.cache.GROWTH_STEP` positions, so a conversation retraces once per 256 frames.
+        """
+        first = self.layers[0].self_attn
+        layout = PositionLayout(
+            rows.shape[0], first.num_kv_heads, first.head_dim, first.head_dim, mx.float32, mx.float32
+        )
+        slots: dict[bool, BufferSlot] = {}
+        capacities: dict[bool, int] = {}
+        for index, (layer, cache) in enumerate(zip(self.layers, caches, strict=True)):
+            slot, filled = cache.reserve(layout)
+            kind = self.global_layers[index]
+            assert cache.keys is not None and cache.values is not None
+            if kind in slots:
+                continue
+            attention = layer.self_attn.fast_attention
+            index = mx.array([slot], dtype=mx.int32)
+            if isinstance(attention, DecodeAttention) and layer.self_attn.kernel_reads(
+                cache.keys.dtype, cache.values.dtype
+            ):
+                slots[kind] = BufferSlot(index, attention.bounds(filled), attention.splits(filled), None)
+            else:
+                slots[kind] = BufferSlot(index, None, 0, filled)
+            capacities[kind] = cache.keys.shape[2]
+        kinds = sorted(slots)
+        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads)
+        key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
+        programs = self._traced_steps
+        if key not in programs:
+            if len(programs) >= 4:
+                programs.pop(next(iter(programs)))  # capacities only grow: the oldest trace is done with
+            for layer in self.layers:
+                layer.self_attn._norm_scales()  # made (and evaluated) outside the trace
+            programs[key] = jit(self._step_program(kinds, {kind: slots[kind] for kind in kinds}))
+        inputs = [array for kind in kinds for array in slots[kind].arrays()]
+        buffers = [cache.keys for cache in caches] + [cache.values for cache in caches]
+        outputs = programs[key](rows, position, *inputs, *buffers)
+        del buffers  # the program's graph holds the only other reference: the writes happen in place
+        layers = len(self.layers)
+        for cache, key_buffer, value_buffer in zip(caches, outputs[1 : 1 + layers], outputs[1 + layers :], strict=True):
+            cache.advance(key_buffer, value_buffer)
+        return outputs[0]
+
+    def _step_program(self, kinds: list[bool], traced: dict[bool, BufferSlot]) -> Callable[..., tuple[mx.array, ...]]:
+        """The uncompiled step of :meth:`_traced_step`: inputs ``(rows, position, *each kind's slot arrays,
+        *key buffers, *value buffers)``; returns ``(hidden, *key buffers, *value buffers)``."""
+        layers = len(self.layers)
+
+        def program(rows: mx.array, position: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
+            slots: dict[bool, BufferSlot] = {}
+            taken = 0
+            for kind in kinds:
+                bounded = traced[kind].bounds is not None
+                bounds = arrays[taken + 1] if bounded else None
+                slots[kind] = BufferSlot(arrays[taken], bounds, traced[kind].splits, traced[kind].count)
+                taken += 2 if bounded else 1
+            buffers = arrays[taken:]
+            written: list[tuple[mx.array, mx.array]] = []
+            attends = [
+                functools.partial(
+                    layer.self_attn.attend_slot,
+                    buffers[index],
+                    buffers[layers + index],
+                    slots[self.global_layers[index]],
+                    written,
+                )
+                for index, layer in enumerate(self.layers)
+            ]
+            hidden = self._step_rows(rows, position, attends)
+            return (hidden, *(keys for keys, _ in written), *(values for _, values in written))
+
+        return program
 
 
 # --------------------------------------------------------------------------- fusion and MoG head

@@ -237,6 +237,30 @@ def test_backbone_row_fallbacks_are_the_exact_step() -> None:
         assert mx.array_equal(fast_out, exact_out).item()
 
 
+def test_the_traced_backbone_step_is_the_step_it_traces() -> None:
+    """Fast mode's backbone step as one compiled program (the caches' slot and filled count handed in as
+    arrays, the buffers written inside) gives the op-by-op step's hidden states and buffers bit for bit, past
+    the sliding layers' ring buffer wrapping (48 positions in the tiny model)."""
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    tts = voicechat.model.tts_model.tts_model
+    backbone = tts.backbone
+    traced_caches, plain_caches = tts.make_cache().layers, tts.make_cache().layers
+    window = voicechat.config.tts_config.sliding_window
+    for position in range(window + 3):
+        x = mx.random.normal((GUIDED_ROWS, 1, voicechat.config.tts_config.hidden_size), key=mx.random.key(position))
+        backbone.trace_rows = True
+        traced = backbone(x, traced_caches)
+        backbone.trace_rows = False
+        plain = backbone(x, plain_caches)
+        assert mx.array_equal(traced, plain).item()
+        for traced_cache, plain_cache in zip(traced_caches, plain_caches, strict=True):
+            assert traced_cache.offset == plain_cache.offset == position + 1
+            assert mx.array_equal(traced_cache.keys, plain_cache.keys).item()
+            assert mx.array_equal(traced_cache.values, plain_cache.values).item()
+    backbone.trace_rows = None
+    assert backbone._traced_steps, "the traced step never ran"
+
+
 def test_mixture_row_fallbacks_are_the_exact_head() -> None:
     """On the CPU fast mode's MoG MLP layers on rows (row-product fallbacks, each layer's post-norm and
     residual add deferred into the next layer's first product) give the exact layers' output bit for bit,

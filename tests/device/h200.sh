@@ -62,6 +62,8 @@ for arg in "$@"; do
       --json "$OUT/fastsub.json" ;;
     fastsubs) step fastsubs 200 parley bench --random structure --numerics fast --frames 60 --sub-stages \
       --json "$OUT/fastsubs.json" ;;
+    # The host's share of a fast frame by Python function, and the time in mx.eval (structure model).
+    hostprofile) step hostprofile 240 python3 tests/device/host_profile.py structure fast 20 ;;
     # Fast numerics at 8 bits against mlx-vlm (speed and peak memory, one process).
     fast8) step fast8 590 parley bench --random full --quantize 8 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast8.json" ;;
@@ -88,6 +90,8 @@ for arg in "$@"; do
     quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
     # Fast numerics with and without the LLM blocks' fused quantized rows, alternating in one process.
     fusedab) step fusedab 400 python3 tests/device/fused_rows_ab.py ;;
+    # Fast numerics with the TTS backbone's step traced and op by op, alternating in one process.
+    tracedab) step tracedab 400 python3 tests/device/traced_ab.py ;;
     drift) step drift 300 parley drift --random structure --seeds 0 1 --frames 40 --json "$OUT/drift.json" ;;
     # CUDA graph settings, alternating processes (MLX reads them once per process), host-bound structure model.
     graphs)

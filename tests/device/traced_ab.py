@@ -1,0 +1,58 @@
+"""Fast numerics with the TTS backbone's step traced (one compiled program) and op by op, alternating rounds.
+
+Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup tracedab``): the full-size
+4-bit random model loaded for fast numerics. Prints each round's median and mean frame, and whether the two
+forms produced the same text ids, codes and waveforms (the traced program runs the same kernels; only the
+few operations between them are fused by the compiler).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import numpy as np
+
+from app.bench import bench_input, question_audio, run_ours
+from engine.model import assemble_voicechat
+from engine.random_checkpoint import random_weights
+from engine.session import warm_up
+from engine.tokenizer import TextTokenizer
+
+
+def main() -> None:
+    size = sys.argv[1] if len(sys.argv) > 1 else "full"
+    _, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=4, seed=0)
+    voicechat = assemble_voicechat(
+        config, weights, quantized, TextTokenizer(raw_tokenizer, "random"), name=size, nbytes=nbytes, numerics="fast"
+    )
+    backbone = voicechat.model.tts_model.tts_model.backbone
+    print(f"the backbone traces its step by default: {backbone.traces_rows()}")
+    for traced in (True, False):
+        backbone.trace_rows = traced
+        warm_up(voicechat, speech=question_audio())
+    samples = bench_input(100)
+    results: dict[bool, list[float]] = {True: [], False: []}
+    outputs: dict[bool, tuple[list[int], list[list[int]], np.ndarray]] = {}
+    for round_ in range(3):
+        for traced in (True, False):
+            backbone.trace_rows = traced
+            record = run_ours(voicechat, samples, seed=0, sub_stages=False)
+            p50 = statistics.median(record.totals_ms[6:])
+            results[traced].append(p50)
+            outputs[traced] = (record.text_ids, record.codes, np.concatenate(record.waveforms))
+            name = "traced" if traced else "op by op"
+            mean = statistics.mean(record.totals_ms[6:])
+            print(f"round {round_ + 1} {name}: p50 {p50:.2f} ms, mean {mean:.2f} ms", flush=True)
+    for traced in (True, False):
+        print(f"{'traced' if traced else 'op by op'} p50 per round: {', '.join(f'{v:.2f}' for v in results[traced])}")
+    (text_a, codes_a, wave_a), (text_b, codes_b, wave_b) = outputs[True], outputs[False]
+    same_codes = sum(a == b for a, b in zip(codes_a, codes_b, strict=True))
+    print(
+        f"traced against op by op: text ids equal {text_a == text_b}, codes equal in {same_codes}/{len(codes_a)} "
+        f"frames, waveform max difference {float(np.abs(wave_a - wave_b).max()):.3g}"
+    )
+
+
+if __name__ == "__main__":
+    main()
