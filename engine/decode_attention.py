@@ -388,7 +388,9 @@ def decode_attention_sample(
 
 # --------------------------------------------------------------------------- the encoder's relative-position attention
 
-_RELATIVE_CUDA = (
+# One query row over a key window, relative positions: ``@COUNT@`` keys, key/value j read by ``@KEY@`` /
+# ``@VALUE@`` and passed on by ``@KEEP_KEY@`` / ``@KEEP_VALUE@`` (the window form writes the window out).
+_RELATIVE_CUDA_TEMPLATE = (
     """
     constexpr int PER_LANE = (HD + 31) / 32;
     constexpr int WIDTH = H * HD;
@@ -398,7 +400,7 @@ _RELATIVE_CUDA = (
     const int head = blockIdx.x;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int count = keys_shape[0];
+    const int count = @COUNT@;
     float content_query[PER_LANE];
     float position_query[PER_LANE];
     float acc[PER_LANE];
@@ -416,7 +418,11 @@ _RELATIVE_CUDA = (
         for (int i = 0; i < PER_LANE; ++i) {
             const int d = lane + 32 * i;
             const size_t at = static_cast<size_t>(j) * WIDTH + head * HD + d;
-            if (d < HD) score += content_query[i] * keys[at] + position_query[i] * positions[at];
+            if (d < HD) {
+                const float key = @KEY@;
+                score += content_query[i] * key + position_query[i] * positions[at];
+                @KEEP_KEY@
+            }
         }
         for (int offset = 16; offset > 0; offset /= 2) {
             score += __shfl_xor_sync(0xffffffff, score, offset);
@@ -428,7 +434,12 @@ _RELATIVE_CUDA = (
         running_sum = running_sum * rescale + weight;
         for (int i = 0; i < PER_LANE; ++i) {
             const int d = lane + 32 * i;
-            if (d < HD) acc[i] = acc[i] * rescale + weight * values[static_cast<size_t>(j) * WIDTH + head * HD + d];
+            const size_t at = static_cast<size_t>(j) * WIDTH + head * HD + d;
+            if (d < HD) {
+                const float value = @VALUE@;
+                acc[i] = acc[i] * rescale + weight * value;
+                @KEEP_VALUE@
+            }
         }
         running_max = new_max;
     }
@@ -439,7 +450,7 @@ _RELATIVE_CUDA = (
 """
 )
 
-_RELATIVE_METAL = (
+_RELATIVE_METAL_TEMPLATE = (
     """
     constexpr int PER_LANE = (HD + 31) / 32;
     constexpr int WIDTH = H * HD;
@@ -450,7 +461,7 @@ _RELATIVE_METAL = (
     const uint local = thread_position_in_threadgroup.x;
     const uint warp = simdgroup_index_in_threadgroup;
     const uint lane = thread_index_in_simdgroup;
-    const int count = keys_shape[0];
+    const int count = @COUNT@;
     float content_query[PER_LANE];
     float position_query[PER_LANE];
     float acc[PER_LANE];
@@ -468,7 +479,11 @@ _RELATIVE_METAL = (
         for (int i = 0; i < PER_LANE; ++i) {
             const int d = int(lane) + 32 * i;
             const uint at = uint(j) * WIDTH + uint(head * HD + d);
-            if (d < HD) score += content_query[i] * keys[at] + position_query[i] * positions[at];
+            if (d < HD) {
+                const float key = @KEY@;
+                score += content_query[i] * key + position_query[i] * positions[at];
+                @KEEP_KEY@
+            }
         }
         score = metal::simd_sum(score) * scale[0];
         const float new_max = metal::max(running_max, score);
@@ -477,7 +492,12 @@ _RELATIVE_METAL = (
         running_sum = running_sum * rescale + weight;
         for (int i = 0; i < PER_LANE; ++i) {
             const int d = int(lane) + 32 * i;
-            if (d < HD) acc[i] = acc[i] * rescale + weight * values[uint(j) * WIDTH + uint(head * HD + d)];
+            const uint at = uint(j) * WIDTH + uint(head * HD + d);
+            if (d < HD) {
+                const float value = @VALUE@;
+                acc[i] = acc[i] * rescale + weight * value;
+                @KEEP_VALUE@
+            }
         }
         running_max = new_max;
     }
@@ -488,7 +508,45 @@ _RELATIVE_METAL = (
 """
 )
 
+
+def _relative_source(template: str, window: bool) -> str:
+    """The relative attention kernel over given keys and values, or (``window``) over a window made of the
+    cached ``key_history``/``value_history`` rows from row ``DROP`` on and the newest ``new_key``/``new_value``
+    row, which it also writes out as ``next_keys``/``next_values`` (the next frame's cache)."""
+    if not window:
+        parts = {"@COUNT@": "keys_shape[0]", "@KEY@": "keys[at]", "@VALUE@": "values[at]"}
+        parts.update({"@KEEP_KEY@": "", "@KEEP_VALUE@": ""})
+    else:
+        newest = "j == count - 1 ? new_{0}[at - static_cast<size_t>(j) * WIDTH] : {0}_history[at + DROP * WIDTH]"
+        parts = {
+            "@COUNT@": "key_history_shape[0] - DROP + 1",
+            "@KEY@": newest.format("key"),
+            "@VALUE@": newest.format("value"),
+            "@KEEP_KEY@": "next_keys[at] = key;",
+            "@KEEP_VALUE@": "next_values[at] = value;",
+        }
+    for placeholder, text in parts.items():
+        template = template.replace(placeholder, text)
+    return template
+
+
+_RELATIVE_CUDA = _relative_source(_RELATIVE_CUDA_TEMPLATE, window=False)
+_RELATIVE_METAL = _relative_source(_RELATIVE_METAL_TEMPLATE, window=False)
+_RELATIVE_WINDOW_CUDA = _relative_source(_RELATIVE_CUDA_TEMPLATE, window=True)
+_RELATIVE_WINDOW_METAL = _relative_source(_RELATIVE_METAL_TEMPLATE, window=True)
+
 _RELATIVE_INPUTS = ["query", "keys", "values", "positions", "bias_u", "bias_v", "scale"]
+_RELATIVE_WINDOW_INPUTS = [
+    "query",
+    "key_history",
+    "new_key",
+    "value_history",
+    "new_value",
+    "positions",
+    "bias_u",
+    "bias_v",
+    "scale",
+]
 # Warps per head for the encoder's short key window (at most 71 keys).
 RELATIVE_WARPS = 4
 
@@ -515,6 +573,14 @@ class RelativeDecodeAttention:
             cuda=_RELATIVE_CUDA,
             metal=_RELATIVE_METAL,
         )
+        self._window_kernel = custom_kernel(
+            backend,
+            "parley_relative_attention_window",
+            _RELATIVE_WINDOW_INPUTS,
+            ["out", "next_keys", "next_values"],
+            cuda=_RELATIVE_WINDOW_CUDA,
+            metal=_RELATIVE_WINDOW_METAL,
+        )
 
     def __call__(
         self,
@@ -526,11 +592,9 @@ class RelativeDecodeAttention:
         bias_v: mx.array,
         scale: float,
     ) -> mx.array:
-        if scale not in self._scales:
-            self._scales[scale] = mx.array([scale], dtype=mx.float32)
         threads = 32 * RELATIVE_WARPS
         (out,) = self._kernel(
-            inputs=[query, keys, values, positions, bias_u, bias_v, self._scales[scale]],
+            inputs=[query, keys, values, positions, bias_u, bias_v, self._scale(scale)],
             template=[("H", self.heads), ("HD", self.head_dim), ("WARPS", RELATIVE_WARPS), ("BT", bias_u.dtype)],
             grid=(self.heads * threads, 1, 1),
             threadgroup=(threads, 1, 1),
@@ -538,6 +602,63 @@ class RelativeDecodeAttention:
             output_dtypes=[mx.float32],
         )
         return out
+
+    def window(
+        self,
+        query: mx.array,
+        key_history: mx.array,
+        new_key: mx.array,
+        value_history: mx.array,
+        new_value: mx.array,
+        positions: mx.array,
+        bias_u: mx.array,
+        bias_v: mx.array,
+        scale: float,
+        drop: int,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """:func:`engine.encoder.attend_relative_window`'s result: the attention over the cached rows from
+        ``drop`` on and the newest row, and that window of keys and values (written as they are read)."""
+        threads = 32 * RELATIVE_WARPS
+        count = key_history.shape[0] - drop + 1
+        width = self.heads * self.head_dim
+        inputs = [query, key_history, new_key, value_history, new_value, positions, bias_u, bias_v]
+        out, next_keys, next_values = self._window_kernel(
+            inputs=[*inputs, self._scale(scale)],
+            template=[
+                ("H", self.heads),
+                ("HD", self.head_dim),
+                ("WARPS", RELATIVE_WARPS),
+                ("BT", bias_u.dtype),
+                ("DROP", drop),
+            ],
+            grid=(self.heads * threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=[(1, width), (count, width), (count, width)],
+            output_dtypes=[mx.float32] * 3,
+        )
+        return out, next_keys, next_values
+
+    def _scale(self, scale: float) -> mx.array:
+        if scale not in self._scales:
+            self._scales[scale] = mx.array([scale], dtype=mx.float32)
+        return self._scales[scale]
+
+
+def relative_window_samples(heads: int, head_dim: int, bias_dtype: mx.Dtype = mx.float32) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting the window kernel: a full window (71 cached rows, the oldest dropped) and a
+    filling one (8 cached rows, none dropped), each with the newest row apart."""
+    samples: list[tuple[Any, ...]] = []
+    for query, keys, values, positions, bias_u, bias_v, scale in relative_attention_samples(
+        heads, head_dim, bias_dtype
+    ):
+        drop = 1 if keys.shape[0] == 71 else 0
+        extra = mx.random.normal((drop, keys.shape[1]), key=mx.random.key(7))
+        key_history = mx.concatenate([extra, keys[:-1]]) if drop else keys[:-1]
+        value_history = mx.concatenate([-extra, values[:-1]]) if drop else values[:-1]
+        samples.append(
+            (query, key_history, keys[-1:], value_history, values[-1:], positions, bias_u, bias_v, scale, drop)
+        )
+    return samples
 
 
 def relative_attention_samples(heads: int, head_dim: int, bias_dtype: mx.Dtype = mx.float32) -> list[tuple[Any, ...]]:

@@ -182,8 +182,10 @@ class RelativePositionAttention(nn.Module):
         self.pos_bias_u = mx.zeros((heads, self.head_dim))
         self.pos_bias_v = mx.zeros((heads, self.head_dim))
         self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
-        # Fast numerics: one query row's attention as one kernel (engine.decode_attention), or its fallback.
+        # Fast numerics: one query row's attention as one kernel (engine.decode_attention), or its fallback;
+        # the same over a cached window and the newest row, writing the next window (attend_relative_window).
         self.fast_attention: Callable[..., mx.array] | None = None
+        self.fast_window: Callable[..., tuple[mx.array, mx.array, mx.array]] | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("linear_k", "linear_v"))
@@ -214,6 +216,25 @@ class RelativePositionAttention(nn.Module):
         if self.fast_attention is not None and one_row and q.dtype == k.dtype == v.dtype == p.dtype == mx.float32:
             return self.linear_out(self.fast_attention(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale))
         return self.linear_out(attend_relative(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale, mask))
+
+
+def attend_relative_window(
+    q: mx.array,
+    key_history: mx.array,
+    new_key: mx.array,
+    value_history: mx.array,
+    new_value: mx.array,
+    p: mx.array,
+    bias_u: mx.array,
+    bias_v: mx.array,
+    scale: float,
+    drop: int,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """One query row's :func:`attend_relative` over the window of the cached key and value rows from row
+    ``drop`` on and the newest row; returns the mixed values and that window (the next frame's cache)."""
+    keys = mx.concatenate([key_history[drop:] if drop else key_history, new_key])
+    values = mx.concatenate([value_history[drop:] if drop else value_history, new_value])
+    return attend_relative(q, keys, values, p, bias_u, bias_v, scale), keys, values
 
 
 def _relative_shift(scores: mx.array) -> mx.array:
@@ -461,34 +482,40 @@ class ConformerLayer(nn.Module):
         :meth:`_stream_ops` runs about thirty operations; keys and values are projected once per frame
         (cached projected) instead of for the whole window every frame.
 
-        Returns the block output and the updated caches (the last ``left_context`` keys and values, the
-        last ``kernel - 1`` gate outputs).
+        Returns the block output and the updated caches: the keys and values the newest frame attended to
+        (its window: the last ``left_context + 1`` frames', the next frame drops the oldest when full) and the
+        last ``kernel - 1`` gate outputs, each written by the kernel that reads it (no joins or slices).
         """
         parts, weights, attention = self.rows, self.row_weights, self.self_attn
-        assert parts is not None and weights is not None and attention.fast_attention is not None
+        assert parts is not None and weights is not None
+        assert attention.fast_attention is not None and attention.fast_window is not None
         x = self._feed_forward_rows(x, self.norm_feed_forward1, weights.feed_forward1)
         norm = self.norm_self_att
         q, k, v = parts.qkv(x, weights.qkv, norm.weight, norm_bias=norm.bias)
-        keys = k if key_cache is None else mx.concatenate([key_cache, k], axis=0)
-        values = v if value_cache is None else mx.concatenate([value_cache, v], axis=0)
         bias_u, bias_v = attention.pos_bias_u, attention.pos_bias_v
-        attended = attention.fast_attention(q, keys, values, projected_positions, bias_u, bias_v, attention.scale)
+        if key_cache is None or value_cache is None:
+            keys, values = k, v
+            attended = attention.fast_attention(q, k, v, projected_positions, bias_u, bias_v, attention.scale)
+        else:
+            drop = int(key_cache.shape[0] > left_context)
+            attended, keys, values = attention.fast_window(
+                q, key_cache, k, value_cache, v, projected_positions, bias_u, bias_v, attention.scale, drop
+            )
         (x,) = parts.output(attended, (weights.output,), base=x)
         norm, conv = self.norm_conv, self.conv
         (gated,) = parts.convolution_in(x, (weights.pointwise1,), norm.weight, norm_bias=norm.bias)
-        window = mx.concatenate([conv_cache, gated], axis=0)
         tail = conv.batch_norm
-        (x,) = parts.convolution_out(
-            window,
+        x, next_conv = parts.convolution_out(
+            conv_cache,
             (weights.pointwise2,),
             tail.weight,
             norm_bias=tail.bias,
             depthwise=conv.depthwise_conv.weight,
             base=x,
+            newest=gated,
         )
         x = self._feed_forward_rows(x, self.norm_feed_forward2, weights.feed_forward2)
-        kept = slice(-left_context, None) if left_context > 0 else slice(0, 0)
-        return self.norm_out(x), keys[kept], values[kept], window[1:]
+        return self.norm_out(x), keys, values, next_conv
 
     def _feed_forward_rows(self, x: mx.array, norm: nn.LayerNorm, weights: tuple[mx.array, mx.array]) -> mx.array:
         """``x + ½·feed_forward(norm(x))`` as two row products."""
@@ -508,7 +535,8 @@ class PerceptionCache:
     * ``mel``: the log-mel front end's retained samples and counters;
     * ``mel_window``: earlier mel frames re-fed to the subsampling stack (≤ 23, 17 in steady state);
     * ``attention``: per layer, the last ``left_context`` (70) ``norm_self_att`` outputs, as rows (70, d) —
-      or, with fast numerics' row products, the keys projected from them;
+      or, with fast numerics' row products, the keys projected from them, for the last ``left_context + 1``
+      frames (the window the newest frame attended to; the next frame drops its oldest row);
     * ``values``: fast numerics' row products only: per layer, the projected values of those frames;
     * ``convolution``: per layer, the last ``kernel - 1`` (8) GLU outputs ((1, 8, d); rows (8, d) with
       the row products);
@@ -671,7 +699,7 @@ class FastConformer(nn.Module):
         keys, values = cache.attention, cache.values
         if keys[0] is None:
             outputs = self._stream_program("fresh")(x, *convolution)
-        elif keys[0].shape[0] == left:
+        elif keys[0].shape[0] >= left:  # the window is full this frame: left + 1 keys, fixed positions
             positions = [layer._positions(config, left + 1, x.dtype) for layer in self.layers]
             outputs = self._stream_program("steady")(x, *keys, *values, *convolution, *positions)
         else:
@@ -694,7 +722,7 @@ class FastConformer(nn.Module):
         ``(x, *keys, *values, *convolution)``."""
         config, left = self.config, self.config.left_context
         shape, x = x.shape, x.reshape(-1, config.d_model)
-        key_len = 1 + (0 if keys[0] is None else keys[0].shape[0])
+        key_len = 1 + (0 if keys[0] is None else min(keys[0].shape[0], left))  # a full window drops its oldest
         next_keys, next_values, next_convolution = [], [], []
         for index, layer in enumerate(self.layers):
             if positions is None:
@@ -710,12 +738,13 @@ class FastConformer(nn.Module):
         return (x.reshape(shape), *next_keys, *next_values, *next_convolution)
 
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
-        """Trace the stream's programs for every attention cache length (0 … 70) on zeros; returns outputs
-        to evaluate (evaluation compiles their kernels). Nothing is stored."""
+        """Trace the stream's programs for every attention cache length (0 … 70; 71 with the row products) on
+        zeros; returns outputs to evaluate (evaluation compiles their kernels). Nothing is stored."""
         config = self.config
         rows = self.rows_in_use
         outputs: list[mx.array] = []
-        for cached in range(config.left_context + 1):
+        # The row products' caches hold the window the newest frame attended to, up to left_context + 1 rows.
+        for cached in range(config.left_context + (2 if rows else 1)):
             history = None if cached == 0 else mx.zeros((cached, config.d_model), dtype=dtype)
             scratch = PerceptionCache(
                 mel=None,  # type: ignore[arg-type]  # the layers never touch the front end

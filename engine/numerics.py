@@ -34,7 +34,10 @@ and the log says why. The changes:
   ``(q+u)·k + (q+v)·p`` summed together, then scaled, softmaxed and mixed in one kernel per
   layer. For one query the reference's relative shift leaves the position scores in place,
   so key j pairs with position row j (tested against a float64 computation). Fallback:
-  :func:`engine.encoder.attend_relative`, the reference's operations.
+  :func:`engine.encoder.attend_relative`, the reference's operations. Its window form reads the
+  cached key and value rows and the newest one apart and writes the window it read (the next
+  frame's cache) as it goes, where the operations would join them and slice the join: two
+  concatenations and two slices a layer fewer. Fallback: :func:`engine.encoder.attend_relative_window`.
 * **The greedy residual-VQ step** (:class:`engine.residual_vq.NearestCode`): after the
   distance product, the argmin, the gather and the residual and running-sum updates of one
   quantizer as one kernel. This one is bit-identical to the operations (the same roundings,
@@ -266,8 +269,16 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         norm_rope_ops,
         norm_rope_samples,
         relative_attention_samples,
+        relative_window_samples,
     )
-    from .encoder import ConformerLayer, ConformerRowParts, FastConformer, RelativePositionAttention, attend_relative
+    from .encoder import (
+        ConformerLayer,
+        ConformerRowParts,
+        FastConformer,
+        RelativePositionAttention,
+        attend_relative,
+        attend_relative_window,
+    )
     from .linear import KeepsCopy, QuantizedLinear
     from .llm import HybridBlock, Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
@@ -339,8 +350,18 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             lambda backend: RelativeDecodeAttention(backend, *shape),
             lambda: relative_attention_samples(*shape, first_relative.pos_bias_u.dtype),
         )
+    window: Callable[..., Any] | None = None
+    if fast and relatives:
+        window, changes["relative_window"] = _fast_part(
+            ("relative_window", *shape, first_relative.pos_bias_u.dtype),
+            "encoder attention window",
+            attend_relative_window,
+            lambda backend: RelativeDecodeAttention(backend, *shape).window,
+            lambda: relative_window_samples(*shape, first_relative.pos_bias_u.dtype),
+        )
     for module in relatives:
         module.fast_attention = relative
+        module.fast_window = window
 
     on_gpu = gpu_kernel_backend() is not None
     conformers = [module for module in modules if isinstance(module, ConformerLayer)]

@@ -10,8 +10,10 @@ costing host time on a GPU whatever its arithmetic, and each product reads the f
 * **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
   ``1 + w`` as ``s``); ``"residual_norm"``: first ``h = x + rms_norm(r) · s_r`` (the previous
   sublayer's post-norm and residual add, which it also writes out as ``hidden``), then ``rms_norm(h) · s``;
-  ``"layer_norm"``: ``layer_norm(x) · s + b``; ``"conv_norm"``: ``x`` is a window of ``taps`` rows, and the
-  one row is ``silu(layer_norm(depthwise_conv(x)) · s + b)`` (the tail of a Conformer convolution module);
+  ``"layer_norm"``: ``layer_norm(x) · s + b``; ``"conv_norm"``: ``x`` is the ``taps − 1`` cached rows of a
+  window whose newest row comes apart (``newest``), and the one row is ``silu(layer_norm(depthwise_conv(window))
+  · s + b)`` (the tail of a Conformer convolution module); it also writes the window's last ``taps − 1`` rows
+  as ``next_window`` (the next frame's cache), as it reads them;
 * **products** — one to three weights sharing the input (a layer's q, k and v), each written as its
   own output; weights in bf16 (read directly, widened as they are multiplied) or float32;
 * **epilogue** — ``"gelu_gate"``: two weights ``g`` and ``u``, written as ``gelu_tanh(x·gᵀ) · (x·uᵀ)``
@@ -53,7 +55,7 @@ PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
     "norm": ("norm_scale",),
     "residual_norm": ("norm_scale", "residual", "residual_scale"),
     "layer_norm": ("norm_scale", "norm_bias"),
-    "conv_norm": ("norm_scale", "norm_bias", "depthwise"),
+    "conv_norm": ("norm_scale", "norm_bias", "depthwise", "newest"),
 }
 EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"residual": ("base",)}
 
@@ -69,7 +71,8 @@ SHARED_BYTES = 32 * 1024
 class RowProductShape:
     """What one kernel instance computes: ``rows`` rows of ``width`` inputs into ``outputs`` columns per
     weight (``"gelu_gate"``: two weights, one output; ``"glu"``: one weight, half its rows out). A
-    ``"conv_norm"`` prologue reads a window of ``taps`` rows for its one row; ``"residual"`` adds ``factor``
+    ``"conv_norm"`` prologue reads a window of ``taps`` rows (cached rows and the newest) for its one row and
+    writes the window's last ``taps − 1`` rows after the outputs; ``"residual"`` adds ``factor``
     times the product to its base. With ``value_heads`` the last output comes as ``(rows, value_heads, 1,
     n / value_heads)``, one position's heads as an attention cache stores them (the same memory as its rows,
     with no view to make)."""
@@ -114,8 +117,8 @@ class RowProductShape:
 
     @property
     def input_rows(self) -> int:
-        """Rows of the input ``x``: the window for ``"conv_norm"``, else ``rows``."""
-        return self.taps if self.prologue == "conv_norm" else self.rows
+        """Rows of the input ``x``: the window's cached rows for ``"conv_norm"``, else ``rows``."""
+        return self.taps - 1 if self.prologue == "conv_norm" else self.rows
 
     @property
     def split(self) -> int:
@@ -135,6 +138,7 @@ def row_product_ops(
     norm_bias: mx.array | None = None,
     depthwise: mx.array | None = None,
     base: mx.array | None = None,
+    newest: mx.array | None = None,
     *,
     eps: float = 1e-6,
     epilogue: Epilogue = "none",
@@ -143,18 +147,22 @@ def row_product_ops(
 ) -> tuple[mx.array, ...]:
     """The reference's operations for :class:`RowProduct` (its fallback).
 
-    ``x`` (rows, width) float32 — for a depthwise convolution, the window ``(taps, width)`` it convolves
-    (``depthwise`` ``(width, taps, 1)``) before a layer norm and SiLU; ``weights`` each (n, width), or a
+    ``x`` (rows, width) float32 — for a depthwise convolution (``depthwise`` ``(width, taps, 1)``), the cached
+    ``(taps − 1, width)`` rows of the window it convolves, whose newest row is ``newest``, before a layer norm
+    and SiLU; ``weights`` each (n, width), or a
     pointwise convolution's ``(n, 1, width)``; ``norm_scale`` applies an RMS norm first (a layer norm with
     ``norm_bias``; ``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x``
     before it). Returns one output per weight (one for a gate or GLU; the last split into ``value_heads``
-    heads, see :class:`RowProductShape`), then the summed rows when a residual was added.
+    heads, see :class:`RowProductShape`), then the summed rows when a residual was added, or the window's last
+    ``taps − 1`` rows after a depthwise convolution.
     """
     hidden = None
     if depthwise is not None:
-        assert norm_scale is not None and norm_bias is not None
-        convolved = mx.conv1d(mx.expand_dims(x, 0), depthwise, groups=x.shape[-1])[0]
+        assert norm_scale is not None and norm_bias is not None and newest is not None
+        window = mx.concatenate([x, newest], axis=0)
+        convolved = mx.conv1d(mx.expand_dims(window, 0), depthwise, groups=x.shape[-1])[0]
         x = nn.silu(mx.fast.layer_norm(convolved, norm_scale, norm_bias, eps))
+        hidden = window[1:]
     elif residual is not None:
         assert residual_scale is not None and norm_scale is not None
         hidden = x + mx.fast.rms_norm(residual, residual_scale, eps)
@@ -272,11 +280,16 @@ def _prologues(row_sum: str, loop: str, barrier: str, rsqrt: str, exp: str, firs
     {barrier}
 """,
         "layer_norm": (layer_stats + layer_apply).replace("@ROWS@", "x").replace("@ACTIVATE@", "z"),
-        # One row (ROWS is 1): the depthwise convolution of the TAPS-row window x, then layer norm and SiLU.
+        # One row (ROWS is 1): the depthwise convolution of the TAPS-row window (the cached rows x, then the
+        # newest row), then layer norm and SiLU; one block writes the window's last TAPS - 1 rows on.
         "conv_norm": f"""
     {loop} {{
         float c = 0.0f;
-        for (int t = 0; t < TAPS; ++t) c += x[t * K + i] * static_cast<float>(depthwise[i * TAPS + t]);
+        for (int t = 0; t < TAPS; ++t) {{
+            const float v = t < TAPS - 1 ? x[t * K + i] : newest[i];
+            c += v * static_cast<float>(depthwise[i * TAPS + t]);
+            if ({first_block} && t > 0) next_window[(t - 1) * K + i] = v;
+        }}
         rows[i] = c;
     }}
     {barrier}
@@ -587,7 +600,8 @@ class RowProduct:
         extra = [*PROLOGUE_INPUTS[shape.prologue], *EPILOGUE_INPUTS.get(shape.epilogue, ())]
         self._inputs = ["x", *weights, *extra, "params"]
         outputs = [f"y{index}" for index in range(len(shape.output_widths))]
-        self._outputs = [*outputs, "hidden"] if shape.prologue == "residual_norm" else outputs
+        passed_on = {"residual_norm": ["hidden"], "conv_norm": ["next_window"]}.get(shape.prologue, [])
+        self._outputs = [*outputs, *passed_on]
         epilogue = "" if shape.epilogue == "none" else f"_{shape.epilogue}"
         self._kernel = custom_kernel(
             backend,
@@ -609,6 +623,7 @@ class RowProduct:
         norm_bias: mx.array | None = None,
         depthwise: mx.array | None = None,
         base: mx.array | None = None,
+        newest: mx.array | None = None,
         *,
         eps: float = 1e-6,
     ) -> tuple[mx.array, ...]:
@@ -619,7 +634,7 @@ class RowProduct:
             self._params[eps] = mx.array([eps, math.sqrt(2 / math.pi), shape.factor], dtype=mx.float32)
         named: dict[str, Any] = {"x": x, "params": self._params[eps], "norm_scale": norm_scale}
         named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
-        named.update({"depthwise": depthwise, "base": base})
+        named.update({"depthwise": depthwise, "base": base, "newest": newest})
         named.update({f"w{index}": weight for index, weight in enumerate(weights)})
         sizes = [*shape.outputs, 0, 0][:3]
         out_shapes: list[tuple[int, ...]] = [(shape.rows, size) for size in shape.output_widths]
@@ -627,6 +642,8 @@ class RowProduct:
             out_shapes[-1] = (shape.rows, shape.value_heads, 1, shape.output_widths[-1] // shape.value_heads)
         if shape.prologue == "residual_norm":
             out_shapes.append((shape.rows, shape.width))
+        elif shape.prologue == "conv_norm":
+            out_shapes.append((shape.taps - 1, shape.width))
         blocks = -(-shape.columns // (self.warps // shape.split))
         results = self._kernel(
             inputs=[named[name] for name in self._inputs],
@@ -654,7 +671,7 @@ class RowProduct:
 
 def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> tuple[Any, ...]:
     """Random inputs for admitting a :class:`RowProduct` against :func:`row_product_ops` (in its call order)."""
-    keys = mx.random.split(mx.random.key(61), 8)
+    keys = mx.random.split(mx.random.key(61), 9)
     x = mx.random.normal((shape.input_rows, shape.width), key=keys[0])
     weights = tuple(
         (mx.random.normal((size, shape.width), key=key) / math.sqrt(shape.width)).astype(weight_dtype)
@@ -672,7 +689,9 @@ def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dt
     if "depthwise" in inputs:
         taps = mx.random.normal((shape.width, shape.taps, 1), key=keys[6]) / math.sqrt(shape.taps)
         named["depthwise"] = taps.astype(scale_dtype)
+    if "newest" in inputs:
+        named["newest"] = mx.random.normal((1, shape.width), key=keys[8])
     if shape.epilogue == "residual":
         named["base"] = mx.random.normal((shape.rows, shape.columns), key=keys[7])
-    order = ("norm_scale", "residual", "residual_scale", "norm_bias", "depthwise", "base")
+    order = ("norm_scale", "residual", "residual_scale", "norm_bias", "depthwise", "base", "newest")
     return (x, weights, *(named.get(name) for name in order))

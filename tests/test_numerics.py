@@ -17,7 +17,7 @@ import pytest
 from app.drift import measure_drift
 from engine.cache import KVCache, SlidingKVCache
 from engine.decode_attention import decode_attention_ops, norm_rope_ops
-from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative
+from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.linear import QuantizedLinear
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.numerics import (
@@ -107,6 +107,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "decode_attention": False,
         "norm_rope": False,
         "relative_attention": False,
+        "relative_window": False,
         "encoder_row_products": False,
         "tts_row_products": False,
         "mog_row_products": False,
@@ -119,6 +120,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert attentions and all(m.fast_attention is decode_attention_ops for m in attentions)
     relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
     assert relatives and all(m.fast_attention is attend_relative for m in relatives)
+    assert all(m.fast_window is attend_relative_window for m in relatives)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
@@ -369,6 +371,7 @@ def test_every_row_product_source_is_complete() -> None:
         {"outputs": (64, 64), "epilogue": "silu"},
         {"outputs": (63,), "epilogue": "glu"},
         {"outputs": (64,), "prologue": "conv_norm"},
+        {"outputs": (64,), "prologue": "conv_norm", "taps": 9, "rows": 2},
         {"outputs": (64,), "taps": 9},
         {"outputs": (64,), "epilogue": "silu", "value_heads": 2},
         {"outputs": (64, 63), "value_heads": 2},
@@ -675,7 +678,9 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             layers["tts heads"] += 1
         elif isinstance(module, RelativePositionAttention):
             module.fast_attention = counted("encoder attention", module.fast_attention)
+            module.fast_window = counted("encoder window", module.fast_window)
             layers["encoder attention"] += 1
+            layers["encoder window"] += 1
         elif isinstance(module, ConformerLayer):
             assert module.rows is not None
             names = ("feed_forward_up", "feed_forward_down", "qkv", "output", "convolution_in", "convolution_out")
@@ -720,6 +725,8 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     for index in range(frames):
         session.push(audio[index * frame : (index + 1) * frame])
     assert set(calls) == set(layers), f"parts never called: {set(layers) - set(calls)}"
+    # The first encoded frame attends to itself alone; every later one to its cached window and itself.
+    assert calls.pop("encoder attention") == layers.pop("encoder attention")
     for name, count in layers.items():
         # A Mamba block's first step runs unfused (its states start there), the other blocks' fused.
         assert name == "quantized fused row" or calls[name] % count == 0, (name, calls[name], count)
