@@ -800,7 +800,8 @@ class FastConformer(nn.Module):
         products it was traced with, so a model switched between numerics modes keeps one program per mode."""
         first = self.layers[0] if self.layers else None
         rows = None if first is None else first.rows
-        key = (kind, None if first is None else first.self_attn.fast_attention, rows)
+        attention = None if first is None else first.self_attn
+        key = (kind, None if attention is None else (attention.fast_attention, attention.fast_window), rows)
         programs = self._stream_programs
         if key not in programs and rows is not None:
             programs[key] = jit(self._rows_program(kind))

@@ -1008,10 +1008,12 @@ class EarTTS(nn.Module):
         return {}  # one program per residual-VQ step and MoG row parts in use (a trace holds those it was traced with)
 
     def forget_row_programs(self) -> None:
-        """Drop the MaskGIT programs traced with MoG row products: they hold the weights' bf16 copies."""
+        """Drop the programs traced with row products (the MaskGIT rounds', the backbone's steps): they hold
+        the weights' bf16 copies."""
         programs = self._compiled_refines
         for key in [key for key in programs if key[1] is not None]:
             del programs[key]
+        self.backbone._traced_steps.clear()
 
     def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
         if hidden.shape[1] != 1:

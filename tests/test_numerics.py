@@ -543,31 +543,33 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> Non
 
 def test_exact_mode_lets_the_programs_holding_bf16_copies_go() -> None:
     """Compiled programs hold the weights they close over: a switch to exact drops those traced with row
-    products (the encoder's, the MaskGIT rounds'), so that the bf16 copies of a switched model are freed; a
-    benchmark alternating the modes keeps them (``release=False``)."""
+    products (the encoder's, the MaskGIT rounds', the TTS backbone's steps), so that the bf16 copies of a
+    switched model are freed; a benchmark alternating the modes keeps them (``release=False``)."""
     from app.bench import bench_input
     from engine.numerics import set_numerics
     from engine.session import Session
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    tts = voicechat.model.tts_model.tts_model
+    tts.backbone.trace_rows = True  # as on a GPU
     session = Session(voicechat, seed=0)
     samples = bench_input(8)
     for start in range(0, samples.size, 1280):
         session.push(samples[start : start + 1280])
     encoder = voicechat.model.stt_model.perception.encoder
-    tts = voicechat.model.tts_model.tts_model
 
-    def held() -> tuple[bool, bool]:
+    def held() -> tuple[bool, bool, bool]:
         return (
             any(key[2] is not None for key in encoder._stream_programs),
             any(key[1] is not None for key in tts._compiled_refines),
+            bool(tts.backbone._traced_steps),
         )
 
-    assert held() == (True, True)
+    assert held() == (True, True, True)
     set_numerics(voicechat, "exact", release=False)
-    assert held() == (True, True)
+    assert held() == (True, True, True)
     set_numerics(voicechat, "exact")
-    assert held() == (False, False)
+    assert held() == (False, False, False)
 
 
 def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
