@@ -1037,7 +1037,6 @@ class EarTTS(nn.Module):
         # flattened to rows and unflattened again around the same kernel, two views per product.
         _, length, width = hidden.shape
         rows = hidden.reshape(-1, width)
-        conditional, unconditional = rows[:length], rows[length:]
         columns = [mx.full((length, 1), config.mask_code, dtype=mx.int32)] * config.num_quantizers
         chosen_sum = mx.zeros((length, config.latent_size))
         norms = self.codebook_norms
@@ -1046,7 +1045,10 @@ class EarTTS(nn.Module):
             nearest = nearest_code_ops  # the kernel takes float32 residuals
         for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
-            features = mx.concatenate([embedded + conditional, embedded + unconditional], axis=0)
+            if length == 1:  # the same two adds, broadcast over both rows: no join
+                features = embedded + rows
+            else:
+                features = mx.concatenate([embedded + rows[:length], embedded + rows[length:]], axis=0)
             mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
             latent = mean + materialize(mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale)
             if probe is not None:
