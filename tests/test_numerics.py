@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from app.drift import measure_drift
@@ -261,6 +262,27 @@ def test_the_traced_backbone_step_is_the_step_it_traces() -> None:
             assert mx.array_equal(traced_cache.values, plain_cache.values).item()
     backbone.trace_rows = None
     assert backbone._traced_steps, "the traced step never ran"
+
+
+def test_the_fast_encoder_caches_the_window_each_frame_attended_to() -> None:
+    """Fast mode's encoder stream keeps, per layer, the keys and values of the window the newest frame attended
+    to (up to left_context + 1 rows; the next frame drops the oldest) and the convolution's last kernel − 1 rows,
+    and its outputs stay exact mode's through the frames where the window fills and then slides."""
+    exact_model = random_voicechat("tiny", quantize=4)
+    fast_model = random_voicechat("tiny", quantize=4, numerics="fast")
+    exact, fast = exact_model.model.stt_model.perception, fast_model.model.stt_model.perception
+    left = fast.encoder.config.left_context
+    exact_cache, fast_cache = exact.make_cache(), fast.make_cache()
+    noise = np.random.default_rng(3).standard_normal((left + 5) * 1280).astype(np.float32) * 0.1
+    for index in range(left + 5):
+        frame = mx.array(noise[index * 1280 : (index + 1) * 1280])
+        (_, exact_out), (_, fast_out) = exact.step(exact_cache, frame), fast.step(fast_cache, frame)
+        mx.eval(exact_out, fast_out, *fast_cache.arrays(), *exact_cache.arrays())
+        rows = min(index + 1, left + 1)
+        assert all(keys.shape[0] == rows for keys in fast_cache.attention), (index, fast_cache.attention[0].shape)
+        assert all(values.shape[0] == rows for values in fast_cache.values)
+        assert all(window.shape[0] == 8 for window in fast_cache.convolution)
+        assert relative_l2(fast_out, exact_out) < 1e-5, index
 
 
 def test_mixture_row_fallbacks_are_the_exact_head() -> None:
