@@ -182,14 +182,14 @@ class BackboneAttention(nn.Module):
         as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.decode_attention`)."""
         assert self.fast_attention is not None
         key_buffer, value_buffer, filled = cache.store(keys, values)
-        attention = self._counted_attention(key_buffer.dtype, value_buffer.dtype)
+        attention = self._attention_by_count(key_buffer.dtype, value_buffer.dtype)
         return attention(queries, key_buffer, value_buffer, filled, self.scale)
 
     def kernel_reads(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> bool:
         """Whether the attention kernel reads buffers of these dtypes (float32 only; fast mode's queries are)."""
         return isinstance(self.fast_attention, DecodeAttention) and key_dtype == value_dtype == mx.float32
 
-    def _counted_attention(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> Callable[..., mx.array]:
+    def _attention_by_count(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> Callable[..., mx.array]:
         """:attr:`fast_attention`, or its fallback where the kernel does not read these buffers."""
         assert self.fast_attention is not None
         if isinstance(self.fast_attention, DecodeAttention) and not self.kernel_reads(key_dtype, value_dtype):
@@ -217,7 +217,7 @@ class BackboneAttention(nn.Module):
                 queries, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
             )
         assert slot.count is not None
-        attention = self._counted_attention(key_buffer.dtype, value_buffer.dtype)
+        attention = self._attention_by_count(key_buffer.dtype, value_buffer.dtype)
         return attention(queries, key_buffer, value_buffer, slot.count, self.scale)
 
     def output(self, mixed: mx.array, rows: bool = False) -> mx.array:
@@ -526,13 +526,13 @@ class Backbone(nn.Module):
             if kind in slots:
                 continue
             attention = layer.self_attn.fast_attention
-            index = mx.array([slot], dtype=mx.int32)
+            at = mx.array([slot], dtype=mx.int32)
             if isinstance(attention, DecodeAttention) and layer.self_attn.kernel_reads(
                 cache.keys.dtype, cache.values.dtype
             ):
-                slots[kind] = BufferSlot(index, attention.bounds(filled), attention.splits(filled), None)
+                slots[kind] = BufferSlot(at, attention.bounds(filled), attention.splits(filled), None)
             else:
-                slots[kind] = BufferSlot(index, None, 0, filled)
+                slots[kind] = BufferSlot(at, None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
         kinds = sorted(slots)
         parts = (self.layers[0].rows, first.fast_attention, first.fast_heads)
@@ -547,7 +547,8 @@ class Backbone(nn.Module):
         inputs = [array for kind in kinds for array in slots[kind].arrays()]
         buffers = [cache.keys for cache in caches] + [cache.values for cache in caches]
         outputs = programs[key](rows, position, *inputs, *buffers)
-        del buffers  # the program's graph holds the only other reference: the writes happen in place
+        # Once the caches hold the written buffers, only the program's graph holds the old ones: written in place.
+        del buffers
         layers = len(self.layers)
         for cache, key_buffer, value_buffer in zip(caches, outputs[1 : 1 + layers], outputs[1 + layers :], strict=True):
             cache.advance(key_buffer, value_buffer)

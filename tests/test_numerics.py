@@ -402,6 +402,20 @@ def test_every_row_product_source_is_complete() -> None:
             RowProductShape(**{"rows": 1, "width": 64, "prologue": "none", **bad})  # type: ignore[arg-type]
 
 
+def test_the_relative_attention_sources_are_complete() -> None:
+    """Both forms of the encoder's attention kernel, on both backends, with every placeholder filled; the window
+    form reads the cached rows and the newest apart and writes both windows (it compiles only on a GPU)."""
+    from engine import decode_attention
+
+    plain = (decode_attention._RELATIVE_CUDA, decode_attention._RELATIVE_METAL)
+    window = (decode_attention._RELATIVE_WINDOW_CUDA, decode_attention._RELATIVE_WINDOW_METAL)
+    for source in (*plain, *window):
+        assert "@" not in source
+    for source in window:
+        assert all(name in source for name in ("key_history", "new_value", "next_keys", "next_values", "DROP"))
+    assert not any("history" in source or "next_" in source for source in plain)
+
+
 def test_a_row_product_hands_its_values_over_in_heads() -> None:
     """The TTS backbone's q/k/v product writes the values as the cache stores one position's heads, (rows, heads, 1,
     head size): the same numbers as the plain product's last output, and the other outputs untouched."""
