@@ -149,24 +149,24 @@ def row_product_ops(
 
     ``x`` (rows, width) float32 — for a depthwise convolution (``depthwise`` ``(width, taps, 1)``), the cached
     ``(taps − 1, width)`` rows of the window it convolves, whose newest row is ``newest``, before a layer norm
-    and SiLU; ``weights`` each (n, width), or a
-    pointwise convolution's ``(n, 1, width)``; ``norm_scale`` applies an RMS norm first (a layer norm with
+    and SiLU; ``weights`` each (n, width), or a pointwise convolution's ``(n, 1, width)``; ``norm_scale``
+    applies an RMS norm first (a layer norm with
     ``norm_bias``; ``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x``
     before it). Returns one output per weight (one for a gate or GLU; the last split into ``value_heads``
     heads, see :class:`RowProductShape`), then the summed rows when a residual was added, or the window's last
     ``taps − 1`` rows after a depthwise convolution.
     """
-    hidden = None
+    passed_on = None  # the summed rows, or the next window
     if depthwise is not None:
         assert norm_scale is not None and norm_bias is not None and newest is not None
         window = mx.concatenate([x, newest], axis=0)
         convolved = mx.conv1d(mx.expand_dims(window, 0), depthwise, groups=x.shape[-1])[0]
         x = nn.silu(mx.fast.layer_norm(convolved, norm_scale, norm_bias, eps))
-        hidden = window[1:]
+        passed_on = window[1:]
     elif residual is not None:
         assert residual_scale is not None and norm_scale is not None
-        hidden = x + mx.fast.rms_norm(residual, residual_scale, eps)
-        x = mx.fast.rms_norm(hidden, norm_scale, eps)
+        passed_on = x + mx.fast.rms_norm(residual, residual_scale, eps)
+        x = mx.fast.rms_norm(passed_on, norm_scale, eps)
     elif norm_bias is not None:
         x = mx.fast.layer_norm(x, norm_scale, norm_bias, eps)
     elif norm_scale is not None:
@@ -185,7 +185,7 @@ def row_product_ops(
         outputs = products
     if value_heads:
         outputs[-1] = outputs[-1].reshape(outputs[-1].shape[0], value_heads, 1, -1)
-    return (*outputs, hidden) if hidden is not None else tuple(outputs)
+    return (*outputs, passed_on) if passed_on is not None else tuple(outputs)
 
 
 def _gelu_tanh_ops(x: mx.array) -> mx.array:
