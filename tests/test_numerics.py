@@ -33,6 +33,7 @@ from engine.numerics import (
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
 from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
+from engine.timeline import INPUT_FRAME_SAMPLES
 from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -273,9 +274,10 @@ def test_the_fast_encoder_caches_the_window_each_frame_attended_to() -> None:
     exact, fast = exact_model.model.stt_model.perception, fast_model.model.stt_model.perception
     left = fast.encoder.config.left_context
     exact_cache, fast_cache = exact.make_cache(), fast.make_cache()
-    noise = np.random.default_rng(3).standard_normal((left + 5) * 1280).astype(np.float32) * 0.1
+    step = INPUT_FRAME_SAMPLES
+    noise = np.random.default_rng(3).standard_normal((left + 5) * step).astype(np.float32) * 0.1
     for index in range(left + 5):
-        frame = mx.array(noise[index * 1280 : (index + 1) * 1280])
+        frame = mx.array(noise[index * step : (index + 1) * step])
         (_, exact_out), (_, fast_out) = exact.step(exact_cache, frame), fast.step(fast_cache, frame)
         mx.eval(exact_out, fast_out, *fast_cache.arrays(), *exact_cache.arrays())
         rows = min(index + 1, left + 1)

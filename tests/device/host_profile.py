@@ -20,9 +20,8 @@ from app.bench import bench_input, question_audio
 from engine.model import assemble_voicechat
 from engine.random_checkpoint import random_weights
 from engine.session import Session, warm_up
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 from engine.tokenizer import TextTokenizer
-
-FRAME_SAMPLES = 1280  # 80 ms at 16 kHz
 
 
 def main() -> None:
@@ -37,14 +36,15 @@ def main() -> None:
     warm_up(voicechat, speech=question_audio())
     session = Session(voicechat, seed=0)
     samples = bench_input(80 + profiled)
-    frames = [samples[start : start + FRAME_SAMPLES] for start in range(0, samples.shape[0], FRAME_SAMPLES)]
+    step = INPUT_FRAME_SAMPLES
+    frames = [samples[start : start + step] for start in range(0, samples.shape[0], step)]
     for frame in frames[:80]:
-        session.push(frame, 16000)
+        session.push(frame, INPUT_SAMPLE_RATE)
     profile = cProfile.Profile()
     began = time.perf_counter()
     profile.enable()
     for frame in frames[80:]:
-        session.push(frame, 16000)
+        session.push(frame, INPUT_SAMPLE_RATE)
     profile.disable()
     per_frame = (time.perf_counter() - began) * 1000.0 / len(frames[80:])
     print(f"{size} {numerics}: {per_frame:.2f} ms a frame under the profiler, {len(frames[80:])} frames")
