@@ -218,6 +218,14 @@ class RelativePositionAttention(nn.Module):
         return self.linear_out(attend_relative(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale, mask))
 
 
+def attention_window(cached: int, left_context: int) -> tuple[int, int]:
+    """For fast numerics' key cache of ``cached`` rows (the window the previous frame attended to): how many of
+    its oldest rows the newest frame lets go (one, once the window is full at ``left_context + 1`` rows) and how
+    many keys the newest frame attends to."""
+    drop = int(cached > left_context)
+    return drop, cached - drop + 1
+
+
 def attend_relative_window(
     q: mx.array,
     key_history: mx.array,
@@ -497,7 +505,7 @@ class ConformerLayer(nn.Module):
             keys, values = k, v
             attended = attention.fast_attention(q, k, v, projected_positions, bias_u, bias_v, attention.scale)
         else:
-            drop = int(key_cache.shape[0] > left_context)
+            drop, _ = attention_window(key_cache.shape[0], left_context)
             attended, keys, values = attention.fast_window(
                 q, key_cache, k, value_cache, v, projected_positions, bias_u, bias_v, attention.scale, drop
             )
@@ -699,7 +707,7 @@ class FastConformer(nn.Module):
         keys, values = cache.attention, cache.values
         if keys[0] is None:
             outputs = self._stream_program("fresh")(x, *convolution)
-        elif keys[0].shape[0] >= left:  # the window is full this frame: left + 1 keys, fixed positions
+        elif attention_window(keys[0].shape[0], left)[1] == left + 1:  # a full window: fixed positions
             positions = [layer._positions(config, left + 1, x.dtype) for layer in self.layers]
             outputs = self._stream_program("steady")(x, *keys, *values, *convolution, *positions)
         else:
@@ -722,7 +730,7 @@ class FastConformer(nn.Module):
         ``(x, *keys, *values, *convolution)``."""
         config, left = self.config, self.config.left_context
         shape, x = x.shape, x.reshape(-1, config.d_model)
-        key_len = 1 + (0 if keys[0] is None else min(keys[0].shape[0], left))  # a full window drops its oldest
+        key_len = 1 if keys[0] is None else attention_window(keys[0].shape[0], left)[1]
         next_keys, next_values, next_convolution = [], [], []
         for index, layer in enumerate(self.layers):
             if positions is None:
