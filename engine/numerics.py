@@ -282,7 +282,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     from .linear import KeepsCopy, QuantizedLinear
     from .llm import HybridBlock, Mamba2Mixer
     from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
-    from .rnnt import RNNTPredictor
+    from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
 
@@ -436,8 +436,15 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     if fast and quantized:
         changes["quantized_rows"] = every_row
 
+    joints = [module for module in modules if isinstance(module, RNNTJoint)]
     for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
-        predictor.fused_cell = fast  # operations, no kernel: the same on every device
+        predictor.fused_cell = fast  # the cell update left to fuse, where the attempts run as operations
+        attempt_parts = None
+        if fast and len(joints) == 1:
+            attempt_parts, changes["rnnt_attempts"] = _attempt_parts(predictor, joints[0])
+            if on_gpu and not changes["rnnt_attempts"]:
+                attempt_parts = None  # the compiled loop's operations (the CPU keeps the fallbacks, tested there)
+        predictor.attempt_parts = attempt_parts
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
@@ -538,6 +545,76 @@ def _quantized_row_part(
         functools.partial(QuantizedRowProduct, shape=shape),
         functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32),
     )
+
+
+# One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the
+# same object again and its compiled greedy loops are reused (engine.rnnt.GreedyPrograms keys them by it).
+_ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+
+
+def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
+    """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
+    operations), or None for a layout they do not take; the flag says whether every one is a kernel."""
+    import functools
+
+    from .greedy_attempt import (
+        AttemptParts,
+        JointRow,
+        JointRowShape,
+        LSTMStep,
+        LSTMStepShape,
+        joint_row_ops,
+        joint_row_samples,
+        lstm_step_ops,
+        lstm_step_samples,
+    )
+
+    lstm, table = predictor.prediction["dec_rnn"].lstm, predictor.prediction["embed"].weight
+    output = joint.joint_net[-1]
+    if any("bias" not in module for module in (*lstm, joint.pred, output)):
+        return None, False
+    weight_dtype, bias_dtype = lstm[0].Wx.dtype, lstm[0].bias.dtype
+    dtypes = {table.dtype, *(array.dtype for layer in lstm for array in (layer.Wx, layer.Wh, layer.bias))}
+    if not dtypes <= {mx.float32, mx.bfloat16} or len({(layer.Wx.dtype, layer.bias.dtype) for layer in lstm}) > 1:
+        return None, False
+    width = predictor.hidden_size
+    scores = JointRowShape(output.weight.shape[1], output.weight.shape[0], "partials", joint.activation_name)
+    hidden = JointRowShape(joint.pred.weight.shape[1], joint.pred.weight.shape[0], "activation", joint.activation_name)
+    # The reference multiplies a bf16 embedding row by bf16 weights in bf16: one rounding of the sum, kept.
+    rounded = table.dtype == weight_dtype == bias_dtype == mx.bfloat16
+    steps = {
+        "start": LSTMStepShape("zero", width, width),
+        "resume": LSTMStepShape("embedding", width, width, partials=1, round_input=rounded),
+        "chosen": LSTMStepShape("embedding", width, width, partials=scores.partials, round_input=rounded),
+        "upper": LSTMStepShape("row", width, width),
+    }
+    types = (table.dtype, weight_dtype, bias_dtype, joint.pred.weight.dtype, output.weight.dtype)
+    key = (tuple(steps.values()), scores, hidden, table.shape[0], types, gpu_kernel_backend())
+    if key not in _ATTEMPT_PARTS:
+        made: dict[str, Callable[..., Any]] = {}
+        every = True
+        for name, step in steps.items():
+            made[name], used = _fast_part(
+                ("lstm_step", step, table.shape[0], types[:3]),
+                f"RN-T {name} LSTM step",
+                functools.partial(lstm_step_ops, shape=step),
+                functools.partial(LSTMStep, shape=step),
+                functools.partial(lstm_step_samples, step, table.shape[0], *types[:3]),
+                reference_device=mx.cpu,
+            )
+            every = every and used
+        for name, shape, weight in (("joint_hidden", hidden, joint.pred), ("joint_partials", scores, output)):
+            made[name], used = _fast_part(
+                ("joint_row", shape, weight.weight.dtype, weight.bias.dtype),
+                f"RN-T {name.replace('_', ' ')} row",
+                functools.partial(joint_row_ops, shape=shape),
+                functools.partial(JointRow, shape=shape),
+                functools.partial(joint_row_samples, shape, weight.weight.dtype, weight.bias.dtype),
+                reference_device=mx.cpu,
+            )
+            every = every and used
+        _ATTEMPT_PARTS[key] = (AttemptParts(**made), every)
+    return _ATTEMPT_PARTS[key]
 
 
 def row_product_weights(model: object) -> frozenset[str]:

@@ -36,6 +36,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
+from .greedy_attempt import AttemptParts, lstm_cell
 from .jit import jit, materialize
 from .linear import Linear
 from .tokenizer import RNNTVocabulary
@@ -55,27 +56,10 @@ def _lstm(layer: nn.LSTM, x: mx.array, hidden: mx.array | None, cell: mx.array |
     x = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
     all_hidden, all_cell = [], []
     for index in range(x.shape[-2]):
-        hidden, cell = _lstm_cell(layer, x[..., index, :], hidden, cell, materialize)
+        hidden, cell = lstm_cell(x[..., index, :], hidden, cell, layer.Wh, materialize)
         all_cell.append(cell)
         all_hidden.append(hidden)
     return mx.stack(all_hidden, axis=-2), mx.stack(all_cell, axis=-2)
-
-
-def _lstm_cell(
-    layer: nn.LSTM,
-    gates: mx.array,
-    hidden: mx.array | None,
-    cell: mx.array | None,
-    keep: Callable[[mx.array], mx.array],
-) -> tuple[mx.array, mx.array]:
-    """One step of an LSTM layer from its input projection ``gates``; ``keep`` holds the cell update's
-    products apart (:func:`engine.jit.materialize`) or lets them fuse."""
-    if hidden is not None:
-        gates = mx.addmm(gates, hidden, layer.Wh.T)
-    i, f, g, o = mx.split(gates, 4, axis=-1)
-    i, f, g, o = mx.sigmoid(i), mx.sigmoid(f), mx.tanh(g), mx.sigmoid(o)
-    cell = i * g if cell is None else keep(f * cell) + keep(i * g)
-    return o * mx.tanh(cell), cell
 
 
 def _as_is(x: mx.array) -> mx.array:
@@ -105,7 +89,7 @@ class _StackedLSTM(nn.Module):
             bias = getattr(layer, "bias", None)
             gates = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
             state = (None, None) if hidden is None or cell is None else (hidden[index], cell[index])
-            x, c = _lstm_cell(layer, gates, *state, keep)
+            x, c = lstm_cell(gates, *state, layer.Wh, keep)
             new_hidden.append(x)
             new_cell.append(c)
         return new_hidden, new_cell
@@ -134,8 +118,10 @@ class RNNTPredictor(nn.Module):
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
-        # Fast numerics (engine.numerics): the streaming greedy loop lets the cell update fuse (_greedy_rows).
+        # Fast numerics (engine.numerics): the streaming greedy loop lets the cell update fuse (_greedy_rows), and
+        # runs an attempt as a few kernels where they were admitted (_greedy_rows_by_attempt).
         self.fused_cell = False
+        self.attempt_parts: AttemptParts | None = None
         self.hidden_size = config.pred_hidden
         rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
         self.prediction = {
@@ -162,6 +148,7 @@ class RNNTJoint(nn.Module):
         name = config.activation.lower()
         if name not in activations:
             raise ValueError(f"unsupported RNN-T joint activation {config.activation!r}")
+        self.activation_name = name
         self.enc = Linear(config.encoder_hidden, config.joint_hidden)
         self.pred = Linear(config.pred_hidden, config.joint_hidden)
         self.joint_net = [activations[name](), nn.Identity(), Linear(config.joint_hidden, config.num_classes + 1)]
@@ -391,23 +378,93 @@ def _greedy_rows(
     return mx.concatenate(symbols), last.reshape(1, 1), *states
 
 
+def _greedy_rows_by_attempt(
+    parts: AttemptParts,
+    predictor: RNNTPredictor,
+    joint: RNNTJoint,
+    encoded: mx.array,
+    last: mx.array,
+    hidden: LSTMState | None,
+    *,
+    started: bool,
+    blank_id: int,
+    max_symbols: int,
+) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """:func:`_greedy_rows` with each attempt as ``parts`` (:mod:`engine.greedy_attempt`): one launch per LSTM
+    layer and two for the joint, where that runs about 28 operations an attempt.
+
+    No attempt selects a state: one after an emission starts from that attempt's state, as it does in
+    :func:`_greedy_rows`, and one after a blank is masked out here, whatever it computed. The first layer
+    picks its token from the previous attempt's partial argmaxes (the frame's first attempt: from ``last``,
+    as one pair); the end finishes every attempt's argmax at once and takes the state of the last emission.
+    """
+    embed, lstm = predictor.prediction["embed"].weight, predictor.prediction["dec_rnn"].lstm
+    layers, width = len(lstm), predictor.hidden_size
+    projected = joint.enc(encoded.reshape(1, -1))
+    output = joint.joint_net[-1]
+    if hidden is None:  # the start symbol's attempt reads no state; the end returns these only if none emitted
+        state_h, state_c = [mx.zeros((1, width))] * layers, [mx.zeros((1, width))] * layers
+    else:
+        state_h = mx.split(hidden[0].reshape(layers, width), layers)
+        state_c = mx.split(hidden[1].reshape(layers, width), layers)
+    states_h, states_c = [*state_h], [*state_c]  # every attempt's state, after the incoming one
+    values, indices = mx.zeros((1,)), last.reshape(1)
+    all_values, all_indices = [], []
+    for attempt in range(max_symbols):
+        row = None
+        for index, layer in enumerate(lstm):
+            weights = (state_h[index], state_c[index], layer.Wx, layer.Wh, layer.bias)
+            if index > 0:
+                row, cell = parts.upper(row, *weights)
+            elif attempt == 0 and not started:
+                row, cell = parts.start(*weights)
+            else:
+                first = parts.resume if attempt == 0 else parts.chosen
+                row, cell = first(embed, values, indices, *weights)
+            state_h[index], state_c[index] = row, cell
+        states_h.extend(state_h)
+        states_c.extend(state_c)
+        activated = parts.joint_hidden(row, joint.pred.weight, joint.pred.bias, projected)
+        values, indices = parts.joint_partials(activated, output.weight, output.bias)
+        all_values.append(values)
+        all_indices.append(indices)
+    scores, candidates = mx.stack(all_values), mx.stack(all_indices)
+    best = mx.take_along_axis(candidates, mx.argmax(scores, axis=1, keepdims=True), axis=1).reshape(-1)
+    emitted = mx.cumsum((best == blank_id).astype(mx.int32)) == 0  # every attempt up to the first blank
+    count = emitted.astype(mx.int32).sum(keepdims=True)
+    new_last = mx.where(count > 0, mx.take(best, mx.maximum(count - 1, 0)), last.reshape(1))
+    # The state after the last emission (index 0: the incoming state, kept when nothing was emitted).
+    kept_h = mx.take(mx.stack(states_h).reshape(max_symbols + 1, layers, width), count, axis=0)
+    kept_c = mx.take(mx.stack(states_c).reshape(max_symbols + 1, layers, width), count, axis=0)
+    symbols = mx.where(emitted, best, -1)
+    return symbols, new_last.reshape(1, 1), kept_h.reshape(layers, 1, width), kept_c.reshape(layers, 1, width)
+
+
 class GreedyPrograms:
-    """Compiled unrolled greedy loops, one per (joint, started, blank, cap, fused cell); built on first use."""
+    """Compiled unrolled greedy loops, one per (joint, started, blank, cap, fused cell, attempt parts); built on
+    first use."""
 
     def __init__(self, predictor: RNNTPredictor) -> None:
         self._predictor = predictor
-        self._programs: dict[tuple[int, bool, int, int, bool], Callable[..., tuple[mx.array, ...]]] = {}
+        self._programs: dict[tuple[int, bool, int, int, bool, int], Callable[..., tuple[mx.array, ...]]] = {}
 
     def get(
         self, joint: RNNTJoint, started: bool, blank_id: int, max_symbols: int
     ) -> Callable[..., tuple[mx.array, ...]]:
-        key = (id(joint), started, blank_id, max_symbols, self._predictor.fused_cell)
+        parts = self._predictor.attempt_parts
+        key = (id(joint), started, blank_id, max_symbols, self._predictor.fused_cell, id(parts))
         if key not in self._programs:
             predictor = self._predictor
 
             def program(encoded: mx.array, last: mx.array, *hidden: mx.array) -> tuple[mx.array, ...]:
                 state = (hidden[0], hidden[1]) if hidden else None
-                return _greedy_rows(
+                # The attempts' kernels take float32 rows (the encoder's output in every published checkpoint).
+                loop = (
+                    _greedy_rows
+                    if parts is None or encoded.dtype != mx.float32
+                    else functools.partial(_greedy_rows_by_attempt, parts)
+                )
+                return loop(
                     predictor,
                     joint,
                     encoded,

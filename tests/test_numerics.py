@@ -32,6 +32,7 @@ from engine.numerics import (
 )
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
+from engine.rnnt import RNNTPredictor
 from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
 from engine.timeline import INPUT_FRAME_SAMPLES
 from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
@@ -115,6 +116,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "mog_row_products": False,
         "quantized_rows": False,
         "residual_vq": False,
+        "rnnt_attempts": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
     assert mixers and all(m.fast_step is not None for m in mixers)
@@ -135,7 +137,10 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert all(layer.row_weights.output is layer.self_attn.linear_out.weight for layer in conformers), "no copies"
     head = fast.model.tts_model.tts_model.mog_head
     assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
+    predictors = [m for _, m in fast.model.named_modules() if isinstance(m, RNNTPredictor)]
+    assert predictors and all(m.attempt_parts is not None for m in predictors), "the attempts' operations"
     apply_numerics(fast.model, "exact")
+    assert all(m.attempt_parts is None and not m.fused_cell for m in predictors)
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
     assert all(layer.rows is None and layer.row_weights is None for layer in conformers)

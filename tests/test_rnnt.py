@@ -8,9 +8,16 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_map
 
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import JointConfig, PredictorConfig
+from engine.greedy_attempt import (
+    JointRowShape,
+    LSTMStepShape,
+    joint_row_ops,
+)
+from engine.numerics import _attempt_parts
 from engine.rnnt import (
     UNROLLED_ATTEMPTS,
     LSTMState,
@@ -337,13 +344,22 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
     assert 0 < len(readbacks) < busy_frames
 
 
-def test_fast_loop_keeps_the_state_of_the_last_emission() -> None:
-    """Fast numerics' greedy loop (the cell update left to fuse) against exact mode's, on a joint that the
+@pytest.mark.parametrize("lstm_dtype", [mx.float32, mx.bfloat16], ids=["float32", "bf16"])
+@pytest.mark.parametrize("by_attempt", [False, True], ids=["rows", "by_attempt"])
+def test_fast_loop_keeps_the_state_of_the_last_emission(by_attempt: bool, lstm_dtype: mx.Dtype) -> None:
+    """Fast numerics' greedy loop (the cell update left to fuse; with ``by_attempt``, each attempt as the
+    parts of engine.greedy_attempt, their operations on the CPU) against exact mode's, on a joint that the
     prediction network steers (so frames also stop after one to four emissions, with the state of the last
-    emission kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU."""
+    emission kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU. The
+    bf16 case stores the embedding and LSTM weights as the checkpoints do (a bf16 input product)."""
     exact_predictor, joint = _modules(seed=29)
     rows_predictor, _ = _modules(seed=29)
+    for predictor in (exact_predictor, rows_predictor):
+        predictor.update(tree_map(lambda array: array.astype(lstm_dtype), predictor.parameters()))
     rows_predictor.fused_cell = True
+    if by_attempt:
+        rows_predictor.attempt_parts, kernels = _attempt_parts(rows_predictor, joint)
+        assert rows_predictor.attempt_parts is not None and not kernels  # the CPU runs the operations
     joint.pred.weight = joint.pred.weight * 10.0
     frames = _frames(30, seed=11)
     exact, rows = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
@@ -359,3 +375,37 @@ def test_fast_loop_keeps_the_state_of_the_last_emission() -> None:
             assert all(mx.array_equal(a, b).item() for a, b in zip(rows.hidden, exact.hidden, strict=True))
         stopped_early += 0 < sum(symbol >= 0 for symbol in symbols) < 5
     assert stopped_early >= 3
+
+
+@pytest.mark.parametrize("outputs", [5, 8, 13])
+def test_joint_partials_finish_to_the_first_argmax(outputs: int) -> None:
+    """The joint's class scores as one (max, first index) pair per block of classes (the attempt kernel's
+    output, here its operations): the first largest pair's index is the scores' argmax, ties included, and a
+    short last block is padded so that it never wins by its padding."""
+    rng = np.random.default_rng(outputs)
+    x = mx.array(rng.standard_normal((1, 6)).astype(np.float32))
+    weight = mx.array(rng.standard_normal((outputs, 6)).astype(np.float32))
+    bias = mx.array(rng.standard_normal(outputs).astype(np.float32))
+    shape = JointRowShape(6, outputs, "partials")
+    for tie in (None, (1, outputs - 1)):
+        if tie is not None:  # two classes with the same, largest score: the lower index wins
+            weight = mx.zeros_like(weight)
+            bias = mx.array(np.where(np.isin(np.arange(outputs), tie), 5.0, -1.0).astype(np.float32))
+        values, indices = joint_row_ops(x, weight, bias, shape=shape)
+        assert values.shape == indices.shape == (shape.partials,) and indices.dtype == mx.int32
+        scores = mx.addmm(bias, x, weight.T)
+        expected = int(mx.argmax(scores).item())
+        assert int(indices[int(mx.argmax(values).item())].item()) == expected
+        assert tie is None or expected == tie[0]
+        assert all(0 <= index < outputs for index in indices.tolist())
+
+
+def test_attempt_shapes_reject_what_the_kernels_do_not_take() -> None:
+    with pytest.raises(ValueError, match="embedding input is chosen from partials"):
+        LSTMStepShape("embedding", 8, 8)
+    with pytest.raises(ValueError, match="embedding input is chosen from partials"):
+        LSTMStepShape("row", 8, 8, partials=3)
+    with pytest.raises(ValueError, match="input must be one of"):
+        LSTMStepShape("token", 8, 8)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no kernel for the activation"):
+        JointRowShape(8, 8, "activation", "gelu")

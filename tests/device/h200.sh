@@ -67,7 +67,9 @@ for arg in "$@"; do
     # Fast numerics at 8 bits against mlx-vlm (speed and peak memory, one process).
     fast8) step fast8 590 parley bench --random full --quantize 8 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast8.json" ;;
-    fastcount) step fastcount 200 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
+    # The RN-T attempt's kernels: drift against their operations, tokens against exact mode, time per frame.
+    rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
+    fastcount) step fastcount 400 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
     fastmem)
       for numerics in fast exact; do
