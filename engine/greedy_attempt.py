@@ -39,6 +39,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
+from .kernel_source import CUDA, METAL, Dialect
 from .numerics import custom_kernel
 
 # Warps (simdgroups) per block; one LSTM unit or one output column each.
@@ -160,51 +161,7 @@ def joint_row_ops(*inputs: mx.array, shape: JointRowShape) -> mx.array | tuple[m
 # --------------------------------------------------------------------------- kernels (CUDA and Metal)
 
 
-@dataclass(frozen=True)
-class _Dialect:
-    """What differs between the CUDA and the Metal source of the same kernel."""
-
-    header: str
-    shared: str
-    device: str  # the address space of a pointer into an input
-    barrier: str
-    exp: str
-    tanh: str
-    negative_infinity: str
-
-    def warp_sum(self, name: str) -> str:
-        if self.device:
-            return f"{name} = metal::simd_sum({name});"
-        return f"for (int o = 16; o > 0; o /= 2) {name} += __shfl_xor_sync(0xffffffff, {name}, o);"
-
-    def round_bf16(self, name: str) -> str:
-        if self.device:
-            return f"static_cast<float>(static_cast<bfloat16_t>({name}))"
-        return f"__bfloat162float(__float2bfloat16_rn({name}))"
-
-
-_CUDA = _Dialect(
-    header="const int local = threadIdx.x; const int block = blockIdx.x;",
-    shared="__shared__",
-    device="",
-    barrier="__syncthreads();",
-    exp="expf",
-    tanh="tanhf",
-    negative_infinity="(-__int_as_float(0x7f800000))",
-)
-_METAL = _Dialect(
-    header="const int local = int(thread_position_in_threadgroup.x);"
-    " const int block = int(threadgroup_position_in_grid.x);",
-    shared="threadgroup",
-    device="device ",
-    barrier="threadgroup_barrier(metal::mem_flags::mem_threadgroup);",
-    exp="metal::precise::exp",
-    tanh="metal::precise::tanh",
-    negative_infinity="(-INFINITY)",
-)
-
-
-def _lstm_source(shape: LSTMStepShape, d: _Dialect) -> str:
+def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
     sigmoid = "1.0f / (1.0f + {exp}(-{x}))"
     choose = ""
     if shape.input == "embedding":
@@ -252,8 +209,6 @@ def _lstm_source(shape: LSTMStepShape, d: _Dialect) -> str:
     previous_cell = "0.0f" if shape.input == "zero" else "cell[unit]"
     return f"""
     {d.header}
-    const int warp = local / 32;
-    const int lane = local % 32;
     {choose}
     const int unit = block * WARPS + warp;
     if (unit >= H) return;
@@ -281,7 +236,7 @@ def _lstm_source(shape: LSTMStepShape, d: _Dialect) -> str:
 """
 
 
-def _joint_source(shape: JointRowShape, d: _Dialect) -> str:
+def _joint_source(shape: JointRowShape, d: Dialect) -> str:
     activate = {
         "relu": "z > 0.0f ? z : 0.0f",
         "sigmoid": f"1.0f / (1.0f + {d.exp}(-z))",
@@ -312,8 +267,6 @@ def _joint_source(shape: JointRowShape, d: _Dialect) -> str:
     return f"""
     {d.header}
     {scores}
-    const int warp = local / 32;
-    const int lane = local % 32;
     const int column = block * WARPS + warp;
     float acc = 0.0f;
     if (column < N) {{
@@ -336,8 +289,8 @@ class LSTMStep:
             f"parley_lstm_step_{shape.input}",
             list(shape.inputs),
             ["hidden_out", "cell_out"],
-            cuda=_lstm_source(shape, _CUDA),
-            metal=_lstm_source(shape, _METAL),
+            cuda=_lstm_source(shape, CUDA),
+            metal=_lstm_source(shape, METAL),
         )
 
     def __call__(self, *inputs: mx.array) -> tuple[mx.array, mx.array]:
@@ -373,8 +326,8 @@ class JointRow:
             f"parley_joint_row_{shape.epilogue}_{shape.activation}",
             list(shape.inputs),
             outputs,
-            cuda=_joint_source(shape, _CUDA),
-            metal=_joint_source(shape, _METAL),
+            cuda=_joint_source(shape, CUDA),
+            metal=_joint_source(shape, METAL),
         )
 
     def __call__(self, *inputs: mx.array) -> mx.array | tuple[mx.array, mx.array]:

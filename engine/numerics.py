@@ -258,6 +258,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     ``release``, lets them go with the compiled programs that hold them (a switch back to fast
     makes and traces them again). A benchmark alternating the modes keeps both ready.
     """
+    import dataclasses
     import functools
 
     from .decode_attention import (
@@ -392,6 +393,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
 
+    tts_configs = [module.config for module in modules if isinstance(module, EarTTS)]
     for head in (module for module in modules if isinstance(module, MixtureHead)):
         mixture_parts: MixtureRowParts | None = None
         weight_dtype = None
@@ -403,7 +405,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             mixture_parts, changes["mog_row_products"] = _mixture_row_parts(first_layer, GUIDED_ROWS, weight_dtype)
             if on_gpu and not changes["mog_row_products"]:
                 mixture_parts, weight_dtype = None, None  # the compiled MaskGIT rounds' own operations
+            if mixture_parts is not None and len(tts_configs) == 1:
+                mixture_parts, changes["mog_sample"] = _mixture_sample_parts(head, mixture_parts, tts_configs[0])
+                if on_gpu and not changes["mog_sample"]:
+                    mixture_parts = dataclasses.replace(mixture_parts, sampling=None, projections=None, sample=None)
         head.rows = mixture_parts
+        head.sample_weights = None if mixture_parts is None else head.make_sample_weights()
         for layer in mixture_layers:
             layer.row_weights = None if mixture_parts is None else layer.make_row_weights(weight_dtype)
 
@@ -476,21 +483,28 @@ def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
 
 
 def _row_product_part(
-    shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str
+    shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str, guidance: float | None = None
 ) -> tuple[Callable[..., Any], bool]:
-    """The row product for ``shape`` (:class:`engine.row_product.RowProductShape`): the kernel where
-    admitted, else the operations fallback; the flag says which."""
+    """The row product for ``shape`` (:class:`engine.row_product.RowProductShape`; a guided one mixes its rows
+    by ``guidance``): the kernel where admitted, else the operations fallback; the flag says which."""
     import functools
 
     from .row_product import RowProduct, row_product_ops, row_product_samples
 
     return _fast_part(
-        ("row_product", shape, weight_dtype, scale_dtype, eps),
+        ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
         name,
         functools.partial(
-            row_product_ops, eps=eps, epilogue=shape.epilogue, factor=shape.factor, value_heads=shape.value_heads
+            row_product_ops,
+            eps=eps,
+            epilogue=shape.epilogue,
+            factor=shape.factor,
+            value_heads=shape.value_heads,
+            guidance=guidance,
         ),
-        lambda backend: functools.partial(RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps),
+        lambda backend: functools.partial(
+            RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps, guidance=guidance
+        ),
         lambda: row_product_samples(shape, weight_dtype, scale_dtype),
         # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
         # kernel, which does not, is held to a float32 reference computed on the CPU.
@@ -708,6 +722,53 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
     # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
     parts, every = _row_product_parts("MoG", shapes, dtype, mx.float32, dict.fromkeys(shapes, eps))
     return MixtureRowParts(rows=rows, **parts), every
+
+
+def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool]:
+    """``parts`` with the MoG head's draw after its layers (:class:`engine.tts.MixtureRowParts`): the guided row
+    product of the three projections and :mod:`engine.mixture_sample`'s kernel, each the kernel where
+    admitted, else its operations; the flag says whether both are kernels. A config the kernel does not take
+    (no guidance, or no nucleus) keeps the head's operations (False)."""
+    import dataclasses
+    import functools
+
+    from .mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
+    from .row_product import RowProductShape
+
+    final_norm = head.mlp_stack[-1]
+    width, eps = final_norm.weight.shape[0], final_norm.eps
+    latent = head.proj_else.weight.shape[0]
+    try:
+        shape = MixtureSampleShape(
+            head.num_components,
+            latent,
+            head.low_rank,
+            width,
+            eps,
+            config.guidance_scale,
+            config.top_p,
+            head.min_log_std,
+            config.noise_scale,
+        )
+    except ValueError as exc:
+        log.info("the MoG draw keeps its operations (%s)", exc)
+        return parts, False
+    weight_dtype = head.proj_logits.weight.dtype
+    product = RowProductShape(2, width, (head.num_components, latent, 1), "residual_norm", guided=True)
+    projections, kernel = _row_product_part(
+        product, weight_dtype, mx.float32, eps, "MoG guided projections row product", config.guidance_scale
+    )
+    means_dtype = head.proj_mus.weight.dtype
+    sample, sampled = _fast_part(
+        ("mixture_sample", shape, means_dtype),
+        "MoG draw",
+        functools.partial(mixture_sample_ops, shape=shape),
+        functools.partial(MixtureSample, shape=shape),
+        functools.partial(mixture_sample_samples, shape, means_dtype),
+        reference_device=mx.cpu,
+    )
+    sampling = (config.guidance_scale, config.top_p, config.noise_scale)
+    return dataclasses.replace(parts, sampling=sampling, projections=projections, sample=sample), kernel and sampled
 
 
 def set_numerics(voicechat: object, numerics: Numerics, *, release: bool = True) -> None:

@@ -428,14 +428,16 @@ def _greedy_rows_by_attempt(
         values, indices = parts.joint_partials(activated, output.weight, output.bias)
         all_values.append(values)
         all_indices.append(indices)
-    scores, candidates = mx.stack(all_values), mx.stack(all_indices)
+    # Joined, not stacked: a stack adds a view per input.
+    scores = mx.concatenate(all_values).reshape(max_symbols, -1)
+    candidates = mx.concatenate(all_indices).reshape(max_symbols, -1)
     best = mx.take_along_axis(candidates, mx.argmax(scores, axis=1, keepdims=True), axis=1).reshape(-1)
     emitted = mx.cumsum((best == blank_id).astype(mx.int32)) == 0  # every attempt up to the first blank
     count = emitted.astype(mx.int32).sum(keepdims=True)
     new_last = mx.where(count > 0, mx.take(best, mx.maximum(count - 1, 0)), last.reshape(1))
     # The state after the last emission (index 0: the incoming state, kept when nothing was emitted).
-    kept_h = mx.take(mx.stack(states_h).reshape(max_symbols + 1, layers, width), count, axis=0)
-    kept_c = mx.take(mx.stack(states_c).reshape(max_symbols + 1, layers, width), count, axis=0)
+    kept_h = mx.take(mx.concatenate(states_h).reshape(max_symbols + 1, layers, width), count, axis=0)
+    kept_c = mx.take(mx.concatenate(states_c).reshape(max_symbols + 1, layers, width), count, axis=0)
     symbols = mx.where(emitted, best, -1)
     return symbols, new_last.reshape(1, 1), kept_h.reshape(layers, 1, width), kept_c.reshape(layers, 1, width)
 

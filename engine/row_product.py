@@ -43,6 +43,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
+from .jit import materialize
 from .numerics import custom_kernel
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "conv_norm"]
@@ -75,7 +76,8 @@ class RowProductShape:
     writes the window's last ``taps − 1`` rows after the outputs; ``"residual"`` adds ``factor``
     times the product to its base. With ``value_heads`` the last output comes as ``(rows, value_heads, 1,
     n / value_heads)``, one position's heads as an attention cache stores them (the same memory as its rows,
-    with no view to make)."""
+    with no view to make). ``guided``: the two normed rows, conditional and unconditional, become the one row
+    ``c + g·(c − u)`` (classifier-free guidance, ``g`` given at the call) before the products."""
 
     rows: int
     width: int
@@ -85,6 +87,7 @@ class RowProductShape:
     taps: int = 0
     factor: float = 1.0
     value_heads: int = 0
+    guided: bool = False
 
     def __post_init__(self) -> None:
         if self.prologue not in PROLOGUES:
@@ -102,6 +105,14 @@ class RowProductShape:
             raise ValueError("a conv_norm prologue makes one row from a window of taps > 0 rows")
         if self.value_heads and (self.epilogue != "none" or self.outputs[-1] % self.value_heads):
             raise ValueError(f"{self.value_heads} heads do not split the last of the outputs {self.outputs}")
+        mixable = self.prologue in ("norm", "residual_norm") and self.rows == 2 and self.epilogue == "none"
+        if self.guided and not mixable:
+            raise ValueError("guidance mixes two normed rows (conditional, unconditional) into the one it multiplies")
+
+    @property
+    def output_rows(self) -> int:
+        """Rows each output has: one for a guided product, else ``rows``."""
+        return 1 if self.guided else self.rows
 
     @property
     def columns(self) -> int:
@@ -144,6 +155,7 @@ def row_product_ops(
     epilogue: Epilogue = "none",
     factor: float = 1.0,
     value_heads: int = 0,
+    guidance: float | None = None,
 ) -> tuple[mx.array, ...]:
     """The reference's operations for :class:`RowProduct` (its fallback).
 
@@ -154,7 +166,7 @@ def row_product_ops(
     ``norm_bias``; ``residual`` and ``residual_scale`` add ``rms_norm(residual) · residual_scale`` to ``x``
     before it). Returns one output per weight (one for a gate or GLU; the last split into ``value_heads``
     heads, see :class:`RowProductShape`), then the summed rows when a residual was added, or the window's last
-    ``taps − 1`` rows after a depthwise convolution.
+    ``taps − 1`` rows after a depthwise convolution. ``guidance`` mixes the two normed rows into one first.
     """
     passed_on = None  # the summed rows, or the next window
     if depthwise is not None:
@@ -171,6 +183,8 @@ def row_product_ops(
         x = mx.fast.layer_norm(x, norm_scale, norm_bias, eps)
     elif norm_scale is not None:
         x = mx.fast.rms_norm(x, norm_scale, eps)
+    if guidance is not None:  # the MoG head's guidance, as the reference mixes the normed rows
+        x = x[:1] + materialize(guidance * (x[:1] - x[1:]))
     products = [x @ (weight if weight.ndim == 2 else weight.reshape(weight.shape[0], -1)).T for weight in weights]
     if epilogue == "gelu_gate":
         outputs = [_gelu_tanh_ops(products[0]) * products[1]]
@@ -250,6 +264,11 @@ def _prologues(row_sum: str, loop: str, barrier: str, rsqrt: str, exp: str, firs
     {barrier}
 """
     return {
+        # After a norm: the conditional row (0) guided away from the unconditional one (1), in place.
+        "guidance": f"""
+    {loop} rows[i] = rows[i] + params[3] * (rows[i] - rows[K + i]);
+    {barrier}
+""",
         "none": "",
         "norm": total("x[r * K + i]", "v * v", "inverse", inverse_rms)
         + f"""
@@ -328,6 +347,7 @@ _CUDA_LOAD = {
 
 _CUDA_BODY = """
     constexpr int CHUNKS = K / 8;
+    constexpr int OUT_ROWS = GUIDED ? 1 : ROWS;  // a guided product multiplies one mixed row
     // Weight rows a warp reads together: a gate's gate and up rows, a GLU's two halves.
     constexpr int STREAMS = (EPILOGUE == 1 || EPILOGUE == 2) ? 2 : 1;
     constexpr int GROUPS = WARPS / SPLIT;  // columns per block; SPLIT warps share each column's sum
@@ -359,9 +379,9 @@ _CUDA_BODY = """
     } else {
         sources[0] = @W2@ + static_cast<size_t>(row_of - N0 - N1) * K;
     }
-    float acc[STREAMS][ROWS];
+    float acc[STREAMS][OUT_ROWS];
     for (int s = 0; s < STREAMS; ++s) {
-        for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
+        for (int r = 0; r < OUT_ROWS; ++r) acc[s][r] = 0.0f;
     }
     const int end = min(CHUNKS, (slice + 1) * PER_SLICE);
     // The rows' start (an input view may start anywhere; threadgroup rows are aligned): 16-byte reads from a boundary.
@@ -369,8 +389,8 @@ _CUDA_BODY = """
     if (active) {
 #pragma unroll 4
         for (int c = slice * PER_SLICE + lane; c < end; c += 32) {
-            float in[ROWS][8];
-            for (int r = 0; r < ROWS; ++r) {
+            float in[OUT_ROWS][8];
+            for (int r = 0; r < OUT_ROWS; ++r) {
                 const float* from = @INPUT@ + r * K + c * 8;
                 if (inputs_aligned) {
                     // Two 16-byte reads, not eight 4-byte ones (which threadgroup memory serves eight ways apart).
@@ -386,21 +406,21 @@ _CUDA_BODY = """
                 const WT* pointer = sources[s] + c * 8;
                 float w[8];
                 @LOAD@
-                for (int r = 0; r < ROWS; ++r) {
+                for (int r = 0; r < OUT_ROWS; ++r) {
                     for (int e = 0; e < 8; ++e) acc[s][r] += in[r][e] * w[e];
                 }
             }
         }
     }
     for (int s = 0; s < STREAMS; ++s) {
-        for (int r = 0; r < ROWS; ++r) {
+        for (int r = 0; r < OUT_ROWS; ++r) {
             for (int offset = 16; offset > 0; offset /= 2) acc[s][r] += __shfl_xor_sync(0xffffffff, acc[s][r], offset);
             if (lane == 0) slices[warp][s][r] = acc[s][r];
         }
     }
     __syncthreads();
     if (!active || slice != 0 || lane != 0) return;
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < OUT_ROWS; ++r) {
         float total[STREAMS];
         for (int s = 0; s < STREAMS; ++s) {
             total[s] = 0.0f;
@@ -462,6 +482,7 @@ _METAL_PROLOGUES = _prologues(
 
 _METAL_BODY = """
     constexpr int CHUNKS = K / 8;
+    constexpr int OUT_ROWS = GUIDED ? 1 : ROWS;  // a guided product multiplies one mixed row
     constexpr int STREAMS = (EPILOGUE == 1 || EPILOGUE == 2) ? 2 : 1;
     constexpr int GROUPS = WARPS / SPLIT;
     constexpr int PER_SLICE = (CHUNKS + SPLIT - 1) / SPLIT;
@@ -496,39 +517,39 @@ _METAL_BODY = """
         gate_or_only = @W2@;
         offsets[0] = size_t(row_of - N0 - N1) * K;
     }
-    float acc[STREAMS][ROWS];
+    float acc[STREAMS][OUT_ROWS];
     for (int s = 0; s < STREAMS; ++s) {
-        for (int r = 0; r < ROWS; ++r) acc[s][r] = 0.0f;
+        for (int r = 0; r < OUT_ROWS; ++r) acc[s][r] = 0.0f;
     }
     const int end = metal::min(CHUNKS, (slice + 1) * PER_SLICE);
     if (active) {
         for (int c = slice * PER_SLICE + int(lane); c < end; c += 32) {
-            float in[ROWS][8];
-            for (int r = 0; r < ROWS; ++r) {
+            float in[OUT_ROWS][8];
+            for (int r = 0; r < OUT_ROWS; ++r) {
                 for (int e = 0; e < 8; ++e) in[r][e] = @INPUT@[r * K + c * 8 + e];
             }
             for (int s = 0; s < STREAMS; ++s) {
                 const device WT* weights = s == 0 ? gate_or_only : @SECOND@;
                 for (int e = 0; e < 8; ++e) {
                     const float w = static_cast<float>(weights[offsets[s] + c * 8 + e]);
-                    for (int r = 0; r < ROWS; ++r) acc[s][r] += in[r][e] * w;
+                    for (int r = 0; r < OUT_ROWS; ++r) acc[s][r] += in[r][e] * w;
                 }
             }
         }
     }
     for (int s = 0; s < STREAMS; ++s) {
-        for (int r = 0; r < ROWS; ++r) {
+        for (int r = 0; r < OUT_ROWS; ++r) {
             acc[s][r] = metal::simd_sum(acc[s][r]);
-            if (lane == 0) slices[(warp * STREAMS + s) * ROWS + r] = acc[s][r];
+            if (lane == 0) slices[(warp * STREAMS + s) * OUT_ROWS + r] = acc[s][r];
         }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     if (!active || slice != 0 || lane != 0) return;
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < OUT_ROWS; ++r) {
         float total[STREAMS];
         for (int s = 0; s < STREAMS; ++s) {
             total[s] = 0.0f;
-            for (int k = 0; k < SPLIT; ++k) total[s] += slices[((warp + k * GROUPS) * STREAMS + s) * ROWS + r];
+            for (int k = 0; k < SPLIT; ++k) total[s] += slices[((warp + k * GROUPS) * STREAMS + s) * OUT_ROWS + r];
         }
         if (EPILOGUE == 1) {
             const float g = total[0];
@@ -557,7 +578,7 @@ def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight
     uses_rows = shape.prologue != "none"
     single = shape.epilogue in ("gelu_gate", "glu")  # one output
     source = (
-        body.replace("@PROLOGUE@", prologues[shape.prologue])
+        body.replace("@PROLOGUE@", prologues[shape.prologue] + (prologues["guidance"] if shape.guided else ""))
         .replace("@ROWS_MEMORY@", f"{shared} float rows[ROWS * K];" if uses_rows else "")
         .replace("@INPUT@", "rows" if uses_rows else "x")
         .replace("@W1@", "w1" if weights > 1 else "w0")
@@ -611,7 +632,7 @@ class RowProduct:
             cuda=_source(_CUDA_BODY, _CUDA_PROLOGUES, shape, weight_dtype, metal=False),
             metal=_source(_METAL_BODY, _METAL_PROLOGUES, shape, weight_dtype, metal=True),
         )
-        self._params: dict[float, mx.array] = {}
+        self._params: dict[tuple[float, float | None], mx.array] = {}
 
     def __call__(
         self,
@@ -626,18 +647,23 @@ class RowProduct:
         newest: mx.array | None = None,
         *,
         eps: float = 1e-6,
+        guidance: float | None = None,
     ) -> tuple[mx.array, ...]:
-        """:func:`row_product_ops`'s computation (the epilogue and its factor are the shape's)."""
+        """:func:`row_product_ops`'s computation (the epilogue and its factor are the shape's; ``guidance``, the
+        scale of a guided shape's mix)."""
         shape = self.shape
-        if eps not in self._params:
+        if shape.guided != (guidance is not None):
+            raise ValueError("a guided row product takes a guidance scale, and only it")
+        if (eps, guidance) not in self._params:
             # The gelu's sqrt(2/π) as the reference's float32 constant (``math.sqrt(2 / math.pi)`` rounded once).
-            self._params[eps] = mx.array([eps, math.sqrt(2 / math.pi), shape.factor], dtype=mx.float32)
-        named: dict[str, Any] = {"x": x, "params": self._params[eps], "norm_scale": norm_scale}
+            constants = [eps, math.sqrt(2 / math.pi), shape.factor, guidance or 0.0]
+            self._params[eps, guidance] = mx.array(constants, dtype=mx.float32)
+        named: dict[str, Any] = {"x": x, "params": self._params[eps, guidance], "norm_scale": norm_scale}
         named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
         named.update({"depthwise": depthwise, "base": base, "newest": newest})
         named.update({f"w{index}": weight for index, weight in enumerate(weights)})
         sizes = [*shape.outputs, 0, 0][:3]
-        out_shapes: list[tuple[int, ...]] = [(shape.rows, size) for size in shape.output_widths]
+        out_shapes: list[tuple[int, ...]] = [(shape.output_rows, size) for size in shape.output_widths]
         if shape.value_heads:
             out_shapes[-1] = (shape.rows, shape.value_heads, 1, shape.output_widths[-1] // shape.value_heads)
         if shape.prologue == "residual_norm":
@@ -657,6 +683,7 @@ class RowProduct:
                 ("SPLIT", shape.split),
                 ("EPILOGUE", EPILOGUES.index(shape.epilogue)),
                 ("TAPS", max(shape.taps, 1)),
+                ("GUIDED", int(shape.guided)),
                 ("WARPS", self.warps),
                 ("WT", self._weight_dtype),
                 ("ST", self._scale_dtype),

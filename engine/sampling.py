@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .jit import materialize
+
 # Guards both logarithms of the Gumbel transform against log(0).
 _GUMBEL_EPS = 1e-8
 
@@ -41,7 +43,11 @@ def draw_component(logits: mx.array, top_p: float) -> mx.array:
     Draws one ``uniform(shape=logits.shape)``. Returns the component ids (...) as uint32.
     """
     nucleus = top_p_mask(logits, top_p)
-    uniform = mx.random.uniform(shape=nucleus.shape)
+    return gumbel_choice(nucleus, mx.random.uniform(shape=nucleus.shape))
+
+
+def gumbel_choice(nucleus: mx.array, uniform: mx.array) -> mx.array:
+    """The component a Gumbel-max draw picks from masked logits ``nucleus``, given its ``uniform`` draw."""
     gumbel = -mx.log(-mx.log(uniform + _GUMBEL_EPS) + _GUMBEL_EPS)
     log_probs = mx.log(mx.softmax(nucleus.astype(mx.float32), axis=-1))
     return mx.argmax(log_probs + gumbel, axis=-1)
@@ -50,3 +56,9 @@ def draw_component(logits: mx.array, top_p: float) -> mx.array:
 def draw_latent_noise(shape: tuple[int, ...]) -> mx.array:
     """Standard-normal float32 noise for the Gaussian latent sample."""
     return mx.random.normal(shape)
+
+
+def gaussian_latent(mean: mx.array, log_std: mx.array, noise: mx.array, noise_scale: float) -> mx.array:
+    """The latent drawn from a Gaussian of ``mean`` and ``log_std`` with standard-normal ``noise``, scaled
+    (the noise term stored before it is added, as the reference rounds it)."""
+    return mean + materialize(mx.exp(log_std) * noise * noise_scale)

@@ -31,9 +31,10 @@ from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_o
 from .fused import Stacked, stack_projections
 from .jit import compile_enabled, jit, materialize
 from .linear import Linear
+from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
-from .sampling import draw_component, draw_latent_noise
+from .sampling import draw_component, draw_latent_noise, gaussian_latent
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
@@ -618,6 +619,22 @@ class MixtureRowParts:
     first_gate_up: Callable[..., tuple[mx.array, ...]]  # pre-norm, gelu(gate)·up (the first layer)
     gate_up: Callable[..., tuple[mx.array, ...]]  # the previous layer's post-norm and add, pre-norm, gelu(gate)·up
     down: Callable[..., tuple[mx.array, ...]]  # down_proj
+    # The draw after the layers, for the model's sampling constants (guidance, top-p, noise scale); None keeps
+    # the head's operations: the last post-norm and add, the final norm, the guidance and the three
+    # projections as one guided row product, then engine.mixture_sample's kernel.
+    sampling: tuple[float, float, float] | None = None
+    projections: Callable[..., tuple[mx.array, ...]] | None = None
+    sample: Callable[..., mx.array] | None = None
+
+
+@dataclass(frozen=True)
+class MixtureSampleWeights:
+    """What :attr:`MixtureRowParts.projections` and :attr:`MixtureRowParts.sample` read of the head."""
+
+    projections: tuple[mx.array, mx.array, mx.array]  # proj_logits, proj_else, proj_logs
+    final_scale: mx.array  # the final norm's float32 1 + w
+    mus: mx.array
+    low_mat: mx.array
 
 
 @dataclass(frozen=True)
@@ -680,8 +697,46 @@ class MixtureHead(nn.Module):
         self.proj_else = Linear(hidden_size, latent_size, bias=False)
         self.low_mat = mx.zeros((config.num_predictions, latent_size, config.low_rank))
         self.stacked: Stacked | None = None  # proj_logits, proj_else and proj_logs in one product
-        # Fast numerics: the MLP layers as row-product calls (each layer's row_weights say what they read).
+        # Fast numerics: the MLP layers as row-product calls (each layer's row_weights say what they read), and
+        # the draw after them (what sample_weights say).
         self.rows: MixtureRowParts | None = None
+        self.sample_weights: MixtureSampleWeights | None = None
+
+    def make_sample_weights(self) -> MixtureSampleWeights:
+        """What fast numerics' draw reads: the projections as they are, the final norm's ``1 + w`` in float32."""
+        final_norm = self.mlp_stack[-1]
+        final_scale = 1.0 + final_norm.weight.astype(mx.float32)
+        mx.eval(final_scale)
+        projections = (self.proj_logits.weight, self.proj_else.weight, self.proj_logs.weight)
+        return MixtureSampleWeights(projections, final_scale, self.proj_mus.weight, self.low_mat)
+
+    def sample_latent(self, x: mx.array, guidance_scale: float, top_p: float, noise_scale: float) -> mx.array:
+        """The latent a MaskGIT round draws from guided features ``x``: :meth:`sample_gaussian`, then the latent
+        noise (engine.sampling's two draws, in order). Fast numerics' rows run the layers and the draw as
+        kernels where the head's parts are the kernels' (:class:`MixtureRowParts`)."""
+        rows, weights = self.rows, self.sample_weights
+        if (
+            rows is not None
+            and rows.projections is not None
+            and rows.sample is not None
+            and weights is not None
+            and rows.sampling == (guidance_scale, top_p, noise_scale)
+            and x.ndim == 2
+            and x.shape[0] == rows.rows
+            and x.dtype == mx.float32
+        ):
+            hidden, pending = self._layers_rows_pending(rows, self.mlp_stack[:-1], x)
+            assert pending is not None
+            logits, residual, log_std, summed = rows.projections(
+                hidden, weights.projections, weights.final_scale, pending.output, pending.scale
+            )
+            uniform = mx.random.uniform(shape=logits.shape)
+            noise = draw_latent_noise(residual.shape)
+            return rows.sample(
+                logits, residual, log_std, summed, weights.final_scale, uniform, noise, weights.mus, weights.low_mat
+            )
+        mean, log_std = self.sample_gaussian(x, guidance_scale, top_p)
+        return gaussian_latent(mean, log_std, draw_latent_noise(mean.shape), noise_scale)
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("proj_logits", "proj_else", "proj_logs"))
@@ -716,18 +771,25 @@ class MixtureHead(nn.Module):
         if x.ndim != 2:
             component, rows = component.reshape(-1), x.reshape(-1, x.shape[-1])
         # Only the drawn component's rows of proj_mus are needed (the weight is read raw, never quantized).
-        mean_projection = self.proj_mus.weight.reshape(self.num_components, self.low_rank, -1)[component]
-        low_mean = (mean_projection @ rows[..., None]).squeeze(-1)
-        mean = (self.low_mat[component] @ low_mean[..., None]).squeeze(-1)
+        mean = low_rank_mean(component, rows, self.proj_mus.weight, self.low_mat, self.low_rank)
         if len(leading) != 1:
             mean = mean.reshape(*leading, self.latent_size)
-        log_std = mx.maximum(log_std_raw, self.min_log_std)
-        return materialize(mean * mx.exp(log_std)) + residual, log_std
+        return gaussian_of(mean, residual, log_std_raw, self.min_log_std)
 
     @staticmethod
     def _layers_rows(parts: MixtureRowParts, layers: list[MixtureLayer], hidden: mx.array) -> mx.array:
         """Fast numerics' MLP layers on rows: each layer's post-norm and residual add is left pending and done
         by the next layer's first kernel (its prologue), the last one's by the operations."""
+        hidden, pending = MixtureHead._layers_rows_pending(parts, layers, hidden)
+        if pending is None:
+            return hidden
+        return hidden + layers[-1].post_norm(pending.output)
+
+    @staticmethod
+    def _layers_rows_pending(
+        parts: MixtureRowParts, layers: list[MixtureLayer], hidden: mx.array
+    ) -> tuple[mx.array, LayerRowsPending | None]:
+        """:meth:`_layers_rows` with the last layer's post-norm and residual add left pending (None: no layers)."""
         pending: LayerRowsPending | None = None
         for layer in layers:
             weights = layer.row_weights
@@ -738,9 +800,7 @@ class MixtureHead(nn.Module):
                 gated, hidden = parts.gate_up(hidden, weights.gate_up, weights.pre_scale, pending.output, pending.scale)
             (down,) = parts.down(gated, (weights.down,))
             pending = LayerRowsPending(down, weights.post_scale)
-        if pending is None:
-            return hidden
-        return hidden + layers[-1].post_norm(pending.output)
+        return hidden, pending
 
 
 # --------------------------------------------------------------------------- speaker prompt
@@ -1050,8 +1110,7 @@ class EarTTS(nn.Module):
                 features = embedded + rows
             else:
                 features = mx.concatenate([embedded + rows[:length], embedded + rows[length:]], axis=0)
-            mean, log_std = self.mog_head.sample_gaussian(features, config.guidance_scale, config.top_p)
-            latent = mean + materialize(mx.exp(log_std) * draw_latent_noise(mean.shape) * config.noise_scale)
+            latent = self.mog_head.sample_latent(features, config.guidance_scale, config.top_p, config.noise_scale)
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):

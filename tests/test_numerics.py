@@ -114,6 +114,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "encoder_row_products": False,
         "tts_row_products": False,
         "mog_row_products": False,
+        "mog_sample": False,
         "quantized_rows": False,
         "residual_vq": False,
         "rnnt_attempts": False,
@@ -137,12 +138,14 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert all(layer.row_weights.output is layer.self_attn.linear_out.weight for layer in conformers), "no copies"
     head = fast.model.tts_model.tts_model.mog_head
     assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
+    assert head.rows.sample is not None and head.sample_weights is not None, "the draw's operations"
     predictors = [m for _, m in fast.model.named_modules() if isinstance(m, RNNTPredictor)]
     assert predictors and all(m.attempt_parts is not None for m in predictors), "the attempts' operations"
     apply_numerics(fast.model, "exact")
     assert all(m.attempt_parts is None and not m.fused_cell for m in predictors)
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
+    assert head.sample_weights is None
     assert all(layer.rows is None and layer.row_weights is None for layer in conformers)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
@@ -314,6 +317,20 @@ def test_mixture_row_fallbacks_are_the_exact_head() -> None:
         draws.append(head.sample_gaussian(x, 2.5, 0.9))
     head.rows = parts
     assert all(mx.array_equal(a, b).item() for a, b in zip(*draws, strict=True))
+    # The round's whole draw: the guided projections and the draw after them (their operations here), against
+    # the head's own operations, for the model's sampling constants; other constants keep the operations.
+    config = voicechat.config.tts_config
+    constants = (config.guidance_scale, config.top_p, config.noise_scale)
+    assert parts.sampling == constants and parts.projections is not None and parts.sample is not None
+    latents = []
+    for rows in (parts, None):
+        head.rows = rows
+        for scale in (1.0, 0.5):  # a guided draw keeps its nucleus' components, or a different one
+            mx.random.seed(12)
+            latents.append(head.sample_latent(scale * x, *constants))
+    head.rows = parts
+    assert all(mx.array_equal(a, b).item() for a, b in zip(latents[:2], latents[2:], strict=True))
+    assert latents[0].shape == (1, head.latent_size) and not mx.array_equal(latents[0], latents[1]).item()
 
 
 def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -69,6 +69,8 @@ for arg in "$@"; do
       --compare mlx-vlm --json "$OUT/fast8.json" ;;
     # The RN-T attempt's kernels: drift against their operations, tokens against exact mode, time per frame.
     rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
+    # The MoG draw's kernel: draws equal to its operations' out of 200, and the guided projections' product.
+    mogdraw) step mogdraw 200 python3 tests/device/mog_draw.py 200 ;;
     fastcount) step fastcount 400 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
     fastmem)

@@ -1,0 +1,77 @@
+"""What differs between the CUDA and the Metal source of one kernel, for kernels written once for both.
+
+A kernel body is written once as a Python f-string over a :class:`Dialect`: the thread and block indices
+(``local``, ``block``, ``warp``, ``lane``; a warp is 32 lanes on both), shared memory, barriers, warp sums,
+math functions and conversions. :data:`CUDA` fills it for ``mx.fast.cuda_kernel``, :data:`METAL` for
+``mx.fast.metal_kernel`` (:func:`engine.numerics.custom_kernel` takes both sources).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One backend's spelling of what a kernel body uses."""
+
+    metal: bool
+    header: str  # declares ``local`` (thread in block), ``block``, ``warp`` and ``lane``
+    shared: str
+    device: str  # the address space of a pointer into an input
+    barrier: str
+    exp: str
+    log: str
+    tanh: str
+    rsqrt: str
+    negative_infinity: str
+
+    def warp_sum(self, name: str) -> str:
+        if self.metal:
+            return f"{name} = metal::simd_sum({name});"
+        return f"for (int o = 16; o > 0; o /= 2) {name} += __shfl_xor_sync(0xffffffff, {name}, o);"
+
+    def warp_max(self, name: str) -> str:
+        if self.metal:
+            return f"{name} = metal::simd_max({name});"
+        return f"for (int o = 16; o > 0; o /= 2) {name} = fmaxf({name}, __shfl_xor_sync(0xffffffff, {name}, o));"
+
+    def shuffle_xor(self, name: str, offset: str) -> str:
+        if self.metal:
+            return f"metal::simd_shuffle_xor({name}, ushort({offset}))"
+        return f"__shfl_xor_sync(0xffffffff, {name}, {offset})"
+
+    def round_bf16(self, name: str) -> str:
+        """``name`` rounded to bf16 (to nearest, ties to even) and widened back."""
+        if self.metal:
+            return f"static_cast<float>(static_cast<bfloat16_t>({name}))"
+        return f"__bfloat162float(__float2bfloat16_rn({name}))"
+
+
+_INDICES = "const int warp = local / 32; const int lane = local % 32;"
+
+CUDA = Dialect(
+    metal=False,
+    header=f"const int local = threadIdx.x; const int block = blockIdx.x; {_INDICES}",
+    shared="__shared__",
+    device="",
+    barrier="__syncthreads();",
+    exp="expf",
+    log="logf",
+    tanh="tanhf",
+    rsqrt="rsqrtf",
+    negative_infinity="(-__int_as_float(0x7f800000))",
+)
+METAL = Dialect(
+    metal=True,
+    header="const int local = int(thread_position_in_threadgroup.x);"
+    f" const int block = int(threadgroup_position_in_grid.x); {_INDICES}",
+    shared="threadgroup",
+    device="device ",
+    barrier="threadgroup_barrier(metal::mem_flags::mem_threadgroup);",
+    exp="metal::precise::exp",
+    log="metal::precise::log",
+    tanh="metal::precise::tanh",
+    rsqrt="metal::precise::rsqrt",
+    negative_infinity="(-INFINITY)",
+)
