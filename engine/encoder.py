@@ -340,6 +340,8 @@ class ConformerRowParts:
     output: RowPart  # linear_out, then x + y
     convolution_in: RowPart  # layer norm, pointwise_conv1, GLU
     convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
+    # The previous layer's output norm, then feed_forward_up's (None: each layer applies its own output norm).
+    feed_forward_up_twice: RowPart | None = None
 
 
 @dataclass(frozen=True)
@@ -483,6 +485,8 @@ class ConformerLayer(nn.Module):
         projected_positions: mx.array,
         *,
         left_context: int,
+        prior: nn.LayerNorm | None = None,
+        defer_norm: bool = False,
     ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
         """Fast numerics' streaming step through :attr:`rows`: the newest frame ``x`` (one row) attends to
         its projected key and value and the cached ones of the frames before it (rows), and convolves over
@@ -493,11 +497,14 @@ class ConformerLayer(nn.Module):
         Returns the block output and the updated caches: the keys and values the newest frame attended to
         (its window: the last ``left_context + 1`` frames', the next frame drops the oldest when full) and the
         last ``kernel - 1`` gate outputs, each written by the kernel that reads it (no joins or slices).
+        With ``prior`` (the previous layer's output norm) ``x`` is that layer's output before its norm, which
+        the first row product applies (``feed_forward_up_twice``); with ``defer_norm`` the block output is
+        returned before this layer's output norm, for the next layer (or the caller) to apply.
         """
         parts, weights, attention = self.rows, self.row_weights, self.self_attn
         assert parts is not None and weights is not None
         assert attention.fast_attention is not None and attention.fast_window is not None
-        x = self._feed_forward_rows(x, self.norm_feed_forward1, weights.feed_forward1)
+        x = self._feed_forward_rows(x, self.norm_feed_forward1, weights.feed_forward1, prior)
         norm = self.norm_self_att
         q, k, v = parts.qkv(x, weights.qkv, norm.weight, norm_bias=norm.bias)
         bias_u, bias_v = attention.pos_bias_u, attention.pos_bias_v
@@ -523,13 +530,22 @@ class ConformerLayer(nn.Module):
             newest=gated,
         )
         x = self._feed_forward_rows(x, self.norm_feed_forward2, weights.feed_forward2)
-        return self.norm_out(x), keys, values, next_conv
+        return (x if defer_norm else self.norm_out(x)), keys, values, next_conv
 
-    def _feed_forward_rows(self, x: mx.array, norm: nn.LayerNorm, weights: tuple[mx.array, mx.array]) -> mx.array:
-        """``x + ½·feed_forward(norm(x))`` as two row products."""
-        assert self.rows is not None
-        (hidden,) = self.rows.feed_forward_up(x, weights[:1], norm.weight, norm_bias=norm.bias)
-        (x,) = self.rows.feed_forward_down(hidden, weights[1:], base=x)
+    def _feed_forward_rows(
+        self, x: mx.array, norm: nn.LayerNorm, weights: tuple[mx.array, mx.array], prior: nn.LayerNorm | None = None
+    ) -> mx.array:
+        """``x + ½·feed_forward(norm(x))`` as two row products; with ``prior``, ``x`` is first ``prior(x)``."""
+        rows = self.rows
+        assert rows is not None
+        if prior is None:
+            (hidden,) = rows.feed_forward_up(x, weights[:1], norm.weight, norm_bias=norm.bias)
+        else:
+            assert rows.feed_forward_up_twice is not None
+            hidden, x = rows.feed_forward_up_twice(
+                x, weights[:1], norm.weight, norm_bias=norm.bias, prior_scale=prior.weight, prior_bias=prior.bias
+            )
+        (x,) = rows.feed_forward_down(hidden, weights[1:], base=x)
         return x
 
 
@@ -732,17 +748,30 @@ class FastConformer(nn.Module):
         shape, x = x.shape, x.reshape(-1, config.d_model)
         key_len = 1 if keys[0] is None else attention_window(keys[0].shape[0], left)[1]
         next_keys, next_values, next_convolution = [], [], []
+        # Each layer's output norm, applied by the next layer's first row product where the parts have it.
+        deferring = self.layers[0].rows is not None and self.layers[0].rows.feed_forward_up_twice is not None
+        prior: nn.LayerNorm | None = None
         for index, layer in enumerate(self.layers):
             if positions is None:
                 projected = layer.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
             else:
                 projected = positions[index]
             x, key_state, value_state, conv_state = layer.stream_rows(
-                x, keys[index], values[index], convolution[index], projected, left_context=left
+                x,
+                keys[index],
+                values[index],
+                convolution[index],
+                projected,
+                left_context=left,
+                prior=prior,
+                defer_norm=deferring,
             )
+            prior = layer.norm_out if deferring else None
             next_keys.append(key_state)
             next_values.append(value_state)
             next_convolution.append(conv_state)
+        if prior is not None:
+            x = prior(x)
         return (x.reshape(shape), *next_keys, *next_values, *next_convolution)
 
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:

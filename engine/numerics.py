@@ -675,6 +675,8 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
         "convolution_in": RowProductShape(rows, width, (2 * width,), "layer_norm", "glu"),
         "convolution_out": RowProductShape(rows, width, (width,), "conv_norm", "residual", taps=taps),
     }
+    if layer.norm_out.eps == norm.eps:  # one eps for both norms: the previous layer's output norm folds in
+        shapes["feed_forward_up_twice"] = RowProductShape(rows, width, (hidden,), "layer_norm_twice", "silu")
     # The convolution module's norm may have an eps of its own.
     eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
     parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)

@@ -10,7 +10,9 @@ costing host time on a GPU whatever its arithmetic, and each product reads the f
 * **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
   ``1 + w`` as ``s``); ``"residual_norm"``: first ``h = x + rms_norm(r) · s_r`` (the previous
   sublayer's post-norm and residual add, which it also writes out as ``hidden``), then ``rms_norm(h) · s``;
-  ``"layer_norm"``: ``layer_norm(x) · s + b``; ``"conv_norm"``: ``x`` is the ``taps − 1`` cached rows of a
+  ``"layer_norm"``: ``layer_norm(x) · s + b``; ``"layer_norm_twice"``: first ``h = layer_norm(x) · s_p + b_p``
+  (the previous layer's output norm, which it also writes out as ``hidden``), then ``layer_norm(h) · s + b``;
+  ``"conv_norm"``: ``x`` is the ``taps − 1`` cached rows of a
   window whose newest row comes apart (``newest``), and the one row is ``silu(layer_norm(depthwise_conv(window))
   · s + b)`` (the tail of a Conformer convolution module); it also writes the window's last ``taps − 1`` rows
   as ``next_window`` (the next frame's cache), as it reads them;
@@ -46,8 +48,8 @@ import mlx.nn as nn
 from .jit import materialize
 from .numerics import custom_kernel
 
-Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "conv_norm"]
-PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "conv_norm")
+Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]
+PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm")
 Epilogue = Literal["none", "gelu_gate", "glu", "silu", "residual"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "gelu_gate", "glu", "silu", "residual")  # the kernels' EPILOGUE codes
 # The inputs each prologue and epilogue reads besides the rows and the weights, in call order.
@@ -56,6 +58,7 @@ PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
     "norm": ("norm_scale",),
     "residual_norm": ("norm_scale", "residual", "residual_scale"),
     "layer_norm": ("norm_scale", "norm_bias"),
+    "layer_norm_twice": ("norm_scale", "norm_bias", "prior_scale", "prior_bias"),
     "conv_norm": ("norm_scale", "norm_bias", "depthwise", "newest"),
 }
 EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"residual": ("base",)}
@@ -150,6 +153,8 @@ def row_product_ops(
     depthwise: mx.array | None = None,
     base: mx.array | None = None,
     newest: mx.array | None = None,
+    prior_scale: mx.array | None = None,
+    prior_bias: mx.array | None = None,
     *,
     eps: float = 1e-6,
     epilogue: Epilogue = "none",
@@ -179,6 +184,9 @@ def row_product_ops(
         assert residual_scale is not None and norm_scale is not None
         passed_on = x + mx.fast.rms_norm(residual, residual_scale, eps)
         x = mx.fast.rms_norm(passed_on, norm_scale, eps)
+    elif prior_scale is not None:
+        passed_on = mx.fast.layer_norm(x, prior_scale, prior_bias, eps)
+        x = mx.fast.layer_norm(passed_on, norm_scale, norm_bias, eps)
     elif norm_bias is not None:
         x = mx.fast.layer_norm(x, norm_scale, norm_bias, eps)
     elif norm_scale is not None:
@@ -263,6 +271,18 @@ def _prologues(row_sum: str, loop: str, barrier: str, rsqrt: str, exp: str, firs
     }}
     {barrier}
 """
+    prior_apply = f"""
+    {loop} {{
+        const float s = static_cast<float>(prior_scale[i]);
+        const float b = static_cast<float>(prior_bias[i]);
+        for (int r = 0; r < ROWS; ++r) {{
+            const float z = s * ((x[r * K + i] - mean[r]) * inverse[r]) + b;
+            rows[r * K + i] = z;
+            if ({first_block}) hidden[r * K + i] = z;
+        }}
+    }}
+    {barrier}
+"""
     return {
         # After a norm: the conditional row (0) guided away from the unconditional one (1), in place.
         "guidance": f"""
@@ -299,6 +319,9 @@ def _prologues(row_sum: str, loop: str, barrier: str, rsqrt: str, exp: str, firs
     {barrier}
 """,
         "layer_norm": (layer_stats + layer_apply).replace("@ROWS@", "x").replace("@ACTIVATE@", "z"),
+        # The previous layer's output norm (kept as ``hidden``, the residual stream), then this one's.
+        "layer_norm_twice": (layer_stats + prior_apply).replace("@ROWS@", "x")
+        + (layer_stats + layer_apply).replace("@ROWS@", "rows").replace("@ACTIVATE@", "z"),
         # One row (ROWS is 1): the depthwise convolution of the TAPS-row window (the cached rows x, then the
         # newest row), then layer norm and SiLU; one block writes the window's last TAPS - 1 rows on.
         "conv_norm": f"""
@@ -621,7 +644,9 @@ class RowProduct:
         extra = [*PROLOGUE_INPUTS[shape.prologue], *EPILOGUE_INPUTS.get(shape.epilogue, ())]
         self._inputs = ["x", *weights, *extra, "params"]
         outputs = [f"y{index}" for index in range(len(shape.output_widths))]
-        passed_on = {"residual_norm": ["hidden"], "conv_norm": ["next_window"]}.get(shape.prologue, [])
+        passed_on = {"residual_norm": ["hidden"], "layer_norm_twice": ["hidden"], "conv_norm": ["next_window"]}.get(
+            shape.prologue, []
+        )
         self._outputs = [*outputs, *passed_on]
         epilogue = "" if shape.epilogue == "none" else f"_{shape.epilogue}"
         self._kernel = custom_kernel(
@@ -645,6 +670,8 @@ class RowProduct:
         depthwise: mx.array | None = None,
         base: mx.array | None = None,
         newest: mx.array | None = None,
+        prior_scale: mx.array | None = None,
+        prior_bias: mx.array | None = None,
         *,
         eps: float = 1e-6,
         guidance: float | None = None,
@@ -661,12 +688,13 @@ class RowProduct:
         named: dict[str, Any] = {"x": x, "params": self._params[eps, guidance], "norm_scale": norm_scale}
         named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
         named.update({"depthwise": depthwise, "base": base, "newest": newest})
+        named.update({"prior_scale": prior_scale, "prior_bias": prior_bias})
         named.update({f"w{index}": weight for index, weight in enumerate(weights)})
         sizes = [*shape.outputs, 0, 0][:3]
         out_shapes: list[tuple[int, ...]] = [(shape.output_rows, size) for size in shape.output_widths]
         if shape.value_heads:
             out_shapes[-1] = (shape.rows, shape.value_heads, 1, shape.output_widths[-1] // shape.value_heads)
-        if shape.prologue == "residual_norm":
+        if shape.prologue in ("residual_norm", "layer_norm_twice"):
             out_shapes.append((shape.rows, shape.width))
         elif shape.prologue == "conv_norm":
             out_shapes.append((shape.taps - 1, shape.width))
@@ -718,7 +746,20 @@ def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dt
         named["depthwise"] = taps.astype(scale_dtype)
     if "newest" in inputs:
         named["newest"] = mx.random.normal((1, shape.width), key=keys[8])
+    if "prior_scale" in inputs:  # around other values than the second norm's
+        named["prior_scale"] = (0.5 + 0.2 * mx.random.normal((shape.width,), key=keys[4])).astype(scale_dtype)
+        named["prior_bias"] = (0.3 * mx.random.normal((shape.width,), key=keys[3])).astype(scale_dtype)
     if shape.epilogue == "residual":
         named["base"] = mx.random.normal((shape.rows, shape.columns), key=keys[7])
-    order = ("norm_scale", "residual", "residual_scale", "norm_bias", "depthwise", "base", "newest")
+    order = (
+        "norm_scale",
+        "residual",
+        "residual_scale",
+        "norm_bias",
+        "depthwise",
+        "base",
+        "newest",
+        "prior_scale",
+        "prior_bias",
+    )
     return (x, weights, *(named.get(name) for name in order))

@@ -746,11 +746,12 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, ConformerLayer):
             assert module.rows is not None
             names = ("feed_forward_up", "feed_forward_down", "qkv", "output", "convolution_in", "convolution_out")
+            names += ("feed_forward_up_twice",)
             module.rows = dataclasses.replace(
                 module.rows, **{name: counted(f"encoder {name}", getattr(module.rows, name)) for name in names}
             )
             for name in names:
-                layers[f"encoder {name}"] += 2 if name.startswith("feed_forward") else 1
+                layers[f"encoder {name}"] += 2 if name in ("feed_forward_up", "feed_forward_down") else 1
         elif isinstance(module, BackboneLayer):
             assert module.rows is not None
             names = ("first_qkv", "qkv", "output", "gate_up", "down")
@@ -774,11 +775,28 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             module.rows = dataclasses.replace(
                 module.rows, **{name: counted(f"mog {name}", getattr(module.rows, name)) for name in names}
             )
+            names += ("projections", "sample")
+            module.rows = dataclasses.replace(
+                module.rows, **{name: counted(f"mog {name}", getattr(module.rows, name)) for name in names[3:]}
+            )
             mixture_layers = len(module.mlp_stack) - 1
             layers["mog first_gate_up"], layers["mog gate_up"] = 1, mixture_layers - 1
             layers["mog down"] = mixture_layers
+            layers["mog projections"] = layers["mog sample"] = 1  # each MaskGIT round's draw
+        elif isinstance(module, RNNTPredictor):
+            assert module.attempt_parts is not None
+            names = ("upper", "joint_hidden", "joint_partials")  # every attempt's (the first layer's vary)
+            module.attempt_parts = dataclasses.replace(
+                module.attempt_parts,
+                **{name: counted(f"rnnt {name}", getattr(module.attempt_parts, name)) for name in names},
+            )
+            layers["rnnt upper"] = len(module.prediction["dec_rnn"].lstm) - 1
+            layers["rnnt joint_hidden"] = layers["rnnt joint_partials"] = 1
     # The first layer's q/k/v part takes no pending sublayer; every later layer's takes the one before it.
     layers["tts first_qkv"], layers["tts qkv"] = 1, layers["tts qkv"] - 1
+    # The first encoder layer's feed-forward has no output norm before it; every later one's folds it in.
+    layers["encoder feed_forward_up"] -= layers["encoder feed_forward_up_twice"] - 1
+    layers["encoder feed_forward_up_twice"] -= 1
 
     session = Session(voicechat, seed=0)
     frame = voicechat.config.frame_samples
