@@ -52,6 +52,9 @@ VIEW_PRIMITIVES = frozenset(
 VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
 TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.linear)
 COPY_MARK = "%"  # "<parameter>%": the whole parameter in another dtype, copied once and kept (engine.linear)
+# "<parameter>[]": the parameter viewed as a table whose rows a kernel picks itself (a drawn component's): each
+# read is one row of the view, whatever primitive reads it (engine.mixture_sample).
+GATHER_MARK = "[]"
 
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
 GATHER_PRIMITIVES = frozenset({"Gather", "GatherAxis", "GatherQMM", "GatherMM"})
@@ -112,8 +115,10 @@ def named_weights(model: object) -> dict[str, mx.array]:
     named ``<module>.stacked``: the stacked matrix is what the product reads. Views of a
     parameter that a module keeps ready (``weight_views()``) are named after it: a slice
     (the TTS codebooks) ``<parameter>#<index>``, priced as one slice of it, a transposed
-    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it, and a copy in another
-    dtype (fast numerics' bf16 copies) ``<parameter>%``, priced as all of it in the copy's dtype.
+    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it, a copy in another
+    dtype (fast numerics' bf16 copies) ``<parameter>%``, priced as all of it in the copy's dtype,
+    and a table a kernel gathers rows of ``<parameter>[]``, priced as one row of the table per read
+    (the module's ``table_rows()`` say how many rows each table has).
     """
     from mlx.utils import tree_flatten
 
@@ -192,6 +197,7 @@ class GraphCensus:
             dot: (base.partition(VIEW_MARK)[0], "slice" if VIEW_MARK in base else "whole")
             for dot, base in bases.items()
         }
+        origin.update({dot: (name, "row") for dot, name in self._weight_names.items() if name.endswith(GATHER_MARK)})
         for node, name in kinds.items():
             if node in self._seen:
                 continue
@@ -304,6 +310,7 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
     )
     shapes = {name: value.shape for name, value in tree_flatten(skeleton.parameters())}
     dtypes = {name: value.dtype for name, value in tree_flatten(model.parameters())}  # type: ignore[attr-defined]
+    skeleton_modules = dict(skeleton.named_modules())
     prices: dict[str, WeightPrice] = {}
     for name, shape in shapes.items():
         dtype = dtypes.get(name, mx.bfloat16)
@@ -330,6 +337,11 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
                     leading = sum(prices[member].leading for member in members)
                     second = prices[members[0]].second if len(members) == 1 else array.shape[1]
                     prices[f"{path}.{name}"] = WeightPrice(nbytes, leading, second)
+                elif name.endswith(GATHER_MARK):
+                    # As many rows as the full-size module's table has (its table_rows()).
+                    source = f"{path}.{name.removesuffix(GATHER_MARK)}"
+                    rows = skeleton_modules[path].table_rows()[name]
+                    prices[f"{path}.{name}"] = WeightPrice(prices[source].nbytes, rows)
     return prices
 
 

@@ -35,7 +35,7 @@ from .kernel_source import CUDA, METAL, Dialect
 from .numerics import custom_kernel
 from .sampling import gaussian_latent, gumbel_choice, top_p_mask
 
-THREADS = 1024  # one block: 32 warps
+THREADS = 256  # one block of 8 warps (1,024 threads need more registers than an H200 block has)
 INPUTS = ("logits", "residual", "log_std", "hidden", "final_scale", "uniform", "noise", "mus", "low_mat", "params")
 
 
@@ -98,10 +98,12 @@ def mixture_sample_ops(
     *,
     shape: MixtureSampleShape,
 ) -> mx.array:
-    """:class:`MixtureSample`'s computation as the reference's operations (its fallback): the latent (1, latent)."""
+    """:class:`MixtureSample`'s computation as the reference's operations (its fallback): the latent (1, latent).
+    ``mus`` and ``low_mat`` come as tables of one row per component (``(K, R·H)``, ``(K, L·R)``)."""
     component = gumbel_choice(top_p_mask(logits, shape.top_p), uniform)
     row = guided_row(hidden, final_scale, shape.eps, shape.guidance)
-    mean = low_rank_mean(component, row, mus, low_mat, shape.low_rank)
+    basis = low_mat.reshape(shape.components, shape.latent, shape.low_rank)
+    mean = low_rank_mean(component, row, mus, basis, shape.low_rank)
     centre, log_std = gaussian_of(mean, residual, log_std, shape.min_log_std)
     return gaussian_latent(centre, log_std, noise, shape.noise_scale)
 
@@ -276,6 +278,6 @@ def mixture_sample_samples(shape: MixtureSampleShape, means_dtype: mx.Dtype) -> 
         1.0 + 0.1 * mx.random.normal((width,), key=keys[4]),
         mx.random.uniform(shape=(1, components), key=keys[5]),
         mx.random.normal((1, latent), key=keys[6]),
-        (mx.random.normal((components * rank, width), key=keys[7]) / math.sqrt(width)).astype(means_dtype),
-        (mx.random.normal((components, latent, rank), key=keys[8]) / math.sqrt(rank)).astype(means_dtype),
+        (mx.random.normal((components, rank * width), key=keys[7]) / math.sqrt(width)).astype(means_dtype),
+        (mx.random.normal((components, latent * rank), key=keys[8]) / math.sqrt(rank)).astype(means_dtype),
     )

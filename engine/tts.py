@@ -26,7 +26,7 @@ import mlx.nn as nn
 
 from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
-from .counters import TRANSPOSE_MARK, VIEW_MARK
+from .counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
 from .jit import compile_enabled, jit, materialize
@@ -633,8 +633,8 @@ class MixtureSampleWeights:
 
     projections: tuple[mx.array, mx.array, mx.array]  # proj_logits, proj_else, proj_logs
     final_scale: mx.array  # the final norm's float32 1 + w
-    mus: mx.array
-    low_mat: mx.array
+    mus: mx.array  # proj_mus.weight as one row per component (K, R·H): the kernel reads the drawn one's
+    low_mat: mx.array  # low_mat likewise (K, L·R)
 
 
 @dataclass(frozen=True)
@@ -708,7 +708,21 @@ class MixtureHead(nn.Module):
         final_scale = 1.0 + final_norm.weight.astype(mx.float32)
         mx.eval(final_scale)
         projections = (self.proj_logits.weight, self.proj_else.weight, self.proj_logs.weight)
-        return MixtureSampleWeights(projections, final_scale, self.proj_mus.weight, self.low_mat)
+        tables = (self.proj_mus.weight.reshape(self.num_components, -1), self.low_mat.reshape(self.num_components, -1))
+        mx.eval(*tables)  # views of the weights (no copies), made once: the census names them
+        return MixtureSampleWeights(projections, final_scale, *tables)
+
+    def weight_views(self) -> dict[str, mx.array]:
+        """The tables fast numerics' draw gathers a component's rows of (named for the census,
+        :func:`engine.counters.named_weights`)."""
+        weights = self.sample_weights
+        if weights is None:
+            return {}
+        return {f"proj_mus.weight{GATHER_MARK}": weights.mus, f"low_mat{GATHER_MARK}": weights.low_mat}
+
+    def table_rows(self) -> dict[str, int]:
+        """Rows of the tables :meth:`weight_views` names (one per component), for pricing them at full size."""
+        return dict.fromkeys((f"proj_mus.weight{GATHER_MARK}", f"low_mat{GATHER_MARK}"), self.num_components)
 
     def sample_latent(self, x: mx.array, guidance_scale: float, top_p: float, noise_scale: float) -> mx.array:
         """The latent a MaskGIT round draws from guided features ``x``: :meth:`sample_gaussian`, then the latent

@@ -125,6 +125,31 @@ def test_full_size_prices_follow_the_full_config_and_the_runtime_dtypes() -> Non
     assert weight_bytes(uses, prices) == 2 * packed + rvq.nbytes
 
 
+def test_gathered_tables_are_priced_by_the_row_whatever_reads_them() -> None:
+    """Fast numerics' MoG draw reads one drawn component's rows of two tables inside a kernel (on the CPU its
+    operations gather them): the census prices each read as one row of the table, at full size one of 1,024
+    components, not as the whole table."""
+    from engine.counters import GATHER_MARK
+
+    structure = random_voicechat("structure", quantize=4, numerics="fast")
+    mx.eval(structure.model.parameters())
+    head = "tts_model.tts_model.mog_head"
+    names = named_weights(structure.model)
+    tables = [f"{head}.proj_mus.weight{GATHER_MARK}", f"{head}.low_mat{GATHER_MARK}"]
+    assert all(name in names for name in tables)
+    prices = full_size_prices(structure.model, 4)
+    for table, parameter in zip(tables, (f"{head}.proj_mus.weight", f"{head}.low_mat"), strict=True):
+        assert prices[table].nbytes == prices[parameter].nbytes and prices[table].leading == 1024
+    # Whatever primitive reads it: a kernel's input (here a view of the table, and the table itself).
+    census = GraphCensus(names)
+    census.begin_frame(0)
+    mus = names[tables[0]]
+    census.count("tts", [mus.reshape(mus.shape[0], -1, 8)[mx.array([3])].sum(), mx.abs(names[tables[1]])])
+    uses = census.end_frame().weight_uses()
+    assert uses == Counter({WeightUse(tables[0], "row"): 1, WeightUse(tables[1], "row"): 1})
+    assert weight_bytes(uses, prices) == (prices[tables[0]].nbytes + prices[tables[1]].nbytes) // 1024
+
+
 def test_named_weights_include_stacked_projections() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     names = named_weights(voicechat.model)
