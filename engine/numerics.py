@@ -66,11 +66,32 @@ and the log says why. The changes:
   partial sums of squares (the same sum of squares in another order). Fallback and reference: MLX's
   norm, ``quantized_matmul`` and the add or squared ReLU, which Metal keeps (its kernel there already
   reads at the memory's bandwidth).
+* **Each RN-T greedy attempt as four kernels** (:mod:`engine.greedy_attempt`): an LSTM step per layer
+  (input and recurrent products, gates and cell update, a warp per unit; the first layer finishes the
+  previous attempt's argmax from its partial maxima and reads its token's embedding row itself) and two
+  joint rows (the prediction projection added to the encoder projection and activated; the class scores
+  reduced to a (max, first index) pair per block). No attempt selects a state; the loop's end masks the
+  attempts after the first blank and takes the state of the last emission. The reference's bf16 input
+  product is rounded to bf16 once, as the reference rounds it, so a gate differs only where the reordered
+  float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.greedy_attempt.lstm_step_ops` and
+  :func:`engine.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
+  kernels only where all six were admitted (the compiled loop of operations otherwise).
+* **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
+  norm, the guidance mix and the three projections as one guided row product
+  (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
+  softmax, the top-p nucleus (each component's mass above summed directly, where the reference sorts),
+  Gumbel-max from the round's uniform draw, the drawn component's low-rank mean and the latent from the
+  round's normal draw. The draws stay MLX's and come in the reference's order, so the random stream is the
+  same; a component whose nucleus boundary or Gumbel score lies within rounding of another's can be drawn
+  differently. Fallback: :func:`engine.mixture_sample.mixture_sample_ops`, the reference's operations.
+* **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``
+  prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
+  the same operations in one launch, the last layer's norm left to MLX.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
   loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
-  products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse. On the
-  CPU the two are the same bits; on a GPU the fused multiply-add rounds once where the reference
-  rounds twice.
+  products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
+  attempts run as operations. On the CPU the two are the same bits; on a GPU the fused multiply-add
+  rounds once where the reference rounds twice.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
@@ -249,10 +270,10 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
     Fast mode gives each Mamba-2 mixer the fused step, the TTS backbone's and the encoder's
     attention their single-position kernels (and the TTS its query and key heads kernel), the
-    TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the LLM's
-    quantized projections their one-row kernel, the MaskGIT rounds the residual-VQ kernel, and the
-    RN-T its loop on rows: each the kernel where it matched its fallback on this device, else the
-    fallback (operations; always so on the CPU).
+    TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the MoG head
+    its guided projections and draw, the LLM's quantized projections their one-row kernel, the
+    MaskGIT rounds the residual-VQ kernel, and the RN-T its attempts' kernels: each the kernel
+    where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
     ``release``, lets them go with the compiled programs that hold them (a switch back to fast
