@@ -407,6 +407,8 @@ def test_every_row_product_source_is_complete() -> None:
         RowProductShape(1, 256, (64,), "none", "residual", factor=0.5),
         RowProductShape(1, 64, (128,), "layer_norm", "glu"),
         RowProductShape(1, 64, (64,), "conv_norm", "residual", taps=9),
+        RowProductShape(1, 64, (256,), "layer_norm_twice", "silu"),
+        RowProductShape(2, 64, (96, 32, 1), "residual_norm", guided=True),
     ]
     for shape in shapes:
         for body, prologues, metal in ((_CUDA_BODY, _CUDA_PROLOGUES, False), (_METAL_BODY, _METAL_PROLOGUES, True)):
@@ -421,9 +423,51 @@ def test_every_row_product_source_is_complete() -> None:
         {"outputs": (64,), "taps": 9},
         {"outputs": (64,), "epilogue": "silu", "value_heads": 2},
         {"outputs": (64, 63), "value_heads": 2},
+        {"outputs": (64,), "prologue": "norm", "guided": True},  # guidance mixes two rows
+        {"outputs": (64,), "rows": 2, "guided": True},  # of two normed rows
     ):
         with pytest.raises(ValueError):
             RowProductShape(**{"rows": 1, "width": 64, "prologue": "none", **bad})  # type: ignore[arg-type]
+
+
+def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
+    """The RN-T attempt's and the MoG draw's kernels are written once for CUDA and Metal (engine.kernel_source);
+    they compile only on a GPU, so here: each backend's source uses only its own spelling, balances its braces,
+    reads every input it declares and writes every output."""
+    from engine import greedy_attempt, mixture_sample
+    from engine.kernel_source import CUDA, METAL
+
+    cuda_only = ("__syncthreads", "__shfl_xor_sync", "threadIdx", "blockIdx", "__shared__", "__float2bfloat16")
+    metal_only = ("threadgroup", "metal::", "simd_", "device ", "bfloat16_t")
+    kernels: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
+    for dialect in (CUDA, METAL):
+        for step in (
+            greedy_attempt.LSTMStepShape("zero", 32, 32),
+            greedy_attempt.LSTMStepShape("embedding", 32, 32, partials=9, round_input=True),
+            greedy_attempt.LSTMStepShape("row", 32, 32),
+        ):
+            source = greedy_attempt._lstm_source(step, dialect)
+            # The start symbol reads no state and no input: its inputs stay declared for one calling convention.
+            read = ("bias",) if step.input == "zero" else step.inputs
+            kernels.append((source, read, ("hidden_out", "cell_out")))
+        for joint in (
+            greedy_attempt.JointRowShape(32, 65, "activation", "tanh"),
+            greedy_attempt.JointRowShape(32, 65, "partials"),
+        ):
+            outputs = ("y",) if joint.epilogue == "activation" else ("values", "indices")
+            kernels.append((greedy_attempt._joint_source(joint, dialect), joint.inputs, outputs))
+        kernels.append((mixture_sample._source(dialect), mixture_sample.INPUTS, ("latent",)))
+        for source, read, written in kernels:
+            foreign = metal_only if dialect is CUDA else cuda_only
+            assert not any(word in source for word in foreign), (dialect.metal, [w for w in foreign if w in source])
+            assert source.count("{") == source.count("}") and "@" not in source
+            assert all(f"{name}[" in source or f"{name} +" in source for name in read), (dialect.metal, read)
+            assert all(f"{name}[" in source for name in written)
+        kernels.clear()
+    with pytest.raises(ValueError, match="nucleus"):
+        mixture_sample.MixtureSampleShape(64, 32, 8, 96, 1e-6, 0.2, 1.0, -4.0, 0.001)
+    with pytest.raises(ValueError, match="guided"):
+        mixture_sample.MixtureSampleShape(64, 32, 8, 96, 1e-6, 0.0, 0.95, -4.0, 0.001)
 
 
 def test_the_relative_attention_sources_are_complete() -> None:
