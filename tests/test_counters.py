@@ -1,8 +1,9 @@
 """Counts that machine load cannot move: the graph census, its CI guard, and compiled-program exactness.
 
 The guard holds each frame's MLX primitives to the figures the README publishes (table
-"Counters", row "this build"), within 2 %: a change that makes frames do more work fails
-here, on any machine, however busy. Timings are printed by ``parley bench``, never asserted.
+"Counters", row "this build", and fast numerics' row "fast numerics, this build"), within 2 %:
+a change that makes frames do more work fails here, on any machine, however busy. Timings are
+printed by ``parley bench``, never asserted.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ TOLERANCE = 0.02
 COUNT_FRAMES = 80  # frames 6-70 are the early window, 71-79 steady
 
 
-def readme_counters() -> dict[str, float]:
-    """The README's "this build" row of the counters table, as numbers."""
-    rows = [line for line in README.read_text().splitlines() if line.startswith("| **this build**")]
-    assert len(rows) == 1, "README.md must have exactly one counters row labelled **this build**"
+def readme_counters(label: str = "this build") -> dict[str, float]:
+    """The README's counters row labelled ``label`` (exact mode's "this build", or "fast numerics, this build"),
+    as numbers."""
+    rows = [line for line in README.read_text().splitlines() if line.startswith(f"| **{label}**")]
+    assert len(rows) == 1, f"README.md must have exactly one counters row labelled **{label}**"
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
     numbers = [float(value.replace(",", "")) for cell in cells[1:5] for value in re.findall(r"[\d,.]+", cell)]
     early, steady, kernels_early, kernels_steady = numbers[:4]
@@ -48,9 +50,22 @@ def structure_counts() -> dict:
     return counters_report(voicechat, censuses, syncs)
 
 
-def test_primitives_per_frame_stay_within_the_readme_figures(structure_counts: dict) -> None:
-    published = readme_counters()
-    measured = structure_counts
+@pytest.fixture(scope="module")
+def fast_structure_counts() -> dict:
+    voicechat = random_voicechat("structure", quantize=4, numerics="fast")
+    mx.eval(voicechat.model.parameters())
+    warm_up(voicechat)
+    censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
+    return counters_report(voicechat, censuses, syncs)
+
+
+def test_fast_primitives_per_frame_stay_within_the_readme_figures(fast_structure_counts: dict) -> None:
+    """Fast numerics on the CPU (every part its operations fallback) against the README's fast row: guards the
+    fast wiring, as the GPU's counts cannot be taken here."""
+    assert_within_readme(fast_structure_counts, readme_counters("fast numerics, this build"))
+
+
+def assert_within_readme(measured: dict, published: dict[str, float]) -> None:
     print(f"counted {measured['primitives_per_frame']} primitives, {measured['kernels_per_frame']} kernels per frame")
     for window in ("early", "steady"):
         primitives = measured["primitives_per_frame"][window]
@@ -60,6 +75,12 @@ def test_primitives_per_frame_stay_within_the_readme_figures(structure_counts: d
             "find what added work, or measure again and update the README's counters table"
         )
         assert kernels <= published[f"kernels_{window}"] * (1 + TOLERANCE)
+
+
+def test_primitives_per_frame_stay_within_the_readme_figures(structure_counts: dict) -> None:
+    published = readme_counters()
+    measured = structure_counts
+    assert_within_readme(measured, published)
     # The encoder runs compiled from frame 1: the first 5.6 s of a conversation are no slower path.
     early, steady = (measured["primitives_per_frame"][window] for window in ("early", "steady"))
     assert abs(early - steady) <= 0.05 * steady
