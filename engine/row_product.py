@@ -109,6 +109,7 @@ class RowProductShape:
         if self.value_heads and (self.epilogue != "none" or self.outputs[-1] % self.value_heads):
             raise ValueError(f"{self.value_heads} heads do not split the last of the outputs {self.outputs}")
         mixable = self.prologue in ("norm", "residual_norm") and self.rows == 2 and self.epilogue == "none"
+        mixable = mixable and not self.value_heads  # its outputs are one row
         if self.guided and not mixable:
             raise ValueError("guidance mixes two normed rows (conditional, unconditional) into the one it multiplies")
 

@@ -425,6 +425,7 @@ def test_every_row_product_source_is_complete() -> None:
         {"outputs": (64, 63), "value_heads": 2},
         {"outputs": (64,), "prologue": "norm", "guided": True},  # guidance mixes two rows
         {"outputs": (64,), "rows": 2, "guided": True},  # of two normed rows
+        {"outputs": (64,), "rows": 2, "prologue": "norm", "guided": True, "value_heads": 2},  # into one row
     ):
         with pytest.raises(ValueError):
             RowProductShape(**{"rows": 1, "width": 64, "prologue": "none", **bad})  # type: ignore[arg-type]
