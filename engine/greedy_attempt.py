@@ -108,7 +108,8 @@ def lstm_step_ops(*inputs: mx.array, shape: LSTMStepShape) -> tuple[mx.array, mx
     named = dict(zip(shape.inputs, inputs, strict=True))
     wx, bias = named["wx"], named["bias"]
     if shape.input == "embedding":
-        x = named["table"][chosen_token(named["values"], named["indices"])]
+        # The table as given, or viewed as one (1, width) row per token (engine.rnnt's embedding_table).
+        x = named["table"].reshape(-1, shape.width)[chosen_token(named["values"], named["indices"])]
         state: tuple[mx.array | None, mx.array | None] = (named["hidden"], named["cell"])
     elif shape.input == "row":
         x, state = named["x"], (named["hidden"], named["cell"])

@@ -472,7 +472,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             attempt_parts, changes["rnnt_attempts"] = _attempt_parts(predictor, joints[0])
             if on_gpu and not changes["rnnt_attempts"]:
                 attempt_parts = None  # the compiled loop's operations (the CPU keeps the fallbacks, tested there)
-        predictor.attempt_parts = attempt_parts
+        predictor.use_attempt_parts(attempt_parts)
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops

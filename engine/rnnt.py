@@ -36,6 +36,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
+from .counters import GATHER_MARK
 from .greedy_attempt import AttemptParts, lstm_cell
 from .jit import jit, materialize
 from .linear import Linear
@@ -110,6 +111,35 @@ class _StackedLSTM(nn.Module):
 
 class RNNTPredictor(nn.Module):
     """Prediction network (``stt_model.rnnt_decoder``): ``prediction.embed`` and ``prediction.dec_rnn.lstm.{k}``."""
+
+    # The embedding as the attempts' first-layer kernel reads it: a table of rows it picks itself (named for the
+    # census, which prices each read as one row); set with the attempt parts, an instance attribute outside the
+    # parameters (a module takes the arrays it holds for those).
+    _embedding_table: tuple[mx.array, ...] = ()
+
+    def use_attempt_parts(self, parts: AttemptParts | None) -> None:
+        """Run the streaming loop's attempts through ``parts`` (None: the loop of operations)."""
+        self.attempt_parts = parts
+        table: tuple[mx.array, ...] = ()
+        if parts is not None:
+            weight = self.prediction["embed"].weight
+            table = (weight.reshape(weight.shape[0], 1, -1),)  # a view: no copy
+            mx.eval(table)
+        object.__setattr__(self, "_embedding_table", table)  # not a parameter (a module takes arrays as those)
+
+    @property
+    def embedding_table(self) -> mx.array | None:
+        """The table the attempts' first layer reads one token's row of, while attempt parts are in use."""
+        return self._embedding_table[0] if self._embedding_table else None
+
+    def weight_views(self) -> dict[str, mx.array]:
+        """The embedding table the attempts' kernel gathers rows of, named for :func:`engine.counters.named_weights`."""
+        table = self.embedding_table
+        return {} if table is None else {f"prediction.embed.weight{GATHER_MARK}": table}
+
+    def table_rows(self) -> dict[str, int]:
+        """Rows of the table :meth:`weight_views` names (one per token), for pricing it at full size."""
+        return {f"prediction.embed.weight{GATHER_MARK}": self.prediction["embed"].weight.shape[0]}
 
     @functools.cached_property
     def programs(self) -> GreedyPrograms:
@@ -398,7 +428,9 @@ def _greedy_rows_by_attempt(
     picks its token from the previous attempt's partial argmaxes (the frame's first attempt: from ``last``,
     as one pair); the end finishes every attempt's argmax at once and takes the state of the last emission.
     """
-    embed, lstm = predictor.prediction["embed"].weight, predictor.prediction["dec_rnn"].lstm
+    lstm, embed = predictor.prediction["dec_rnn"].lstm, predictor.embedding_table
+    if embed is None:
+        embed = predictor.prediction["embed"].weight
     layers, width = len(lstm), predictor.hidden_size
     projected = joint.enc(encoded.reshape(1, -1))
     output = joint.joint_net[-1]

@@ -161,6 +161,9 @@ def test_gathered_tables_are_priced_by_the_row_whatever_reads_them() -> None:
     prices = full_size_prices(structure.model, 4)
     for table, parameter in zip(tables, (f"{head}.proj_mus.weight", f"{head}.low_mat"), strict=True):
         assert prices[table].nbytes == prices[parameter].nbytes and prices[table].leading == 1024
+    # The RN-T attempts' first layer reads one token's embedding row (1,025 tokens at full size).
+    embedding = f"stt_model.rnnt_decoder.prediction.embed.weight{GATHER_MARK}"
+    assert embedding in names and prices[embedding].leading == 1025
     # Whatever primitive reads it: a kernel's input (here a view of the table, and the table itself).
     census = GraphCensus(names)
     census.begin_frame(0)

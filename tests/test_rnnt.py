@@ -358,8 +358,10 @@ def test_fast_loop_keeps_the_state_of_the_last_emission(by_attempt: bool, lstm_d
         predictor.update(tree_map(lambda array: array.astype(lstm_dtype), predictor.parameters()))
     rows_predictor.fused_cell = True
     if by_attempt:
-        rows_predictor.attempt_parts, kernels = _attempt_parts(rows_predictor, joint)
-        assert rows_predictor.attempt_parts is not None and not kernels  # the CPU runs the operations
+        parts, kernels = _attempt_parts(rows_predictor, joint)
+        assert parts is not None and not kernels  # the CPU runs the operations
+        rows_predictor.use_attempt_parts(parts)
+        assert rows_predictor.embedding_table is not None  # the table the first layer reads rows of
     joint.pred.weight = joint.pred.weight * 10.0
     frames = _frames(30, seed=11)
     exact, rows = make_rnnt_state(BLANK), make_rnnt_state(BLANK)

@@ -95,7 +95,8 @@ def main() -> None:
     fast_predictor, _ = modules()
     kernel_predictor, _ = modules()
     fast_predictor.fused_cell = kernel_predictor.fused_cell = True
-    kernel_predictor.attempt_parts, every = _attempt_parts(kernel_predictor, joint)
+    parts, every = _attempt_parts(kernel_predictor, joint)
+    kernel_predictor.use_attempt_parts(parts)
     print(f"every attempt part a kernel: {every}")
     frames = 2.0 * mx.random.normal((FRAMES, 1, 1, 1024), key=mx.random.key(9))
     ways = {"exact": exact_predictor, "fast rows": fast_predictor, "fast kernels": kernel_predictor}
