@@ -761,6 +761,8 @@ def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool
     final_norm = head.mlp_stack[-1]
     width, eps = final_norm.weight.shape[0], final_norm.eps
     latent = head.proj_else.weight.shape[0]
+    if head.mlp_stack[-2].post_norm.eps != eps:  # the guided product's prologue takes one eps for both norms
+        return parts, False
     try:
         shape = MixtureSampleShape(
             head.num_components,
