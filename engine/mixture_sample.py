@@ -33,7 +33,7 @@ import mlx.core as mx
 from .jit import materialize
 from .kernel_source import CUDA, METAL, Dialect
 from .numerics import custom_kernel
-from .sampling import gaussian_latent, gumbel_choice, top_p_mask
+from .sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
 
 THREADS = 256  # one block of 8 warps (1,024 threads need more registers than an H200 block has)
 INPUTS = ("logits", "residual", "log_std", "hidden", "final_scale", "uniform", "noise", "mus", "low_mat", "params")
@@ -81,8 +81,7 @@ def gaussian_of(
 def guided_row(hidden: mx.array, final_scale: mx.array, eps: float, guidance: float) -> mx.array:
     """The MoG head's final norm of its two summed rows (conditional, unconditional), mixed into one by
     classifier-free guidance: the reference's operations."""
-    normed = mx.fast.rms_norm(hidden, final_scale, eps)
-    return normed[:1] + materialize(guidance * (normed[:1] - normed[1:]))
+    return guide(mx.fast.rms_norm(hidden, final_scale, eps), guidance)
 
 
 def mixture_sample_ops(
@@ -170,7 +169,7 @@ def _source(d: Dialect) -> str:
     float best = {d.negative_infinity};
     int at = K;
     for (int j = local; j < K; j += THREADS) {{
-        const float gumbel = -{d.log}(-{d.log}(uniform[j] + 1e-8f) + 1e-8f);
+        const float gumbel = -{d.log}(-{d.log}(uniform[j] + {GUMBEL_EPS!r}f) + {GUMBEL_EPS!r}f);
         const float score = {d.log}(z[j] / stats[2]) + gumbel;
         if (score > best || at == K) {{ best = score; at = j; }}
     }}

@@ -45,8 +45,8 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .jit import materialize
 from .numerics import custom_kernel
+from .sampling import guide
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm")
@@ -193,7 +193,7 @@ def row_product_ops(
     elif norm_scale is not None:
         x = mx.fast.rms_norm(x, norm_scale, eps)
     if guidance is not None:  # the MoG head's guidance, as the reference mixes the normed rows
-        x = x[:1] + materialize(guidance * (x[:1] - x[1:]))
+        x = guide(x, guidance)
     products = [x @ (weight if weight.ndim == 2 else weight.reshape(weight.shape[0], -1)).T for weight in weights]
     if epilogue == "gelu_gate":
         outputs = [_gelu_tanh_ops(products[0]) * products[1]]

@@ -13,8 +13,8 @@ import mlx.core as mx
 
 from .jit import materialize
 
-# Guards both logarithms of the Gumbel transform against log(0).
-_GUMBEL_EPS = 1e-8
+# Guards both logarithms of the Gumbel transform against log(0) (engine.mixture_sample's kernel uses it too).
+GUMBEL_EPS = 1e-8
 
 
 def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
@@ -48,9 +48,17 @@ def draw_component(logits: mx.array, top_p: float) -> mx.array:
 
 def gumbel_choice(nucleus: mx.array, uniform: mx.array) -> mx.array:
     """The component a Gumbel-max draw picks from masked logits ``nucleus``, given its ``uniform`` draw."""
-    gumbel = -mx.log(-mx.log(uniform + _GUMBEL_EPS) + _GUMBEL_EPS)
+    gumbel = -mx.log(-mx.log(uniform + GUMBEL_EPS) + GUMBEL_EPS)
     log_probs = mx.log(mx.softmax(nucleus.astype(mx.float32), axis=-1))
     return mx.argmax(log_probs + gumbel, axis=-1)
+
+
+def guide(rows: mx.array, scale: float) -> mx.array:
+    """Classifier-free guidance: the first half of ``rows`` (conditional) pushed away from the second
+    (unconditional) by ``scale``, the product stored before it is added, as the reference rounds it."""
+    half = rows.shape[0] // 2
+    conditional, unconditional = rows[:half], rows[half:]
+    return conditional + materialize(scale * (conditional - unconditional))
 
 
 def draw_latent_noise(shape: tuple[int, ...]) -> mx.array:

@@ -29,12 +29,12 @@ from .config import MoGConfig, TTSConfig
 from .counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
-from .jit import compile_enabled, jit, materialize
+from .jit import compile_enabled, jit
 from .linear import Linear
 from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
-from .sampling import draw_component, draw_latent_noise, gaussian_latent
+from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
@@ -772,9 +772,7 @@ class MixtureHead(nn.Module):
                 x = block(x)
         x = final_norm(x)
         if guidance_scale > 0.0:
-            half = x.shape[0] // 2
-            conditional, unconditional = x[:half], x[half:]
-            x = conditional + materialize(guidance_scale * (conditional - unconditional))
+            x = guide(x, guidance_scale)
         leading = x.shape[:-1]
         if self.stacked is not None:
             logits, residual, log_std_raw = self.stacked(x)

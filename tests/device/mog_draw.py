@@ -11,9 +11,9 @@ Then the guided projections' row product against its operations, and both kernel
 from __future__ import annotations
 
 import sys
-import time
 
 import mlx.core as mx
+from fast_kernels import per_call_us  # a sibling script (run as tests/device/mog_draw.py)
 
 from engine.config import MoGConfig, TTSConfig
 from engine.mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
@@ -21,15 +21,6 @@ from engine.numerics import gpu_kernel_backend, relative_l2
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 
 DRAWS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-
-
-def per_call_us(function, inputs, calls: int = 100) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
-        mx.eval(function(*inputs))
-    started = time.perf_counter()
-    for _ in range(calls):
-        mx.eval(function(*inputs))
-    return (time.perf_counter() - started) / calls * 1e6
 
 
 def main() -> None:
