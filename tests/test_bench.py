@@ -46,6 +46,9 @@ def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
     for channel in ("text_ids_identical", "function_ids_identical", "codes_identical"):
         assert report["agreement"][channel] == 24, report["agreement"]
     assert report["speedup_p50"] > 0 and "mlx_vlm" in report
+    alone = report["peak_alone_gb"]  # each peak less the other model's weights: at least its own weights
+    assert report["weights_gb"] <= alone["parley"] < report["parley"]["peak_memory_gb"]
+    assert report["mlx_vlm_weights_gb"] <= alone["mlx_vlm"] < report["mlx_vlm"]["peak_memory_gb"]
 
     points = ours["curve"]
     assert [(p["start_frame"], p["end_frame"]) for p in points] == [(0, 8), (8, 16), (16, 24)]
@@ -53,6 +56,7 @@ def test_report_against_mlx_vlm_with_curve(tmp_path: Path) -> None:
     assert all(p["active_gb"] >= p["state_gb"] for p in points)
 
     text = format_report(report)
+    assert "peak memory alone" in text
     assert "speedup vs mlx-vlm" in text and "identical frames: text 24/24, function 24/24, codes 24/24" in text
     assert "min (frames 16-24)" in text
     assert any("parley p50" in line for line in lines)
