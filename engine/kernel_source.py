@@ -41,6 +41,24 @@ class Dialect:
             return f"metal::simd_shuffle_xor({name}, ushort({offset}))"
         return f"__shfl_xor_sync(0xffffffff, {name}, {offset})"
 
+    def block_reduce(self, value: str, target: str, combine: str) -> str:
+        """Reduce every thread's ``value`` over the block into ``target`` (an lvalue in shared memory, read by
+        every thread after it); ``combine`` is "sum" or "max". Needs ``scratch``, a shared float per warp
+        (``THREADS / 32``)."""
+        warp_reduce = self.warp_sum(value) if combine == "sum" else self.warp_max(value)
+        merge = "total += scratch[w];" if combine == "sum" else "total = total > scratch[w] ? total : scratch[w];"
+        return f"""
+    {warp_reduce}
+    if (lane == 0) scratch[warp] = {value};
+    {self.barrier}
+    if (local == 0) {{
+        float total = scratch[0];
+        for (int w = 1; w < THREADS / 32; ++w) {merge}
+        {target} = total;
+    }}
+    {self.barrier}
+"""
+
     def round_bf16(self, name: str) -> str:
         """``name`` rounded to bf16 (to nearest, ties to even) and widened back."""
         if self.metal:

@@ -107,23 +107,6 @@ def mixture_sample_ops(
     return gaussian_latent(centre, log_std, noise, shape.noise_scale)
 
 
-def _block_reduce(d: Dialect, value: str, slot: int, combine: str) -> str:
-    """Reduce every thread's ``value`` over the block into ``stats[slot]`` (``combine``: "sum" or "max")."""
-    warp_reduce = d.warp_sum(value) if combine == "sum" else d.warp_max(value)
-    merge = "total += scratch[w];" if combine == "sum" else "total = total > scratch[w] ? total : scratch[w];"
-    return f"""
-    {warp_reduce}
-    if (lane == 0) scratch[warp] = {value};
-    {d.barrier}
-    if (local == 0) {{
-        float total = scratch[0];
-        for (int w = 1; w < THREADS / 32; ++w) {merge}
-        stats[{slot}] = total;
-    }}
-    {d.barrier}
-"""
-
-
 def _source(d: Dialect) -> str:
     return f"""
     {d.header}
@@ -140,13 +123,13 @@ def _source(d: Dialect) -> str:
         z[j] = logits[j];
         top = top > z[j] ? top : z[j];
     }}
-    {_block_reduce(d, "top", 0, "max")}
+    {d.block_reduce("top", "stats[0]", "max")}
     float mass = 0.0f;
     for (int j = local; j < K; j += THREADS) {{
         p[j] = {d.exp}(z[j] - stats[0]);
         mass += p[j];
     }}
-    {_block_reduce(d, "mass", 1, "sum")}
+    {d.block_reduce("mass", "stats[1]", "sum")}
     for (int j = local; j < K; j += THREADS) p[j] = p[j] / stats[1];
     {d.barrier}
     // The nucleus: a component stays while the mass ranked above it (more probable, or as probable and later,
@@ -164,7 +147,7 @@ def _source(d: Dialect) -> str:
         z[j] = e;
         kept += e;
     }}
-    {_block_reduce(d, "kept", 2, "sum")}
+    {d.block_reduce("kept", "stats[2]", "sum")}
     // Gumbel-max over the nucleus' log probabilities: the first index among equal scores.
     float best = {d.negative_infinity};
     int at = K;
@@ -198,8 +181,8 @@ def _source(d: Dialect) -> str:
         squares0 += hidden[i] * hidden[i];
         squares1 += hidden[H + i] * hidden[H + i];
     }}
-    {_block_reduce(d, "squares0", 4, "sum")}
-    {_block_reduce(d, "squares1", 5, "sum")}
+    {d.block_reduce("squares0", "stats[4]", "sum")}
+    {d.block_reduce("squares1", "stats[5]", "sum")}
     const float inverse0 = {d.rsqrt}(stats[4] / H + params[0]);
     const float inverse1 = {d.rsqrt}(stats[5] / H + params[0]);
     for (int i = local; i < H; i += THREADS) {{

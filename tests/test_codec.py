@@ -169,3 +169,42 @@ def test_dequantize_reads_one_stacked_table_and_follows_a_reload(codec: Codec) -
     finally:
         prvq.mus_list[1] = original
     assert mx.array_equal(prvq.decode(codes), reference(codes)).item()
+
+
+def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec: Codec) -> None:
+    """Fast numerics runs the decoder's blocks on rows through their convolution-and-norm part (on the CPU its
+    operations fallback, exact mode's own operations) and the pointwise layers as matrix products: the same
+    waveform bit for bit, and switching back to exact keeps both compiled steps apart."""
+    from engine.numerics import apply_numerics
+
+    codes = _random_codes(codec, 1, 5, seed=7)
+    exact = _stream(codec, codes, [1] * 5)
+    try:
+        apply_numerics(codec, "fast")
+        assert codec.decoder.steps_rows() and codec.decoder.fast_part() is not None
+        fast = _stream(codec, codes, [1] * 5)
+        views = {name for block in codec.decoder.blocks for name in block.weight_views()}
+        assert views == {"pwconv1.weight@T", "pwconv2.weight@T"}
+    finally:
+        apply_numerics(codec, "exact")
+    assert not codec.decoder.steps_rows()
+    assert np.array_equal(fast, exact)
+    assert np.array_equal(_stream(codec, codes, [1] * 5), exact)
+    assert len(codec._compiled_steps) == 2 and None in codec._compiled_steps  # exact's step and fast's
+
+
+def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:
+    """The kernel is admitted against its operations bit for bit on these inputs (engine.conv_norm): each
+    position's convolution plus bias is a sixteenth of at most 15/16 and the channels cancel in pairs, so
+    any order of summing gives the same mean (zero) and the same sum of squares."""
+    from engine.conv_norm import conv_norm_samples
+
+    for positions, channels in ((9, 32), (63, 16)):
+        rows, history, weight, bias, _, _ = conv_norm_samples(positions, channels, 7, mx.bfloat16)
+        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        hidden = np.asarray((mx.conv1d(padded, weight, groups=channels) + bias).astype(mx.float32))[0]
+        sixteenths = hidden * 16
+        assert np.array_equal(sixteenths, np.round(sixteenths)) and np.abs(hidden).max() <= 15 / 16
+        assert np.abs(hidden).max() > 0 and np.all(hidden.sum(axis=-1) == 0)
+    with pytest.raises(ValueError, match="even"):
+        conv_norm_samples(9, 15, 7, mx.bfloat16)

@@ -71,6 +71,18 @@ for arg in "$@"; do
     rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
     # The MoG draw's kernel: draws equal to its operations' out of 200, and the guided projections' product.
     mogdraw) step mogdraw 200 python3 tests/device/mog_draw.py 200 ;;
+    # The codec blocks' kernel: bits against its operations, the full-size waveform's SNR, the step's time.
+    convnorm) step convnorm 300 python3 tests/device/conv_norm.py 100 ;;
+    # CUDA graphs for fast numerics (MLX reads the setting once per process): alternating processes, structure
+    # model (the same primitives as full size, almost no weights: the host's share of a frame).
+    fastgraphs)
+      for round in 1 2; do
+        for setting in "MLX_USE_CUDA_GRAPHS=1" "MLX_USE_CUDA_GRAPHS=0"; do
+          echo "--- $setting round $round"
+          env "$setting" timeout 150 python3 -m app.cli bench --random structure --numerics fast --frames 100 \
+            --rounds 2 2>&1 | grep -E "^(parley |parley rounds|parley stalls)"
+        done
+      done 2>&1 | tee "$OUT/fastgraphs.log" ;;
     fastcount) step fastcount 400 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
     fastmem)

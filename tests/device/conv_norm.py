@@ -1,0 +1,123 @@
+"""The codec blocks' convolution-and-norm kernel on this GPU: bits against its operations, the waveform's SNR,
+and the codec step's time with and without it.
+
+Run on the device (never in CI; the CPU runs the operations): ``python3 tests/device/conv_norm.py [FRAMES]``.
+
+1. Each decoder stage's full-size shape (9 × 1,536, 63 × 768, 441 × 384, bf16): the admission sample (bit for
+   bit), then random inputs: how many values differ from the operations' on this GPU and by how many bf16 steps.
+2. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step with
+   the blocks' operations (exact mode's codec) and with the kernel: the waveform's SNR over FRAMES frames.
+3. The two codec steps' time per frame, alternating in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+from fast_kernels import per_call_us  # a sibling script (run as tests/device/conv_norm.py)
+
+from engine.conv_norm import ConvNorm, conv_norm_ops, conv_norm_samples
+from engine.numerics import gpu_kernel_backend
+from engine.random_checkpoint import random_voicechat
+
+FRAMES = int(sys.argv[1]) if len(sys.argv) > 1 else 100
+EPS = 1e-6
+
+
+def bf16_steps(got: mx.array, want: mx.array) -> tuple[int, int]:
+    """(values that differ, the largest difference in bf16 steps of the operations' value)."""
+    a, b = np.asarray(got.astype(mx.float32)), np.asarray(want.astype(mx.float32))
+    differ = a != b
+    if not differ.any():
+        return 0, 0
+    step = np.abs(b[differ]) * 2.0**-7
+    return int(differ.sum()), int(np.ceil((np.abs(a - b)[differ] / np.maximum(step, 1e-30)).max()))
+
+
+def kernel_against_operations(backend: str) -> None:
+    kernel = ConvNorm(backend, EPS, mx.bfloat16)
+    for positions, channels in ((9, 1536), (63, 768), (441, 384)):
+        sample = conv_norm_samples(positions, channels, 7, mx.bfloat16)
+        got, want = kernel(*sample), conv_norm_ops(*sample, eps=EPS)
+        equal = all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
+        keys = mx.random.split(mx.random.key(positions), 6)
+        inputs = (
+            mx.random.normal((positions, channels), key=keys[0]).astype(mx.bfloat16),
+            mx.random.normal((1, 6, channels), key=keys[1]).astype(mx.bfloat16),
+            (0.3 * mx.random.normal((channels, 7, 1), key=keys[2])).astype(mx.bfloat16),
+            (0.1 * mx.random.normal((channels,), key=keys[3])).astype(mx.bfloat16),
+            (1 + 0.1 * mx.random.normal((channels,), key=keys[4])).astype(mx.bfloat16),
+            (0.1 * mx.random.normal((channels,), key=keys[5])).astype(mx.bfloat16),
+        )
+        got, want = kernel(*inputs), conv_norm_ops(*inputs, eps=EPS)
+        differ, steps = bf16_steps(got[0], want[0])
+        history_equal = mx.array_equal(got[1], want[1]).item()
+        print(
+            f"conv-norm {positions} x {channels}: admission sample equal {equal}; random inputs: {differ} of "
+            f"{positions * channels} values differ (at most {steps} bf16 steps), history equal {history_equal}; "
+            f"{per_call_us(kernel, inputs):.1f} µs per call (with its sync)"
+        )
+
+
+def stream(codec, codes: list[mx.array]) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+    cache = codec.make_cache()
+    pieces, took = [], 0.0
+    for frame in codes:
+        began = time.perf_counter()
+        samples = codec.decode_step(frame, cache)
+        mx.eval(samples, cache.arrays())
+        took += time.perf_counter() - began
+        pieces.append(np.asarray(samples, dtype=np.float64))
+    return np.concatenate(pieces, axis=1), 1000 * took / len(codes)
+
+
+def teacher_forced(backend: str) -> None:
+    voicechat = random_voicechat("full", quantize=4, seed=0, numerics="fast")
+    codec = voicechat.model.tts_model.audio_codec
+    blocks = codec.decoder.blocks
+    part = blocks[0].fast_conv_norm
+    print(f"codec blocks' part: {part!r}; fast changes {voicechat.fast_changes}")
+    rng = np.random.default_rng(0)
+    config = codec.config
+    codes = [
+        mx.array(rng.integers(0, config.codebook_size, (1, config.num_quantizers, 1)).astype(np.int32))
+        for _ in range(FRAMES)
+    ]
+    times: dict[str, list[float]] = {"exact": [], "fast": []}
+    waves: dict[str, np.ndarray] = {}
+    for _ in range(3):
+        for name, use in (("exact", None), ("fast", part)):
+            for block in blocks:
+                block.fast_conv_norm = use
+            waves[name], per_frame = stream(codec, codes)
+            times[name].append(per_frame)
+    noise = float(np.sum((waves["fast"] - waves["exact"]) ** 2))
+    signal = float(np.sum(waves["exact"] ** 2))
+    snr = math.inf if noise == 0 else 10 * math.log10(signal / noise)
+    print(
+        f"codec, full size, {FRAMES} frames teacher-forced: waveform SNR {snr:.1f} dB (max abs difference "
+        f"{np.abs(waves['fast'] - waves['exact']).max():.3g}, rms {math.sqrt(signal / waves['exact'].size):.3g})"
+    )
+    print(
+        "codec step ms per frame (with its sync), alternating rounds: exact "
+        + ", ".join(f"{t:.2f}" for t in times["exact"])
+        + "; fast "
+        + ", ".join(f"{t:.2f}" for t in times["fast"])
+    )
+
+
+def main() -> None:
+    backend = gpu_kernel_backend()
+    if backend is None:
+        print("no GPU kernels here")
+        return
+    kernel_against_operations(backend)
+    teacher_forced(backend)
+
+
+if __name__ == "__main__":
+    main()
