@@ -45,6 +45,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .code_sum import code_sum_ops
 from .config import CodecConfig
 from .conv_norm import channel_layer_norm
 from .counters import COPY_MARK
@@ -324,6 +325,10 @@ class StackedCodebooks:
 class ResidualQuantizer(nn.Module):
     """Probabilistic residual VQ: ``mus_list[q]`` is codebook ``q`` (``codebook_size x latent_dim``)."""
 
+    # Fast numerics (an instance attribute once set, outside the parameters): the sum as one kernel
+    # (engine.code_sum), bit for bit the operations'.
+    fast_sum: Callable[[mx.array, mx.array, mx.array], mx.array] | None = None
+
     def __init__(self, config: CodecConfig) -> None:
         super().__init__()
         self.mus_list = [mx.zeros((config.codebook_size, config.latent_dim)) for _ in range(config.num_quantizers)]
@@ -341,12 +346,9 @@ class ResidualQuantizer(nn.Module):
             raise ValueError(f"codes must be (batch, <= {len(self.mus_list)} quantizers, frames), got {codes.shape}")
         stacked = self.codebook_table()
         quantizers = codes.shape[1]
-        rows = stacked.table[codes + stacked.offsets[:quantizers]]  # (B, Q, T, D)
-        parts = mx.split(rows, quantizers, axis=1) if quantizers > 1 else [rows]
-        latents = parts[0]
-        for part in parts[1:]:
-            latents = latents + part
-        return latents.squeeze(1)
+        if self.fast_sum is not None and codes.shape[0] == 1 and codes.dtype == mx.int32:
+            return self.fast_sum(codes, stacked.table, stacked.offsets[:quantizers])
+        return code_sum_ops(codes, stacked.table, stacked.offsets[:quantizers])
 
     def codebook_table(self) -> StackedCodebooks:
         """The stacked codebooks of the current ``mus_list``, made on first use after a load (outside any
@@ -521,12 +523,12 @@ class Codec(nn.Module):
         return samples
 
     def _compiled_step(self) -> Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]:
-        """The step compiled for the decoder's part in use (a trace holds the part it was traced with)."""
+        """The step compiled for the fast parts in use (a trace holds the parts it was traced with)."""
         programs = self._compiled_steps
-        part = self.decoder.fast_part()
-        if part not in programs:
-            programs[part] = jit(self._step_ops)
-        return programs[part]
+        parts = (self.prvq.fast_sum, self.decoder.fast_part())
+        if parts not in programs:
+            programs[parts] = jit(self._step_ops)
+        return programs[parts]
 
     @functools.cached_property
     def _compiled_steps(self) -> dict[Any, Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]]:

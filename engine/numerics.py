@@ -95,7 +95,10 @@ and the log says why. The changes:
   dtype (bf16), rounding every value the operations store where they store it; only the convolution's and
   the norm's float32 sums run in another order, so a value differs by one bf16 step where such a sum lands
   across a rounding boundary. It is admitted bit for bit on inputs whose sums are exact in any order.
-  Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations.
+  Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations. The codec's dequantization, one
+  row per quantizer summed in quantizer order, is one kernel too (:class:`engine.code_sum.CodeSum`, where
+  the operations take a gather, 31 slices and the adds): the same adds in the same order, bit for bit, and
+  admitted only so.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
   loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
@@ -282,7 +285,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the MoG head
     its guided projections and draw, the LLM's quantized projections their one-row kernel, the
     MaskGIT rounds the residual-VQ kernel, the RN-T its attempts' kernels, and the codec decoder's blocks
-    their convolution-and-norm kernel (the pointwise layers then as matrix products on rows): each the kernel
+    their convolution-and-norm kernel (the pointwise layers then as matrix products on rows), and the
+    codec's dequantization the code-sum kernel: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
@@ -294,6 +298,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
 
     from mlx.utils import tree_flatten
 
+    from .code_sum import CodeSum, code_sum_ops, code_sum_samples
     from .codec import Codec
     from .conv_norm import ConvNorm, conv_norm_ops
     from .decode_attention import (
@@ -524,6 +529,21 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 conv_norm = None  # the compiled step's operations, as in exact mode
         for block in blocks:
             block.fast_conv_norm = conv_norm
+        code_sum: Callable[..., Any] | None = None
+        if fast:
+            quantizers, table_dtype = len(codec.prvq.mus_list), codec.prvq.mus_list[0].dtype
+            size, width = codec.prvq.mus_list[0].shape
+            code_sum, changes["codec_code_sum"] = _fast_part(
+                ("codec_code_sum", table_dtype),
+                "codec dequantization",
+                code_sum_ops,
+                CodeSum,
+                functools.partial(code_sum_samples, quantizers, size, width, table_dtype),
+                tolerance=0.0,  # bit-identical to the operations, or not used
+            )
+            if on_gpu and not changes["codec_code_sum"]:
+                code_sum = None
+        codec.prvq.fast_sum = code_sum
     return changes
 
 

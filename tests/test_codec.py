@@ -173,8 +173,10 @@ def test_dequantize_reads_one_stacked_table_and_follows_a_reload(codec: Codec) -
 
 def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec: Codec) -> None:
     """Fast numerics runs the decoder's blocks on rows through their convolution-and-norm part (on the CPU its
-    operations fallback, exact mode's own operations) and the pointwise layers as matrix products: the same
-    waveform bit for bit, and switching back to exact keeps both compiled steps apart."""
+    operations fallback, exact mode's own operations), the pointwise layers as matrix products and the
+    dequantization through its code-sum part: the same waveform bit for bit, and switching back to exact keeps
+    both compiled steps apart."""
+    from engine.code_sum import code_sum_ops
     from engine.numerics import apply_numerics
 
     codes = _random_codes(codec, 1, 5, seed=7)
@@ -182,6 +184,7 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
     try:
         apply_numerics(codec, "fast")
         assert codec.decoder.steps_rows() and codec.decoder.fast_part() is not None
+        assert codec.prvq.fast_sum is code_sum_ops  # the CPU's: the operations
         fast = _stream(codec, codes, [1] * 5)
         views = {name for block in codec.decoder.blocks for name in block.weight_views()}
         assert views == {"pwconv1.weight@T", "pwconv2.weight@T"}
@@ -190,7 +193,7 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
     assert not codec.decoder.steps_rows()
     assert np.array_equal(fast, exact)
     assert np.array_equal(_stream(codec, codes, [1] * 5), exact)
-    assert len(codec._compiled_steps) == 2 and None in codec._compiled_steps  # exact's step and fast's
+    assert len(codec._compiled_steps) == 2 and (None, None) in codec._compiled_steps  # exact's step and fast's
 
 
 def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:

@@ -6,7 +6,8 @@ Run on the device (never in CI; the CPU runs the operations): ``python3 tests/de
 1. Each decoder stage's full-size shape (9 × 1,536, 63 × 768, 441 × 384, bf16): the admission sample (bit for
    bit), then random inputs: how many values differ from the operations' on this GPU and by how many bf16 steps.
 2. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step with
-   the blocks' operations (exact mode's codec) and with the kernel: the waveform's SNR over FRAMES frames.
+   exact mode's operations and with fast mode's parts (this kernel and the dequantization's,
+   :mod:`engine.code_sum`): the waveform's SNR over FRAMES frames.
 3. The two codec steps' time per frame, alternating in this process.
 """
 
@@ -79,8 +80,8 @@ def teacher_forced(backend: str) -> None:
     voicechat = random_voicechat("full", quantize=4, seed=0, numerics="fast")
     codec = voicechat.model.tts_model.audio_codec
     blocks = codec.decoder.blocks
-    part = blocks[0].fast_conv_norm
-    print(f"codec blocks' part: {part!r}; fast changes {voicechat.fast_changes}")
+    part, code_sum = blocks[0].fast_conv_norm, codec.prvq.fast_sum
+    print(f"codec parts: {part!r}, {code_sum!r}; fast changes {voicechat.fast_changes}")
     rng = np.random.default_rng(0)
     config = codec.config
     codes = [
@@ -90,9 +91,10 @@ def teacher_forced(backend: str) -> None:
     times: dict[str, list[float]] = {"exact": [], "fast": []}
     waves: dict[str, np.ndarray] = {}
     for _ in range(3):
-        for name, use in (("exact", None), ("fast", part)):
+        for name, use, summed in (("exact", None, None), ("fast", part, code_sum)):
             for block in blocks:
                 block.fast_conv_norm = use
+            codec.prvq.fast_sum = summed
             waves[name], per_frame = stream(codec, codes)
             times[name].append(per_frame)
     noise = float(np.sum((waves["fast"] - waves["exact"]) ** 2))
