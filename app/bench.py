@@ -409,6 +409,16 @@ def weights_gb(model: Any) -> float:
     return sum(int(value.nbytes) for _, value in leaves) / 1e9
 
 
+def exclusive_weights_gb(model: Any, other: Any) -> float:
+    """Bytes of ``model``'s parameters that ``other`` does not hold as well (the same array object: both
+    loaded from one set of weights), e.g. a copy made in one model's own dtype or layout."""
+    from mlx.utils import tree_flatten
+
+    shared = {id(value) for _, value in tree_flatten(other.parameters())}
+    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(int(value.nbytes) for _, value in leaves if id(value) not in shared) / 1e9
+
+
 def mlx_version() -> str:
     import mlx.core as mx
 
@@ -623,12 +633,14 @@ def bench(
         report["mlx_vlm"] = summarize_run(ref_best)
         report["mlx_vlm_weights_gb"] = weights_gb(reference.model) if reference is not None else None
         report["mlx_vlm_rounds"] = [summarize_run(r) for r in ref_runs]
-        if report["mlx_vlm_weights_gb"] is not None:
-            # Each run's peak counts the other model's weights too (both stay loaded, untouched by the run):
-            # less them, what each would peak at in a process of its own.
+        if reference is not None:
+            # Each run's peak also counts what only the other model holds (loaded, untouched by the run; the
+            # weights both were given are held once): less that, what each would peak at in a process of its own.
             report["peak_alone_gb"] = {
-                "parley": max(r.peak_memory_bytes for r in ours_runs) / 1e9 - report["mlx_vlm_weights_gb"],
-                "mlx_vlm": max(r.peak_memory_bytes for r in ref_runs) / 1e9 - report["weights_gb"],
+                "parley": max(r.peak_memory_bytes for r in ours_runs) / 1e9
+                - exclusive_weights_gb(reference.model, voicechat.model),
+                "mlx_vlm": max(r.peak_memory_bytes for r in ref_runs) / 1e9
+                - exclusive_weights_gb(voicechat.model, reference.model),
             }
         report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
         report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
@@ -706,8 +718,8 @@ def format_report(report: dict[str, Any]) -> str:
     alone = report.get("peak_alone_gb")
     if alone is not None:
         lines.append(
-            f"peak memory alone (each run's peak less the other model's weights): parley {alone['parley']:.2f} GB, "
-            f"mlx-vlm {alone['mlx_vlm']:.2f} GB"
+            f"peak memory alone (each run's peak less what only the other model holds): parley "
+            f"{alone['parley']:.2f} GB, mlx-vlm {alone['mlx_vlm']:.2f} GB"
         )
     if "speedup_p50" in report:
         agree = report["agreement"]

@@ -246,7 +246,7 @@ class CodecDecoder(nn.Module):
 
     def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
         """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
-        if histories is not None and latents.shape[0] == 1 and self.steps_rows():
+        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_rows():  # one frame of one stream
             return self._stream_rows(latents, histories)
         hidden = latents
         new_histories: list[mx.array] = []

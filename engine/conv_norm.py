@@ -8,16 +8,21 @@ operations. :class:`ConvNorm` does all of it in one launch, one block of threads
 the block's pointwise layers stay matrix products (:meth:`engine.codec.ConvNeXtBlock.step_rows`).
 
 Arithmetic: the operations' own, step by step in the activations' dtype (bf16 in the published
-checkpoints) — every intermediate the operations store is rounded to that dtype where they round
-it — with the convolution's seven taps and the norm's two channel sums accumulated in float32 in
-another order. A sum that lands on another side of a bf16 rounding boundary moves one value by one
-bf16 step; that is the only difference, and it is rare (the codec's layer norm is where the
-codec amplifies differences: computing it in float32 throughout, as MLX's one-kernel layer norm
-does, cost 27 dB of waveform SNR — see the README). The operations (:func:`conv_norm_ops`) are
-exact mode's, which the CPU runs, so there the fast codec's waveform is exact mode's bit for bit.
+checkpoints): every value the operations store is rounded to that dtype where they round it, and the
+norm's two channel sums are taken as MLX's CUDA row sum takes them — in the dtype, eight values per
+thread in turn, then a butterfly over each warp and over the warps (:func:`_row_sum`) — so they are its
+sums bit for bit. What can differ is the convolution's seven-tap float32 sum, whose order inside MLX's
+convolution is not ours to match: where it lands across a bf16 rounding boundary, that value moves by
+one bf16 step, and its position's norm with it. (The codec amplifies such differences: computing the
+norm in float32 throughout, as MLX's one-kernel layer norm does, cost 27 dB of waveform SNR — see the
+README.) The kernel is admitted only where it matches the operations bit for bit on inputs whose
+convolution sums are exact in any order. The operations (:func:`conv_norm_ops`) are exact mode's, which
+the CPU runs, so there the fast codec's waveform is exact mode's bit for bit.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -71,6 +76,55 @@ def _rsqrt(d: Dialect, dtype: mx.Dtype, value: str) -> str:
     return f"{d.rsqrt}({value})"
 
 
+def mlx_sum_threads(channels: int) -> int:
+    """The threads of MLX's CUDA row sum over ``channels`` values (``row_reduce_simple``: eight reads each, at
+    most 1,024, a whole number of warps)."""
+    reads = -(-channels // SUM_READS)
+    return -(-min(1024, reads) // 32) * 32
+
+
+SUM_READS = 8  # values each of MLX's CUDA row-sum threads reads and adds in turn
+
+
+def _row_sum(d: Dialect, name: str, target: str, r: Callable[[str], str]) -> str:
+    """The sum of the shared ``values_shared[C]`` into ``target``, every add rounded to the dtype (``r``).
+
+    On CUDA in MLX's own order (``row_reduce_simple`` with a one-row block, its accumulator in the input's
+    dtype): each of ``RT`` threads adds its ``SUM_READS`` consecutive values in turn, passing over the row
+    ``FULL`` times and once more over what is left; then a butterfly over each warp and one over the warps'
+    results, as ``cooperative_groups::reduce`` takes them. So the kernel's sums are the operations' bit for bit.
+    On Metal (not yet measured against MLX's kernel there): a float32 block sum, rounded once.
+    """
+    if d.metal:
+        return f"""
+    float {name} = 0.0f;
+    for (int c = local; c < C; c += THREADS) {name} += values_shared[c];
+    {d.block_reduce(name, target, "sum")}
+    if (local == 0) {target} = {r(target)};
+    {d.barrier}
+"""
+    return f"""
+    float {name} = 0.0f;
+    if (local < RT) {{
+        for (int pass = 0; pass <= FULL; ++pass) {{
+            for (int j = 0; j < {SUM_READS}; ++j) {{
+                const int at = (pass * RT + local) * {SUM_READS} + j;
+                if (pass < FULL || at < C) {name} = {r(f"{name} + values_shared[at]")};
+            }}
+        }}
+    }}
+    for (int o = 16; o > 0; o /= 2) {name} = {r(f"{name} + __shfl_xor_sync(0xffffffff, {name}, o)")};
+    if (lane == 0) scratch[warp] = {name};
+    {d.barrier}
+    if (warp == 0) {{
+        float across = lane < RT / 32 ? scratch[lane] : 0.0f;
+        for (int o = 16; o > 0; o /= 2) across = {r("across + __shfl_xor_sync(0xffffffff, across, o)")};
+        if (lane == 0) {target} = across;
+    }}
+    {d.barrier}
+"""
+
+
 def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
     # ``R(v)``: v rounded to the activations' dtype and widened back, where the operations store a value.
     rounded = "static_cast<float>(static_cast<DT>({}))"
@@ -82,11 +136,11 @@ def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
     {d.header}
     {d.shared} float scratch[THREADS / 32];
     {d.shared} float stats[2];
+    {d.shared} float values_shared[C];
     const int t = block;  // this block's position among the frame's T
     const float inverse = {r("1.0f / static_cast<float>(C)")};  // the mean's 1/C, in the dtype
     const float epsilon = {r(f"{float(eps)!r}f")};
     float values[PER];
-    float sum = 0.0f;
     for (int i = 0; i < PER; ++i) {{
         const int c = local + i * THREADS;
         float value = 0.0f;
@@ -100,23 +154,24 @@ def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
                 acc += x * static_cast<float>(conv_weight[c * K + k]);
             }}
             value = {r(f"{r('acc')} + static_cast<float>(conv_bias[c])")};
-            sum += value;
+            values_shared[c] = value;
         }}
         values[i] = value;
     }}
-    {d.block_reduce("sum", "stats[0]", "sum")}
-    const float mean = {r(f"{r('stats[0]')} * inverse")};
-    float squares = 0.0f;
+    {d.barrier}
+    {_row_sum(d, "sum", "stats[0]", r)}
+    const float mean = {r("stats[0] * inverse")};
     for (int i = 0; i < PER; ++i) {{
         const int c = local + i * THREADS;
         if (c < C) {{
             const float deviation = {r("values[i] - mean")};
             values[i] = deviation;
-            squares += {r("deviation * deviation")};
+            values_shared[c] = {r("deviation * deviation")};
         }}
     }}
-    {d.block_reduce("squares", "stats[1]", "sum")}
-    const float variance = {r(f"{r('stats[1]')} * inverse")};
+    {d.barrier}
+    {_row_sum(d, "squares", "stats[1]", r)}
+    const float variance = {r("stats[1] * inverse")};
     const float scale = {r(_rsqrt(d, dtype, r("variance + epsilon")))};
     for (int i = 0; i < PER; ++i) {{
         const int c = local + i * THREADS;
@@ -160,6 +215,9 @@ class ConvNorm:
         context = history.shape[1]
         if positions < context:
             raise ValueError(f"the kernel takes at least {context} rows, got {positions}")
+        threads = mlx_sum_threads(channels)
+        if threads > THREADS:
+            raise ValueError(f"MLX sums {channels} channels with {threads} threads; the kernel has {THREADS}")
         normed, next_history = self._kernel(
             inputs=[rows, history, conv_weight, conv_bias, norm_weight, norm_bias],
             template=[
@@ -169,6 +227,8 @@ class ConvNorm:
                 ("CONTEXT", context),
                 ("PER", -(-channels // THREADS)),
                 ("THREADS", THREADS),
+                ("RT", threads),
+                ("FULL", channels // (threads * SUM_READS)),
                 ("DT", rows.dtype),
             ],
             grid=(positions * THREADS, 1, 1),

@@ -92,9 +92,10 @@ and the log says why. The changes:
   norm and its affine map, and the next history, one block of threads per position, where the operations
   take about nineteen primitives; the pointwise layers become matrix products on rows (bit for bit the
   kernel-size-1 convolutions on the CPU). Unlike the float32 kernels above it computes in the activations'
-  dtype (bf16), rounding every value the operations store where they store it; only the convolution's and
-  the norm's float32 sums run in another order, so a value differs by one bf16 step where such a sum lands
-  across a rounding boundary. It is admitted bit for bit on inputs whose sums are exact in any order.
+  dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
+  the order MLX's CUDA row sum takes them; only the convolution's seven-tap float32 sum may run in another
+  order, so a value differs by one bf16 step where that sum lands across a rounding boundary. It is
+  admitted bit for bit on inputs whose convolution sums are exact in any order.
   Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations. The codec's dequantization, one
   row per quantizer summed in quantizer order, is one kernel too (:class:`engine.code_sum.CodeSum`, where
   the operations take a gather, 31 slices and the adds): the same adds in the same order, bit for bit, and
@@ -524,6 +525,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 functools.partial(conv_norm_ops, eps=norm_eps),
                 functools.partial(ConvNorm, eps=norm_eps, dtype=dtype),
                 functools.partial(_conv_norm_samples, codec.decoder.stream_shapes(), kernel_size, dtype),
+                tolerance=0.0,  # on inputs whose convolution sums are exact: the operations' bits, or not used
             )
             if on_gpu and not changes["codec_conv_norm"]:
                 conv_norm = None  # the compiled step's operations, as in exact mode

@@ -8,7 +8,8 @@ Run on the device (never in CI; the CPU runs the operations): ``python3 tests/de
 2. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step with
    exact mode's operations and with fast mode's parts (this kernel and the dequantization's,
    :mod:`engine.code_sum`): the waveform's SNR over FRAMES frames.
-3. The two codec steps' time per frame, alternating in this process.
+3. The two codec steps' primitives and kernels (``parley bench --counters``' census of one step), and their
+   time per frame, alternating in this process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from fast_kernels import per_call_us  # a sibling script (run as tests/device/conv_norm.py)
 
 from engine.conv_norm import ConvNorm, conv_norm_ops, conv_norm_samples
+from engine.counters import GraphCensus, named_weights
 from engine.numerics import gpu_kernel_backend
 from engine.random_checkpoint import random_voicechat
 
@@ -29,14 +31,11 @@ FRAMES = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 EPS = 1e-6
 
 
-def bf16_steps(got: mx.array, want: mx.array) -> tuple[int, int]:
-    """(values that differ, the largest difference in bf16 steps of the operations' value)."""
+def differences(got: mx.array, want: mx.array) -> tuple[int, int, float]:
+    """(values that differ, positions (rows) with a difference, the largest absolute difference)."""
     a, b = np.asarray(got.astype(mx.float32)), np.asarray(want.astype(mx.float32))
     differ = a != b
-    if not differ.any():
-        return 0, 0
-    step = np.abs(b[differ]) * 2.0**-7
-    return int(differ.sum()), int(np.ceil((np.abs(a - b)[differ] / np.maximum(step, 1e-30)).max()))
+    return int(differ.sum()), int(differ.any(axis=-1).sum()), float(np.abs(a - b).max())
 
 
 def kernel_against_operations(backend: str) -> None:
@@ -55,12 +54,12 @@ def kernel_against_operations(backend: str) -> None:
             (0.1 * mx.random.normal((channels,), key=keys[5])).astype(mx.bfloat16),
         )
         got, want = kernel(*inputs), conv_norm_ops(*inputs, eps=EPS)
-        differ, steps = bf16_steps(got[0], want[0])
+        differ, rows, largest = differences(got[0], want[0])
         history_equal = mx.array_equal(got[1], want[1]).item()
         print(
             f"conv-norm {positions} x {channels}: admission sample equal {equal}; random inputs: {differ} of "
-            f"{positions * channels} values differ (at most {steps} bf16 steps), history equal {history_equal}; "
-            f"{per_call_us(kernel, inputs):.1f} µs per call (with its sync)"
+            f"{positions * channels} values differ, in {rows} of {positions} positions (largest {largest:.3g}), "
+            f"history equal {history_equal}; {per_call_us(kernel, inputs):.1f} µs per call (with its sync)"
         )
 
 
@@ -76,6 +75,20 @@ def stream(codec, codes: list[mx.array]) -> tuple[np.ndarray, float]:  # type: i
     return np.concatenate(pieces, axis=1), 1000 * took / len(codes)
 
 
+def census(codec, frame: mx.array) -> str:  # type: ignore[no-untyped-def]
+    """Primitives / kernels of one streaming step as the codec is now set up (its compiled program's graph,
+    counted as ``parley bench --counters`` counts a stage)."""
+    cache = codec.make_cache()
+    mx.eval(cache.arrays())
+    counter = GraphCensus(named_weights(codec))
+    counter.begin_frame(0)
+    samples = codec.decode_step(frame, cache)
+    counter.count("codec", [samples, *cache.arrays()])
+    counted = counter.end_frame().stages["codec"]
+    mx.eval(samples, cache.arrays())
+    return f"{counted.primitives} / {counted.kernels}"
+
+
 def teacher_forced(backend: str) -> None:
     voicechat = random_voicechat("full", quantize=4, seed=0, numerics="fast")
     codec = voicechat.model.tts_model.audio_codec
@@ -88,6 +101,11 @@ def teacher_forced(backend: str) -> None:
         mx.array(rng.integers(0, config.codebook_size, (1, config.num_quantizers, 1)).astype(np.int32))
         for _ in range(FRAMES)
     ]
+    for name, use, summed in (("exact", None, None), ("fast", part, code_sum)):
+        for block in blocks:
+            block.fast_conv_norm = use
+        codec.prvq.fast_sum = summed
+        print(f"codec step, {name}: primitives / kernels {census(codec, codes[0])}")
     times: dict[str, list[float]] = {"exact": [], "fast": []}
     waves: dict[str, np.ndarray] = {}
     for _ in range(3):
