@@ -9,20 +9,24 @@ the block's pointwise layers stay matrix products (:meth:`engine.codec.ConvNeXtB
 
 Arithmetic: the operations' own, step by step in the activations' dtype (bf16 in the published
 checkpoints): every value the operations store is rounded to that dtype where they round it, and the
-norm's two channel sums are taken as MLX's CUDA row sum takes them — in the dtype, eight values per
-thread in turn, then a butterfly over each warp and over the warps (:func:`_row_sum`) — so they are its
-sums bit for bit. What can differ is the convolution's seven-tap float32 sum, whose order inside MLX's
+norm's two channel sums are taken in the order MLX's CUDA row sum takes them (eight values per thread in
+turn, then a butterfly over each warp and over the warps: :func:`_row_sum`). Two steps are not fixed by
+MLX's interface — whether its row sum accumulates in float32 or in the dtype, and how its kernel takes a
+bf16 ``rsqrt`` — so the kernel comes in :data:`VARIANTS`, and admission keeps the first whose outputs are
+the operations' bit for bit on this device, on inputs whose convolution sums are exact in any order.
+What can then still differ is the convolution's seven-tap float32 sum, whose order inside MLX's
 convolution is not ours to match: where it lands across a bf16 rounding boundary, that value moves by
 one bf16 step, and its position's norm with it. (The codec amplifies such differences: computing the
 norm in float32 throughout, as MLX's one-kernel layer norm does, cost 27 dB of waveform SNR — see the
-README.) The kernel is admitted only where it matches the operations bit for bit on inputs whose
-convolution sums are exact in any order. The operations (:func:`conv_norm_ops`) are exact mode's, which
-the CPU runs, so there the fast codec's waveform is exact mode's bit for bit.
+README.) The operations (:func:`conv_norm_ops`) are exact mode's, which the CPU runs, so there the fast
+codec's waveform is exact mode's bit for bit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import mlx.core as mx
 
@@ -68,10 +72,42 @@ def conv_norm_ops(
     return normed[0], padded[:, padded.shape[1] - history.shape[1] :]
 
 
-def _rsqrt(d: Dialect, dtype: mx.Dtype, value: str) -> str:
-    """MLX's ``rsqrt`` of ``value`` (a float holding a ``dtype`` value) on this backend, widened to float: on
-    CUDA a bf16 goes through the bf16 intrinsic (``hrsqrt``), as MLX's own kernel takes it."""
-    if not d.metal and dtype == mx.bfloat16:
+Accumulator = Literal["float32", "dtype"]
+RsqrtForm = Literal["float", "divide_sqrt", "intrinsic"]
+
+
+@dataclass(frozen=True)
+class ConvNormVariant:
+    """How MLX's operations on this device take the two steps whose form its kernels do not fix for us.
+
+    ``accumulator``: MLX's row sum adds in float32 and rounds once, or adds in the dtype (each add rounded;
+    the CUDA source of some MLX versions). ``rsqrt``: the dtype's ``rsqrt`` as float32 ``rsqrt`` of the value
+    rounded (``"float"``), as one over the rounded square root (``"divide_sqrt"``: MLX's CPU), or through
+    CUDA's bf16 intrinsic ``hrsqrt`` (``"intrinsic"``). Admission tries :data:`VARIANTS` in turn and keeps
+    the first that gives the operations' bits (:func:`engine.numerics.apply_numerics`).
+    """
+
+    accumulator: Accumulator
+    rsqrt: RsqrtForm
+
+    @property
+    def label(self) -> str:
+        return f"sums in {self.accumulator}, rsqrt as {self.rsqrt}"
+
+
+VARIANTS: tuple[ConvNormVariant, ...] = tuple(
+    ConvNormVariant(accumulator, rsqrt)
+    for accumulator in ("float32", "dtype")
+    for rsqrt in ("float", "divide_sqrt", "intrinsic")
+)
+
+
+def _rsqrt(d: Dialect, form: RsqrtForm, dtype: mx.Dtype, value: str, r: Callable[[str], str]) -> str:
+    """``rsqrt`` of ``value`` (a float holding a ``dtype`` value) in ``form``, widened to float."""
+    if form == "divide_sqrt":
+        sqrt = "metal::precise::sqrt" if d.metal else "sqrtf"
+        return f"1.0f / {r(f'{sqrt}({value})')}"
+    if form == "intrinsic" and not d.metal and dtype == mx.bfloat16:
         return f"__bfloat162float(hrsqrt(__float2bfloat16_rn({value})))"
     return f"{d.rsqrt}({value})"
 
@@ -86,13 +122,13 @@ def mlx_sum_threads(channels: int) -> int:
 SUM_READS = 8  # values each of MLX's CUDA row-sum threads reads and adds in turn
 
 
-def _row_sum(d: Dialect, name: str, target: str, r: Callable[[str], str]) -> str:
-    """The sum of the shared ``values_shared[C]`` into ``target``, every add rounded to the dtype (``r``).
+def _row_sum(d: Dialect, name: str, target: str, r: Callable[[str], str], accumulator: Accumulator) -> str:
+    """The sum of the shared ``values_shared[C]`` into ``target``, rounded to the dtype (``r``).
 
-    On CUDA in MLX's own order (``row_reduce_simple`` with a one-row block, its accumulator in the input's
-    dtype): each of ``RT`` threads adds its ``SUM_READS`` consecutive values in turn, passing over the row
-    ``FULL`` times and once more over what is left; then a butterfly over each warp and one over the warps'
-    results, as ``cooperative_groups::reduce`` takes them. So the kernel's sums are the operations' bit for bit.
+    On CUDA in MLX's own order (``row_reduce_simple`` with a one-row block): each of ``RT`` threads adds its
+    ``SUM_READS`` consecutive values in turn, passing over the row ``FULL`` times and once more over what is
+    left; then a butterfly over each warp and one over the warps' results, as ``cooperative_groups::reduce``
+    takes them — every add rounded to the dtype (``accumulator`` "dtype") or the float32 total rounded once.
     On Metal (not yet measured against MLX's kernel there): a float32 block sum, rounded once.
     """
     if d.metal:
@@ -103,29 +139,33 @@ def _row_sum(d: Dialect, name: str, target: str, r: Callable[[str], str]) -> str
     if (local == 0) {target} = {r(target)};
     {d.barrier}
 """
+
+    def add(expression: str) -> str:
+        return r(expression) if accumulator == "dtype" else f"({expression})"
+
     return f"""
     float {name} = 0.0f;
     if (local < RT) {{
         for (int pass = 0; pass <= FULL; ++pass) {{
             for (int j = 0; j < {SUM_READS}; ++j) {{
                 const int at = (pass * RT + local) * {SUM_READS} + j;
-                if (pass < FULL || at < C) {name} = {r(f"{name} + values_shared[at]")};
+                if (pass < FULL || at < C) {name} = {add(f"{name} + values_shared[at]")};
             }}
         }}
     }}
-    for (int o = 16; o > 0; o /= 2) {name} = {r(f"{name} + __shfl_xor_sync(0xffffffff, {name}, o)")};
+    for (int o = 16; o > 0; o /= 2) {name} = {add(f"{name} + __shfl_xor_sync(0xffffffff, {name}, o)")};
     if (lane == 0) scratch[warp] = {name};
     {d.barrier}
     if (warp == 0) {{
         float across = lane < RT / 32 ? scratch[lane] : 0.0f;
-        for (int o = 16; o > 0; o /= 2) across = {r("across + __shfl_xor_sync(0xffffffff, across, o)")};
-        if (lane == 0) {target} = across;
+        for (int o = 16; o > 0; o /= 2) across = {add("across + __shfl_xor_sync(0xffffffff, across, o)")};
+        if (lane == 0) {target} = {r("across")};
     }}
     {d.barrier}
 """
 
 
-def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
+def _source(d: Dialect, eps: float, dtype: mx.Dtype, variant: ConvNormVariant) -> str:
     # ``R(v)``: v rounded to the activations' dtype and widened back, where the operations store a value.
     rounded = "static_cast<float>(static_cast<DT>({}))"
 
@@ -159,7 +199,7 @@ def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
         values[i] = value;
     }}
     {d.barrier}
-    {_row_sum(d, "sum", "stats[0]", r)}
+    {_row_sum(d, "sum", "stats[0]", r, variant.accumulator)}
     const float mean = {r("stats[0] * inverse")};
     for (int i = 0; i < PER; ++i) {{
         const int c = local + i * THREADS;
@@ -170,9 +210,9 @@ def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
         }}
     }}
     {d.barrier}
-    {_row_sum(d, "squares", "stats[1]", r)}
+    {_row_sum(d, "squares", "stats[1]", r, variant.accumulator)}
     const float variance = {r("stats[1] * inverse")};
-    const float scale = {r(_rsqrt(d, dtype, r("variance + epsilon")))};
+    const float scale = {r(_rsqrt(d, variant.rsqrt, dtype, r("variance + epsilon"), r))};
     for (int i = 0; i < PER; ++i) {{
         const int c = local + i * THREADS;
         if (c < C) {{
@@ -188,18 +228,19 @@ def _source(d: Dialect, eps: float, dtype: mx.Dtype) -> str:
 
 
 class ConvNorm:
-    """The kernel on CUDA or Metal, for one norm ``eps`` and activations' ``dtype`` (the rows', the history's
-    and every parameter's). Needs at least as many rows as the history holds."""
+    """The kernel on CUDA or Metal, for one norm ``eps``, activations' ``dtype`` (the rows', the history's and
+    every parameter's) and :class:`ConvNormVariant`. Needs at least as many rows as the history holds."""
 
-    def __init__(self, backend: str, eps: float, dtype: mx.Dtype) -> None:
+    def __init__(self, backend: str, eps: float, dtype: mx.Dtype, variant: ConvNormVariant) -> None:
         self.eps = eps
+        self.variant = variant
         self._kernel = custom_kernel(
             backend,
             "parley_conv_norm",
             list(INPUTS),
             list(OUTPUTS),
-            cuda=_source(CUDA, eps, dtype),
-            metal=_source(METAL, eps, dtype),
+            cuda=_source(CUDA, eps, dtype, variant),
+            metal=_source(METAL, eps, dtype, variant),
         )
 
     def __call__(

@@ -93,9 +93,11 @@ and the log says why. The changes:
   take about nineteen primitives; the pointwise layers become matrix products on rows (bit for bit the
   kernel-size-1 convolutions on the CPU). Unlike the float32 kernels above it computes in the activations'
   dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
-  the order MLX's CUDA row sum takes them; only the convolution's seven-tap float32 sum may run in another
-  order, so a value differs by one bf16 step where that sum lands across a rounding boundary. It is
-  admitted bit for bit on inputs whose convolution sums are exact in any order.
+  the order MLX's CUDA row sum takes them (of the kernel's variants — float32 or bf16 accumulators, three
+  forms of a bf16 ``rsqrt`` — the first that gives the operations' bits is used); only the convolution's
+  seven-tap float32 sum may run in another order, so a value differs by one bf16 step where that sum lands
+  across a rounding boundary. It is admitted bit for bit on inputs whose convolution sums are exact in any
+  order.
   Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations. The codec's dequantization, one
   row per quantizer summed in quantizer order, is one kernel too (:class:`engine.code_sum.CodeSum`, where
   the operations take a gather, 31 slices and the adds): the same adds in the same order, bit for bit, and
@@ -301,6 +303,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
 
     from .code_sum import CodeSum, code_sum_ops, code_sum_samples
     from .codec import Codec
+    from .conv_norm import VARIANTS as CONV_NORM_VARIANTS
     from .conv_norm import ConvNorm, conv_norm_ops
     from .decode_attention import (
         DecodeAttention,
@@ -519,14 +522,18 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
         if fast and blocks and uniform and len(eps) == len(taps) == 1:
             (norm_eps,), (kernel_size,) = eps, taps
-            conv_norm, changes["codec_conv_norm"] = _fast_part(
-                ("codec_conv_norm", norm_eps, kernel_size, dtype),
-                "codec convolution and norm",
-                functools.partial(conv_norm_ops, eps=norm_eps),
-                functools.partial(ConvNorm, eps=norm_eps, dtype=dtype),
-                functools.partial(_conv_norm_samples, codec.decoder.stream_shapes(), kernel_size, dtype),
-                tolerance=0.0,  # on inputs whose convolution sums are exact: the operations' bits, or not used
-            )
+            # The first variant whose outputs are the operations' bits on this device (engine.conv_norm).
+            for variant in CONV_NORM_VARIANTS if on_gpu else CONV_NORM_VARIANTS[:1]:
+                conv_norm, changes["codec_conv_norm"] = _fast_part(
+                    ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
+                    f"codec convolution and norm ({variant.label})",
+                    functools.partial(conv_norm_ops, eps=norm_eps),
+                    functools.partial(ConvNorm, eps=norm_eps, dtype=dtype, variant=variant),
+                    functools.partial(_conv_norm_samples, codec.decoder.stream_shapes(), kernel_size, dtype),
+                    tolerance=0.0,  # on inputs whose convolution sums are exact: the operations' bits, or not used
+                )
+                if changes["codec_conv_norm"]:
+                    break
             if on_gpu and not changes["codec_conv_norm"]:
                 conv_norm = None  # the compiled step's operations, as in exact mode
         for block in blocks:

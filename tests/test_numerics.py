@@ -461,7 +461,9 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
             kernels.append((greedy_attempt._joint_source(joint, dialect), joint.inputs, outputs))
         kernels.append((mixture_sample._source(dialect), mixture_sample.INPUTS, ("latent",)))
         for dtype in (mx.bfloat16, mx.float32):
-            kernels.append((conv_norm._source(dialect, 1e-6, dtype), conv_norm.INPUTS, conv_norm.OUTPUTS))
+            for variant in conv_norm.VARIANTS:
+                source = conv_norm._source(dialect, 1e-6, dtype, variant)
+                kernels.append((source, conv_norm.INPUTS, conv_norm.OUTPUTS))
         kernels.append((code_sum._source(dialect), code_sum.INPUTS, code_sum.OUTPUTS))
         for source, read, written in kernels:
             foreign = metal_only if dialect is CUDA else cuda_only
