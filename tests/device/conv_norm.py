@@ -39,6 +39,51 @@ def differences(got: mx.array, want: mx.array) -> tuple[int, int, float]:
     return int(differ.sum()), int(differ.any(axis=-1).sum()), float(np.abs(a - b).max())
 
 
+def steps_against_cpu() -> None:
+    """The norm's operations step by step on this GPU against the CPU's, on the random inputs of the largest
+    shape: which step's bits differ (the kernel follows the GPU's)."""
+    positions, channels = 441, 384
+    keys = mx.random.split(mx.random.key(positions), 6)
+    rows = mx.random.normal((positions, channels), key=keys[0]).astype(mx.bfloat16)
+    history = mx.random.normal((1, 6, channels), key=keys[1]).astype(mx.bfloat16)
+    weight = (0.3 * mx.random.normal((channels, 7, 1), key=keys[2])).astype(mx.bfloat16)
+    bias = (0.1 * mx.random.normal((channels,), key=keys[3])).astype(mx.bfloat16)
+
+    def steps() -> dict[str, mx.array]:
+        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        hidden = mx.conv1d(padded, weight, 1, 0, 1, channels) + bias
+        total = mx.sum(hidden, axis=-1, keepdims=True)
+        mean = mx.mean(hidden, axis=-1, keepdims=True)
+        deviation = hidden - mean
+        variance = mx.mean(mx.square(deviation), axis=-1, keepdims=True)
+        shifted = variance + EPS
+        return {"conv + bias": hidden, "sum": total, "mean": mean, "variance": variance, "rsqrt": mx.rsqrt(shifted)}
+
+    gpu = steps()
+    mx.eval(gpu)
+    with mx.stream(mx.cpu):
+        cpu = steps()
+        mx.eval(cpu)
+    report = []
+    for name in gpu:
+        differ, _, largest = differences(gpu[name], cpu[name])
+        report.append(f"{name} {differ} differ (largest {largest:.3g})")
+    # The rsqrt of the same bf16 values on both devices, against its candidate forms.
+    values = mx.random.uniform(1e-3, 10.0, (4096,)).astype(mx.bfloat16)
+    on_gpu = np.asarray(mx.rsqrt(values).astype(mx.float32))
+    x = np.asarray(values.astype(mx.float32)).astype(np.float64)
+
+    def bf16(a: np.ndarray) -> np.ndarray:
+        return np.asarray(mx.array(a.astype(np.float32)).astype(mx.bfloat16).astype(mx.float32))
+
+    forms = {"float": bf16(1 / np.sqrt(x)), "divide_sqrt": bf16(1 / bf16(np.sqrt(x)))}
+    report.append(
+        "bf16 rsqrt on the GPU against forms: "
+        + ", ".join(f"{name} {int((on_gpu != form).sum())} of 4096 differ" for name, form in forms.items())
+    )
+    print("norm steps, GPU against CPU operations: " + "; ".join(report))
+
+
 def kernel_against_operations(backend: str) -> None:
     """Every variant on the admission samples; the first equal on all three shapes also on random inputs."""
     shapes = ((9, 1536), (63, 768), (441, 384))
@@ -151,6 +196,7 @@ def main() -> None:
     if backend is None:
         print("no GPU kernels here")
         return
+    steps_against_cpu()
     kernel_against_operations(backend)
     teacher_forced(backend)
 

@@ -83,6 +83,9 @@ for arg in "$@"; do
             --rounds 2 2>&1 | grep -E "^(parley |parley rounds|parley stalls)"
         done
       done 2>&1 | tee "$OUT/fastgraphs.log" ;;
+    # fast4 in one round (a short device budget): speed, agreement and peak memory against mlx-vlm.
+    fast4once) step fast4once 400 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 1 \
+      --compare mlx-vlm --json "$OUT/fast4once.json" ;;
     fastcount) step fastcount 400 parley bench --counters --numerics fast --frames 90 --json "$OUT/fastcount.json" ;;
     # Memory: a model loaded for fast numerics (its row products' weights left bf16) beside one loaded for exact.
     fastmem)
