@@ -47,10 +47,8 @@ from mlx.utils import tree_flatten
 
 from .code_sum import code_sum_ops
 from .config import CodecConfig
-from .conv_norm import channel_layer_norm
 from .counters import COPY_MARK
-from .jit import jit
-from .linear import TRANSPOSED
+from .jit import jit, materialize
 from .profiler import Probe
 
 CODEC_PREFIX = "tts_model.audio_codec."
@@ -104,11 +102,11 @@ class ConvTranspose1d(nn.Module):
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over the channel axis with the biased variance, written out op by op.
 
-    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept
-    (:func:`engine.conv_norm.channel_layer_norm`): ``mx.mean`` and ``mx.var`` (which MLX computes
-    as a sum times ``1/n``, the variance as the mean of the squared deviations from that mean),
-    then the affine map, each product that is then added to stored first, as the reference's
-    separate kernels store it (see :func:`engine.jit.materialize`).
+    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept:
+    ``mx.mean`` and ``mx.var`` (which MLX computes as a sum times ``1/n``, the variance as
+    the mean of the squared deviations from that mean), then the affine map. Each product
+    that is then added to is stored first, as the reference's separate kernels store it
+    (see :func:`engine.jit.materialize`).
     """
 
     def __init__(self, channels: int, eps: float = _LAYER_NORM_EPS) -> None:
@@ -118,25 +116,14 @@ class ChannelLayerNorm(nn.Module):
         self.bias = mx.zeros((channels,))
 
     def __call__(self, inputs: mx.array) -> mx.array:
-        return channel_layer_norm(inputs, self.weight, self.bias, self.eps)
-
-
-@dataclass(frozen=True)
-class PointwiseViews:
-    """A block's pointwise layers' weights ``(out, 1, in)`` as ``(in, out)`` matrices: views of ``sources``,
-    made once (a kernel-size-1 convolution is that matrix product, bit for bit on the CPU)."""
-
-    sources: tuple[mx.array, mx.array]
-    matrices: tuple[mx.array, mx.array]
+        mean = materialize(mx.mean(inputs, axis=-1, keepdims=True))
+        deviation = inputs - mean
+        variance = materialize(mx.mean(mx.square(deviation), axis=-1, keepdims=True))  # = mx.var(inputs, axis=-1)
+        return materialize(deviation * mx.rsqrt(variance + self.eps) * self.weight) + self.bias
 
 
 class ConvNeXtBlock(nn.Module):
     """Residual block: causal depthwise conv -> LayerNorm -> 4x pointwise MLP (exact GELU)."""
-
-    # Fast numerics (instance attributes once set, outside the parameters): the streaming convolution and
-    # norm as one kernel (engine.conv_norm) or its operations; the pointwise weights as matrices.
-    fast_conv_norm: Callable[..., tuple[mx.array, mx.array]] | None = None
-    pointwise: PointwiseViews | None = None
 
     def __init__(self, channels: int, kernel_size: int) -> None:
         super().__init__()
@@ -162,37 +149,6 @@ class ConvNeXtBlock(nn.Module):
         hidden = nn.gelu(hidden)  # the compiled MLX GELU, as the reference uses
         hidden = self.pwconv2(hidden)
         return inputs + hidden, padded[:, padded.shape[1] - self.context :]
-
-    def pointwise_matrices(self) -> tuple[mx.array, mx.array]:
-        """The pointwise weights as ``(in, out)`` matrices, made (outside any compiled function) once per weights."""
-        sources = (self.pwconv1.weight, self.pwconv2.weight)
-        held = self.pointwise
-        if held is None or held.sources[0] is not sources[0] or held.sources[1] is not sources[1]:
-            matrices = (sources[0].squeeze(1).T, sources[1].squeeze(1).T)
-            mx.eval(matrices)
-            held = PointwiseViews(sources, matrices)
-            self.pointwise = held
-        return held.matrices
-
-    def weight_views(self) -> dict[str, mx.array]:
-        """The pointwise matrices, named for :func:`engine.counters.named_weights` (each reads its whole weight)."""
-        held = self.pointwise
-        if held is None or held.sources[0] is not self.pwconv1.weight or held.sources[1] is not self.pwconv2.weight:
-            return {}
-        return {f"pwconv1.{TRANSPOSED}": held.matrices[0], f"pwconv2.{TRANSPOSED}": held.matrices[1]}
-
-    def step_rows(self, rows: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
-        """Fast numerics' streaming step of one stream's rows ``(T, C)`` with its ``history (1, kernel - 1, C)``:
-        the convolution and norm through :attr:`fast_conv_norm`, the pointwise layers as matrix products (views
-        of ``pointwise``, made by :meth:`pointwise_matrices` before the step). The same operations as
-        :meth:`__call__` in the same order, on rows (no batch axis to add and remove around each product)."""
-        assert self.fast_conv_norm is not None and self.pointwise is not None
-        first, second = self.pointwise.matrices
-        normed, history = self.fast_conv_norm(
-            rows, history, self.dwconv.weight, self.dwconv.bias, self.norm.weight, self.norm.bias
-        )
-        hidden = nn.gelu(normed @ first + self.pwconv1.bias)
-        return rows + (hidden @ second + self.pwconv2.bias), history
 
 
 # --------------------------------------------------------------------------- encoder / decoder stacks
@@ -246,8 +202,6 @@ class CodecDecoder(nn.Module):
 
     def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
         """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
-        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_rows():  # one frame of one stream
-            return self._stream_rows(latents, histories)
         hidden = latents
         new_histories: list[mx.array] = []
         for layer in self.layers:
@@ -257,50 +211,6 @@ class CodecDecoder(nn.Module):
                 new_histories.append(history)
             else:
                 hidden = layer(hidden)
-        return hidden, new_histories
-
-    def stream_shapes(self) -> list[tuple[int, int]]:
-        """Each stage's ``(positions, channels)`` in its blocks for one frame (one latent) of one stream."""
-        shapes: list[tuple[int, int]] = []
-        positions = 1
-        for layer in self.layers:
-            if isinstance(layer, ConvTranspose1d):
-                positions *= layer.stride
-                shapes.append((positions, layer.weight.shape[0]))
-        return shapes
-
-    def steps_rows(self) -> bool:
-        """Whether fast numerics' parts are in place (:meth:`ConvNeXtBlock.step_rows` for every block)."""
-        return all(block.fast_conv_norm is not None for block in self.blocks)
-
-    def fast_part(self) -> Callable[..., tuple[mx.array, mx.array]] | None:
-        """The convolution-and-norm part the blocks use (None in exact mode): what a compiled step holds."""
-        return self.blocks[0].fast_conv_norm if self.blocks and self.steps_rows() else None
-
-    def prepare_rows(self) -> None:
-        """Make the blocks' pointwise matrices (outside any compiled function) where fast numerics uses them."""
-        if self.steps_rows():
-            for block in self.blocks:
-                block.pointwise_matrices()
-
-    def _stream_rows(self, latents: mx.array, histories: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
-        """One stream's step with each stage's blocks on rows ``(T, C)``: one view into rows after each
-        upsampler and one back before the next layer, instead of two around each block's products."""
-        hidden = latents
-        new_histories: list[mx.array] = []
-        rows: mx.array | None = None
-        for layer in self.layers:
-            if isinstance(layer, ConvNeXtBlock):
-                if rows is None:
-                    rows = hidden.reshape(hidden.shape[1], hidden.shape[2])
-                rows, history = layer.step_rows(rows, histories[len(new_histories)])
-                new_histories.append(history)
-                continue
-            if rows is not None:
-                hidden, rows = mx.expand_dims(rows, 0), None
-            hidden = layer(hidden)
-        if rows is not None:
-            hidden = mx.expand_dims(rows, 0)
         return hidden, new_histories
 
 
@@ -512,7 +422,6 @@ class Codec(nn.Module):
         Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring).
         """
         self.prvq.codebook_table()  # made here, outside the compiled step, on the first call after a load
-        self.decoder.prepare_rows()
         if probe is not None:  # a compiled call cannot be split into its parts
             step = functools.partial(self._step_ops, probe=probe)
         else:
@@ -523,12 +432,12 @@ class Codec(nn.Module):
         return samples
 
     def _compiled_step(self) -> Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]:
-        """The step compiled for the fast parts in use (a trace holds the parts it was traced with)."""
+        """The step compiled for the dequantization's part in use (a trace holds the part it was traced with)."""
         programs = self._compiled_steps
-        parts = (self.prvq.fast_sum, self.decoder.fast_part())
-        if parts not in programs:
-            programs[parts] = jit(self._step_ops)
-        return programs[parts]
+        part = self.prvq.fast_sum
+        if part not in programs:
+            programs[part] = jit(self._step_ops)
+        return programs[part]
 
     @functools.cached_property
     def _compiled_steps(self) -> dict[Any, Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]]:

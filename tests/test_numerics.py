@@ -118,7 +118,6 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "quantized_rows": False,
         "residual_vq": False,
         "rnnt_attempts": False,
-        "codec_conv_norm": False,
         "codec_code_sum": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -437,7 +436,7 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
     """The RN-T attempt's, the MoG draw's and the codec's kernels are written once for CUDA and Metal
     (engine.kernel_source); they compile only on a GPU, so here: each backend's source uses only its own
     spelling, balances its braces, reads every input it declares and writes every output."""
-    from engine import code_sum, conv_norm, greedy_attempt, mixture_sample
+    from engine import code_sum, greedy_attempt, mixture_sample
     from engine.kernel_source import CUDA, METAL
 
     cuda_only = ("__syncthreads", "__shfl_xor_sync", "threadIdx", "blockIdx", "__shared__", "__float2bfloat16")
@@ -460,10 +459,6 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
             outputs = ("y",) if joint.epilogue == "activation" else ("values", "indices")
             kernels.append((greedy_attempt._joint_source(joint, dialect), joint.inputs, outputs))
         kernels.append((mixture_sample._source(dialect), mixture_sample.INPUTS, ("latent",)))
-        for dtype in (mx.bfloat16, mx.float32):
-            for variant in conv_norm.VARIANTS:
-                source = conv_norm._source(dialect, 1e-6, dtype, variant)
-                kernels.append((source, conv_norm.INPUTS, conv_norm.OUTPUTS))
         kernels.append((code_sum._source(dialect), code_sum.INPUTS, code_sum.OUTPUTS))
         for source, read, written in kernels:
             foreign = metal_only if dialect is CUDA else cuda_only

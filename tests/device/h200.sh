@@ -71,8 +71,8 @@ for arg in "$@"; do
     rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
     # The MoG draw's kernel: draws equal to its operations' out of 200, and the guided projections' product.
     mogdraw) step mogdraw 200 python3 tests/device/mog_draw.py 200 ;;
-    # The codec blocks' kernel: bits against its operations, the full-size waveform's SNR, the step's time.
-    convnorm) step convnorm 300 python3 tests/device/conv_norm.py 100 ;;
+    # The codec's step: its norm's operations against the CPU's; fast against exact (SNR, counts, time).
+    codecstep) step codecstep 300 python3 tests/device/codec_step.py 100 ;;
     # CUDA graphs for fast numerics (MLX reads the setting once per process): alternating processes, structure
     # model (the same primitives as full size, almost no weights: the host's share of a frame).
     fastgraphs)

@@ -1,16 +1,14 @@
-"""The codec blocks' convolution-and-norm kernel on this GPU: bits against its operations, the waveform's SNR,
-and the codec step's time with and without it.
+"""The codec's streaming step on this GPU: its norm's operations against the CPU's, and the step with fast
+numerics' part (the dequantization's kernel, :mod:`engine.code_sum`) against exact mode's.
 
-Run on the device (never in CI; the CPU runs the operations): ``python3 tests/device/conv_norm.py [FRAMES]``.
+Run on the device (never in CI): ``python3 tests/device/codec_step.py [FRAMES]``.
 
-1. Each decoder stage's full-size shape (9 × 1,536, 63 × 768, 441 × 384, bf16): each of the kernel's variants on
-   the admission sample (bit for bit or not), then with the first that matches, random inputs: how many values
-   differ from the operations' on this GPU, in how many positions.
-2. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step with
-   exact mode's operations and with fast mode's parts (this kernel and the dequantization's,
-   :mod:`engine.code_sum`): the waveform's SNR over FRAMES frames.
-3. The two codec steps' primitives and kernels (``parley bench --counters``' census of one step), and their
-   time per frame, alternating in this process.
+1. The decoder blocks' layer norm, step by step, on this GPU against the CPU (bf16, 441 × 384 random inputs):
+   which steps' bits differ, and which form of a bf16 ``rsqrt`` this GPU's MLX takes. (A one-kernel block
+   must reproduce them to keep exact mode's bits; the norm's bf16 row sums on CUDA are the obstacle.)
+2. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step
+   in exact mode and with fast mode's part: the waveform's SNR over FRAMES frames, each step's primitives and
+   kernels (``parley bench --counters``' census of one step) and time per frame, alternating in this process.
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ import time
 
 import mlx.core as mx
 import numpy as np
-from fast_kernels import per_call_us  # a sibling script (run as tests/device/conv_norm.py)
 
-from engine.conv_norm import VARIANTS, ConvNorm, conv_norm_ops, conv_norm_samples
 from engine.counters import GraphCensus, named_weights
 from engine.numerics import gpu_kernel_backend
 from engine.random_checkpoint import random_voicechat
@@ -84,46 +80,6 @@ def steps_against_cpu() -> None:
     print("norm steps, GPU against CPU operations: " + "; ".join(report))
 
 
-def kernel_against_operations(backend: str) -> None:
-    """Every variant on the admission samples; the first equal on all three shapes also on random inputs."""
-    shapes = ((9, 1536), (63, 768), (441, 384))
-    chosen = None
-    for variant in VARIANTS:
-        kernel = ConvNorm(backend, EPS, mx.bfloat16, variant)
-        equal = []
-        for positions, channels in shapes:
-            sample = conv_norm_samples(positions, channels, 7, mx.bfloat16)
-            got, want = kernel(*sample), conv_norm_ops(*sample, eps=EPS)
-            equal.append(all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True)))
-            if not equal[-1]:
-                differ, rows, largest = differences(got[0], want[0])
-                equal[-1] = f"no ({differ} values in {rows} positions, largest {largest:.3g})"  # type: ignore[call-overload]
-        print(f"conv-norm, {variant.label}: admission samples equal: {equal}")
-        if chosen is None and all(flag is True for flag in equal):
-            chosen = kernel
-    if chosen is None:
-        print("conv-norm: no variant gives the operations' bits")
-        return
-    for positions, channels in shapes:
-        keys = mx.random.split(mx.random.key(positions), 6)
-        inputs = (
-            mx.random.normal((positions, channels), key=keys[0]).astype(mx.bfloat16),
-            mx.random.normal((1, 6, channels), key=keys[1]).astype(mx.bfloat16),
-            (0.3 * mx.random.normal((channels, 7, 1), key=keys[2])).astype(mx.bfloat16),
-            (0.1 * mx.random.normal((channels,), key=keys[3])).astype(mx.bfloat16),
-            (1 + 0.1 * mx.random.normal((channels,), key=keys[4])).astype(mx.bfloat16),
-            (0.1 * mx.random.normal((channels,), key=keys[5])).astype(mx.bfloat16),
-        )
-        got, want = chosen(*inputs), conv_norm_ops(*inputs, eps=EPS)
-        differ, rows, largest = differences(got[0], want[0])
-        history_equal = mx.array_equal(got[1], want[1]).item()
-        print(
-            f"conv-norm {positions} x {channels} ({chosen.variant.label}), random inputs: {differ} of "
-            f"{positions * channels} values differ, in {rows} of {positions} positions (largest {largest:.3g}), "
-            f"history equal {history_equal}; {per_call_us(chosen, inputs):.1f} µs per call (with its sync)"
-        )
-
-
 def stream(codec, codes: list[mx.array]) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
     cache = codec.make_cache()
     pieces, took = [], 0.0
@@ -150,29 +106,24 @@ def census(codec, frame: mx.array) -> str:  # type: ignore[no-untyped-def]
     return f"{counted.primitives} / {counted.kernels}"
 
 
-def teacher_forced(backend: str) -> None:
+def teacher_forced() -> None:
     voicechat = random_voicechat("full", quantize=4, seed=0, numerics="fast")
     codec = voicechat.model.tts_model.audio_codec
-    blocks = codec.decoder.blocks
-    part, code_sum = blocks[0].fast_conv_norm, codec.prvq.fast_sum
-    print(f"codec parts: {part!r}, {code_sum!r}; fast changes {voicechat.fast_changes}")
+    code_sum = codec.prvq.fast_sum
+    print(f"codec part: {code_sum!r}; fast changes {voicechat.fast_changes}")
     rng = np.random.default_rng(0)
     config = codec.config
     codes = [
         mx.array(rng.integers(0, config.codebook_size, (1, config.num_quantizers, 1)).astype(np.int32))
         for _ in range(FRAMES)
     ]
-    for name, use, summed in (("exact", None, None), ("fast", part, code_sum)):
-        for block in blocks:
-            block.fast_conv_norm = use
+    for name, summed in (("exact", None), ("fast", code_sum)):
         codec.prvq.fast_sum = summed
         print(f"codec step, {name}: primitives / kernels {census(codec, codes[0])}")
     times: dict[str, list[float]] = {"exact": [], "fast": []}
     waves: dict[str, np.ndarray] = {}
     for _ in range(3):
-        for name, use, summed in (("exact", None, None), ("fast", part, code_sum)):
-            for block in blocks:
-                block.fast_conv_norm = use
+        for name, summed in (("exact", None), ("fast", code_sum)):
             codec.prvq.fast_sum = summed
             waves[name], per_frame = stream(codec, codes)
             times[name].append(per_frame)
@@ -197,8 +148,7 @@ def main() -> None:
         print("no GPU kernels here")
         return
     steps_against_cpu()
-    kernel_against_operations(backend)
-    teacher_forced(backend)
+    teacher_forced()
 
 
 if __name__ == "__main__":
