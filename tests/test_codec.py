@@ -192,9 +192,10 @@ def test_fast_numerics_streams_exact_bits_with_a_program_per_part(codec: Codec) 
     assert len(codec._compiled_steps) == 2 and None in codec._compiled_steps  # exact's step and fast's
 
 
-def test_the_code_sum_kernel_reads_what_its_operations_read() -> None:
-    """The kernel's admission inputs (engine.code_sum): one frame's codes within each codebook, the stacked
-    table and each codebook's first row; the operations sum exactly those rows in quantizer order."""
+def test_code_sum_operations_add_each_codebooks_row_in_quantizer_order() -> None:
+    """The kernel's fallback on its admission inputs (engine.code_sum): one frame's codes within each
+    codebook, the stacked table and each codebook's first row; the operations sum exactly those rows in
+    quantizer order."""
     from engine.code_sum import code_sum_ops, code_sum_samples
 
     codes, table, offsets = code_sum_samples(4, 16, 8, mx.bfloat16)
