@@ -414,7 +414,8 @@ def exclusive_weights_gb(model: Any, other: Any) -> float:
     loaded from one set of weights), e.g. a copy made in one model's own dtype or layout."""
     from mlx.utils import tree_flatten
 
-    shared = {id(value) for _, value in tree_flatten(other.parameters())}
+    others: list[tuple[str, Any]] = tree_flatten(other.parameters())  # type: ignore[assignment]
+    shared = {id(value) for _, value in others}
     leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
     return sum(int(value.nbytes) for _, value in leaves if id(value) not in shared) / 1e9
 
