@@ -401,23 +401,23 @@ class Reference:
         )
 
 
-def weights_gb(model: Any) -> float:
-    """Bytes of a model's parameters (slices of a stacked weight add up to the stacked weight)."""
+def _parameter_arrays(model: Any) -> list[Any]:
     from mlx.utils import tree_flatten
 
     leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return sum(int(value.nbytes) for _, value in leaves) / 1e9
+    return [value for _, value in leaves]
+
+
+def weights_gb(model: Any) -> float:
+    """Bytes of a model's parameters (slices of a stacked weight add up to the stacked weight)."""
+    return sum(int(value.nbytes) for value in _parameter_arrays(model)) / 1e9
 
 
 def exclusive_weights_gb(model: Any, other: Any) -> float:
     """Bytes of ``model``'s parameters that ``other`` does not hold as well (the same array object: both
     loaded from one set of weights), e.g. a copy made in one model's own dtype or layout."""
-    from mlx.utils import tree_flatten
-
-    others: list[tuple[str, Any]] = tree_flatten(other.parameters())  # type: ignore[assignment]
-    shared = {id(value) for _, value in others}
-    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
-    return sum(int(value.nbytes) for _, value in leaves if id(value) not in shared) / 1e9
+    shared = {id(value) for value in _parameter_arrays(other)}
+    return sum(int(value.nbytes) for value in _parameter_arrays(model) if id(value) not in shared) / 1e9
 
 
 def mlx_version() -> str:

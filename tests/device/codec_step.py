@@ -37,7 +37,7 @@ def differences(got: mx.array, want: mx.array) -> tuple[int, int, float]:
 
 def steps_against_cpu() -> None:
     """The norm's operations step by step on this GPU against the CPU's, on the random inputs of the largest
-    shape: which step's bits differ (the kernel follows the GPU's)."""
+    shape: which step's bits differ (a one-kernel block must follow the GPU's)."""
     positions, channels = 441, 384
     keys = mx.random.split(mx.random.key(positions), 6)
     rows = mx.random.normal((positions, channels), key=keys[0]).astype(mx.bfloat16)
