@@ -31,6 +31,8 @@ from .numerics import custom_kernel
 WARPS = 8
 # Keys per block: a longer cache is split over several blocks per head, merged by a second kernel.
 KEYS_PER_BLOCK = 256
+# Neighbouring keys a warp reads and scores at once (their loads all in flight together).
+KEYS_PER_STEP = 8
 
 # Each warp's running maximum, sum and mixed values, merged into its block's (the block's mixed values
 # are left in ``mixed``, their scale in ``top`` and ``total``): the same lines in both single-query
@@ -121,24 +123,51 @@ _ATTENTION_CUDA = (
     }
     float running_max = -__int_as_float(0x7f800000);  // -infinity
     float running_sum = 0.0f;
-    for (int j = first + warp; j < last; j += WARPS) {
-        const float* key = keys + base + static_cast<size_t>(j) * D;
-        float score = 0.0f;
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            if (d < D) score += q[i] * key[d];
+    // STEP neighbouring keys a warp at a time: all their key and value loads are issued before the first is
+    // used, and their scores are reduced together, so a warp waits on memory once per STEP keys, not twice a key.
+    for (int start = first + warp * STEP; start < last; start += WARPS * STEP) {
+        float key_part[STEP][PER_LANE];
+        float value_part[STEP][PER_LANE];
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            const size_t at = base + static_cast<size_t>(start + u) * D;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int d = lane + 32 * i;
+                const bool inside = start + u < last && d < D;
+                key_part[u][i] = inside ? keys[at + d] : 0.0f;
+                value_part[u][i] = inside ? values[at + d] : 0.0f;
+            }
         }
+        float score[STEP];
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            score[u] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) score[u] += q[i] * key_part[u][i];
+        }
+#pragma unroll
         for (int offset = 16; offset > 0; offset /= 2) {
-            score += __shfl_xor_sync(0xffffffff, score, offset);
+#pragma unroll
+            for (int u = 0; u < STEP; ++u) score[u] += __shfl_xor_sync(0xffffffff, score[u], offset);
         }
-        const float new_max = fmaxf(running_max, score);
+        float new_max = running_max;
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            if (start + u < last) new_max = fmaxf(new_max, score[u]);
+        }
         const float rescale = expf(running_max - new_max);
-        const float weight = expf(score - new_max);
-        running_sum = running_sum * rescale + weight;
-        const float* value = values + base + static_cast<size_t>(j) * D;
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            if (d < D) acc[i] = acc[i] * rescale + weight * value[d];
+        running_sum *= rescale;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) acc[i] *= rescale;
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+            if (start + u < last) {
+                const float weight = expf(score[u] - new_max);
+                running_sum += weight;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) acc[i] += weight * value_part[u][i];
+            }
         }
         running_max = new_max;
     }
@@ -211,21 +240,37 @@ _ATTENTION_METAL = (
     }
     float running_max = -INFINITY;
     float running_sum = 0.0f;
-    for (int j = first + int(warp); j < last; j += WARPS) {
-        const uint key = base + uint(j) * D;
-        float score = 0.0f;
-        for (int i = 0; i < PER_LANE; ++i) {
-            const uint d = lane + 32 * i;
-            if (d < D) score += q[i] * keys[key + d];
+    for (int start = first + int(warp) * STEP; start < last; start += WARPS * STEP) {  // as the CUDA source
+        float key_part[STEP][PER_LANE];
+        float value_part[STEP][PER_LANE];
+        for (int u = 0; u < STEP; ++u) {
+            const uint at = base + uint(start + u) * D;
+            for (int i = 0; i < PER_LANE; ++i) {
+                const uint d = lane + 32 * i;
+                const bool inside = start + u < last && d < D;
+                key_part[u][i] = inside ? keys[at + d] : 0.0f;
+                value_part[u][i] = inside ? values[at + d] : 0.0f;
+            }
         }
-        score = metal::simd_sum(score);
-        const float new_max = metal::max(running_max, score);
+        float score[STEP];
+        for (int u = 0; u < STEP; ++u) {
+            score[u] = 0.0f;
+            for (int i = 0; i < PER_LANE; ++i) score[u] += q[i] * key_part[u][i];
+            score[u] = metal::simd_sum(score[u]);
+        }
+        float new_max = running_max;
+        for (int u = 0; u < STEP; ++u) {
+            if (start + u < last) new_max = metal::max(new_max, score[u]);
+        }
         const float rescale = metal::exp(running_max - new_max);
-        const float weight = metal::exp(score - new_max);
-        running_sum = running_sum * rescale + weight;
-        for (int i = 0; i < PER_LANE; ++i) {
-            const uint d = lane + 32 * i;
-            if (d < D) acc[i] = acc[i] * rescale + weight * values[key + d];
+        running_sum *= rescale;
+        for (int i = 0; i < PER_LANE; ++i) acc[i] *= rescale;
+        for (int u = 0; u < STEP; ++u) {
+            if (start + u < last) {
+                const float weight = metal::exp(score[u] - new_max);
+                running_sum += weight;
+                for (int i = 0; i < PER_LANE; ++i) acc[i] += weight * value_part[u][i];
+            }
         }
         running_max = new_max;
     }
@@ -286,12 +331,21 @@ class DecodeAttention:
     kernel); beyond, each block takes a share of the keys and a second kernel merges the shares.
     """
 
-    def __init__(self, backend: str, query_heads: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self,
+        backend: str,
+        query_heads: int,
+        kv_heads: int,
+        head_dim: int,
+        keys_per_step: int = KEYS_PER_STEP,
+        keys_per_block: int = KEYS_PER_BLOCK,
+    ) -> None:
         if query_heads % kv_heads:
             raise ValueError(f"no decode attention for {query_heads} query heads over {kv_heads} key heads")
         if head_dim > 32 * WARPS:
             raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * WARPS} threads per head")
         self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
+        self.keys_per_step, self.keys_per_block = keys_per_step, keys_per_block
         # The filled length and the scale go in as arrays (a template value would compile a kernel per
         # length); the arrays of the last few lengths are kept, since every layer of a kind shares one.
         self._bounds: dict[int, mx.array] = {}
@@ -312,17 +366,16 @@ class DecodeAttention:
         """:func:`decode_attention_ops`'s result, computed by the kernel."""
         return self.attend_bounded(queries, keys, values, self.bounds(count), self.splits(count), scale)
 
-    @staticmethod
-    def splits(count: int) -> int:
+    def splits(self, count: int) -> int:
         """Blocks per head for ``count`` filled positions: the launch's shape (a traced call's depends on it)."""
-        return -(-count // KEYS_PER_BLOCK)
+        return -(-count // self.keys_per_block)
 
     def bounds(self, count: int) -> mx.array:
         """The kernels' view of ``count``, an array (as an input of a traced call, it varies without a retrace)."""
         if count not in self._bounds:
             if len(self._bounds) >= 4:
                 self._bounds.clear()
-            self._bounds[count] = mx.array([count, KEYS_PER_BLOCK], dtype=mx.int32)
+            self._bounds[count] = mx.array([count, self.keys_per_block], dtype=mx.int32)
         return self._bounds[count]
 
     def attend_bounded(
@@ -342,6 +395,7 @@ class DecodeAttention:
                 ("HKV", self.kv_heads),
                 ("D", self.head_dim),
                 ("WARPS", WARPS),
+                ("STEP", self.keys_per_step),
                 ("FINAL", final),
             ],
             grid=(groups * splits * threads, 1, 1),

@@ -84,6 +84,8 @@ class QuantizedRowShape:
     bits: int
     group_size: int
     role: RowRole = RowRole()
+    columns: int = COLUMNS  # output columns a warp computes (the device scripts try others)
+    max_warps: int = MAX_WARPS
 
     def __post_init__(self) -> None:
         role = self.role
@@ -117,19 +119,19 @@ class QuantizedRowShape:
         return self.width // self.chunk_values
 
     def layout(self) -> tuple[int, int]:
-        """``(split, sets)``: warps sharing one set of :data:`COLUMNS` columns, each lane reading whole chunks
+        """``(split, sets)``: warps sharing one set of :attr:`columns` columns, each lane reading whole chunks
         of the row, and sets per block.
 
         A lane issues all its loads at once and waits out one memory latency per pass over the row, so
-        the fewest passes that keep at least 85 % of the lanes busy win, with at most :data:`MAX_WARPS`
+        the fewest passes that keep at least 85 % of the lanes busy win, with at most :attr:`max_warps`
         warps to a row (a pass with lanes left idle at its end wastes their share of the memory's
         parallelism); a short row's block holds several sets of columns."""
         for passes in (1, 2, 3, 4, 8, 16):
             split = -(-self.chunks // (32 * passes))
-            if split <= MAX_WARPS and self.chunks / (32 * split * passes) >= 0.85:
+            if split <= self.max_warps and self.chunks / (32 * split * passes) >= 0.85:
                 break
-        split = min(split, MAX_WARPS)
-        return split, max(1, MAX_WARPS // split)
+        split = min(split, self.max_warps)
+        return split, max(1, self.max_warps // split)
 
 
 def grouped_rms_norm(x: mx.array, weight: mx.array, *, groups: int, eps: float) -> mx.array:
@@ -367,7 +369,7 @@ class QuantizedRowProduct:
             "norm_params": norm_params,
         }
         warps = self.split * self.sets
-        blocks = -(-shape.outputs // (COLUMNS * self.sets))
+        blocks = -(-shape.outputs // (shape.columns * self.sets))
         (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -375,7 +377,7 @@ class QuantizedRowProduct:
                 ("N", shape.outputs),
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
-                ("COLUMNS", COLUMNS),
+                ("COLUMNS", shape.columns),
                 ("SPLIT", self.split),
                 ("SETS", self.sets),
                 ("NORM_GROUPS", shape.role.norm_groups),

@@ -105,6 +105,19 @@ for arg in "$@"; do
       done 2>&1 | tee "$OUT/fastlong.log" ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
+    # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
+    layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
+    attnlayouts) step attnlayouts 200 python3 tests/device/kernel_layouts.py attention ;;
+    # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).
+    cachewrites) step cachewrites 200 python3 tests/device/cache_writes.py ;;
+    # Where an aged frame's time goes: every stage and sub-stage evaluated at its boundary, fresh and aged by 7300
+    # frames (the ten-minute target), one process each.
+    fastsublong)
+      for history in 0 7300; do
+        echo "--- history $history"
+        timeout 250 python3 -m app.cli bench --random full --quantize 4 --numerics fast --frames 60 --sub-stages \
+          --history "$history" 2>&1 | grep -E "^(parley|model)"
+      done 2>&1 | tee "$OUT/fastsublong.log" ;;
     # Only the LLM's quantized one-row products against MLX's, with their bandwidth.
     quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
     # Fast numerics with and without the LLM blocks' fused quantized rows, alternating in one process.
