@@ -87,9 +87,22 @@ and the log says why. The changes:
 * **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``
   prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
   the same operations in one launch, the last layer's norm left to MLX.
-* **The codec's dequantization as one kernel** (:class:`engine.code_sum.CodeSum`): one row per
-  quantizer summed in quantizer order, where the operations take a gather, 31 slices and the adds: the
-  same adds in the same order, bit for bit, and admitted only so.
+* **Each codec decoder block's streaming convolution and norm as one kernel** (:class:`engine.conv_norm.ConvNorm`):
+  the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer
+  norm and its affine map, and the next history, one block of threads per position, where the operations
+  take about nineteen primitives; the pointwise convolutions stay MLX's (as matrix products on rows they
+  took another GPU kernel, and the teacher-forced waveform fell to 34 dB SNR on the H200). Unlike the float32 kernels above it computes in the activations'
+  dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
+  the order MLX's CUDA row sum takes them (``row_reduce_simple``: one warp a row for these widths, bf16
+  adds; of the kernel's variants — bf16 or float32 accumulators, three forms of a bf16 ``rsqrt``, MLX's
+  CUDA source's first — the first that gives the operations' bits is used); only the convolution's
+  seven-tap float32 sum may run in another order, so a value differs by one bf16 step where that sum lands
+  across a rounding boundary. It is admitted bit for bit on inputs whose convolution sums are exact in any
+  order.
+  Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations. The codec's dequantization, one
+  row per quantizer summed in quantizer order, is one kernel too (:class:`engine.code_sum.CodeSum`, where
+  the operations take a gather, 31 slices and the adds): the same adds in the same order, bit for bit, and
+  admitted only so.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
   loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
@@ -113,9 +126,9 @@ reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) a
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
 (README, "Fast numerics").
 
-Memory: a model loaded for fast numerics keeps the weights its row products read as stored, in
-bf16 (:func:`row_product_weights`; :mod:`engine.precast` does not cast them), 2.2 GB less at
-full size than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
+Memory: a model loaded for fast numerics keeps the weights its kernels read in bf16 as stored
+(:func:`fast_bf16_weights`; :mod:`engine.precast` does not cast them): 2.4 GB less at full size
+than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
 (:meth:`engine.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
 switches back to exact, which releases them (:func:`apply_numerics`).
 
@@ -275,8 +288,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     attention their single-position kernels (and the TTS its query and key heads kernel), the
     TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the MoG head
     its guided projections and draw, the LLM's quantized projections their one-row kernel, the
-    MaskGIT rounds the residual-VQ kernel, the RN-T its attempts' kernels, and the codec's dequantization
-    the code-sum kernel: each the kernel
+    MaskGIT rounds the residual-VQ kernel, the RN-T its attempts' kernels, and the codec decoder's blocks
+    their convolution-and-norm kernel, and the
+    codec's dequantization the code-sum kernel: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
@@ -286,8 +300,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     import dataclasses
     import functools
 
+    from mlx.utils import tree_flatten
+
     from .code_sum import CodeSum, code_sum_ops, code_sum_samples
     from .codec import Codec
+    from .conv_norm import ConvNorm, conv_norm_ops
+    from .conv_norm import variants_for as conv_norm_variants
     from .decode_attention import (
         DecodeAttention,
         NormRope,
@@ -496,6 +514,31 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         tts.nearest_code = nearest
 
     for codec in (module for module in modules if isinstance(module, Codec)):
+        blocks = codec.decoder.blocks
+        conv_norm: Callable[..., Any] | None = None
+        dtype = codec.activation_dtype()
+        eps = {block.norm.eps for block in blocks}
+        taps = {block.dwconv.weight.shape[1] for block in blocks}
+        # The kernel rounds in the activations' dtype, which is every block parameter's dtype as published.
+        uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
+        if fast and blocks and uniform and len(eps) == len(taps) == 1:
+            (norm_eps,), (kernel_size,) = eps, taps
+            # The first variant whose outputs are the operations' bits on this device (engine.conv_norm).
+            for variant in conv_norm_variants(gpu_kernel_backend()):
+                conv_norm, changes["codec_conv_norm"] = _fast_part(
+                    ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
+                    f"codec convolution and norm ({variant.label})",
+                    functools.partial(conv_norm_ops, eps=norm_eps),
+                    functools.partial(ConvNorm, eps=norm_eps, dtype=dtype, variant=variant),
+                    functools.partial(_conv_norm_samples, codec.decoder.stream_shapes(), kernel_size, dtype),
+                    tolerance=0.0,  # on inputs whose convolution sums are exact: the operations' bits, or not used
+                )
+                if changes["codec_conv_norm"]:
+                    break
+            if on_gpu and not changes["codec_conv_norm"]:
+                conv_norm = None  # the compiled step's operations, as in exact mode
+        for block in blocks:
+            block.fast_conv_norm = conv_norm
         code_sum: Callable[..., Any] | None = None
         if fast:
             quantizers, table_dtype = len(codec.prvq.mus_list), codec.prvq.mus_list[0].dtype
@@ -512,6 +555,14 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 code_sum = None
         codec.prvq.fast_sum = code_sum
     return changes
+
+
+def _conv_norm_samples(shapes: list[tuple[int, int]], taps: int, dtype: mx.Dtype) -> list[tuple[Any, ...]]:
+    """The codec kernel's admission inputs at each decoder stage's shape (see
+    :func:`engine.conv_norm.conv_norm_samples`)."""
+    from .conv_norm import conv_norm_samples
+
+    return [conv_norm_samples(positions, channels, taps, dtype) for positions, channels in shapes]
 
 
 def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
@@ -675,11 +726,13 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
     return _ATTEMPT_PARTS[key]
 
 
-def row_product_weights(model: object) -> frozenset[str]:
-    """Parameter names of the weights fast mode's row products read (in bf16, directly): the encoder's
-    one-row projections, the TTS backbone's projections and the MoG head's MLP projections. A model
-    loaded for fast numerics does not precast them (:func:`engine.precast.precast_float32`)."""
-    from .tts import BackboneLayer, MixtureLayer
+def fast_bf16_weights(model: object) -> frozenset[str]:
+    """Parameter names of the weights fast mode's kernels read in bf16, directly: the encoder's one-row
+    projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), and
+    the MoG head's mean tables (``proj_mus.weight``, ``low_mat``: the draw reads its component's rows of them,
+    and the operations, gathering those rows first, widen only them). A model loaded for fast numerics
+    does not precast them (:func:`engine.precast.precast_float32`)."""
+    from .tts import BackboneLayer, MixtureHead, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     read = {id(projection) for projection in encoder_row_projections(model)}
@@ -687,7 +740,11 @@ def row_product_weights(model: object) -> frozenset[str]:
         if isinstance(module, BackboneLayer | MixtureLayer):
             read.update(id(linear) for linear in module.projection_layers())
     named = model.named_modules()  # type: ignore[attr-defined]
-    return frozenset(f"{path}.weight" for path, module in named if id(module) in read)
+    names = {f"{path}.weight" for path, module in named if id(module) in read}
+    for path, module in model.named_modules():  # type: ignore[attr-defined]
+        if isinstance(module, MixtureHead):
+            names.update((f"{path}.proj_mus.weight", f"{path}.low_mat"))
+    return frozenset(names)
 
 
 def encoder_row_projections(model: object) -> list[Any]:

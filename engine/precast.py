@@ -13,9 +13,10 @@ the TTS backbone (formed in bf16), the character encoder and the fusion's text b
 bf16 embedding feeds it), the codec (bf16 activations), ``A_log`` (its exp is rounded in
 bf16), and the LLM of a bf16 checkpoint (the system-prompt prefill runs in bf16).
 
-A model loaded for fast numerics also keeps, as stored, the projections its row-product kernels
-read in bf16 directly (:func:`engine.numerics.row_product_weights`): a float32 copy of them would
-only be read by exact mode's operations, and fast mode would need a bf16 copy of it back.
+A model loaded for fast numerics also keeps, as stored, the weights its kernels read in bf16
+directly — the row products' projections, the MoG draw's mean tables
+(:func:`engine.numerics.fast_bf16_weights`): a float32 copy of them would only be read by exact
+mode's operations, and fast mode would need a bf16 copy of it back.
 """
 
 from __future__ import annotations

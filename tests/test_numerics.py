@@ -27,8 +27,8 @@ from engine.numerics import (
     check_numerics,
     custom_kernel,
     encoder_row_projections,
+    fast_bf16_weights,
     relative_l2,
-    row_product_weights,
 )
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import nearest_code_ops, nearest_code_sample
@@ -118,6 +118,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "quantized_rows": False,
         "residual_vq": False,
         "rnnt_attempts": False,
+        "codec_conv_norm": False,
         "codec_code_sum": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
@@ -436,7 +437,7 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
     """The RN-T attempt's, the MoG draw's and the codec's kernels are written once for CUDA and Metal
     (engine.kernel_source); they compile only on a GPU, so here: each backend's source uses only its own
     spelling, balances its braces, reads every input it declares and writes every output."""
-    from engine import code_sum, greedy_attempt, mixture_sample
+    from engine import code_sum, conv_norm, greedy_attempt, mixture_sample
     from engine.kernel_source import CUDA, METAL
 
     cuda_only = ("__syncthreads", "__shfl_xor_sync", "threadIdx", "blockIdx", "__shared__", "__float2bfloat16")
@@ -459,6 +460,10 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
             outputs = ("y",) if joint.epilogue == "activation" else ("values", "indices")
             kernels.append((greedy_attempt._joint_source(joint, dialect), joint.inputs, outputs))
         kernels.append((mixture_sample._source(dialect), mixture_sample.INPUTS, ("latent",)))
+        for dtype in (mx.bfloat16, mx.float32):
+            for variant in conv_norm.VARIANTS:
+                source = conv_norm._source(dialect, 1e-6, dtype, variant)
+                kernels.append((source, conv_norm.INPUTS, conv_norm.OUTPUTS))
         kernels.append((code_sum._source(dialect), code_sum.INPUTS, code_sum.OUTPUTS))
         for source, read, written in kernels:
             foreign = metal_only if dialect is CUDA else cuda_only
@@ -611,10 +616,10 @@ def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
             perception.step(cache, audio)
 
 
-def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> None:
-    """Fast mode reads its row products' weights in bf16: loaded for it, they are not precast (no float32 copy
-    beside them, and no bf16 copy made back), and its conversation is exact mode's here (the CPU runs the
-    fallbacks, which widen the bf16 weights exactly as the precast did)."""
+def test_a_model_loaded_for_fast_numerics_keeps_its_kernels_weights_in_bf16() -> None:
+    """Fast mode's kernels read some weights in bf16 (the row products', the MoG draw's mean tables): loaded for
+    it, they are not precast (no float32 copy beside them, and no bf16 copy made back), and its conversation is
+    exact mode's here (the CPU runs the fallbacks, which widen the bf16 weights exactly as the precast did)."""
     import numpy as np
     from mlx.utils import tree_flatten
 
@@ -624,10 +629,12 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_row_weights_in_bf16() -> Non
 
     exact = random_voicechat("tiny", quantize=4)
     fast = random_voicechat("tiny", quantize=4, numerics="fast")
-    names = row_product_weights(fast.model)
+    names = fast_bf16_weights(fast.model)
     fast_weights = dict(tree_flatten(fast.model.parameters()))
     exact_weights = dict(tree_flatten(exact.model.parameters()))
     assert names and all(fast_weights[name].dtype == mx.bfloat16 for name in names)
+    for table in (".mog_head.proj_mus.weight", ".mog_head.low_mat"):
+        assert any(name.endswith(table) for name in names), table
     assert all(exact_weights[name].dtype == mx.float32 for name in names)
     assert fast.precast_bytes == exact.precast_bytes - sum(fast_weights[name].nbytes for name in names)
     assert all(module.copied is None for module in encoder_row_projections(fast.model)), "nothing to copy back"
