@@ -47,8 +47,9 @@ from mlx.utils import tree_flatten
 
 from .code_sum import code_sum_ops
 from .config import CodecConfig
+from .conv_norm import channel_layer_norm
 from .counters import COPY_MARK
-from .jit import jit, materialize
+from .jit import jit
 from .profiler import Probe
 
 CODEC_PREFIX = "tts_model.audio_codec."
@@ -102,11 +103,11 @@ class ConvTranspose1d(nn.Module):
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over the channel axis with the biased variance, written out op by op.
 
-    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept:
-    ``mx.mean`` and ``mx.var`` (which MLX computes as a sum times ``1/n``, the variance as
-    the mean of the squared deviations from that mean), then the affine map. Each product
-    that is then added to is stored first, as the reference's separate kernels store it
-    (see :func:`engine.jit.materialize`).
+    ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept
+    (:func:`engine.conv_norm.channel_layer_norm`): ``mx.mean`` and ``mx.var`` (which MLX computes
+    as a sum times ``1/n``, the variance as the mean of the squared deviations from that mean),
+    then the affine map, each product that is then added to stored first, as the reference's
+    separate kernels store it (see :func:`engine.jit.materialize`).
     """
 
     def __init__(self, channels: int, eps: float = _LAYER_NORM_EPS) -> None:
@@ -116,14 +117,15 @@ class ChannelLayerNorm(nn.Module):
         self.bias = mx.zeros((channels,))
 
     def __call__(self, inputs: mx.array) -> mx.array:
-        mean = materialize(mx.mean(inputs, axis=-1, keepdims=True))
-        deviation = inputs - mean
-        variance = materialize(mx.mean(mx.square(deviation), axis=-1, keepdims=True))  # = mx.var(inputs, axis=-1)
-        return materialize(deviation * mx.rsqrt(variance + self.eps) * self.weight) + self.bias
+        return channel_layer_norm(inputs, self.weight, self.bias, self.eps)
 
 
 class ConvNeXtBlock(nn.Module):
     """Residual block: causal depthwise conv -> LayerNorm -> 4x pointwise MLP (exact GELU)."""
+
+    # Fast numerics (an instance attribute once set, outside the parameters): the streaming convolution and
+    # norm as one kernel (engine.conv_norm) or its operations.
+    fast_conv_norm: Callable[..., tuple[mx.array, mx.array]] | None = None
 
     def __init__(self, channels: int, kernel_size: int) -> None:
         super().__init__()
@@ -149,6 +151,18 @@ class ConvNeXtBlock(nn.Module):
         hidden = nn.gelu(hidden)  # the compiled MLX GELU, as the reference uses
         hidden = self.pwconv2(hidden)
         return inputs + hidden, padded[:, padded.shape[1] - self.context :]
+
+    def step_rows(self, rows: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
+        """Fast numerics' streaming step of one stream's rows ``(T, C)`` with its ``history (1, kernel - 1, C)``:
+        the convolution and norm through :attr:`fast_conv_norm`, then :meth:`__call__`'s own pointwise
+        convolutions (on a GPU a matrix product in their place takes another kernel and rounds differently:
+        the teacher-forced waveform fell to 34 dB SNR on the H200)."""
+        assert self.fast_conv_norm is not None
+        normed, history = self.fast_conv_norm(
+            rows, history, self.dwconv.weight, self.dwconv.bias, self.norm.weight, self.norm.bias
+        )
+        hidden = self.pwconv2(nn.gelu(self.pwconv1(mx.expand_dims(normed, 0))))
+        return rows + hidden[0], history
 
 
 # --------------------------------------------------------------------------- encoder / decoder stacks
@@ -202,6 +216,8 @@ class CodecDecoder(nn.Module):
 
     def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
         """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
+        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_rows():  # one frame of one stream
+            return self._stream_rows(latents, histories)
         hidden = latents
         new_histories: list[mx.array] = []
         for layer in self.layers:
@@ -211,6 +227,44 @@ class CodecDecoder(nn.Module):
                 new_histories.append(history)
             else:
                 hidden = layer(hidden)
+        return hidden, new_histories
+
+    def stream_shapes(self) -> list[tuple[int, int]]:
+        """Each stage's ``(positions, channels)`` in its blocks for one frame (one latent) of one stream."""
+        shapes: list[tuple[int, int]] = []
+        positions = 1
+        for layer in self.layers:
+            if isinstance(layer, ConvTranspose1d):
+                positions *= layer.stride
+                shapes.append((positions, layer.weight.shape[0]))
+        return shapes
+
+    def steps_rows(self) -> bool:
+        """Whether fast numerics' parts are in place (:meth:`ConvNeXtBlock.step_rows` for every block)."""
+        return all(block.fast_conv_norm is not None for block in self.blocks)
+
+    def fast_part(self) -> Callable[..., tuple[mx.array, mx.array]] | None:
+        """The convolution-and-norm part the blocks use (None in exact mode): what a compiled step holds."""
+        return self.blocks[0].fast_conv_norm if self.blocks and self.steps_rows() else None
+
+    def _stream_rows(self, latents: mx.array, histories: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
+        """One stream's step with each stage's blocks on rows ``(T, C)``: one view into rows after each
+        upsampler and one back before the next layer, instead of two around each block's products."""
+        hidden = latents
+        new_histories: list[mx.array] = []
+        rows: mx.array | None = None
+        for layer in self.layers:
+            if isinstance(layer, ConvNeXtBlock):
+                if rows is None:
+                    rows = hidden.reshape(hidden.shape[1], hidden.shape[2])
+                rows, history = layer.step_rows(rows, histories[len(new_histories)])
+                new_histories.append(history)
+                continue
+            if rows is not None:
+                hidden, rows = mx.expand_dims(rows, 0), None
+            hidden = layer(hidden)
+        if rows is not None:
+            hidden = mx.expand_dims(rows, 0)
         return hidden, new_histories
 
 
@@ -432,12 +486,12 @@ class Codec(nn.Module):
         return samples
 
     def _compiled_step(self) -> Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]:
-        """The step compiled for the dequantization's part in use (a trace holds the part it was traced with)."""
+        """The step compiled for the fast parts in use (a trace holds the parts it was traced with)."""
         programs = self._compiled_steps
-        part = self.prvq.fast_sum
-        if part not in programs:
-            programs[part] = jit(self._step_ops)
-        return programs[part]
+        parts = (self.prvq.fast_sum, self.decoder.fast_part())
+        if parts not in programs:
+            programs[parts] = jit(self._step_ops)
+        return programs[parts]
 
     @functools.cached_property
     def _compiled_steps(self) -> dict[Any, Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]]:

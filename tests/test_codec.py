@@ -171,25 +171,88 @@ def test_dequantize_reads_one_stacked_table_and_follows_a_reload(codec: Codec) -
     assert mx.array_equal(prvq.decode(codes), reference(codes)).item()
 
 
-def test_fast_numerics_streams_exact_bits_with_a_program_per_part(codec: Codec) -> None:
-    """Fast numerics sums the codebook rows through its code-sum part (on the CPU its operations fallback,
-    exact mode's own operations): the same waveform bit for bit, and switching back to exact keeps both
-    compiled steps apart (a trace holds the part it was traced with)."""
+def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec: Codec) -> None:
+    """Fast numerics runs the decoder's blocks on rows through their convolution-and-norm part (on the CPU its
+    operations fallback, exact mode's own operations), then their own pointwise convolutions, and the
+    dequantization through its code-sum part: the same waveform bit for bit, and switching back to exact keeps
+    both compiled steps apart."""
     from engine.code_sum import code_sum_ops
     from engine.numerics import apply_numerics
 
     codes = _random_codes(codec, 1, 5, seed=7)
     exact = _stream(codec, codes, [1] * 5)
     try:
-        assert apply_numerics(codec, "fast") == {"codec_code_sum": False}  # no kernel on the CPU
-        assert codec.prvq.fast_sum is code_sum_ops
+        apply_numerics(codec, "fast")
+        assert codec.decoder.steps_rows() and codec.decoder.fast_part() is not None
+        assert codec.prvq.fast_sum is code_sum_ops  # the CPU's: the operations
         fast = _stream(codec, codes, [1] * 5)
     finally:
         apply_numerics(codec, "exact")
-    assert codec.prvq.fast_sum is None
+    assert not codec.decoder.steps_rows()
     assert np.array_equal(fast, exact)
     assert np.array_equal(_stream(codec, codes, [1] * 5), exact)
-    assert len(codec._compiled_steps) == 2 and None in codec._compiled_steps  # exact's step and fast's
+    assert len(codec._compiled_steps) == 2 and (None, None) in codec._compiled_steps  # exact's step and fast's
+
+
+def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:
+    """The kernel is admitted against its operations bit for bit on these inputs (engine.conv_norm): each
+    position's convolution plus bias is a sixteenth of at most 15/16 and the channels cancel in pairs, so
+    any order of summing in float32 gives the same mean (zero) and the same sum of squares (in bf16, the
+    squares' partial sums round: there the sample checks the order of MLX's row sum too)."""
+    from engine.conv_norm import conv_norm_samples
+
+    for positions, channels in ((9, 32), (63, 16)):
+        rows, history, weight, bias, _, _ = conv_norm_samples(positions, channels, 7, mx.bfloat16)
+        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        hidden = np.asarray((mx.conv1d(padded, weight, groups=channels) + bias).astype(mx.float32))[0]
+        sixteenths = hidden * 16
+        assert np.array_equal(sixteenths, np.round(sixteenths)) and np.abs(hidden).max() <= 15 / 16
+        assert np.abs(hidden).max() > 0 and np.all(hidden.sum(axis=-1) == 0)
+    with pytest.raises(ValueError, match="even"):
+        conv_norm_samples(9, 15, 7, mx.bfloat16)
+
+
+def test_conv_norm_sums_as_mlx_cuda_row_sum_launches_and_tries_its_variant_first() -> None:
+    """The kernel's channel sums follow MLX 0.32's CUDA ``row_reduce_simple`` launch (engine.conv_norm): 16 bytes a
+    lane a pass (eight bf16 values, four float32), ``ceil(ceil(C / reads) / 32) / 4`` warps clamped to 1..32, so
+    one warp for the codec's bf16 widths; and admission tries MLX's CUDA source's variant first (bf16 adds,
+    float rsqrt), every variant on CUDA, the distinct Metal sources on Metal, one where no kernel runs."""
+    from engine.conv_norm import VARIANTS, ConvNormVariant, mlx_row_sum_plan, variants_for
+
+    plans = {channels: mlx_row_sum_plan(channels, mx.bfloat16) for channels in (384, 768, 1536, 1792, 1800, 4096)}
+    assert {channels: (plan.reads, plan.warps, plan.full, plan.tail) for channels, plan in plans.items()} == {
+        384: (8, 1, 1, True),  # 256 values, then 128 more and 128 zeros
+        768: (8, 1, 3, False),
+        1536: (8, 1, 6, False),
+        1792: (8, 1, 7, False),
+        1800: (8, 2, 3, True),
+        4096: (8, 4, 4, False),
+    }
+    assert plans[384].threads == 32 and mlx_row_sum_plan(8, mx.bfloat16).warps == 1
+    assert mlx_row_sum_plan(1 << 20, mx.bfloat16).warps == 32
+    float_plan = mlx_row_sum_plan(1536, mx.float32)
+    assert (float_plan.reads, float_plan.warps, float_plan.full, float_plan.tail) == (4, 3, 4, False)
+    assert VARIANTS[0] == ConvNormVariant("dtype", "float") and len(set(VARIANTS)) == 6
+    assert variants_for("cuda") == VARIANTS and variants_for(None) == VARIANTS[:1]
+    metal = variants_for("metal")
+    assert metal[0] == VARIANTS[0] and {variant.rsqrt for variant in metal} == {"float", "divide_sqrt", "intrinsic"}
+    assert len(metal) == 3
+
+
+def test_conv_norm_cuda_source_adds_in_the_variants_accumulator() -> None:
+    """The CUDA source's row sums add in the activations' type for the "dtype" accumulator (bf16 adds, as MLX's
+    ``Sum`` with ``U = T``) and in float32 for the other; the Metal source's sums do not depend on it."""
+    from engine.conv_norm import VARIANTS, _source
+    from engine.kernel_source import CUDA, METAL
+
+    for variant in VARIANTS:
+        source = _source(CUDA, 1e-6, mx.bfloat16, variant)
+        declared = "DT" if variant.accumulator == "dtype" else "float"
+        assert f"{declared} sum = static_cast<{declared}>(0.0f);" in source
+        assert f"{declared} squares = static_cast<{declared}>(0.0f);" in source
+        assert source.count("__shfl_xor_sync") == 4  # each sum's warp butterfly and its across-warps one
+        twin = next(other for other in VARIANTS if other.rsqrt == variant.rsqrt and other != variant)
+        assert _source(METAL, 1e-6, mx.bfloat16, variant) == _source(METAL, 1e-6, mx.bfloat16, twin)
 
 
 def test_code_sum_operations_add_each_codebooks_row_in_quantizer_order() -> None:
