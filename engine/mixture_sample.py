@@ -135,17 +135,31 @@ def _source(d: Dialect) -> str:
     // The nucleus: a component stays while the mass ranked above it (more probable, or as probable and later,
     // as a stable ascending sort ranks it) is below top_p. Its log probability renormalized over the nucleus
     // comes next, from the same maximum (the most probable component always stays).
-    float kept = 0.0f;
-    for (int j = local; j < K; j += THREADS) {{
-        const float own = p[j];
-        float above = 0.0f;
-        for (int k = 0; k < K; ++k) {{
-            const float other = p[k];
-            if (other > own || (other == own && k > j)) above += other;
+    // Each thread ranks its OWN components together, one read of p[k] for all of them (each sum still taken
+    // in k's order).
+    constexpr int OWN = (K + THREADS - 1) / THREADS;
+    float own[OWN];
+    float above[OWN];
+    for (int i = 0; i < OWN; ++i) {{
+        const int j = local + i * THREADS;
+        own[i] = j < K ? p[j] : 0.0f;
+        above[i] = 0.0f;
+    }}
+    for (int k = 0; k < K; ++k) {{
+        const float other = p[k];
+        for (int i = 0; i < OWN; ++i) {{
+            const int j = local + i * THREADS;
+            if (other > own[i] || (other == own[i] && k > j)) above[i] += other;
         }}
-        const float e = above < params[2] ? {d.exp}(z[j] - stats[0]) : 0.0f;
-        z[j] = e;
-        kept += e;
+    }}
+    float kept = 0.0f;
+    for (int i = 0; i < OWN; ++i) {{
+        const int j = local + i * THREADS;
+        if (j < K) {{
+            const float e = above[i] < params[2] ? {d.exp}(z[j] - stats[0]) : 0.0f;
+            z[j] = e;
+            kept += e;
+        }}
     }}
     {d.block_reduce("kept", "stats[2]", "sum")}
     // Gumbel-max over the nucleus' log probabilities: the first index among equal scores.

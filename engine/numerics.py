@@ -91,8 +91,8 @@ and the log says why. The changes:
   the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer
   norm and its affine map, and the next history, one block of threads per position, where the operations
   take about nineteen primitives; the pointwise convolutions stay MLX's (as matrix products on rows they
-  took another GPU kernel, and the teacher-forced waveform fell to 34 dB SNR on the H200). Unlike the float32 kernels above it computes in the activations'
-  dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
+  took another GPU kernel, and the teacher-forced waveform fell to 34 dB SNR on the H200). Unlike the
+  float32 kernels above it computes in the activations' dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
   the order MLX's CUDA row sum takes them (``row_reduce_simple``: one warp a row for these widths, bf16
   adds; of the kernel's variants — bf16 or float32 accumulators, three forms of a bf16 ``rsqrt``, MLX's
   CUDA source's first — the first that gives the operations' bits is used); only the convolution's
