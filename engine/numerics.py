@@ -88,21 +88,19 @@ and the log says why. The changes:
   prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
   the same operations in one launch, the last layer's norm left to MLX.
 * **Each codec decoder block's streaming convolution and norm as one kernel** (:class:`engine.conv_norm.ConvNorm`):
-  the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer
-  norm and its affine map, and the next history, one block of threads per position, where the operations
-  take about nineteen primitives; the pointwise convolutions stay MLX's (as matrix products on rows they
-  took another GPU kernel, and the teacher-forced waveform fell to 34 dB SNR on the H200). Unlike the
-  float32 kernels above it computes in the activations' dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums in
-  the order MLX's CUDA row sum takes them (``row_reduce_simple``: one warp a row for these widths, bf16
-  adds; of the kernel's variants — bf16 or float32 accumulators, three forms of a bf16 ``rsqrt``, MLX's
-  CUDA source's first — the first that gives the operations' bits is used); only the convolution's
-  seven-tap float32 sum may run in another order, so a value differs by one bf16 step where that sum lands
-  across a rounding boundary. It is admitted bit for bit on inputs whose convolution sums are exact in any
-  order.
-  Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact mode's operations. The codec's dequantization, one
-  row per quantizer summed in quantizer order, is one kernel too (:class:`engine.code_sum.CodeSum`, where
-  the operations take a gather, 31 slices and the adds): the same adds in the same order, bit for bit, and
-  admitted only so.
+  the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer norm and
+  its affine map, and the next history, one block of threads per position, where the operations take about nineteen
+  primitives; the pointwise convolutions stay MLX's (as matrix products on rows they took another GPU kernel, and the
+  teacher-forced waveform fell to 34 dB SNR on the H200). Unlike the float32 kernels above it computes in the
+  activations' dtype (bf16), rounding every value the operations store where they store it, and takes the norm's sums
+  in the order MLX's CUDA row sum takes them (``row_reduce_simple``: one warp a row for these widths, bf16 adds; of
+  the kernel's variants — bf16 or float32 accumulators, three forms of a bf16 ``rsqrt``, MLX's CUDA source's first —
+  the first that gives the operations' bits is used); only the convolution's seven-tap float32 sum may run in another
+  order, so a value differs by one bf16 step where that sum lands across a rounding boundary. It is admitted bit for
+  bit on inputs whose convolution sums are exact in any order. Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact
+  mode's operations. The codec's dequantization, one row per quantizer summed in quantizer order, is one kernel too
+  (:class:`engine.code_sum.CodeSum`, where the operations take a gather, 31 slices and the adds): the same adds in the
+  same order, bit for bit, and admitted only so.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
   loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
