@@ -225,7 +225,7 @@ _STEP_CUDA = """
         } \
         sum += static_cast<float>(conv_weight[(channel) * K + K - 1]) * conv_input[channel]; \
         result = sum / (1.0f + expf(-sum)); }
-    const float raw = dt_raw[h] + dt_bias[h];
+    const float raw = dt_raw[h] + static_cast<float>(dt_bias[h]);
     const float top = fmaxf(raw, 0.0f);
     float dt = top + log1pf(expf(fminf(raw, 0.0f) - top));  // softplus, as logaddexp(raw, 0)
     dt = fminf(fmaxf(dt, limits[0]), limits[1]);
@@ -251,7 +251,8 @@ _STEP_CUDA = """
     __shared__ float row_squares[ROWS];
     if (lane == 0) {
         const float gate_value = projected[row];
-        const float gated = gate_value * (1.0f / (1.0f + expf(-gate_value))) * (readout + skip[h] * x);
+        const float skipped = readout + static_cast<float>(skip[h]) * x;
+        const float gated = gate_value * (1.0f / (1.0f + expf(-gate_value))) * skipped;
         y[row] = gated;
         row_squares[threadIdx.x / 32] = gated * gated;
     }
@@ -285,7 +286,7 @@ _STEP_METAL = """
         } \
         sum += static_cast<float>(conv_weight[(channel) * K + K - 1]) * projected[INNER + (channel)]; \
         result = sum / (1.0f + metal::exp(-sum)); }
-    const float raw = projected[INNER + CONV + h] + dt_bias[h];
+    const float raw = projected[INNER + CONV + h] + static_cast<float>(dt_bias[h]);
     const float top = metal::max(raw, 0.0f);
     float dt = top + metal::log(1.0f + metal::exp(metal::min(raw, 0.0f) - top));
     dt = metal::min(metal::max(dt, limits[0]), limits[1]);
@@ -308,7 +309,8 @@ _STEP_METAL = """
     threadgroup float row_squares[ROWS];
     if (lane == 0) {
         const float gate_value = projected[row];
-        const float gated = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * (readout + skip[h] * x);
+        const float skipped = readout + static_cast<float>(skip[h]) * x;
+        const float gated = gate_value * (1.0f / (1.0f + metal::exp(-gate_value))) * skipped;
         y[row] = gated;
         row_squares[simdgroup_index_in_threadgroup] = gated * gated;
     }
