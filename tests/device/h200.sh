@@ -110,6 +110,8 @@ for arg in "$@"; do
     attnlayouts) step attnlayouts 200 python3 tests/device/kernel_layouts.py attention ;;
     # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).
     cachewrites) step cachewrites 200 python3 tests/device/cache_writes.py ;;
+    # This build's quantized row kernel against another build's (tests/device/quantized_ab.py says how).
+    quantizedab) step quantizedab 300 python3 tests/device/quantized_ab.py tests/device/quantized_product_before.py ;;
     # Where an aged frame's time goes: every stage and sub-stage evaluated at its boundary, fresh and aged by 7300
     # frames (the ten-minute target), one process each.
     fastsublong)
