@@ -59,11 +59,8 @@ EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
 Prologue = Literal["none", "group_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm")
 
-# Output columns a warp multiplies together, reading each chunk of the input row once for all of them.
+# Output columns a warp computes, reading each chunk of the input row once for all of them.
 COLUMNS = 8
-# Tiles of COLUMNS columns a warp computes one after another from the same staged inputs, each tile's weights
-# loaded while the tile before computes.
-TILES = 1
 # Bytes of packed weights a lane reads at a time.
 CHUNK_BYTES = 16
 # Most warps sharing one row's columns in a block: on the H200, 16 warps in one pass ran slower than 8 in two
@@ -97,9 +94,8 @@ class QuantizedRowShape:
     bits: int
     group_size: int
     role: RowRole = RowRole()
-    columns: int = COLUMNS  # output columns a warp multiplies together (the device scripts try others)
+    columns: int = COLUMNS  # output columns a warp computes (the device scripts try others)
     max_warps: int = MAX_WARPS
-    tiles: int = TILES
 
     def __post_init__(self) -> None:
         role = self.role
@@ -107,8 +103,6 @@ class QuantizedRowShape:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, not {role.epilogue!r}")
         if role.prologue not in PROLOGUES:
             raise ValueError(f"prologue must be one of {PROLOGUES}, not {role.prologue!r}")
-        if self.columns * self.tiles > 32:
-            raise ValueError(f"a warp computes at most 32 columns, not {self.tiles} tiles of {self.columns}")
         if self.bits not in (4, 8):
             raise ValueError(f"the quantized row kernel reads 4 or 8 bits, not {self.bits}")
         if self.group_size % self.chunk_values or self.width % self.group_size:
@@ -192,52 +186,46 @@ _CUDA = """
     constexpr int QUARTERS = PER_CHUNK / 4;  // float4s of inputs a chunk multiplies
     constexpr int CHUNKS = K / PER_CHUNK;
     constexpr int GROUPS = K / GROUP;
-    constexpr int LANES = SPLIT * 32;  // lanes sharing one set of columns, a chunk each per pass
+    constexpr int LANES = SPLIT * 32;  // lanes sharing one set of COLUMNS columns, a chunk each per pass
     constexpr int PASSES = (CHUNKS + LANES - 1) / LANES;
-    constexpr int STEPS = PASSES * TILES;  // (pass, tile) steps of a warp, each COLUMNS columns of one chunk a lane
     constexpr unsigned int MASK = (1u << BITS) - 1u;
-    __shared__ float partial[SETS * SPLIT][TILES * COLUMNS];
+    __shared__ float partial[SETS * SPLIT][COLUMNS];
     // Each warp's inputs for a pass: its lanes' chunks of the row, a float4 at a time in swizzled slots.
     __shared__ float4 staged[SETS * SPLIT][32 * QUARTERS];
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int set = warp / SPLIT;
-    // A set's TILES × COLUMNS columns are consecutive; a tile's COLUMNS are multiplied together.
-    const int set_first_column = (blockIdx.x * SETS + set) * TILES * COLUMNS;
+    const int first_column = (blockIdx.x * SETS + set) * COLUMNS;
     const int reader = (warp % SPLIT) * 32 + lane;
     const uint4* packed = reinterpret_cast<const uint4*>(weight);
     // An array may start anywhere in its buffer: 16-byte reads only from a 16-byte boundary.
     const bool aligned = reinterpret_cast<unsigned long long>(x) % 16 == 0;
     const bool weights_aligned = reinterpret_cast<unsigned long long>(weight) % 16 == 0;
-    float acc[TILES][COLUMNS];
+    float acc[COLUMNS];
 #pragma unroll
-    for (int tile = 0; tile < TILES; ++tile) {
-#pragma unroll
-        for (int r = 0; r < COLUMNS; ++r) acc[tile][r] = 0.0f;
-    }
-    // Two steps' weights: a step's loads are all issued together (one memory latency) while the step before
-    // computes. Lanes past the row's end and columns past N read the last chunk and column again (never used,
-    // never written).
-    uint4 chunk[2][COLUMNS];
-    float scale[2][COLUMNS];
-    float bias[2][COLUMNS];
-    const auto load = [&](int buffer, int step) {
-        const int c = min(reader + (step / TILES) * LANES, CHUNKS - 1);
-        const int first_column = set_first_column + (step % TILES) * COLUMNS;
+    for (int r = 0; r < COLUMNS; ++r) acc[r] = 0.0f;
+    uint4 chunk[COLUMNS];
+    float scale[COLUMNS];
+    float bias[COLUMNS];
+    // A pass's weight loads, all issued before the first is used (one memory latency per pass), before the
+    // inputs are staged and, for the first pass, before any prologue. Lanes past the row's end and columns
+    // past N read the last chunk and column again (never used, never written).
+    const auto load = [&](int c) {
+        c = min(c, CHUNKS - 1);
         const int group = c * PER_CHUNK / GROUP;
 #pragma unroll
         for (int r = 0; r < COLUMNS; ++r) {
             const int column = min(first_column + r, N - 1);
             const size_t at_chunk = static_cast<size_t>(column) * CHUNKS + c;
             if (weights_aligned) {
-                chunk[buffer][r] = packed[at_chunk];
+                chunk[r] = packed[at_chunk];
             } else {
-                chunk[buffer][r] = make_uint4(weight[4 * at_chunk], weight[4 * at_chunk + 1],
-                                              weight[4 * at_chunk + 2], weight[4 * at_chunk + 3]);
+                chunk[r] = make_uint4(weight[4 * at_chunk], weight[4 * at_chunk + 1], weight[4 * at_chunk + 2],
+                                      weight[4 * at_chunk + 3]);
             }
             const size_t at = static_cast<size_t>(column) * GROUPS + group;
-            scale[buffer][r] = static_cast<float>(scales[at]);
-            bias[buffer][r] = static_cast<float>(biases[at]);
+            scale[r] = static_cast<float>(scales[at]);
+            bias[r] = static_cast<float>(biases[at]);
         }
     };
     // The slot of a chunk's quarter: eight neighbouring lanes reading one quarter of their chunks each, or
@@ -245,12 +233,12 @@ _CUDA = """
     const auto slot = [](int chunk_in_warp, int quarter) {
         return chunk_in_warp * QUARTERS + (quarter ^ ((chunk_in_warp / (8 / QUARTERS)) % QUARTERS));
     };
-    // The first step's loads go out before any prologue.
-    load(0, 0);
+    load(reader);
     @SETUP@
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
         const int c = reader + pass * LANES;
+        if (pass > 0) load(c);
         // The warp's 32 chunks of inputs, read together (each lane's own 16 bytes of every 512) and staged:
         // read chunk by chunk, each of a lane's reads would touch a different 128-byte line.
         const int warp_first = (c - lane) * PER_CHUNK;
@@ -268,78 +256,61 @@ _CUDA = """
             staged[warp][slot(f / QUARTERS, f % QUARTERS)] = four;
         }
         __syncwarp();
+        if (c < CHUNKS) {
+            // A value's bits in place in its half word, v = q·2^(BITS·k) < 2^16, read as a float are the subnormal
+            // v·2^-149: one AND dequantizes it, exactly (no conversion or subtraction; an FMA takes subnormals at
+            // full rate and, written as PTX without .ftz, keeps them whatever flags the kernel is built with).
+            // The inputs are scaled by 2^(100 − BITS·k) to match, so every product is x·q·2^-49, exact; while
+            // the partial sums stay normal floats (above 2^-77, with |x| < 2^28), summing the scaled products
+            // rounds exactly as summing x·q would, and the column's scale undoes the 2^-49 (powers of two).
+            float dot[COLUMNS];
 #pragma unroll
-        for (int tile = 0; tile < TILES; ++tile) {
-            const int step = pass * TILES + tile;
-            const int now = step % 2;
-            if (step + 1 < STEPS) load(1 - now, step + 1);
-            if (c < CHUNKS) {
-                // A value's bits in place in its half word, v = q·2^(BITS·k) < 2^16, read as a float are the
-                // subnormal v·2^-149: one AND dequantizes it, exactly (no conversion or subtraction; an FMA takes
-                // subnormals at full rate and, written as PTX without .ftz, keeps them whatever flags the kernel
-                // is built with). The inputs are scaled by 2^(100 − BITS·k) to match, so every product is
-                // x·q·2^-49, exact; while the partial sums stay normal floats (above 2^-77, with |x| < 2^28),
-                // summing the scaled products rounds exactly as summing x·q would, and the column's scale undoes
-                // the 2^-49 (powers of two).
-                float dot[COLUMNS];
+            for (int r = 0; r < COLUMNS; ++r) dot[r] = 0.0f;
+            float total = 0.0f;
+            // A quarter of the chunk's inputs at a time, used for every column of the set (each column still
+            // sums its products in the chunk's order).
 #pragma unroll
-                for (int r = 0; r < COLUMNS; ++r) dot[r] = 0.0f;
-                float total = 0.0f;
-                // A quarter of the chunk's inputs at a time, used for every column of the tile (each column
-                // still sums its products in the chunk's order).
+            for (int v = 0; v < QUARTERS; ++v) {
+                const float4 four = staged[warp][slot(lane, v)];
+                float inputs[4] = {four.x, four.y, four.z, four.w};
 #pragma unroll
-                for (int v = 0; v < QUARTERS; ++v) {
-                    const float4 four = staged[warp][slot(lane, v)];
-                    float inputs[4] = {four.x, four.y, four.z, four.w};
+                for (int t = 0; t < 4; ++t) total += inputs[t];
 #pragma unroll
-                    for (int t = 0; t < 4; ++t) total += inputs[t];
-#pragma unroll
-                    for (int t = 0; t < 4; ++t) {
-                        inputs[t] *= __int_as_float((227 - BITS * ((4 * v + t) % PER_HALF)) << 23);
-                    }
-#pragma unroll
-                    for (int r = 0; r < COLUMNS; ++r) {
-                        const uint4 packed_words = chunk[now][r];
-                        const unsigned int words[4] = {packed_words.x, packed_words.y, packed_words.z, packed_words.w};
-#pragma unroll
-                        for (int t = 0; t < 4; ++t) {
-                            const int e = 4 * v + t;
-                            const unsigned int word = words[e / PER_WORD];
-                            const unsigned int half = (e % PER_WORD) / PER_HALF ? word >> 16 : word;
-                            const float q = __uint_as_float(half & (MASK << (BITS * (e % PER_HALF))));
-                            asm("fma.rn.f32 %0, %1, %2, %0;" : "+f"(dot[r]) : "f"(inputs[t]), "f"(q));
-                        }
-                    }
-                }
+                for (int t = 0; t < 4; ++t) inputs[t] *= __int_as_float((227 - BITS * ((4 * v + t) % PER_HALF)) << 23);
 #pragma unroll
                 for (int r = 0; r < COLUMNS; ++r) {
-                    acc[tile][r] += (scale[now][r] * 0x1p49f) * dot[r] + bias[now][r] * total;
+                    const unsigned int words[4] = {chunk[r].x, chunk[r].y, chunk[r].z, chunk[r].w};
+#pragma unroll
+                    for (int t = 0; t < 4; ++t) {
+                        const int e = 4 * v + t;
+                        const unsigned int word = words[e / PER_WORD];
+                        const unsigned int half = (e % PER_WORD) / PER_HALF ? word >> 16 : word;
+                        const float q = __uint_as_float(half & (MASK << (BITS * (e % PER_HALF))));
+                        asm("fma.rn.f32 %0, %1, %2, %0;" : "+f"(dot[r]) : "f"(inputs[t]), "f"(q));
+                    }
                 }
             }
+#pragma unroll
+            for (int r = 0; r < COLUMNS; ++r) acc[r] += (scale[r] * 0x1p49f) * dot[r] + bias[r] * total;
         }
     }
 #pragma unroll
-    for (int tile = 0; tile < TILES; ++tile) {
-#pragma unroll
-        for (int r = 0; r < COLUMNS; ++r) {
-            float value = acc[tile][r];
-            for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffff, value, offset);
-            if (lane == 0) partial[warp][tile * COLUMNS + r] = value;
-        }
+    for (int r = 0; r < COLUMNS; ++r) {
+        for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffff, acc[r], offset);
+        if (lane == 0) partial[warp][r] = acc[r];
     }
     __syncthreads();
-    const int column = set_first_column + lane;
-    if (warp % SPLIT == 0 && lane < TILES * COLUMNS && column < N) {
+    if (warp % SPLIT == 0 && lane < COLUMNS && first_column + lane < N) {
         float sum = 0.0f;
         for (int k = 0; k < SPLIT; ++k) sum += partial[warp + k][lane];
         @EPILOGUE@
-        y[column] = sum;
+        y[first_column + lane] = sum;
     }
 """
 
 _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "none": "",
-    "residual": "sum = base[column] + sum;",
+    "residual": "sum = base[first_column + lane] + sum;",
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
 }
 # The group norm's factors, once per block from the partial sums (each group's summed in one fixed order, so
@@ -431,7 +402,7 @@ class QuantizedRowProduct:
             "norm_params": norm_params,
         }
         warps = self.split * self.sets
-        blocks = -(-shape.outputs // (shape.columns * shape.tiles * self.sets))
+        blocks = -(-shape.outputs // (shape.columns * self.sets))
         (y,) = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
@@ -440,7 +411,6 @@ class QuantizedRowProduct:
                 ("BITS", shape.bits),
                 ("GROUP", shape.group_size),
                 ("COLUMNS", shape.columns),
-                ("TILES", shape.tiles),
                 ("SPLIT", self.split),
                 ("SETS", self.sets),
                 ("NORM_GROUPS", shape.role.norm_groups),

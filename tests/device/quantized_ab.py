@@ -6,10 +6,9 @@ Run on the device (never in CI), with the other build's module beside this one::
     python3 tests/device/quantized_ab.py tests/device/quantized_product_before.py          # there
 
 For the LLM's projections at 4 bits and two at 8, in every role they run in (plain, residual, squared
-ReLU, group-norm prologue): whether the kernels' outputs are equal bit for bit on random rows, each one's
-relative L2 to MLX's operations, and GPU time per call queued over distinct weights (more than the 50 MB L2
-cache holds), the other build and this build's :data:`LAYOUTS` (columns a warp multiplies together, tiles of
-them it computes in turn) in alternating rounds in this one process.
+ReLU, group-norm prologue): whether the two kernels' outputs are equal bit for bit on random rows, each
+one's relative L2 to MLX's operations, and GPU time per call queued over distinct weights (more than the
+50 MB L2 cache holds), the two builds in alternating rounds in this one process.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ import mlx.core as mx
 
 from engine.numerics import gpu_kernel_backend, relative_l2
 from engine.quantized_product import (
-    COLUMNS,
-    TILES,
     QuantizedRowProduct,
     QuantizedRowShape,
     RowRole,
@@ -44,8 +41,6 @@ CASES = (
     (15680, 4480, 8, RowRole(epilogue="residual")),
 )
 ROUNDS = 3
-# (columns, tiles) of this build's kernel to time; the first is its default.
-LAYOUTS = ((COLUMNS, TILES), (8, 1), (4, 2), (4, 4), (8, 2), (2, 4))
 
 
 def load_before(path: str) -> ModuleType:
@@ -73,29 +68,25 @@ def main() -> None:
             _, weight, scales, biases, *rest = quantized_row_samples(shape, mx.bfloat16)
             samples.append((x, weight, scales, biases, *rest))
         mx.eval(samples)
-        kernels = {
-            "before": before.QuantizedRowProduct(backend, before.QuantizedRowShape(width, outputs, bits, 64, role=role))
-        }
-        for columns, tiles in dict.fromkeys(LAYOUTS):
-            layout = QuantizedRowShape(width, outputs, bits, 64, role=role, columns=columns, tiles=tiles)
-            kernels[f"{columns}x{tiles}"] = QuantizedRowProduct(backend, layout)
+        this = QuantizedRowProduct(backend, shape)
+        other = before.QuantizedRowProduct(backend, before.QuantizedRowShape(width, outputs, bits, 64, role=role))
         fallback = functools.partial(quantized_row_ops, group_size=64, bits=bits, role=role)
-        reference = [kernels["before"](*sample) for sample in samples]
-        times: dict[str, list[float]] = {name: [] for name in kernels}
+        differ = sum(not mx.array_equal(this(*sample), other(*sample)).item() for sample in samples)
+        errors = [relative_l2(kernel(*first), fallback(*first)) for kernel in (this, other)]
+        times: dict[str, list[float]] = {"this": [], "before": []}
         for _ in range(ROUNDS):
-            for name, kernel in kernels.items():
-                times[name].append(queued_us(kernel, samples, calls=4 * copies))
+            times["before"].append(queued_us(other, samples, calls=4 * copies))
+            times["this"].append(queued_us(this, samples, calls=4 * copies))
         nbytes = sum(array.nbytes for array in first[1:4])
-        line = [f"{bits}-bit {width}->{outputs} {role.prologue}/{role.epilogue}:"]
-        for name, kernel in kernels.items():
-            pairs = zip(samples, reference, strict=True)
-            equal = sum(mx.array_equal(kernel(*sample), want).item() for sample, want in pairs)
-            error = relative_l2(kernel(*first), fallback(*first))
-            best = min(times[name])
-            took = ", ".join(f"{t:.1f}" for t in times[name])
-            rate = nbytes / best / 1e3
-            line.append(f"{name} {equal}/{len(samples)} equal, {error:.2e} to MLX, us {took} ({rate:.0f} GB/s);")
-        print(" ".join(line), flush=True)
+        best = {name: min(values) for name, values in times.items()}
+        print(
+            f"{bits}-bit {width}->{outputs} {role.prologue}/{role.epilogue}: {len(samples) - differ}/{len(samples)}"
+            f" rows equal bit for bit; relative L2 to MLX {errors[0]:.2e} (before {errors[1]:.2e}); us a call"
+            f" this {', '.join(f'{t:.1f}' for t in times['this'])}, before"
+            f" {', '.join(f'{t:.1f}' for t in times['before'])} (best {nbytes / best['this'] / 1e3:.0f} against"
+            f" {nbytes / best['before'] / 1e3:.0f} GB/s)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
