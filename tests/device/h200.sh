@@ -108,6 +108,13 @@ for arg in "$@"; do
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) step attnlayouts 200 python3 tests/device/kernel_layouts.py attention ;;
+    quantlayouts) step quantlayouts 300 python3 tests/device/kernel_layouts.py quantized ;;
+    # Nsight Compute on one 4-bit and one 8-bit quantized row kernel (the Mamba mixer's in projection).
+    quantprofile) for bits in 4 8; do
+        step "ncu$bits" 200 ncu --kernel-name regex:parley_quantized --launch-skip 3 --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+          --section SchedulerStats --section LaunchStats python3 tests/device/profile_quantized.py 4480 22656 "$bits"
+      done ;;
     # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).
     cachewrites) step cachewrites 200 python3 tests/device/cache_writes.py ;;
     # This build's quantized row kernel against another build's (tests/device/quantized_ab.py says how).

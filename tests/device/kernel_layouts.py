@@ -8,7 +8,7 @@ Run on the device (never in CI): ``python3 tests/device/kernel_layouts.py``.
   block (``keys_per_block``), each call over its own layer's buffers, as the backbone's 28 layers run (a
   ten-minute conversation reads 7,500). ``python3 tests/device/kernel_layouts.py attention``: this only.
 - The LLM's 4-bit quantized one-row products with 4, 8 or 16 columns a warp and at most 4, 8 or 16
-  warps a block, over distinct weights (more than the GPU's 50 MB L2 cache holds).
+  warps a block, over distinct weights (more than the GPU's 50 MB L2 cache holds). ``… quantized``: this only.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ def main() -> None:
     backend = gpu_kernel_backend()
     if backend is None:
         raise SystemExit("no GPU kernels on this device")
-    attention_steps(backend)
+    if sys.argv[1:] != ["quantized"]:
+        attention_steps(backend)
     if sys.argv[1:] != ["attention"]:
         quantized_layouts(backend)
 
