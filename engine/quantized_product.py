@@ -21,7 +21,10 @@ MLP's up projection compiled to 1,640 instructions, 1,144 without the subtractio
 staging); and a pass's weight loads are issued before its inputs are staged and before any prologue. On
 the H200 (2026-12-03, best of three alternating rounds, µs a call at 4 bits): the Mamba mixer's out
 projection with its group norm 77.4 → 52.4, its in projection 50.9 → 45.4, the MLP's up 42.5 → 37.3 and
-down 44.7 → 39.0; at 8 bits in 56.9 → 51.8, down 42.7 → 44.8 (noise).
+down 44.7 → 39.0; at 8 bits in 56.9 → 51.8, down 42.7 → 44.8 (noise). The build measured scaled the inputs
+by 2^(100 − BITS·k), so that one of 2^28 or more overflowed; the scale is now 2^(64 − BITS·k) — the same
+arithmetic by the same argument, any float32 input below 2^64 — which had not run on the device yet when
+this was written: the admission at load compares it with MLX's operations.
 
 Inside one of the LLM's residual blocks the last projection also adds the block's input (epilogue
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
@@ -260,9 +263,10 @@ _CUDA = """
             // A value's bits in place in its half word, v = q·2^(BITS·k) < 2^16, read as a float are the subnormal
             // v·2^-149: one AND dequantizes it, exactly (no conversion or subtraction; an FMA takes subnormals at
             // full rate and, written as PTX without .ftz, keeps them whatever flags the kernel is built with).
-            // The inputs are scaled by 2^(100 − BITS·k) to match, so every product is x·q·2^-49, exact; while
-            // the partial sums stay normal floats (above 2^-77, with |x| < 2^28), summing the scaled products
-            // rounds exactly as summing x·q would, and the column's scale undoes the 2^-49 (powers of two).
+            // The inputs are scaled by 2^(64 − BITS·k) to match, so every product is x·q·2^-85, exact; while
+            // the partial sums stay normal floats (above 2^-41; no float32 input reaches the 2^64 that would
+            // overflow), summing the scaled products rounds exactly as summing x·q would, and the column's
+            // scale undoes the 2^-85 (powers of two). Below 2^-41 a sum keeps an absolute precision of 2^-64.
             float dot[COLUMNS];
 #pragma unroll
             for (int r = 0; r < COLUMNS; ++r) dot[r] = 0.0f;
@@ -276,7 +280,7 @@ _CUDA = """
 #pragma unroll
                 for (int t = 0; t < 4; ++t) total += inputs[t];
 #pragma unroll
-                for (int t = 0; t < 4; ++t) inputs[t] *= __int_as_float((227 - BITS * ((4 * v + t) % PER_HALF)) << 23);
+                for (int t = 0; t < 4; ++t) inputs[t] *= __int_as_float((191 - BITS * ((4 * v + t) % PER_HALF)) << 23);
 #pragma unroll
                 for (int r = 0; r < COLUMNS; ++r) {
                     const unsigned int words[4] = {chunk[r].x, chunk[r].y, chunk[r].z, chunk[r].w};
@@ -291,7 +295,7 @@ _CUDA = """
                 }
             }
 #pragma unroll
-            for (int r = 0; r < COLUMNS; ++r) acc[r] += (scale[r] * 0x1p49f) * dot[r] + bias[r] * total;
+            for (int r = 0; r < COLUMNS; ++r) acc[r] += (scale[r] * 0x1p85f) * dot[r] + bias[r] * total;
         }
     }
 #pragma unroll
