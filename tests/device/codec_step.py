@@ -25,11 +25,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from fast_kernels import per_call_us  # a sibling script (run as tests/device/codec_step.py)
 
 from engine.conv_norm import VARIANTS, ConvNorm, RowSumPlan, conv_norm_ops, conv_norm_samples, mlx_row_sum_plan
 from engine.counters import GraphCensus, named_weights
@@ -160,16 +159,6 @@ def sums_against_mlx_order() -> None:
                 f"({plan.warps} warp(s), {plan.reads} reads a lane), {int((got != once).sum())} from a float32 sum"
             )
     print("norm sums, GPU mx.sum against emulations: " + "; ".join(report))
-
-
-def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:
-    """Time per call with its sync (after ten calls to warm up)."""
-    for _ in range(10):
-        mx.eval(function(*inputs))
-    started = time.perf_counter()
-    for _ in range(calls):
-        mx.eval(function(*inputs))
-    return (time.perf_counter() - started) / calls * 1e6
 
 
 def kernel_against_operations(backend: str) -> None:

@@ -19,6 +19,7 @@ import sys
 from types import ModuleType
 
 import mlx.core as mx
+from kernel_layouts import queued_us  # a sibling script (run as tests/device/quantized_ab.py)
 
 from engine.numerics import gpu_kernel_backend, relative_l2
 from engine.quantized_product import (
@@ -28,7 +29,6 @@ from engine.quantized_product import (
     quantized_row_ops,
     quantized_row_samples,
 )
-from tests.device.kernel_layouts import queued_us
 
 # (width, outputs, bits, role): the Mamba mixer's in and out, the MLP's up and down, as the LLM runs them.
 CASES = (
