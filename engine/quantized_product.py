@@ -69,6 +69,10 @@ CHUNK_BYTES = 16
 # Most warps sharing one row's columns in a block: on the H200, 16 warps in one pass ran slower than 8 in two
 # (fewer blocks fit a multiprocessor at once).
 MAX_WARPS = 8
+# The inputs are scaled by 2^(INPUT_SHIFT − bits·k) to meet their weights dequantized as subnormals (see the kernel):
+# a float32 input overflows from 2^(128 − INPUT_SHIFT), and partial sums keep float32's rounding down to
+# 2^(23 − INPUT_SHIFT). 64 puts both far from any activation.
+INPUT_SHIFT = 64
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,7 @@ _CUDA = """
     float acc[COLUMNS];
 #pragma unroll
     for (int r = 0; r < COLUMNS; ++r) acc[r] = 0.0f;
+    const float unscale = __int_as_float((127 + 149 - SHIFT) << 23);  // undoes the products' 2^(SHIFT − 149)
     uint4 chunk[COLUMNS];
     float scale[COLUMNS];
     float bias[COLUMNS];
@@ -263,10 +268,11 @@ _CUDA = """
             // A value's bits in place in its half word, v = q·2^(BITS·k) < 2^16, read as a float are the subnormal
             // v·2^-149: one AND dequantizes it, exactly (no conversion or subtraction; an FMA takes subnormals at
             // full rate and, written as PTX without .ftz, keeps them whatever flags the kernel is built with).
-            // The inputs are scaled by 2^(64 − BITS·k) to match, so every product is x·q·2^-85, exact; while
-            // the partial sums stay normal floats (above 2^-41; no float32 input reaches the 2^64 that would
-            // overflow), summing the scaled products rounds exactly as summing x·q would, and the column's
-            // scale undoes the 2^-85 (powers of two). Below 2^-41 a sum keeps an absolute precision of 2^-64.
+            // The inputs are scaled by 2^(SHIFT − BITS·k) to match (INPUT_SHIFT, 64), so every product is
+            // x·q·2^(SHIFT − 149), exact; while the partial sums stay normal floats (above 2^(23 − SHIFT); no
+            // input reaches the 2^(128 − SHIFT) that would overflow), summing the scaled products rounds exactly
+            // as summing x·q would, and the column's scale undoes the power of two. Below 2^(23 − SHIFT) a sum
+            // keeps an absolute precision of 2^-SHIFT.
             float dot[COLUMNS];
 #pragma unroll
             for (int r = 0; r < COLUMNS; ++r) dot[r] = 0.0f;
@@ -280,7 +286,9 @@ _CUDA = """
 #pragma unroll
                 for (int t = 0; t < 4; ++t) total += inputs[t];
 #pragma unroll
-                for (int t = 0; t < 4; ++t) inputs[t] *= __int_as_float((191 - BITS * ((4 * v + t) % PER_HALF)) << 23);
+                for (int t = 0; t < 4; ++t) {
+                    inputs[t] *= __int_as_float((127 + SHIFT - BITS * ((4 * v + t) % PER_HALF)) << 23);
+                }
 #pragma unroll
                 for (int r = 0; r < COLUMNS; ++r) {
                     const unsigned int words[4] = {chunk[r].x, chunk[r].y, chunk[r].z, chunk[r].w};
@@ -295,7 +303,7 @@ _CUDA = """
                 }
             }
 #pragma unroll
-            for (int r = 0; r < COLUMNS; ++r) acc[r] += (scale[r] * 0x1p85f) * dot[r] + bias[r] * total;
+            for (int r = 0; r < COLUMNS; ++r) acc[r] += (scale[r] * unscale) * dot[r] + bias[r] * total;
         }
     }
 #pragma unroll
@@ -419,6 +427,7 @@ class QuantizedRowProduct:
                 ("SETS", self.sets),
                 ("NORM_GROUPS", shape.role.norm_groups),
                 ("PARTIALS", shape.role.norm_partials),
+                ("SHIFT", INPUT_SHIFT),
             ],
             grid=(blocks * warps * 32, 1, 1),
             threadgroup=(warps * 32, 1, 1),

@@ -522,6 +522,26 @@ def test_every_quantized_row_source_is_complete() -> None:
             QuantizedRowShape(10240, 1024, 4, 64, bad)
 
 
+def test_the_quantized_row_kernel_dequantizes_exactly() -> None:
+    """The kernel's arithmetic on this CPU's float32: every 4- and 8-bit value left in place in its half word, read
+    as a float (a subnormal), times its input scaled by 2^(INPUT_SHIFT − bits·k), times the output's power of two,
+    is the input times the value exactly; and the shift keeps the float32 inputs of any activation (up to 2^40)
+    finite and their partial sums normal down to 2^-40."""
+    from engine.quantized_product import INPUT_SHIFT
+
+    x = np.float32(1.2345678)
+    undo = 2.0 ** (149 - INPUT_SHIFT)
+    for bits in (4, 8):
+        for position in range(16 // bits):
+            scaled = np.float32(x * np.float32(2.0 ** (INPUT_SHIFT - bits * position)))
+            assert np.isfinite(np.float32(2.0**40) * np.float32(2.0 ** (INPUT_SHIFT - bits * position)))
+            for value in range(2**bits):
+                in_place = np.array([value << (bits * position)], dtype=np.uint32).view(np.float32)[0]
+                assert value == 0 or 0 < in_place < np.finfo(np.float32).tiny  # a subnormal
+                assert float(scaled) * float(in_place) * undo == float(x) * value, (bits, position, value)
+    assert np.finfo(np.float32).tiny <= 2.0**-40 * 2.0 ** (INPUT_SHIFT - 149)
+
+
 def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
     """The kernel's lanes read whole chunks in even passes (one memory latency each): for the LLM's shapes at 4 and
     8 bits, every chunk has a lane, a block holds at most MAX_WARPS warps (more ran slower on the H200), and the
