@@ -5,8 +5,9 @@ The pipeline calls :meth:`FrameProfiler.sync` wherever it must wait for the devi
 syncs. Stage boundaries are recorded with :meth:`FrameProfiler.stage`.
 
 Without ``stage_timing`` a stage's time is what the host spent in it: building graphs,
-and waiting where the pipeline itself synchronises — so device work lands in the stage
-that waited for it. With ``stage_timing`` every stage boundary evaluates the stage's
+launching them (:meth:`FrameProfiler.launch` starts the device on a part while the host
+builds the next), and waiting where the pipeline itself synchronises — so device work lands
+in the stage that waited for it. With ``stage_timing`` every stage boundary evaluates the stage's
 outputs first, billing device time to the stage that caused it, as the reference
 profiler does; those waits are real, so they count as host syncs. ``sub_stages`` adds
 finer boundaries inside the networks (more waits, counted likewise).
@@ -75,6 +76,14 @@ class FrameProfiler:
         """The pipeline's own wait for the device: evaluate ``arrays`` and count it."""
         self._evaluate(arrays)
         self._syncs += 1
+
+    def launch(self, *arrays: Any) -> None:
+        """Start the device on ``arrays`` without waiting (``mx.async_eval``), so that it computes them while
+        the host builds what follows; the next sync waits for them. The same graph is evaluated either way,
+        so every result is unchanged. Skipped with stage timing (each stage is evaluated at its boundary
+        already) and while a census counts the frame (it reads each graph before the sync evaluates it)."""
+        if arrays and not self.stage_timing and self.census is None:
+            mx.async_eval(*arrays)
 
     def readback(self, array: Any) -> list[Any] | int | float | bool:
         """Read a not yet evaluated value back to the host (``tolist``), counted as a sync."""

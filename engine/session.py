@@ -276,6 +276,8 @@ class Session:
         probe = profiler.sub_stage if profiler.sub_stages_enabled else None
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
         profiler.stage("perception", projected, encoded, *caches.perception.arrays())
+        # The device starts on each part as soon as its graph is built, while the host builds the next one.
+        profiler.launch(projected, encoded, *caches.perception.arrays())
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
             proposal = rnnt_propose(
@@ -288,6 +290,7 @@ class Session:
             )
         profiler.stage("rnnt", *([proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
+        profiler.launch(text_array, function_array, *caches.language.arrays())
         readback = [text_array, function_array, *([proposal.symbols] if proposal else [])]
         profiler.sync(*readback, *caches.perception.arrays(), *caches.language.arrays())
         text_id, function_id = int(text_array.item()), int(function_array.item())
@@ -316,6 +319,7 @@ class Session:
         codes = self._tts_step(text_id, probe)
         self._timeline_index += 1
         profiler.stage("tts", codes, *caches.tts.arrays())
+        profiler.launch(codes, *caches.tts.arrays())
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         if self.observer is not None:
             self.observer("codec.codes", clean)

@@ -9,6 +9,7 @@ import time
 import mlx.core as mx
 import pytest
 
+from engine.counters import GraphCensus
 from engine.events import FrameTiming
 from engine.profile_log import build_profile_log, validate_profile_log, write_profile_log
 from engine.profiler import FrameProfiler, percentile, summarize
@@ -67,6 +68,21 @@ def test_without_stage_timing_boundaries_do_not_wait():
     profiler.sync(x + 1)
     timing = profiler.end_frame()
     assert timing.host_syncs == 1 and timing.sub_stages == {}
+
+
+def test_launch_starts_the_device_only_where_nothing_reads_the_graph_first(monkeypatch):
+    """A plain frame launches each part early; stage timing (which evaluates at boundaries) and a census (which
+    reads each graph before its sync) keep the graph lazy until the sync."""
+    launched: list[int] = []
+    monkeypatch.setattr(mx, "async_eval", lambda *arrays: launched.append(len(arrays)))
+    x = mx.ones((4, 4))
+    FrameProfiler().launch(x @ x, x + 1)
+    assert launched == [2]
+    FrameProfiler(stage_timing=True).launch(x @ x)
+    FrameProfiler(sub_stages=True).launch(x @ x)
+    FrameProfiler(census=GraphCensus({})).launch(x @ x)
+    FrameProfiler().launch()
+    assert launched == [2]
 
 
 def _log():

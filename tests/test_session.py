@@ -17,6 +17,7 @@ from engine.events import (
     UserTranscriptDelta,
 )
 from engine.model import load_voicechat
+from engine.profiler import FrameProfiler
 from engine.session import Session
 from engine.tools import ToolCallParser
 
@@ -161,3 +162,17 @@ def test_sub_stage_timing_changes_nothing_but_the_clock(voicechat, audio):
     names = set().union(*(t.sub_stages for t in timings))
     assert {"perception.layers", "language.llm", "tts.backbone", "tts.mog.5", "codec.decoder"} <= names
     assert all(t.host_syncs > 10 for t in timings[1:])
+
+
+def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypatch):
+    """Each part of a frame is launched as soon as it is built (``FrameProfiler.launch``); launched only at the
+    syncs instead, the frame evaluates the same graphs: the same ids, codes and samples."""
+    early = Session(voicechat, seed=2)
+    early_events = early.push(audio[: 1280 * 8], 16_000)
+    monkeypatch.setattr(FrameProfiler, "launch", lambda self, *arrays: None)
+    late = Session(voicechat, seed=2)
+    late_events = late.push(audio[: 1280 * 8], 16_000)
+    assert early.text_ids == late.text_ids and early.function_ids == late.function_ids
+    assert [c.codes.tolist() for c in _frames(early_events)] == [c.codes.tolist() for c in _frames(late_events)]
+    for a, b in zip(_frames(early_events), _frames(late_events), strict=True):
+        np.testing.assert_array_equal(a.samples, b.samples)

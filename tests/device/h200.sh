@@ -115,6 +115,12 @@ for arg in "$@"; do
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
           --section SchedulerStats --section LaunchStats python3 tests/device/profile_quantized.py 4480 22656 "$bits"
       done ;;
+    # GPU time by kernel over steady frames, fresh and aged by 7300 frames (PyTorch's profiler records MLX's
+    # kernels through CUPTI): which kernels an aged frame's extra time is in, and how busy the GPU is.
+    gputime) step gputime 400 python3 tests/device/gpu_time.py 20 0 7300 ;;
+    # Each part launched as soon as it is built against launched at the syncs only, alternating rounds (fast, exact).
+    launchab) step launchab 300 python3 tests/device/launch_ab.py fast ;;
+    launchabexact) step launchabexact 300 python3 tests/device/launch_ab.py exact ;;
     # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).
     cachewrites) step cachewrites 200 python3 tests/device/cache_writes.py ;;
     # This build's quantized row kernel against another build's (tests/device/quantized_ab.py says how).

@@ -1,0 +1,119 @@
+"""Where a frame's GPU time goes, kernel by kernel, fresh and aged: CUPTI's kernel records over steady frames.
+
+    python3 tests/device/gpu_time.py [frames] [history ...]      (on the device; never in CI)
+
+One full-size 4-bit model loaded for fast numerics; for each history (0 = a fresh conversation, 7300 = aged by
+7,300 frames, as ``parley bench --history`` ages it) a session runs 80 frames, then ``frames`` more under
+PyTorch's profiler, which records every kernel the process launches (MLX's included) through CUPTI. Prints each
+run's GPU busy time a frame against its wall time (busy well below wall: the host is the bottleneck), then the
+kernels by GPU time a frame, and for two histories the kernels whose time grew the most, and the GPU's idle time
+between kernels, by the kernel before the gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from collections import defaultdict
+
+import mlx.core as mx
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from app.bench import age_conversation, bench_input, question_audio
+from engine.model import assemble_voicechat
+from engine.random_checkpoint import random_weights
+from engine.session import Session, warm_up
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
+from engine.tokenizer import TextTokenizer
+
+SETTLE_FRAMES = 80
+IDLE_GAP_US = 20.0
+
+
+def _is_source_hash(part: str) -> bool:
+    return len(part) >= 8 and all(c in "0123456789abcdef" for c in part)
+
+
+def kernel_family(name: str) -> str:
+    """A kernel's name without its template arguments and source hash, so that a family's launches add up."""
+    base = name.split("(")[0].split("<")[0]
+    for prefix in ("parley_", "custom_kernel_"):
+        if base.startswith(prefix):
+            return "_".join(part for part in base.split("_") if not _is_source_hash(part))
+    return base[:90]
+
+
+def profiled_frames(voicechat: object, frames: int, history: int) -> tuple[dict[str, float], dict[str, int], float]:
+    """Per-frame GPU µs and launch counts by kernel family over ``frames`` steady frames, and wall ms a frame."""
+    session = Session(voicechat, seed=0)
+    samples = bench_input(SETTLE_FRAMES + frames)
+    chunks = [samples[start : start + INPUT_FRAME_SAMPLES] for start in range(0, samples.shape[0], INPUT_FRAME_SAMPLES)]
+    for index, chunk in enumerate(chunks[:SETTLE_FRAMES]):
+        session.push(chunk, INPUT_SAMPLE_RATE)
+        if index == 0 and history:
+            age_conversation(session, history, seed=0)
+    mx.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        began = time.perf_counter()
+        for chunk in chunks[SETTLE_FRAMES:]:
+            session.push(chunk, INPUT_SAMPLE_RATE)
+        mx.synchronize()
+        wall_ms = (time.perf_counter() - began) * 1000.0 / frames
+    session.close()
+    times: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    kernels = sorted(
+        (event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda event: event.time_range.start,
+    )
+    if not kernels:
+        raise SystemExit("the profiler recorded no GPU kernels (CUPTI did not see MLX's launches)")
+    for event in kernels:
+        family = kernel_family(event.name)
+        times[family] += event.time_range.elapsed_us() / frames
+        launches[family] += 1
+    # The GPU's idle time between kernels, by the kernel it waited after: long gaps are the host building or
+    # dispatching what comes next (after a sync, the whole time the host takes to launch the next kernel).
+    idle: dict[str, float] = defaultdict(float)
+    for before, after in itertools.pairwise(kernels):
+        gap = after.time_range.start - before.time_range.end
+        if gap > IDLE_GAP_US:
+            idle[kernel_family(before.name)] += gap / frames
+    print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; after:")
+    for name, value in sorted(idle.items(), key=lambda item: -item[1])[:12]:
+        print(f"    {value:9.1f} µs  {name}")
+    return dict(times), {name: count // frames for name, count in launches.items()}, wall_ms
+
+
+def main() -> None:
+    frames = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    histories = [int(value) for value in sys.argv[2:]] or [0]
+    _, config, weights, quantized, raw_tokenizer, nbytes = random_weights("full", quantize=4, seed=0)
+    voicechat = assemble_voicechat(
+        config, weights, quantized, TextTokenizer(raw_tokenizer, "random"), name="full", nbytes=nbytes, numerics="fast"
+    )
+    mx.eval(voicechat.model.parameters())
+    warm_up(voicechat, speech=question_audio())
+    results = {}
+    for history in histories:
+        times, launches, wall_ms = profiled_frames(voicechat, frames, history)
+        results[history] = times
+        busy = sum(times.values()) / 1000.0
+        print(
+            f"=== history {history}: wall {wall_ms:.2f} ms a frame under the profiler, GPU busy {busy:.2f} ms "
+            f"({sum(launches.values())} launches a frame)"
+        )
+        for name, value in sorted(times.items(), key=lambda item: -item[1])[:40]:
+            print(f"  {value:9.1f} µs  {launches[name]:5d}×  {name}")
+    if len(histories) == 2:
+        fresh, aged = (results[history] for history in histories)
+        print(f"=== grew from history {histories[0]} to {histories[1]} (µs a frame)")
+        growth = {name: aged.get(name, 0.0) - fresh.get(name, 0.0) for name in set(fresh) | set(aged)}
+        for name, value in sorted(growth.items(), key=lambda item: -abs(item[1]))[:20]:
+            print(f"  {value:+9.1f}  ({fresh.get(name, 0.0):.1f} → {aged.get(name, 0.0):.1f})  {name}")
+
+
+if __name__ == "__main__":
+    main()
