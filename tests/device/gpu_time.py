@@ -45,8 +45,11 @@ def kernel_family(name: str) -> str:
     return base[:90]
 
 
-def profiled_frames(voicechat: object, frames: int, history: int) -> tuple[dict[str, float], dict[str, int], float]:
-    """Per-frame GPU µs and launch counts by kernel family over ``frames`` steady frames, and wall ms a frame."""
+def profiled_frames(
+    voicechat: object, frames: int, history: int
+) -> tuple[dict[str, float], dict[str, int], dict[str, float], float]:
+    """Per-frame GPU µs and launch counts by kernel family over ``frames`` steady frames, the GPU's idle µs a
+    frame by the kernel before each gap, and wall ms a frame."""
     session = Session(voicechat, seed=0)
     samples = bench_input(SETTLE_FRAMES + frames)
     chunks = [samples[start : start + INPUT_FRAME_SAMPLES] for start in range(0, samples.shape[0], INPUT_FRAME_SAMPLES)]
@@ -81,10 +84,7 @@ def profiled_frames(voicechat: object, frames: int, history: int) -> tuple[dict[
         gap = after.time_range.start - before.time_range.end
         if gap > IDLE_GAP_US:
             idle[kernel_family(before.name)] += gap / frames
-    print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; after:")
-    for name, value in sorted(idle.items(), key=lambda item: -item[1])[:12]:
-        print(f"    {value:9.1f} µs  {name}")
-    return dict(times), {name: count // frames for name, count in launches.items()}, wall_ms
+    return dict(times), {name: count // frames for name, count in launches.items()}, dict(idle), wall_ms
 
 
 def main() -> None:
@@ -98,7 +98,7 @@ def main() -> None:
     warm_up(voicechat, speech=question_audio())
     results = {}
     for history in histories:
-        times, launches, wall_ms = profiled_frames(voicechat, frames, history)
+        times, launches, idle, wall_ms = profiled_frames(voicechat, frames, history)
         results[history] = times
         busy = sum(times.values()) / 1000.0
         print(
@@ -107,6 +107,9 @@ def main() -> None:
         )
         for name, value in sorted(times.items(), key=lambda item: -item[1])[:40]:
             print(f"  {value:9.1f} µs  {launches[name]:5d}×  {name}")
+        print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; after:")
+        for name, value in sorted(idle.items(), key=lambda item: -item[1])[:12]:
+            print(f"    {value:9.1f} µs  {name}")
     if len(histories) == 2:
         fresh, aged = (results[history] for history in histories)
         print(f"=== grew from history {histories[0]} to {histories[1]} (µs a frame)")
