@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-import numpy as np
+from traced_ab import RunOutputs, run_outputs, same_outputs  # a sibling script
 
 from app.bench import bench_input, question_audio, run_ours
 from engine.model import assemble_voicechat
@@ -38,14 +38,14 @@ def main() -> None:
     samples = bench_input(100)
     variants = {"early": EARLY, "at syncs": at_syncs}
     results: dict[str, list[float]] = {name: [] for name in variants}
-    outputs: dict[str, tuple[list[int], list[list[int]], np.ndarray]] = {}
+    outputs: dict[str, RunOutputs] = {}
     for round_ in range(3):
         for name, launch in variants.items():
             FrameProfiler.launch = launch  # type: ignore[method-assign]
             record = run_ours(voicechat, samples, seed=0, sub_stages=False)
             steady = record.totals_ms[6:]
             results[name].append(statistics.median(steady))
-            outputs[name] = (record.text_ids, record.codes, np.concatenate(record.waveforms))
+            outputs[name] = run_outputs(record)
             print(
                 f"round {round_ + 1} {name}: p50 {statistics.median(steady):.2f} ms, "
                 f"mean {statistics.mean(steady):.2f} ms",
@@ -54,12 +54,7 @@ def main() -> None:
     FrameProfiler.launch = EARLY  # type: ignore[method-assign]
     for name in variants:
         print(f"{numerics}, {name}: p50 per round {', '.join(f'{value:.2f}' for value in results[name])}")
-    (text_a, codes_a, wave_a), (text_b, codes_b, wave_b) = outputs["early"], outputs["at syncs"]
-    same_codes = sum(a == b for a, b in zip(codes_a, codes_b, strict=True))
-    print(
-        f"early against at syncs: text ids equal {text_a == text_b}, codes equal in {same_codes}/{len(codes_a)} "
-        f"frames, waveform max difference {float(np.abs(wave_a - wave_b).max()):.3g}"
-    )
+    print(f"early against at syncs: {same_outputs(outputs['early'], outputs['at syncs'])}")
 
 
 if __name__ == "__main__":

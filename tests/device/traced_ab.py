@@ -13,11 +13,13 @@ import sys
 
 import numpy as np
 
-from app.bench import bench_input, question_audio, run_ours
+from app.bench import RunRecord, bench_input, question_audio, run_ours
 from engine.model import assemble_voicechat
 from engine.random_checkpoint import random_weights
 from engine.session import warm_up
 from engine.tokenizer import TextTokenizer
+
+RunOutputs = tuple[list[int], list[list[int]], np.ndarray]
 
 
 def main() -> None:
@@ -33,24 +35,34 @@ def main() -> None:
         warm_up(voicechat, speech=question_audio())
     samples = bench_input(100)
     results: dict[bool, list[float]] = {True: [], False: []}
-    outputs: dict[bool, tuple[list[int], list[list[int]], np.ndarray]] = {}
+    outputs: dict[bool, RunOutputs] = {}
     for round_ in range(3):
         for traced in (True, False):
             backbone.trace_rows = traced
             record = run_ours(voicechat, samples, seed=0, sub_stages=False)
             p50 = statistics.median(record.totals_ms[6:])
             results[traced].append(p50)
-            outputs[traced] = (record.text_ids, record.codes, np.concatenate(record.waveforms))
+            outputs[traced] = run_outputs(record)
             name = "traced" if traced else "op by op"
             mean = statistics.mean(record.totals_ms[6:])
             print(f"round {round_ + 1} {name}: p50 {p50:.2f} ms, mean {mean:.2f} ms", flush=True)
     for traced in (True, False):
         print(f"{'traced' if traced else 'op by op'} p50 per round: {', '.join(f'{v:.2f}' for v in results[traced])}")
-    (text_a, codes_a, wave_a), (text_b, codes_b, wave_b) = outputs[True], outputs[False]
+    print(f"traced against op by op: {same_outputs(outputs[True], outputs[False])}")
+
+
+def run_outputs(record: RunRecord) -> RunOutputs:
+    """What two variants of one conversation must agree on: text ids, codes, the waveform."""
+    return record.text_ids, record.codes, np.concatenate(record.waveforms)
+
+
+def same_outputs(first: RunOutputs, second: RunOutputs) -> str:
+    """How far two runs' outputs agree, in words."""
+    (text_a, codes_a, wave_a), (text_b, codes_b, wave_b) = first, second
     same_codes = sum(a == b for a, b in zip(codes_a, codes_b, strict=True))
-    print(
-        f"traced against op by op: text ids equal {text_a == text_b}, codes equal in {same_codes}/{len(codes_a)} "
-        f"frames, waveform max difference {float(np.abs(wave_a - wave_b).max()):.3g}"
+    return (
+        f"text ids equal {text_a == text_b}, codes equal in {same_codes}/{len(codes_a)} frames, "
+        f"waveform max difference {float(np.abs(wave_a - wave_b).max()):.3g}"
     )
 
 
