@@ -7,7 +7,7 @@ One full-size 4-bit model loaded for fast numerics; for each history (0 = a fres
 PyTorch's profiler, which records every kernel the process launches (MLX's included) through CUPTI. Prints each
 run's GPU busy time a frame against its wall time (busy well below wall: the host is the bottleneck), then the
 kernels by GPU time a frame, and for two histories the kernels whose time grew the most, and the GPU's idle time
-between kernels, by the kernel before the gap.
+between kernels, by the kernels either side of the gap.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def profiled_frames(
     voicechat: object, frames: int, history: int
 ) -> tuple[dict[str, float], dict[str, int], dict[str, float], float]:
     """Per-frame GPU µs and launch counts by kernel family over ``frames`` steady frames, the GPU's idle µs a
-    frame by the kernel before each gap, and wall ms a frame."""
+    frame by the kernels either side of each gap, and wall ms a frame."""
     session = Session(voicechat, seed=0)
     samples = bench_input(SETTLE_FRAMES + frames)
     chunks = [samples[start : start + INPUT_FRAME_SAMPLES] for start in range(0, samples.shape[0], INPUT_FRAME_SAMPLES)]
@@ -77,13 +77,13 @@ def profiled_frames(
         family = kernel_family(event.name)
         times[family] += event.time_range.elapsed_us() / frames
         launches[family] += 1
-    # The GPU's idle time between kernels, by the kernel it waited after: long gaps are the host building or
-    # dispatching what comes next (after a sync, the whole time the host takes to launch the next kernel).
+    # The GPU's idle time between kernels, by the kernels either side of the gap: long gaps are the host building
+    # or dispatching what comes next (after a sync, the whole time the host takes to launch the next kernel).
     idle: dict[str, float] = defaultdict(float)
     for before, after in itertools.pairwise(kernels):
         gap = after.time_range.start - before.time_range.end
         if gap > IDLE_GAP_US:
-            idle[kernel_family(before.name)] += gap / frames
+            idle[f"{kernel_family(before.name)[:60]}  →  {kernel_family(after.name)[:60]}"] += gap / frames
     return dict(times), {name: count // frames for name, count in launches.items()}, dict(idle), wall_ms
 
 
@@ -107,8 +107,8 @@ def main() -> None:
         )
         for name, value in sorted(times.items(), key=lambda item: -item[1])[:40]:
             print(f"  {value:9.1f} µs  {launches[name]:5d}×  {name}")
-        print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; after:")
-        for name, value in sorted(idle.items(), key=lambda item: -item[1])[:12]:
+        print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; between:")
+        for name, value in sorted(idle.items(), key=lambda item: -item[1])[:16]:
             print(f"    {value:9.1f} µs  {name}")
     if len(histories) == 2:
         fresh, aged = (results[history] for history in histories)
