@@ -23,8 +23,8 @@ the H200 (2026-12-03, best of three alternating rounds, µs a call at 4 bits): t
 projection with its group norm 77.4 → 52.4, its in projection 50.9 → 45.4, the MLP's up 42.5 → 37.3 and
 down 44.7 → 39.0; at 8 bits in 56.9 → 51.8, down 42.7 → 44.8 (noise). The build measured scaled the inputs
 by 2^(100 − BITS·k), so that one of 2^28 or more overflowed; the scale is now 2^(64 − BITS·k) — the same
-arithmetic by the same argument, any float32 input below 2^64 — which had not run on the device yet when
-this was written: the admission at load compares it with MLX's operations.
+arithmetic by the same argument, any float32 input below 2^64 — and on the H200 its outputs equal the
+2^(100 − BITS·k) build's bit for bit in every role at 4 and 8 bits (``quantized_ab.py``, later that day).
 
 Inside one of the LLM's residual blocks the last projection also adds the block's input (epilogue
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per

@@ -275,9 +275,10 @@ class Session:
         # Phase 1 — perception, RNN-T and the LLM, built as one graph and read back together.
         probe = profiler.sub_stage if profiler.sub_stages_enabled else None
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
-        profiler.stage("perception", projected, encoded, *caches.perception.arrays())
+        perceived = (projected, encoded, *caches.perception.arrays())
+        profiler.stage("perception", *perceived)
         # The device starts on each part as soon as its graph is built, while the host builds the next one.
-        profiler.launch(projected, encoded, *caches.perception.arrays())
+        profiler.launch(*perceived)
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
             proposal = rnnt_propose(
@@ -318,8 +319,9 @@ class Session:
         # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
         codes = self._tts_step(text_id, probe)
         self._timeline_index += 1
-        profiler.stage("tts", codes, *caches.tts.arrays())
-        profiler.launch(codes, *caches.tts.arrays())
+        spoken = (codes, *caches.tts.arrays())
+        profiler.stage("tts", *spoken)
+        profiler.launch(*spoken)
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         if self.observer is not None:
             self.observer("codec.codes", clean)

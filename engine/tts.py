@@ -283,7 +283,7 @@ class BufferSlot:
     a kind has seen the same positions), and how many positions attention then reads."""
 
     # The slot, int32: an input of the traced step shaped (1, 1, 1, 1), which the step broadcasts once to a
-    # position's keys shape (batch, heads, 1, head size) for the layers' writes (engine/tts.py, attend_slot).
+    # position's keys shape (batch, heads, 1, head size) for the layers' writes (BackboneAttention.attend_slot).
     index: mx.array
     bounds: mx.array | None  # the attention kernel's view of the filled count (engine.decode_attention), or None
     splits: int  # the kernel's blocks per head for that count: the launch's shape, part of the trace's key

@@ -43,6 +43,13 @@ def _frames(events: list) -> list[AudioChunk]:
     return [e for e in events if isinstance(e, AudioChunk) and e.codes.size]
 
 
+def _assert_same_audio(first: list, second: list) -> None:
+    """Two runs' events carry the same codes and the same samples, frame by frame."""
+    assert [c.codes.tolist() for c in _frames(first)] == [c.codes.tolist() for c in _frames(second)]
+    for a, b in zip(_frames(first), _frames(second), strict=True):
+        np.testing.assert_array_equal(a.samples, b.samples)
+
+
 def test_chunk_size_does_not_change_anything(voicechat, audio):
     by_frame = _push_all(Session(voicechat, seed=3), audio, 1280)
     by_odd = _push_all(Session(voicechat, seed=3), audio, 777)
@@ -155,9 +162,7 @@ def test_sub_stage_timing_changes_nothing_but_the_clock(voicechat, audio):
     """Sub-stage probes evaluate at boundaries and run the TTS rounds and codec op by op: same outputs."""
     plain = Session(voicechat, seed=2).push(audio[: 1280 * 8], 16_000)
     probed = Session(voicechat, seed=2, sub_stages=True).push(audio[: 1280 * 8], 16_000)
-    assert [c.codes.tolist() for c in _frames(plain)] == [c.codes.tolist() for c in _frames(probed)]
-    for a, b in zip(_frames(plain), _frames(probed), strict=True):
-        np.testing.assert_array_equal(a.samples, b.samples)
+    _assert_same_audio(plain, probed)
     timings = [e for e in probed if isinstance(e, FrameTiming)]
     names = set().union(*(t.sub_stages for t in timings))
     assert {"perception.layers", "language.llm", "tts.backbone", "tts.mog.5", "codec.decoder"} <= names
@@ -173,6 +178,4 @@ def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypat
     late = Session(voicechat, seed=2)
     late_events = late.push(audio[: 1280 * 8], 16_000)
     assert early.text_ids == late.text_ids and early.function_ids == late.function_ids
-    assert [c.codes.tolist() for c in _frames(early_events)] == [c.codes.tolist() for c in _frames(late_events)]
-    for a, b in zip(_frames(early_events), _frames(late_events), strict=True):
-        np.testing.assert_array_equal(a.samples, b.samples)
+    _assert_same_audio(early_events, late_events)

@@ -22,11 +22,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from app.bench import age_conversation, bench_input, question_audio
-from engine.model import assemble_voicechat
-from engine.random_checkpoint import random_weights
+from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
-from engine.tokenizer import TextTokenizer
 
 SETTLE_FRAMES = 80
 IDLE_GAP_US = 20.0
@@ -90,10 +88,7 @@ def profiled_frames(
 def main() -> None:
     frames = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     histories = [int(value) for value in sys.argv[2:]] or [0]
-    _, config, weights, quantized, raw_tokenizer, nbytes = random_weights("full", quantize=4, seed=0)
-    voicechat = assemble_voicechat(
-        config, weights, quantized, TextTokenizer(raw_tokenizer, "random"), name="full", nbytes=nbytes, numerics="fast"
-    )
+    voicechat = random_voicechat("full", quantize=4, numerics="fast")
     mx.eval(voicechat.model.parameters())
     warm_up(voicechat, speech=question_audio())
     results = {}

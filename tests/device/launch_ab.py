@@ -16,11 +16,9 @@ import sys
 from traced_ab import RunOutputs, run_outputs, same_outputs  # a sibling script
 
 from app.bench import bench_input, question_audio, run_ours
-from engine.model import assemble_voicechat
 from engine.profiler import FrameProfiler
-from engine.random_checkpoint import random_weights
+from engine.random_checkpoint import random_voicechat
 from engine.session import warm_up
-from engine.tokenizer import TextTokenizer
 
 EARLY = FrameProfiler.launch
 
@@ -31,9 +29,7 @@ def at_syncs(self: FrameProfiler, *arrays: object) -> None:
 
 def main() -> None:
     numerics = sys.argv[1] if len(sys.argv) > 1 else "fast"
-    _, config, weights, quantized, raw_tokenizer, nbytes = random_weights("full", quantize=4, seed=0)
-    tokenizer = TextTokenizer(raw_tokenizer, "random")
-    voicechat = assemble_voicechat(config, weights, quantized, tokenizer, name="full", nbytes=nbytes, numerics=numerics)
+    voicechat = random_voicechat("full", quantize=4, numerics=numerics)
     warm_up(voicechat, speech=question_audio())
     samples = bench_input(100)
     variants = {"early": EARLY, "at syncs": at_syncs}

@@ -14,20 +14,15 @@ import sys
 import numpy as np
 
 from app.bench import RunRecord, bench_input, question_audio, run_ours
-from engine.model import assemble_voicechat
-from engine.random_checkpoint import random_weights
+from engine.random_checkpoint import random_voicechat
 from engine.session import warm_up
-from engine.tokenizer import TextTokenizer
 
 RunOutputs = tuple[list[int], list[list[int]], np.ndarray]
 
 
 def main() -> None:
     size = sys.argv[1] if len(sys.argv) > 1 else "full"
-    _, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=4, seed=0)
-    voicechat = assemble_voicechat(
-        config, weights, quantized, TextTokenizer(raw_tokenizer, "random"), name=size, nbytes=nbytes, numerics="fast"
-    )
+    voicechat = random_voicechat(size, quantize=4, numerics="fast")
     backbone = voicechat.model.tts_model.tts_model.backbone
     print(f"the backbone traces its step by default: {backbone.traces_rows()}")
     for traced in (True, False):
