@@ -19,6 +19,7 @@ which the reference drops, and input is validated more strictly (see :meth:`push
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from .llm import LLMCache
 from .model import VoiceChat
 from .profiler import FrameProfiler, Probe
 from .rnnt import (
+    RNNTProposal,
     RNNTState,
     first_pass_attempts,
     make_rnnt_state,
@@ -262,6 +264,77 @@ class Session:
             self.observer("tts.output", result)
         return result.codes
 
+    @property
+    def _tts_spells_on_device(self) -> bool:
+        """Whether this frame's TTS takes the text id on the device (one sync a frame): in fast numerics, unless
+        something watches the networks' inputs on the host (an observer) or times every sub-stage."""
+        return self.voicechat.numerics == "fast" and self.observer is None and not self.profiler.sub_stages_enabled
+
+    def _tts_step_on_device(self, text_array: mx.array) -> mx.array:
+        """:meth:`_tts_step` for a text id (1,) still on the device: the end-of-speech rule as a select and the
+        token's conditioning spelled on the device (:meth:`engine.tts.EarTTS.condition_on_device`)."""
+        if self._timeline_index == 0:
+            return self._silence_codes
+        caches, tts = self.caches, self._speech.tts_model
+        token = text_array.reshape(1, 1).astype(mx.int32)
+        ends = (token == self.config.eos_token_id)[..., None]
+        previous_code = mx.where(ends, self._silence_codes, caches.previous_code)
+        previous_code_sum = caches.previous_code_sum
+        if previous_code_sum is not None:
+            # What the host form recomputes from the silence codes after an end of speech: the same sum.
+            previous_code_sum = mx.where(ends, self._silence_code_sum, previous_code_sum)
+        spelling = self.voicechat.characters.on_device(self._stt.lm_head.weight.shape[0])
+        result = tts.step(
+            previous_code,
+            token,
+            caches.tts,
+            self.voicechat.characters,
+            previous_code_sum,
+            condition=tts.condition_on_device(token, spelling),
+        )
+        caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
+        return result.codes
+
+    @functools.cached_property
+    def _silence_code_sum(self) -> mx.array:
+        tts = self._speech.tts_model
+        total = tts.code_sum(self._silence_codes)
+        mx.eval(total)
+        return total
+
+    def _adopt_ids(
+        self,
+        text_array: mx.array,
+        function_array: mx.array,
+        encoded: mx.array,
+        proposal: RNNTProposal | None,
+        events: list[Event],
+    ) -> tuple[int, int]:
+        """Read the frame's text and function ids (evaluated) and commit its RN-T proposal, whose transcript
+        delta, if any, joins ``events``."""
+        text_id, function_id = int(text_array.item()), int(function_array.item())
+        self._text_ids.append(text_id)
+        self._function_ids.append(function_id)
+        if proposal is not None:
+            config = self.config
+            symbols = proposal.symbols.tolist()
+            self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
+            transcript = rnnt_commit(
+                self._stt.rnnt_decoder,
+                self._stt.rnnt_joint,
+                self.caches.rnnt,
+                encoded,
+                proposal,
+                symbols,
+                blank_id=config.rnnt_blank_id,
+                max_symbols=config.audio_config.max_symbols,
+                vocabulary=self.voicechat.rnnt_vocabulary,
+                read_back=self.profiler.readback,
+            )
+            if transcript is not None:
+                events.append(UserTranscriptDelta(self._frame_index, *transcript))
+        return text_id, function_id
+
     def _step_frame(self, frame: np.ndarray) -> list[Event]:
         if self.max_frames is not None and self._frame_index >= self.max_frames:
             raise ContextLimitError(
@@ -272,7 +345,7 @@ class Session:
         profiler.begin_frame(self._frame_index)
         events: list[Event] = []
 
-        # Phase 1 — perception, RNN-T and the LLM, built as one graph and read back together.
+        # Phase 1 — perception, RNN-T and the LLM, built as one graph (read back here, or with the samples).
         probe = profiler.sub_stage if profiler.sub_stages_enabled else None
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
         perceived = (projected, encoded, *caches.perception.arrays())
@@ -292,32 +365,25 @@ class Session:
         profiler.stage("rnnt", *([proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []))
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
         profiler.launch(text_array, function_array, *caches.language.arrays())
-        readback = [text_array, function_array, *([proposal.symbols] if proposal else [])]
-        profiler.sync(*readback, *caches.perception.arrays(), *caches.language.arrays())
-        text_id, function_id = int(text_array.item()), int(function_array.item())
-        self._text_ids.append(text_id)
-        self._function_ids.append(function_id)
-        if proposal is not None:
-            symbols = proposal.symbols.tolist()
-            self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
-            transcript = rnnt_commit(
-                self._stt.rnnt_decoder,
-                self._stt.rnnt_joint,
-                caches.rnnt,
-                encoded,
-                proposal,
-                symbols,
-                blank_id=config.rnnt_blank_id,
-                max_symbols=config.audio_config.max_symbols,
-                vocabulary=self.voicechat.rnnt_vocabulary,
-                read_back=profiler.readback,
-            )
-            if transcript is not None:
-                events.append(UserTranscriptDelta(self._frame_index, *transcript))
-        profiler.stage("language")
-
-        # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
-        codes = self._tts_step(text_id, probe)
+        phase_one = [
+            text_array,
+            function_array,
+            *([proposal.symbols] if proposal else []),
+            *caches.perception.arrays(),
+            *caches.language.arrays(),
+        ]
+        one_sync = self._tts_spells_on_device
+        if one_sync:
+            # Fast numerics: the TTS takes the text id on the device, so the frame is built to its end while the
+            # device computes, and the ids are read with the samples.
+            profiler.stage("language")
+            codes = self._tts_step_on_device(text_array)
+        else:
+            profiler.sync(*phase_one)
+            text_id, function_id = self._adopt_ids(text_array, function_array, encoded, proposal, events)
+            profiler.stage("language")
+            # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
+            codes = self._tts_step(text_id, probe)
         self._timeline_index += 1
         spoken = (codes, *caches.tts.arrays())
         profiler.stage("tts", *spoken)
@@ -336,7 +402,10 @@ class Session:
             *caches.codec.arrays(),
             caches.previous_code,
             *([caches.previous_code_sum] if caches.previous_code_sum is not None else []),
+            *(phase_one if one_sync else []),
         )
+        if one_sync:
+            text_id, function_id = self._adopt_ids(text_array, function_array, encoded, proposal, events)
         profiler.stage("codec")
 
         text_update = self._text.append(text_id)

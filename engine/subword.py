@@ -7,8 +7,9 @@ are added at every position. Parameter attribute names follow the checkpoint key
 under ``tts_model.tts_model.embed_subword.``.
 
 The spelling lookup is a Python dictionary keyed by token id, so it needs the ids
-on the host: :func:`spell_tokens` is the one place that synchronises, and the only
-thing to replace once the table moves to the device.
+on the host: :func:`spell_tokens` is the one place that synchronises. Fast numerics
+spells a token chosen on the device from a device copy of the table instead
+(:meth:`CharacterTable.on_device`, :meth:`CharAwareSubwordEncoder.encode_on_device`).
 
 Also home of the two building blocks that the EAR-TTS fusion and MoG head share
 with this encoder (:class:`FloatRMSNorm`, :class:`GeluGatedMLP`).
@@ -16,11 +17,13 @@ with this encoder (:class:`FloatRMSNorm`, :class:`GeluGatedMLP`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .config import CharEncoderConfig
 from .errors import TokenizerError
@@ -111,6 +114,37 @@ class CharacterTable:
     def spell(self, token_id: int) -> tuple[int, ...]:
         """Character ids of a token; empty for ids outside the vocabulary."""
         return self.spellings.get(token_id, ())
+
+    def on_device(self, size: int) -> DeviceSpelling:
+        """The spellings of ids ``0 .. size - 1`` as device arrays, made once per size (see :class:`DeviceSpelling`)."""
+        made = self._device_spellings
+        if size not in made:
+            width = max((len(spelling) for spelling in self.spellings.values()), default=0) or 1
+            char_ids = np.full((size, width), self.pad_id, dtype=np.int16)
+            lengths = np.zeros((size,), dtype=np.int16)
+            for token_id, spelling in self.spellings.items():
+                if 0 <= token_id < size:
+                    char_ids[token_id, : len(spelling)] = spelling
+                    lengths[token_id] = len(spelling)
+            made[size] = DeviceSpelling(char_ids=mx.array(char_ids), lengths=mx.array(lengths))
+            mx.eval(made[size].char_ids, made[size].lengths)
+        return made[size]
+
+    @functools.cached_property
+    def _device_spellings(self) -> dict[int, DeviceSpelling]:
+        return {}  # in the instance __dict__ (a frozen dataclass allows that), one table per size
+
+
+@dataclass(frozen=True)
+class DeviceSpelling:
+    """Every token's spelling on the device, so that a token chosen on the device is spelled there, with no
+    readback: row ``id`` of ``char_ids`` (V, M) holds the token's character ids padded with the pad id to the
+    longest spelling, ``lengths[id]`` how many of them are its own (0 for a token that spells to nothing, or an
+    id outside the vocabulary). int16 (character ids are below 32,768): at the published vocabulary's 131,072
+    ids, 256 KB per column of width."""
+
+    char_ids: mx.array
+    lengths: mx.array
 
 
 @dataclass(frozen=True)
@@ -290,6 +324,26 @@ class CharAwareSubwordEncoder(nn.Module):
         hidden = self.backbone.encoder(self.embed_tokens(spelled.char_ids), key_mask)
         pooled = mx.sum(hidden * key_mask[..., None], axis=1) / mx.maximum(spelled.lengths[:, None], 1)
         return self.proj_embedding(pooled)
+
+    def encode_on_device(self, token_ids: mx.array, spelling: DeviceSpelling) -> mx.array:
+        """:meth:`__call__` for every position of ``token_ids`` (B, T), spelled from ``spelling`` on the device.
+
+        Each token runs the encoder at the table's full width, its padding masked as a batch's is: the same
+        function of the token, with its sums (attention, pooling) over more terms, the padded ones zero. Fast
+        numerics only (the sums' order may differ from the host's spelling at the token's own width)."""
+        flat = token_ids.reshape(-1)
+        spelled = SpelledTokens(
+            char_ids=spelling.char_ids[flat].astype(mx.int32),
+            lengths=spelling.lengths[flat].astype(mx.int32),
+            batch_index=flat,  # unused by the encoder
+            time_index=flat,
+            longest=int(spelling.char_ids.shape[1]),
+        )
+        # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
+        encoded = self.encode_spelled(spelled).astype(self.embed_tokens.weight.dtype)
+        out = encoded.reshape(*token_ids.shape, -1)
+        out = self.subword_flag_emb(out, token_ids)
+        return self.bos_eos_emb(out, token_ids)
 
     def __call__(self, subword_ids: mx.array, subword_mask: mx.array, table: CharacterTable) -> mx.array:
         spelled = spell_tokens(table, subword_ids, subword_mask)

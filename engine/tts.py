@@ -35,7 +35,7 @@ from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
-from .subword import CharacterTable, CharAwareSubwordEncoder, FloatRMSNorm, GeluGatedMLP
+from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
 GUIDED_ROWS = 2
@@ -943,10 +943,13 @@ class EarTTS(nn.Module):
             total = total + mx.where(known[..., None], rows, 0.0)
         return total
 
+    def code_sum(self, codes: mx.array) -> mx.array:
+        """(B, T, Q) codes → (B, T, latent) float32: the sum of their codebook vectors."""
+        return self._codebook_sum([codes[..., quantizer] for quantizer in range(self.config.num_quantizers)])
+
     def embed_codes(self, codes: mx.array) -> mx.array:
         """(B, T, Q) codes → (B, T, H) float32 code embeddings."""
-        columns = [codes[..., quantizer] for quantizer in range(self.config.num_quantizers)]
-        return self.embed_code(self._codebook_sum(columns))
+        return self.embed_code(self.code_sum(codes))
 
     def _guided_condition(self, subword_ids: mx.array, subword_mask: mx.array, chars: CharacterTable) -> mx.array:
         """Text conditioning (1, T) → (2, T, H): row 0 the text, row 1 the learned null embedding."""
@@ -973,6 +976,24 @@ class EarTTS(nn.Module):
     @functools.cached_property
     def _condition_memo(self) -> dict[int, mx.array]:
         return {}  # token id -> conditioning; in the instance __dict__, outside the parameter tree
+
+    def condition_on_device(self, text_token: mx.array, spelling: DeviceSpelling) -> mx.array:
+        """The guided conditioning (2, 1, H) of a text token (1, 1) that stays on the device (fast numerics).
+
+        Spelled from ``spelling`` and encoded every step (no memo: the id is not known on the host), as one
+        compiled program; see :meth:`CharAwareSubwordEncoder.encode_on_device` for how it differs from
+        :meth:`_token_condition`."""
+        return self._device_condition(text_token, spelling.char_ids, spelling.lengths)
+
+    @functools.cached_property
+    def _device_condition(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
+        # The character encoder's weights are bf16 in either numerics mode (engine.precast), so one trace serves.
+        def condition(text_token: mx.array, char_ids: mx.array, lengths: mx.array) -> mx.array:
+            spelling = DeviceSpelling(char_ids=char_ids, lengths=lengths)
+            text = self.embed_subword.encode_on_device(text_token, spelling)
+            return mx.concatenate([text, mx.broadcast_to(self.null_emb, text.shape)], axis=0)
+
+        return jit(condition)
 
     # ----------------------------------------------------------------- warm-up and step
 
@@ -1007,6 +1028,7 @@ class EarTTS(nn.Module):
         previous_code_sum: mx.array | None = None,
         probe: Probe | None = None,
         text_id: int | None = None,
+        condition: mx.array | None = None,
     ) -> TTSStepResult:
         """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
 
@@ -1014,18 +1036,20 @@ class EarTTS(nn.Module):
         ``previous_code``'s codebook vectors, which the code embedding would recompute.
         ``text_id``, when given, is ``text_token``'s value, known on the host: the token's
         conditioning is then looked up in (or added to) a per-token memo, with no readback.
-        Reads the token id on the host (see :func:`engine.subword.spell_tokens`); draws
+        ``condition``, when given, is the token's guided conditioning already built
+        (:meth:`condition_on_device`), and ``text_token`` is not read.
+        With neither, reads the token id on the host (see :func:`engine.subword.spell_tokens`). Draws
         one uniform and one normal tensor per refinement round from the global RNG.
         """
         if previous_code_sum is None:
-            previous_code_sum = self._codebook_sum([previous_code[..., q] for q in range(self.config.num_quantizers)])
+            previous_code_sum = self.code_sum(previous_code)
         audio = self.embed_code(previous_code_sum)
         guided_audio = mx.concatenate([audio, audio], axis=0)
         if probe is not None:
             probe("tts.embed", guided_audio)
-        if text_id is not None:
+        if condition is None and text_id is not None:
             condition = self._token_condition(text_id, chars)
-        else:
+        elif condition is None:
             condition = self._guided_condition(text_token, mx.ones(text_token.shape, dtype=mx.bool_), chars)
         if probe is not None:
             probe("tts.condition", condition)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -167,6 +168,45 @@ def test_sub_stage_timing_changes_nothing_but_the_clock(voicechat, audio):
     names = set().union(*(t.sub_stages for t in timings))
     assert {"perception.layers", "language.llm", "tts.backbone", "tts.mog.5", "codec.decoder"} <= names
     assert all(t.host_syncs > 10 for t in timings[1:])
+
+
+@pytest.fixture(scope="module")
+def fast_voicechat(tiny_q4):
+    return load_voicechat(tiny_q4, numerics="fast")
+
+
+def test_fast_frames_spell_the_text_id_on_the_device_and_sync_once(fast_voicechat, audio, monkeypatch):
+    """Fast numerics builds a frame to its end before the host waits: the TTS takes the text id on the device,
+    and the ids are read with the samples — a sync a frame fewer than with the id read back after the LLM, and
+    on this CPU the same ids, codes and samples (the character encoder's padded sums come out exact here)."""
+    once = Session(fast_voicechat, seed=2)
+    once_events = once.push(audio[: 1280 * 8], 16_000)
+    monkeypatch.setattr(Session, "_tts_spells_on_device", property(lambda self: False))
+    twice = Session(fast_voicechat, seed=2)
+    twice_events = twice.push(audio[: 1280 * 8], 16_000)
+    assert once.text_ids == twice.text_ids and once.function_ids == twice.function_ids
+    _assert_same_audio(once_events, twice_events)
+    syncs_once, syncs_twice = (
+        [t.host_syncs for t in events if isinstance(t, FrameTiming)][1:] for events in (once_events, twice_events)
+    )
+    assert len(syncs_once) == 7 and [count + 1 for count in syncs_once] == syncs_twice
+
+
+@pytest.mark.parametrize("end_of_speech", [True, False])
+def test_the_tts_step_on_the_device_follows_the_host_rules(fast_voicechat, audio, end_of_speech):
+    """The device form of a TTS step keeps the host form's rules: an end of speech resets the fed-back codes
+    (and their codebook sum) to silence; any other id leaves them. Same codes and state, bit for bit."""
+    token_id = fast_voicechat.config.eos_token_id if end_of_speech else 5
+    results = []
+    for on_device in (True, False):
+        session = Session(fast_voicechat, seed=4)  # seeds the generator: both steps draw the same numbers
+        session.push(audio[: 1280 * 2], 16_000)  # past the timeline's silent first step: codes and their sum fed back
+        assert session.caches.previous_code_sum is not None
+        codes = session._tts_step_on_device(mx.array([token_id])) if on_device else session._tts_step(token_id)
+        caches = session.caches
+        results.append([codes, caches.previous_code, caches.previous_code_sum])
+    for device_array, host_array in zip(*results, strict=True):
+        assert mx.array_equal(device_array, host_array).item()
 
 
 def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypatch):

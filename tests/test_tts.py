@@ -221,6 +221,31 @@ def test_spelling_pads_and_locates_tokens(loaded: Loaded) -> None:
     assert spelled.time_index.tolist() == [0, 2] and spelled.batch_index.tolist() == [0, 0]
 
 
+def test_a_token_spelled_on_the_device_is_conditioned_as_on_the_host(loaded: Loaded) -> None:
+    """Fast numerics spells the text id on the device (no readback): the whole vocabulary's spellings at the
+    longest one's width, each token's padding masked. Ordinary, single-character, special and out-of-vocabulary
+    ids (the last spell to nothing) get the conditioning the host's spelling at their own width gives, up to one
+    rounding of the bf16 result (the padded sums run over more terms; on this CPU they come out exact)."""
+    vocab = loaded.tokenizer.get_vocab()
+    config = loaded.config
+    size = max(vocab.values()) + 2  # one id past the vocabulary
+    spelling = loaded.chars.on_device(size)
+    longest = max(vocab.values(), key=lambda token_id: len(loaded.chars.spell(token_id)))
+    ids = [vocab["\u0120the"], vocab["a"], longest, config.eos_token_id, config.bos_token_id, size - 1]
+    assert spelling.char_ids.shape == (size, len(loaded.chars.spell(longest)))
+    for token_id in ids:
+        spelled = loaded.chars.spell(token_id)
+        assert spelling.lengths[token_id].item() == len(spelled)
+        row = spelling.char_ids[token_id].tolist()
+        assert row == [*spelled, *[loaded.chars.pad_id] * (len(row) - len(spelled))]
+        on_device = loaded.tts.condition_on_device(mx.array([[token_id]], dtype=mx.int32), spelling)
+        on_host = loaded.tts._token_condition(token_id, loaded.chars)
+        assert on_device.shape == on_host.shape and on_device.dtype == on_host.dtype
+        np.testing.assert_allclose(
+            np.array(on_device.astype(mx.float32)), np.array(on_host.astype(mx.float32)), rtol=2**-7, atol=1e-6
+        )
+
+
 # --------------------------------------------------------------------------- speaker prompt and steps
 
 

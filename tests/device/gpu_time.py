@@ -7,7 +7,8 @@ One full-size 4-bit model loaded for fast numerics; for each history (0 = a fres
 PyTorch's profiler, which records every kernel the process launches (MLX's included) through CUPTI. Prints each
 run's GPU busy time a frame against its wall time (busy well below wall: the host is the bottleneck), then the
 kernels by GPU time a frame, and for two histories the kernels whose time grew the most, and the GPU's idle time
-between kernels, by the kernels either side of the gap.
+between kernels, by the kernels either side of the gap; and the host's side: time in CUDA's API calls (its
+synchronizes are the host waiting for the GPU) and its long stretches between launches, by the kernels either side.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 SETTLE_FRAMES = 80
 IDLE_GAP_US = 20.0
+HOST_STRETCH_US = 50.0
 
 
 def _is_source_hash(part: str) -> bool:
@@ -82,7 +84,52 @@ def profiled_frames(
         gap = after.time_range.start - before.time_range.end
         if gap > IDLE_GAP_US:
             idle[f"{kernel_family(before.name)[:60]}  →  {kernel_family(after.name)[:60]}"] += gap / frames
+    host_report(prof.events(), kernels, frames)
     return dict(times), {name: count // frames for name, count in launches.items()}, dict(idle), wall_ms
+
+
+def host_report(events: list, kernels: list, frames: int) -> None:
+    """The host's side of the same frames, from the CUDA API calls CUPTI recorded: time a frame in each call
+    (a synchronize's time is the host waiting for the GPU; a launch's, the driver's cost per kernel), and the
+    host's longest stretches between launches — Python and MLX's own work — by the kernels either side."""
+    calls = sorted(
+        (
+            event
+            for event in events
+            if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("cu")
+        ),
+        key=lambda event: event.time_range.start,
+    )
+    if not calls:
+        print("  (the profiler recorded no CUDA API calls)")
+        return
+    by_name: dict[str, list[float]] = defaultdict(list)
+    for call in calls:
+        by_name[call.name].append(call.time_range.elapsed_us())
+    span_ms = (calls[-1].time_range.end - calls[0].time_range.start) / 1000.0 / frames
+    in_calls = sum(sum(values) for values in by_name.values()) / 1000.0 / frames
+    print(f"  host: {span_ms:.2f} ms a frame from first to last CUDA call, {in_calls:.2f} ms of it inside them:")
+    for name, values in sorted(by_name.items(), key=lambda item: -sum(item[1]))[:12]:
+        per_call = sorted(values)[len(values) // 2]
+        print(
+            f"    {sum(values) / 1000.0 / frames:7.2f} ms  {len(values) / frames:7.1f}×  p50 {per_call:6.1f} µs  {name}"
+        )
+    launches = [call for call in calls if "LaunchKernel" in call.name]
+    if len(launches) != len(kernels):
+        print(f"  ({len(launches)} launch calls against {len(kernels)} kernels: host stretches not keyed)")
+        return
+    stretches: dict[str, float] = defaultdict(float)
+    between = [after.time_range.start - before.time_range.end for before, after in itertools.pairwise(launches)]
+    for gap, (before, after) in zip(between, itertools.pairwise(kernels), strict=True):
+        if gap > HOST_STRETCH_US:
+            stretches[f"{kernel_family(before.name)[:60]}  →  {kernel_family(after.name)[:60]}"] += gap / frames
+    typical = sorted(between)[len(between) // 2]
+    print(
+        f"  host between launches: p50 {typical:.1f} µs; stretches over {HOST_STRETCH_US} µs "
+        f"{sum(stretches.values()) / 1000.0:.2f} ms a frame, between:"
+    )
+    for name, value in sorted(stretches.items(), key=lambda item: -item[1])[:16]:
+        print(f"    {value:9.1f} µs  {name}")
 
 
 def main() -> None:

@@ -103,6 +103,8 @@ for arg in "$@"; do
             --history "$history" 2>&1 | grep -E "^(parley |model)"
         done
       done 2>&1 | tee "$OUT/fastlong.log" ;;
+    # The same, one process: fresh and aged conversations alternating round by round on one loaded model.
+    longab) step longab 400 python3 tests/device/long_ab.py fast ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
@@ -121,6 +123,8 @@ for arg in "$@"; do
     # Each part launched as soon as it is built against launched at the syncs only, alternating rounds (fast, exact).
     launchab) step launchab 300 python3 tests/device/launch_ab.py fast ;;
     launchabexact) step launchabexact 300 python3 tests/device/launch_ab.py exact ;;
+    # Fast frames with one sync (the text id spelled on the device) against two, alternating rounds.
+    syncab) step syncab 300 python3 tests/device/sync_ab.py ;;
     # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).
     cachewrites) step cachewrites 200 python3 tests/device/cache_writes.py ;;
     # This build's quantized row kernel against another build's (tests/device/quantized_ab.py says how).
