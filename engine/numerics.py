@@ -107,6 +107,15 @@ and the log says why. The changes:
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
   attempts run as operations. On the CPU the two are the same bits; on a GPU the fused multiply-add
   rounds once where the reference rounds twice.
+* **One sync a frame: the TTS spells the text id on the device** (no kernel of its own;
+  :meth:`engine.session.Session._tts_step_on_device`). Exact mode reads the LLM's text id back before it builds
+  the TTS step, because the token's conditioning is looked up by id on the host (its spelling, a memo), so the
+  device idles while the host builds the rest of the frame. Fast mode keeps the id on the device: every token's
+  spelling is a device table at the longest spelling's width (:meth:`engine.subword.CharacterTable.on_device`),
+  the character encoder runs each step on the token's row with its padding masked, and the end-of-speech reset
+  is a select; the ids are read with the samples. What differs: the encoder's attention and pooling sum over the
+  padded width (the padded terms are zeros), and it runs every frame instead of once per token (about 40 MB of
+  bf16 weights a frame). On the CPU the conditioning comes out exact (``tests/test_tts.py``).
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA

@@ -99,7 +99,7 @@ class Session:
         max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
         stage_timing: bill device time to the stage that caused it by evaluating at every stage
             boundary (three more host syncs per frame, counted as such); otherwise stages show
-            where the host waited and a frame needs two syncs.
+            where the host waited and a frame needs two syncs (one in fast numerics).
         sub_stages: also time sub-stages inside the networks (forces more evaluation; slower).
         census: count every frame's graph, stage by stage, before it is evaluated (slow; for
             ``parley bench --counters``); each frame's counts are in ``profiler.last_census``.
@@ -376,7 +376,7 @@ class Session:
         if one_sync:
             # Fast numerics: the TTS takes the text id on the device, so the frame is built to its end while the
             # device computes, and the ids are read with the samples.
-            profiler.stage("language")
+            profiler.stage("language", text_array, function_array, *caches.language.arrays())
             codes = self._tts_step_on_device(text_array)
         else:
             profiler.sync(*phase_one)
