@@ -320,9 +320,13 @@ class CharAwareSubwordEncoder(nn.Module):
 
     def encode_spelled(self, spelled: SpelledTokens) -> mx.array:
         """Pooled and projected encodings (N, out_size) of spelled tokens."""
-        key_mask = mx.arange(spelled.char_ids.shape[1])[None, :] < spelled.lengths[:, None]
-        hidden = self.backbone.encoder(self.embed_tokens(spelled.char_ids), key_mask)
-        pooled = mx.sum(hidden * key_mask[..., None], axis=1) / mx.maximum(spelled.lengths[:, None], 1)
+        return self.encode_characters(spelled.char_ids, spelled.lengths)
+
+    def encode_characters(self, char_ids: mx.array, lengths: mx.array) -> mx.array:
+        """Pooled and projected encodings (N, out_size) of padded character rows (N, L) and their lengths (N,)."""
+        key_mask = mx.arange(char_ids.shape[1])[None, :] < lengths[:, None]
+        hidden = self.backbone.encoder(self.embed_tokens(char_ids), key_mask)
+        pooled = mx.sum(hidden * key_mask[..., None], axis=1) / mx.maximum(lengths[:, None], 1)
         return self.proj_embedding(pooled)
 
     def encode_on_device(self, token_ids: mx.array, spelling: DeviceSpelling) -> mx.array:
@@ -332,15 +336,10 @@ class CharAwareSubwordEncoder(nn.Module):
         function of the token, with its sums (attention, pooling) over more terms, the padded ones zero. Fast
         numerics only (the sums' order may differ from the host's spelling at the token's own width)."""
         flat = token_ids.reshape(-1)
-        spelled = SpelledTokens(
-            char_ids=spelling.char_ids[flat].astype(mx.int32),
-            lengths=spelling.lengths[flat].astype(mx.int32),
-            batch_index=flat,  # unused by the encoder
-            time_index=flat,
-            longest=int(spelling.char_ids.shape[1]),
-        )
+        char_ids = spelling.char_ids[flat].astype(mx.int32)
+        lengths = spelling.lengths[flat].astype(mx.int32)
         # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
-        encoded = self.encode_spelled(spelled).astype(self.embed_tokens.weight.dtype)
+        encoded = self.encode_characters(char_ids, lengths).astype(self.embed_tokens.weight.dtype)
         out = encoded.reshape(*token_ids.shape, -1)
         out = self.subword_flag_emb(out, token_ids)
         return self.bos_eos_emb(out, token_ids)

@@ -3,9 +3,9 @@
 Every frame runs in two phases: *listening* (perception, RN-T and the language model: what
 was heard, what to say) and *speaking* (TTS and codec: the next 80 ms of voice). Exact
 numerics reads each phase back from the device once; fast numerics reads the frame back
-once, at its end, so there the device's listening work lands in speaking. The chart draws both phases of every recent
-frame as a stacked bar against the 80 ms budget, plus "other": host work after the codec
-(decoding text, parsing tool calls, handing audio over). Within a phase, device time
+once, at its end, so there the device's listening work lands in speaking. The chart draws
+both phases of every recent frame as a stacked bar against the 80 ms budget, plus "other":
+host work after the codec (decoding text, parsing tool calls, handing audio over). Within a phase, device time
 lands in the stage that waited for it, so per-stage times of ordinary frames would
 mislead; one frame in N is therefore timed stage by stage (``timing_mode == "device"``,
 evaluated at every stage boundary), and the panel on the right shows those exact stage

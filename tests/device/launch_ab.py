@@ -10,12 +10,11 @@ and whether the two produced the same text ids, codes and waveforms (the same gr
 
 from __future__ import annotations
 
-import statistics
 import sys
 
-from traced_ab import RunOutputs, run_outputs, same_outputs  # a sibling script
+from traced_ab import alternating_rounds  # a sibling script
 
-from app.bench import bench_input, question_audio, run_ours
+from app.bench import question_audio
 from engine.profiler import FrameProfiler
 from engine.random_checkpoint import random_voicechat
 from engine.session import warm_up
@@ -31,26 +30,14 @@ def main() -> None:
     numerics = sys.argv[1] if len(sys.argv) > 1 else "fast"
     voicechat = random_voicechat("full", quantize=4, numerics=numerics)
     warm_up(voicechat, speech=question_audio())
-    samples = bench_input(100)
-    variants = {"early": EARLY, "at syncs": at_syncs}
-    results: dict[str, list[float]] = {name: [] for name in variants}
-    outputs: dict[str, RunOutputs] = {}
-    for round_ in range(3):
-        for name, launch in variants.items():
-            FrameProfiler.launch = launch  # type: ignore[method-assign]
-            record = run_ours(voicechat, samples, seed=0, sub_stages=False)
-            steady = record.totals_ms[6:]
-            results[name].append(statistics.median(steady))
-            outputs[name] = run_outputs(record)
-            print(
-                f"round {round_ + 1} {name}: p50 {statistics.median(steady):.2f} ms, "
-                f"mean {statistics.mean(steady):.2f} ms",
-                flush=True,
-            )
-    FrameProfiler.launch = EARLY  # type: ignore[method-assign]
-    for name in variants:
-        print(f"{numerics}, {name}: p50 per round {', '.join(f'{value:.2f}' for value in results[name])}")
-    print(f"early against at syncs: {same_outputs(outputs['early'], outputs['at syncs'])}")
+
+    def launching(launch: object) -> dict[str, object]:
+        FrameProfiler.launch = launch  # type: ignore[method-assign]
+        return {}
+
+    print(f"{numerics} numerics")
+    alternating_rounds(voicechat, {"early": lambda: launching(EARLY), "at syncs": lambda: launching(at_syncs)})
+    launching(EARLY)
 
 
 if __name__ == "__main__":

@@ -11,35 +11,26 @@ flat within 10 %).
 
 from __future__ import annotations
 
-import statistics
 import sys
 
-from app.bench import bench_input, question_audio, run_ours
+from traced_ab import alternating_rounds  # a sibling script
+
+from app.bench import question_audio
 from engine.random_checkpoint import random_voicechat
 from engine.session import warm_up
 
 AGED_BY = 7300  # frames of history: with the bench's 100 frames, just short of the 7,500-frame conversation
-ROUNDS = 3
 
 
 def main() -> None:
     numerics = sys.argv[1] if len(sys.argv) > 1 else "fast"
     voicechat = random_voicechat("full", quantize=4, numerics=numerics)
     warm_up(voicechat, speech=question_audio())
-    samples = bench_input(100)
-    medians: dict[int, list[float]] = {0: [], AGED_BY: []}
-    for round_ in range(ROUNDS):
-        for history in medians:
-            steady = run_ours(voicechat, samples, seed=0, sub_stages=False, history=history).totals_ms[6:]
-            medians[history].append(statistics.median(steady))
-            print(
-                f"round {round_ + 1}, history {history}: p50 {statistics.median(steady):.2f} ms, "
-                f"mean {statistics.mean(steady):.2f} ms, longest {max(steady):.2f} ms",
-                flush=True,
-            )
-    for history, values in medians.items():
-        print(f"{numerics}, history {history}: p50 per round {', '.join(f'{value:.2f}' for value in values)}")
-    ratios = [aged / fresh for fresh, aged in zip(medians[0], medians[AGED_BY], strict=True)]
+    print(f"{numerics} numerics")
+    medians = alternating_rounds(
+        voicechat, {"fresh": lambda: {"history": 0}, "aged": lambda: {"history": AGED_BY}}, compare=False
+    )
+    ratios = [aged / fresh for fresh, aged in zip(medians["fresh"], medians["aged"], strict=True)]
     print(f"aged / fresh p50 per round: {', '.join(f'{ratio:.3f}' for ratio in ratios)}")
 
 

@@ -11,43 +11,28 @@ they may differ by rounding; on the CPU's tiny checkpoint they are identical).
 
 from __future__ import annotations
 
-import statistics
+from traced_ab import alternating_rounds  # a sibling script
 
-from traced_ab import RunOutputs, run_outputs, same_outputs  # a sibling script
-
-from app.bench import bench_input, question_audio, run_ours
+from app.bench import question_audio
 from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 
 ON_DEVICE = Session._tts_spells_on_device
+TWO_SYNCS = property(lambda self: False)
 
 
 def main() -> None:
     voicechat = random_voicechat("full", quantize=4, numerics="fast")
-    variants = {"one sync": ON_DEVICE, "two syncs": property(lambda self: False)}
-    for spells in variants.values():
-        Session._tts_spells_on_device = spells  # type: ignore[method-assign]
+
+    def spelling(form: property) -> dict[str, object]:
+        Session._tts_spells_on_device = form  # type: ignore[method-assign]
+        return {}
+
+    for form in (ON_DEVICE, TWO_SYNCS):
+        spelling(form)
         warm_up(voicechat, speech=question_audio())
-    samples = bench_input(100)
-    results: dict[str, list[float]] = {name: [] for name in variants}
-    outputs: dict[str, RunOutputs] = {}
-    for round_ in range(3):
-        for name, spells in variants.items():
-            Session._tts_spells_on_device = spells  # type: ignore[method-assign]
-            record = run_ours(voicechat, samples, seed=0, sub_stages=False)
-            steady = record.totals_ms[6:]
-            results[name].append(statistics.median(steady))
-            outputs[name] = run_outputs(record)
-            syncs = statistics.mean(record.host_syncs[6:])
-            print(
-                f"round {round_ + 1} {name}: p50 {statistics.median(steady):.2f} ms, "
-                f"mean {statistics.mean(steady):.2f} ms, host syncs a frame {syncs:.1f}",
-                flush=True,
-            )
-    Session._tts_spells_on_device = ON_DEVICE  # type: ignore[method-assign]
-    for name in variants:
-        print(f"{name}: p50 per round {', '.join(f'{value:.2f}' for value in results[name])}")
-    print(f"one sync against two: {same_outputs(outputs['one sync'], outputs['two syncs'])}")
+    alternating_rounds(voicechat, {"one sync": lambda: spelling(ON_DEVICE), "two syncs": lambda: spelling(TWO_SYNCS)})
+    spelling(ON_DEVICE)
 
 
 if __name__ == "__main__":

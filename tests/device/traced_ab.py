@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +51,40 @@ def main() -> None:
 def run_outputs(record: RunRecord) -> RunOutputs:
     """What two variants of one conversation must agree on: text ids, codes, the waveform."""
     return record.text_ids, record.codes, np.concatenate(record.waveforms)
+
+
+def alternating_rounds(
+    voicechat: object,
+    variants: dict[str, Callable[[], dict[str, Any]]],
+    rounds: int = 3,
+    *,
+    compare: bool = True,
+) -> dict[str, list[float]]:
+    """Run the bench's 100 frames once per variant per round, alternating (each variant's callable switches the
+    session to it and returns further arguments of :func:`app.bench.run_ours`); print each round's median, mean,
+    longest frame and host syncs a frame, the medians per variant and, with ``compare``, whether the first two
+    variants' outputs agree. Returns each variant's medians."""
+    samples = bench_input(100)
+    results: dict[str, list[float]] = {name: [] for name in variants}
+    outputs: dict[str, RunOutputs] = {}
+    for round_ in range(rounds):
+        for name, switch in variants.items():
+            record = run_ours(voicechat, samples, seed=0, sub_stages=False, **switch())
+            steady = record.totals_ms[6:]
+            results[name].append(statistics.median(steady))
+            outputs[name] = run_outputs(record)
+            syncs = statistics.mean(record.host_syncs[6:])
+            print(
+                f"round {round_ + 1} {name}: p50 {statistics.median(steady):.2f} ms, "
+                f"mean {statistics.mean(steady):.2f} ms, longest {max(steady):.2f} ms, host syncs a frame {syncs:.1f}",
+                flush=True,
+            )
+    for name, values in results.items():
+        print(f"{name}: p50 per round {', '.join(f'{value:.2f}' for value in values)}")
+    if compare:
+        first, second = list(outputs)[:2]
+        print(f"{first} against {second}: {same_outputs(outputs[first], outputs[second])}")
+    return results
 
 
 def same_outputs(first: RunOutputs, second: RunOutputs) -> str:
