@@ -953,7 +953,10 @@ class EarTTS(nn.Module):
 
     def _guided_condition(self, subword_ids: mx.array, subword_mask: mx.array, chars: CharacterTable) -> mx.array:
         """Text conditioning (1, T) → (2, T, H): row 0 the text, row 1 the learned null embedding."""
-        text = self.embed_subword(subword_ids, subword_mask, chars)
+        return self._guided(self.embed_subword(subword_ids, subword_mask, chars))
+
+    def _guided(self, text: mx.array) -> mx.array:
+        """Text conditioning (1, T, H) → (2, T, H): the null embedding's row joined after it."""
         return mx.concatenate([text, mx.broadcast_to(self.null_emb, text.shape)], axis=0)
 
     def _token_condition(self, token_id: int, chars: CharacterTable) -> mx.array:
@@ -990,8 +993,7 @@ class EarTTS(nn.Module):
         # The character encoder's weights are bf16 in either numerics mode (engine.precast), so one trace serves.
         def condition(text_token: mx.array, char_ids: mx.array, lengths: mx.array) -> mx.array:
             spelling = DeviceSpelling(char_ids=char_ids, lengths=lengths)
-            text = self.embed_subword.encode_on_device(text_token, spelling)
-            return mx.concatenate([text, mx.broadcast_to(self.null_emb, text.shape)], axis=0)
+            return self._guided(self.embed_subword.encode_on_device(text_token, spelling))
 
         return jit(condition)
 

@@ -27,25 +27,15 @@ def main() -> None:
     voicechat = random_voicechat(size, quantize=4, numerics="fast")
     backbone = voicechat.model.tts_model.tts_model.backbone
     print(f"the backbone traces its step by default: {backbone.traces_rows()}")
-    for traced in (True, False):
+
+    def tracing(traced: bool) -> dict[str, object]:
         backbone.trace_rows = traced
-        warm_up(voicechat, speech=question_audio())
-    samples = bench_input(100)
-    results: dict[bool, list[float]] = {True: [], False: []}
-    outputs: dict[bool, RunOutputs] = {}
-    for round_ in range(3):
-        for traced in (True, False):
-            backbone.trace_rows = traced
-            record = run_ours(voicechat, samples, seed=0, sub_stages=False)
-            p50 = statistics.median(record.totals_ms[6:])
-            results[traced].append(p50)
-            outputs[traced] = run_outputs(record)
-            name = "traced" if traced else "op by op"
-            mean = statistics.mean(record.totals_ms[6:])
-            print(f"round {round_ + 1} {name}: p50 {p50:.2f} ms, mean {mean:.2f} ms", flush=True)
+        return {}
+
     for traced in (True, False):
-        print(f"{'traced' if traced else 'op by op'} p50 per round: {', '.join(f'{v:.2f}' for v in results[traced])}")
-    print(f"traced against op by op: {same_outputs(outputs[True], outputs[False])}")
+        tracing(traced)
+        warm_up(voicechat, speech=question_audio())
+    alternating_rounds(voicechat, {"traced": lambda: tracing(True), "op by op": lambda: tracing(False)})
 
 
 def run_outputs(record: RunRecord) -> RunOutputs:
