@@ -24,8 +24,9 @@ and the log says why. The changes:
 * **Single-position attention for the TTS backbone** (:class:`engine.decode_attention.DecodeAttention`):
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
-  computes the softmax online (running maximum and sum per warp, merged per block and, past
-  256 keys, across blocks). Fallback: the reference's ``scaled_dot_product_attention``.
+  computes the softmax online (running maximum and sum per run of keys that four lanes read
+  together, merged across the warp, the block and, past 2,048 keys, the blocks). Fallback: the
+  reference's ``scaled_dot_product_attention``.
 * **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
   formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel.

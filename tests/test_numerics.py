@@ -508,6 +508,31 @@ def test_the_relative_attention_sources_are_complete() -> None:
     assert not any("history" in source or "next_" in source for source in plain)
 
 
+def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
+    """The single-position attention's blocks (its sources complete: they compile only on a GPU): every block
+    has keys, the kernels' own count of blocks (from the keys a block) is the launch's, and the launch changes
+    shape only where a cache buffer grows (a traced step holds it for a buffer's capacity); layouts that do not
+    tile a warp or a head are refused."""
+    from engine import decode_attention
+    from engine.cache import GROWTH_STEP
+    from engine.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
+
+    sources = ("_ATTENTION_CUDA", "_ATTENTION_METAL", "_MERGE_CUDA", "_MERGE_METAL")
+    assert not any("@" in getattr(decode_attention, source) for source in sources)  # every width filled in
+    for per_block in (GROWTH_STEP, 2 * GROWTH_STEP, KEYS_PER_BLOCK):
+        shapes = set()
+        for count in range(1, 9000):
+            blocks, chunk = key_shares(count, per_block)
+            assert -(-count // chunk) == blocks and (blocks - 1) * chunk < count <= blocks * chunk
+            shapes.add((-(-count // GROWTH_STEP), blocks))
+        by_capacity = dict(shapes)
+        assert len(by_capacity) == len(shapes)  # one launch shape per buffer capacity
+    with pytest.raises(ValueError, match="lanes"):
+        DecodeAttention("cuda", 16, 16, 72, lanes_per_key=8)  # slices of 9 floats: not pairs
+    with pytest.raises(ValueError, match="keys a step"):
+        DecodeAttention("cuda", 16, 16, 72, keys_per_step=4)  # a warp reads 8 keys side by side
+
+
 def test_a_row_product_hands_its_values_over_in_heads() -> None:
     """The TTS backbone's q/k/v product writes the values as the cache stores one position's heads, (rows, heads, 1,
     head size): the same numbers as the plain product's last output, and the other outputs untouched."""

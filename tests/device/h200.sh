@@ -109,7 +109,8 @@ for arg in "$@"; do
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
-    attnlayouts) step attnlayouts 200 python3 tests/device/kernel_layouts.py attention ;;
+    attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
+      step attnlayouts 200 python3 tests/device/kernel_layouts.py attention $([ -f $before ] && echo $before) ;;
     quantlayouts) step quantlayouts 300 python3 tests/device/kernel_layouts.py quantized ;;
     # Nsight Compute on one 4-bit and one 8-bit quantized row kernel (the Mamba mixer's in projection).
     quantprofile) for bits in 4 8; do

@@ -1,12 +1,16 @@
 """Layouts of two bandwidth-bound kernels on this GPU, side by side in one process: admitted or not, and
-GPU time per call queued as a frame queues them, with the bandwidth each reaches.
+time per call queued as a frame queues them, with the bandwidth each reaches.
 
 Run on the device (never in CI): ``python3 tests/device/kernel_layouts.py``.
 
 - The TTS backbone's single-position attention (16 heads of 72, two rows) over 200, 2,000 and 7,500
-  cached positions, with 1 to 16 keys a warp reads at once (``keys_per_step``) and 256 to 1,024 keys a
-  block (``keys_per_block``), each call over its own layer's buffers, as the backbone's 28 layers run (a
-  ten-minute conversation reads 7,500). ``python3 tests/device/kernel_layouts.py attention``: this only.
+  cached positions, with 2 or 4 lanes reading a key together, 16 or 32 keys a warp reads at once
+  (``keys_per_step``) and 128 to 2,048 keys a block (``keys_per_block``), each call over its own layer's
+  buffers, as the backbone's 28 layers run (a ten-minute conversation reads 7,500): the kernels' GPU time
+  from CUPTI's records (PyTorch's profiler), the attention's and the merge's apart, and the host's queued
+  time. ``python3 tests/device/kernel_layouts.py attention [BEFORE.py]``: this only; with another build's
+  ``engine/decode_attention.py`` (``git show REV:engine/decode_attention.py > tests/device/…``), its
+  default layout first, for the same measurement.
 - The LLM's 4-bit quantized one-row products with 4, 8 or 16 columns a warp and at most 4, 8 or 16
   warps a block, over distinct weights (more than the GPU's 50 MB L2 cache holds). ``… quantized``: this only.
 """
@@ -14,10 +18,13 @@ Run on the device (never in CI): ``python3 tests/device/kernel_layouts.py``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
@@ -27,8 +34,10 @@ from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
 from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
 
 LAYERS = 28
-# (keys a warp reads at once, keys a block takes) for the attention.
-ATTENTION_LAYOUTS = ((1, 256), (4, 256), (8, 256), (4, 512), (8, 512), (8, 1024), (16, 1024))
+# (lanes a key, keys a warp reads at once, keys a block takes) for the attention.
+ATTENTION_LAYOUTS = ((4, 32, 2048), (4, 32, 1024), (4, 16, 512), (2, 32, 2048), (4, 16, 128))
+# Rounds over all layouts in turn: GPU time of one kernel moves ±20 % between runs, so each layout's median.
+ROUNDS = 3
 
 
 def queued_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], calls: int = 112) -> float:
@@ -40,7 +49,25 @@ def queued_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], 
     return (time.perf_counter() - started) / calls * 1e6
 
 
-def attention_steps(backend: str) -> None:
+def kernel_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], calls: int = 112) -> dict[str, float]:
+    """GPU microseconds per call by kernel (CUPTI's records), ``calls`` calls cycling over ``samples``."""
+    import torch  # the device's; only this measurement needs it
+    from torch.profiler import ProfilerActivity, profile
+
+    mx.eval([function(*samples[i % len(samples)]) for i in range(len(samples))])
+    mx.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        mx.eval([function(*samples[i % len(samples)]) for i in range(calls)])
+        mx.synchronize()
+    times: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = "merge" if "merge" in event.name else "attention" if "parley" in event.name else "other"
+            times[name] += event.time_range.elapsed_us() / calls
+    return dict(times)
+
+
+def attention_steps(backend: str, before: ModuleType | None) -> None:
     for capacity, count in ((256, 200), (2048, 2000), (7680, 7500)):
         first = decode_attention_sample(16, 16, 72, capacity, count)
         samples = [first]
@@ -50,18 +77,46 @@ def attention_steps(backend: str) -> None:
             samples.append((first[0], keys_, values_, *first[3:]))
         mx.eval(samples)
         nbytes = 2 * first[1][..., :count, :].nbytes
-        line = [f"attention over {count}:"]
-        for step, per_block in ATTENTION_LAYOUTS:
-            kernel = DecodeAttention(backend, 16, 16, 72, keys_per_step=step, keys_per_block=per_block)
+        kernels: list[tuple[str, Callable[..., Any]]] = []
+        if before is not None:
+            kernels.append(("before", before.DecodeAttention(backend, 16, 16, 72)))
+        for lanes, step, per_block in ATTENTION_LAYOUTS:
+            kernel = DecodeAttention(
+                backend, 16, 16, 72, keys_per_step=step, keys_per_block=per_block, lanes_per_key=lanes
+            )
+            name = f"{lanes} lanes, {step} keys a step, {per_block} a block"
+            kernels.append((f"{name}: {kernel.splits(count)} blocks a head of {kernel.chunk(count)}", kernel))
+        print(f"attention over {count} ({nbytes / 1e6:.1f} MB a call):", flush=True)
+        timed: dict[str, list[dict[str, float]]] = defaultdict(list)
+        for name, kernel in kernels:
             admitted = admit_kernel("attention", kernel, decode_attention_ops, first)
             error = relative_l2(kernel(*first), decode_attention_ops(*first))
-            took = queued_us(kernel, samples)
-            line.append(
-                f"step {step} {'ok' if admitted else 'NOT ADMITTED'} {error:.1e} {took:.1f} us "
-                f"({nbytes / took / 1e3:.0f} GB/s);"
+            print(f"  {name}: {'ok' if admitted else 'NOT ADMITTED'} {error:.1e}", flush=True)
+        for _ in range(ROUNDS):
+            for name, kernel in kernels:
+                timed[name].append(kernel_us(kernel, samples))
+        for name, kernel in kernels:
+            runs = sorted(timed[name], key=lambda gpu: gpu.get("attention", 0.0) + gpu.get("merge", 0.0))
+            middle = runs[len(runs) // 2]
+            total = middle.get("attention", 0.0) + middle.get("merge", 0.0)
+            each = ", ".join(f"{gpu.get('attention', 0.0) + gpu.get('merge', 0.0):.1f}" for gpu in timed[name])
+            print(
+                f"  {name}: GPU median {total:.1f} us (attention {middle.get('attention', 0.0):.1f}, merge "
+                f"{middle.get('merge', 0.0):.1f}; {nbytes / total / 1e3:.0f} GB/s; rounds {each}); "
+                f"queued {queued_us(kernel, samples):.1f} us",
+                flush=True,
             )
-        line.append(f"operations {queued_us(decode_attention_ops, samples):.1f} us")
-        print(" ".join(line), flush=True)
+        print(f"  operations: queued {queued_us(decode_attention_ops, samples):.1f} us", flush=True)
+
+
+def load_before(path: str, name: str) -> ModuleType:
+    """Another build's module, inside the engine package (its relative imports resolve there)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def quantized_layouts(backend: str) -> None:
@@ -97,9 +152,10 @@ def main() -> None:
     backend = gpu_kernel_backend()
     if backend is None:
         raise SystemExit("no GPU kernels on this device")
-    if sys.argv[1:] != ["quantized"]:
-        attention_steps(backend)
-    if sys.argv[1:] != ["attention"]:
+    if sys.argv[1:2] != ["quantized"]:
+        before = load_before(sys.argv[2], "engine.decode_attention_before") if sys.argv[2:] else None
+        attention_steps(backend, before)
+    if sys.argv[1:2] != ["attention"]:
         quantized_layouts(backend)
 
 

@@ -14,12 +14,10 @@ one's relative L2 to MLX's operations, and GPU time per call queued over distinc
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
-from types import ModuleType
 
 import mlx.core as mx
-from kernel_layouts import queued_us  # a sibling script (run as tests/device/quantized_ab.py)
+from kernel_layouts import load_before, queued_us  # a sibling script (run as tests/device/quantized_ab.py)
 
 from engine.numerics import gpu_kernel_backend, relative_l2
 from engine.quantized_product import (
@@ -43,21 +41,11 @@ CASES = (
 ROUNDS = 3
 
 
-def load_before(path: str) -> ModuleType:
-    """The other build's module, inside the engine package (its relative imports resolve there)."""
-    spec = importlib.util.spec_from_file_location("engine.quantized_product_before", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def main() -> None:
     backend = gpu_kernel_backend()
     if backend is None:
         raise SystemExit("no GPU kernels on this device")
-    before = load_before(sys.argv[1])
+    before = load_before(sys.argv[1], "engine.quantized_product_before")
     for width, outputs, bits, role in CASES:
         shape = QuantizedRowShape(width, outputs, bits, 64, role=role)
         first = quantized_row_samples(shape, mx.bfloat16)
