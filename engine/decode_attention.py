@@ -100,6 +100,21 @@ _WARPS_COMBINED_METAL = """    threadgroup_barrier(metal::mem_flags::mem_threadg
 """
 
 
+# The backbone attention's warps, each merged into its first LANES lanes (a slice of the head each, in pairs),
+# stored for the block's merge: the same lines in both languages (the loop unrolled where CUDA is told to).
+_SLOTS_STORED = """    if (lane == 0) {
+        warp_max[warp] = running_max;
+        warp_sum[warp] = running_sum;
+    }
+    if (lane < LANES) {
+@UNROLL@        for (int j = 0; j < PAIRS; ++j) {
+            warp_acc[warp * D + 2 * (j * LANES + part)] = acc[2 * j];
+            warp_acc[warp * D + 2 * (j * LANES + part) + 1] = acc[2 * j + 1];
+        }
+    }
+"""
+
+
 def _warps_merged_cuda(width: str) -> str:
     return (_WARPS_STORED_CUDA + _WARPS_COMBINED_CUDA).replace("@W@", width)
 
@@ -223,18 +238,8 @@ _ATTENTION_CUDA = (
         for (int j = 0; j < SLICE; ++j) acc[j] = acc[j] * mine + __shfl_xor_sync(0xffffffff, acc[j], offset) * theirs;
         running_max = top;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    if (lane < LANES) {
-#pragma unroll
-        for (int j = 0; j < PAIRS; ++j) {
-            warp_acc[warp * D + 2 * (j * LANES + part)] = acc[2 * j];
-            warp_acc[warp * D + 2 * (j * LANES + part) + 1] = acc[2 * j + 1];
-        }
-    }
 """
+    + _SLOTS_STORED.replace("@UNROLL@", "#pragma unroll\n")
     + _warps_combined_cuda("D")
     + """        if (FINAL) {
             out[static_cast<size_t>(group) * D + d] = mixed / total;
@@ -374,17 +379,8 @@ _ATTENTION_METAL = (
         for (int j = 0; j < SLICE; ++j) acc[j] = acc[j] * mine + metal::simd_shuffle_xor(acc[j], offset) * theirs;
         running_max = top;
     }
-    if (lane == 0) {
-        warp_max[warp] = running_max;
-        warp_sum[warp] = running_sum;
-    }
-    if (lane < LANES) {
-        for (int j = 0; j < PAIRS; ++j) {
-            warp_acc[warp * D + 2 * (j * LANES + part)] = acc[2 * j];
-            warp_acc[warp * D + 2 * (j * LANES + part) + 1] = acc[2 * j + 1];
-        }
-    }
 """
+    + _SLOTS_STORED.replace("@UNROLL@", "")
     + _warps_combined_metal("D")
     + """        if (FINAL) {
             out[uint(group) * D + local] = mixed / total;
