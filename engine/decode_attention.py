@@ -606,6 +606,9 @@ _RELATIVE_CUDA_TEMPLATE = (
         position_query[i] = d < HD ? query[column] + static_cast<float>(bias_v[column]) : 0.0f;
         acc[i] = 0.0f;
     }
+    // Read once: a one-float array lives where MLX's CUDA allocator puts arrays of 8 bytes or less, in unified
+    // memory on the host, and the loop's stores (the window form's) would have it read again every key.
+    const float score_scale = scale[0];
     float running_max = -__int_as_float(0x7f800000);  // -infinity
     float running_sum = 0.0f;
     for (int j = warp; j < count; j += WARPS) {
@@ -622,7 +625,7 @@ _RELATIVE_CUDA_TEMPLATE = (
         for (int offset = 16; offset > 0; offset /= 2) {
             score += __shfl_xor_sync(0xffffffff, score, offset);
         }
-        score *= scale[0];
+        score *= score_scale;
         const float new_max = fmaxf(running_max, score);
         const float rescale = expf(running_max - new_max);
         const float weight = expf(score - new_max);
@@ -667,6 +670,7 @@ _RELATIVE_METAL_TEMPLATE = (
         position_query[i] = d < HD ? query[column] + static_cast<float>(bias_v[column]) : 0.0f;
         acc[i] = 0.0f;
     }
+    const float score_scale = scale[0];
     float running_max = -INFINITY;
     float running_sum = 0.0f;
     for (int j = int(warp); j < count; j += WARPS) {
@@ -680,7 +684,7 @@ _RELATIVE_METAL_TEMPLATE = (
                 @KEEP_KEY@
             }
         }
-        score = metal::simd_sum(score) * scale[0];
+        score = metal::simd_sum(score) * score_scale;
         const float new_max = metal::max(running_max, score);
         const float rescale = metal::exp(running_max - new_max);
         const float weight = metal::exp(score - new_max);

@@ -28,7 +28,7 @@ from .layout import PROMPT_FRAMES
 from .linear import Linear, prepare_transposed_weights
 from .llm import NemotronH
 from .memory import check_fits, format_bytes, precast_budget
-from .numerics import Numerics, apply_numerics, fast_bf16_weights
+from .numerics import Numerics, apply_numerics, fast_bf16_weights, gpu_kernel_backend
 from .precast import precast_float32
 from .rnnt import RNNTJoint, RNNTPredictor
 from .subword import CharacterTable
@@ -189,7 +189,7 @@ def assemble_voicechat(
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
     # Fast numerics' kernels read some weights in bf16: loaded for it, those are not cast.
-    keep = fast_bf16_weights(model) if numerics == "fast" else frozenset()
+    keep = fast_bf16_weights(model, gpu_kernel_backend()) if numerics == "fast" else frozenset()
     added = precast_float32(model, budget=precast_budget, keep=keep) if precast else 0
     fuse_projections(model)
     prepare_transposed_weights(model)  # after every change of weights: views of the final ones

@@ -39,10 +39,15 @@ and the log says why. The changes:
   cached key and value rows and the newest one apart and writes the window it read (the next
   frame's cache) as it goes, where the operations would join them and slice the join: two
   concatenations and two slices a layer fewer. Fallback: :func:`engine.encoder.attend_relative_window`.
-* **The greedy residual-VQ step** (:class:`engine.residual_vq.NearestCode`): after the
-  distance product, the argmin, the gather and the residual and running-sum updates of one
-  quantizer as one kernel. This one is bit-identical to the operations (the same roundings,
-  ties to the lowest index) and is admitted only if it is.
+* **The greedy residual-VQ step** (:mod:`engine.residual_vq`): one quantizer's distance
+  product, argmin, gather and residual and running-sum updates as one kernel on CUDA
+  (:class:`~engine.residual_vq.NearestCodeProduct`), reading the codebook as stored (bf16 in a
+  model loaded for fast); its blocks share the entries and the last to finish picks the code.
+  Its dot products sum in another order than MLX's product, so a distance may differ in its
+  last bits, and a near tie could go the other way; it is admitted when it picks the
+  operations' codes and rows bit for bit. On Metal the product stays MLX's and the rest is one
+  kernel (:class:`~engine.residual_vq.NearestCode`), bit-identical to the operations (the same
+  roundings, ties to the lowest index) and admitted only if it is.
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
   (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
@@ -336,7 +341,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     )
     from .linear import KeepsCopy, QuantizedLinear
     from .llm import HybridBlock, Mamba2Mixer
-    from .residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
+    from .residual_vq import nearest_code_ops, nearest_code_sample, nearest_code_step
     from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
@@ -516,9 +521,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 ("residual_vq", *shape, *types),
                 "residual-VQ step",
                 nearest_code_ops,
-                NearestCode,
+                nearest_code_step,
                 functools.partial(nearest_code_sample, *shape, *types),
-                tolerance=0.0,  # bit-identical to the operations, or not used
+                tolerance=0.0,  # the operations' codes and rows, bit for bit, or not used
             )
         tts.nearest_code = nearest
 
@@ -735,13 +740,15 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
     return _ATTEMPT_PARTS[key]
 
 
-def fast_bf16_weights(model: object) -> frozenset[str]:
+def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     """Parameter names of the weights fast mode's kernels read in bf16, directly: the encoder's one-row
-    projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), and
-    the MoG head's mean tables (``proj_mus.weight``, ``low_mat``: the draw reads its component's rows of them,
-    and the operations, gathering those rows first, widen only them). A model loaded for fast numerics
-    does not precast them (:func:`engine.precast.precast_float32`)."""
-    from .tts import BackboneLayer, MixtureHead, MixtureLayer
+    projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), the
+    MoG head's mean tables (``proj_mus.weight``, ``low_mat``: the draw reads its component's rows of them,
+    and the operations, gathering those rows first, widen only them), and where ``backend``'s residual-VQ
+    step forms the distance product (:func:`engine.residual_vq.reads_stored_codebook`) the codebooks. A
+    model loaded for fast numerics does not precast them (:func:`engine.precast.precast_float32`)."""
+    from .residual_vq import reads_stored_codebook
+    from .tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     read = {id(projection) for projection in encoder_row_projections(model)}
@@ -753,6 +760,8 @@ def fast_bf16_weights(model: object) -> frozenset[str]:
     for path, module in model.named_modules():  # type: ignore[attr-defined]
         if isinstance(module, MixtureHead):
             names.update((f"{path}.proj_mus.weight", f"{path}.low_mat"))
+        if isinstance(module, EarTTS) and reads_stored_codebook(backend):
+            names.add(f"{path}.rvq_embs")
     return frozenset(names)
 
 

@@ -1,14 +1,27 @@
-"""One greedy residual-VQ step after its distance product, as one kernel (fast numerics).
+"""One greedy residual-VQ step as one kernel (fast numerics).
 
 The MaskGIT rounds pick each quantizer's code as ``argmin_e ‖e‖² − 2 z·e`` and then move
-the row ``e`` from the residual ``z`` into the running sum of chosen rows. After the
-product ``z·Eᵀ`` that is a scale-and-subtract, an argmin, a gather, a subtract, an add and
-a cast — five or six primitives, 31 times a frame. :class:`NearestCode` does them in one
-kernel per quantizer, with the same arithmetic: ``‖e‖² − 2·(z·e)`` rounds once either way
-(doubling is exact), ties go to the lowest index as MLX's argmin does, and the row is
-copied, subtracted and added exactly. Its result is therefore bit-identical to the
-operations (:func:`nearest_code_ops`, the fallback the CPU runs), and the kernel is
-admitted only if it is (tolerance 0, :func:`engine.numerics.admit_kernel`).
+the row ``e`` from the residual ``z`` into the running sum of chosen rows. In operations
+that is a product ``z·Eᵀ``, a scale-and-subtract, an argmin, a gather, a subtract, an add and
+a cast — 31 times a frame. Two kernels replace them, one per backend:
+
+* :class:`NearestCodeProduct` (CUDA) forms the distance product too, reading the codebook as
+  stored (bf16 in a model loaded for fast numerics: no float32 copy, half the bytes). Its
+  blocks score a share of the entries each; the last block to finish (a ticket counter the
+  kernel returns to zero) picks the code among the shares' bests and writes the row's
+  updates. One launch a quantizer where the product apart took two. Its dot products sum in
+  another order than the library's product, so a distance may differ in its last bits: a
+  numerics change, admitted when it picks the operations' codes (and so the same rows) on
+  the admission inputs, and measured end to end with the rest of fast mode (README, "Fast
+  numerics").
+* :class:`NearestCode` (Metal, and CUDA if the former is not admitted) leaves the product to
+  MLX and does the rest with the same arithmetic: ``‖e‖² − 2·(z·e)`` rounds once either way
+  (doubling is exact), ties go to the lowest index as MLX's argmin does, and the row is copied,
+  subtracted and added exactly — bit-identical to the operations, and admitted only if it is.
+  Metal has no fence that orders one threadgroup's device writes before another's before
+  Metal 3.2, which the last-block pattern needs, so the product stays apart there.
+
+Both take the operations' arguments (:func:`nearest_code_ops`, the fallback the CPU runs).
 """
 
 from __future__ import annotations
@@ -116,25 +129,127 @@ _NEAREST_METAL = """
 _INPUTS = ["scores", "norms", "book", "residual", "chosen_sum"]
 _OUTPUTS = ["code", "residual_out", "chosen_sum_out"]
 
+# The distance product inside: a block scores CODES_PER_BLOCK entries, a warp a quarter of them (each lane
+# PER_LANE of an entry's L values, interleaved, so that a warp's loads are contiguous). ``tickets`` is a
+# workspace of zeros the kernel leaves as it found it: each block takes a ticket after publishing its best,
+# and the block that takes the last one reduces the bests, writes the row's code and updates, and puts the
+# ticket count back to zero for the next launch.
+_NEAREST_PRODUCT_CUDA = """
+    constexpr int WARPS = THREADS / 32;
+    constexpr int PER_LANE = L / 32;
+    constexpr int PER_WARP = CODES_PER_BLOCK / WARPS;
+    __shared__ float warp_best[WARPS];
+    __shared__ int warp_index[WARPS];
+    __shared__ int chosen_index;
+    __shared__ bool last_block;
+    const int row = blockIdx.y;
+    const int share = blockIdx.x;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const float* z = residual + static_cast<size_t>(row) * L;
+    float query[PER_LANE];
+    #pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) query[i] = z[lane + 32 * i];
+    float best = __int_as_float(0x7f800000);  // +infinity
+    int index = C;
+    #pragma unroll
+    for (int k = 0; k < PER_WARP; ++k) {
+        const int j = share * CODES_PER_BLOCK + k * WARPS + warp;  // rising: a tie keeps the lower entry
+        const BT* entry = book + static_cast<size_t>(j) * L;
+        float dot = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);
+        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffff, dot, offset);
+        const float distance = static_cast<float>(norms[j]) - 2.0f * dot;
+        if (distance < best) {
+            best = distance;
+            index = j;
+        }
+    }
+    if (lane == 0) {
+        warp_best[warp] = best;
+        warp_index[warp] = index;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < WARPS; ++w) {
+            if (warp_best[w] < best || (warp_best[w] == best && warp_index[w] < index)) {
+                best = warp_best[w];
+                index = warp_index[w];
+            }
+        }
+        share_best[row * SHARES + share] = best;
+        share_index[row * SHARES + share] = index;
+        __threadfence();  // the share's best is visible to every block before its ticket is
+        int* row_ticket = const_cast<int*>(tickets) + row * TICKET_STRIDE;
+        last_block = atomicAdd(row_ticket, 1) == SHARES - 1;
+    }
+    __syncthreads();
+    if (!last_block) return;
+    if (warp == 0) {
+        const volatile float* bests = share_best + row * SHARES;
+        const volatile int* indices = share_index + row * SHARES;
+        best = __int_as_float(0x7f800000);
+        index = C;
+        for (int s = lane; s < SHARES; s += 32) {
+            if (bests[s] < best || (bests[s] == best && indices[s] < index)) {
+                best = bests[s];
+                index = indices[s];
+            }
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            const float other = __shfl_xor_sync(0xffffffff, best, offset);
+            const int other_index = __shfl_xor_sync(0xffffffff, index, offset);
+            if (other < best || (other == best && other_index < index)) {
+                best = other;
+                index = other_index;
+            }
+        }
+        if (lane == 0) {
+            chosen_index = index;
+            code[row] = index;
+            const_cast<int*>(tickets)[row * TICKET_STRIDE] = 0;
+        }
+    }
+    __syncthreads();
+    const size_t chosen = static_cast<size_t>(chosen_index) * L;
+    for (int d = threadIdx.x; d < L; d += THREADS) {
+        const size_t at = static_cast<size_t>(row) * L + d;
+        const float entry = static_cast<float>(book[chosen + d]);
+        residual_out[at] = residual[at] - entry;
+        chosen_sum_out[at] = chosen_sum[at] + entry;
+    }
+"""
+
+_PRODUCT_INPUTS = ["residual", "book", "norms", "chosen_sum", "tickets"]
+_PRODUCT_OUTPUTS = ["code", "residual_out", "chosen_sum_out", "share_best", "share_index"]
+CODES_PER_BLOCK = 32
+# Each row's ticket counter on a 128-byte line of its own. It also keeps the workspace over 8 bytes: MLX's CUDA
+# allocator serves arrays of 8 bytes or less from a pool in unified memory that lives on the host, where each
+# block's atomic add crosses PCIe (measured: 35 µs more a launch than the same kernel's products alone).
+TICKET_STRIDE = 32
+
 
 def nearest_code_ops(
-    scores: mx.array, norms: mx.array, book: mx.array, residual: mx.array, chosen_sum: mx.array
+    residual: mx.array, book: mx.array, book_transposed: mx.array, norms: mx.array, chosen_sum: mx.array
 ) -> tuple[mx.array, mx.array, mx.array]:
-    """The exact arithmetic of one quantizer's greedy step: the kernel's fallback.
+    """The exact arithmetic of one quantizer's greedy step: the kernels' fallback.
 
-    ``scores`` (T, C) is ``residual @ bookᵀ``, ``norms`` (C,) each entry's ‖e‖², ``book`` (C, L),
-    ``residual`` and ``chosen_sum`` (T, L). Returns the codes (T, 1) int32 (a column of the frame's
-    (T, Q) codes, joined without reshaping), the residual after the chosen rows are taken out, and the
-    sum after they are added in.
+    ``residual`` and ``chosen_sum`` are (T, L) float32, ``book`` (C, L) and ``book_transposed`` its view
+    ``book.T`` (made once: the product reads it), ``norms`` (C,) each entry's ‖e‖². A bf16 codebook is
+    widened where it meets the float32 residual, exactly, so it gives what its float32 copy gives. Returns
+    the codes (T, 1) int32 (a column of the frame's (T, Q) codes, joined without reshaping), the residual
+    after the chosen rows are taken out, and the sum after they are added in.
     """
+    scores = residual @ book_transposed
     chosen = mx.argmin(norms - 2.0 * scores, axis=-1, keepdims=True)
     row = book[chosen.reshape(-1)]
     return chosen.astype(mx.int32), residual - row, chosen_sum + row
 
 
 class NearestCode:
-    """The greedy residual-VQ step kernel, on CUDA or Metal: float32 scores and residuals; the codebook and
-    its norms float32 or bf16 (widened exactly, as the operations promote them)."""
+    """The greedy residual-VQ step after MLX's distance product, on CUDA or Metal: float32 residuals; the
+    codebook and its norms float32 or bf16 (widened exactly, as the operations promote them)."""
 
     def __init__(self, backend: str) -> None:
         self._kernel = custom_kernel(
@@ -142,8 +257,9 @@ class NearestCode:
         )
 
     def __call__(
-        self, scores: mx.array, norms: mx.array, book: mx.array, residual: mx.array, chosen_sum: mx.array
+        self, residual: mx.array, book: mx.array, book_transposed: mx.array, norms: mx.array, chosen_sum: mx.array
     ) -> tuple[mx.array, mx.array, mx.array]:
+        scores = residual @ book_transposed
         rows, entries = scores.shape
         width = book.shape[1]
         code, residual_out, chosen_sum_out = self._kernel(
@@ -158,12 +274,82 @@ class NearestCode:
         return code, residual_out, chosen_sum_out
 
 
+class NearestCodeProduct:
+    """The greedy residual-VQ step with its distance product, on CUDA (see the module's docstring): float32
+    residuals; the codebook and its norms float32 or bf16, read as stored. ``book_transposed`` is not read."""
+
+    def __init__(self, backend: str) -> None:
+        if backend != "cuda":
+            raise ValueError(f"the distance product stays apart on {backend!r}")
+        self._kernel = custom_kernel(
+            backend,
+            "parley_nearest_code_product",
+            _PRODUCT_INPUTS,
+            _PRODUCT_OUTPUTS,
+            cuda=_NEAREST_PRODUCT_CUDA,
+            metal="",
+        )
+        self._tickets: dict[int, mx.array] = {}  # rows → the kernel's workspace of zeros, a ticket line a row
+
+    def __call__(
+        self, residual: mx.array, book: mx.array, book_transposed: mx.array, norms: mx.array, chosen_sum: mx.array
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        rows, width = residual.shape
+        entries = book.shape[0]
+        shares = product_shares(entries, width)
+        code, residual_out, chosen_sum_out, _, _ = self._kernel(
+            inputs=[residual, book, norms, chosen_sum, self._workspace(rows)],
+            template=[
+                ("C", entries),
+                ("L", width),
+                ("THREADS", THREADS),
+                ("CODES_PER_BLOCK", CODES_PER_BLOCK),
+                ("SHARES", shares),
+                ("TICKET_STRIDE", TICKET_STRIDE),
+                ("BT", book.dtype),
+                ("NT", norms.dtype),
+            ],
+            grid=(shares * THREADS, rows, 1),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(rows, 1), (rows, width), (rows, width), (rows, shares), (rows, shares)],
+            output_dtypes=[mx.int32, mx.float32, mx.float32, mx.float32, mx.int32],
+        )
+        return code, residual_out, chosen_sum_out
+
+    def _workspace(self, rows: int) -> mx.array:
+        if rows not in self._tickets:
+            self._tickets[rows] = mx.zeros((rows * TICKET_STRIDE,), dtype=mx.int32)
+            mx.eval(self._tickets[rows])
+        return self._tickets[rows]
+
+
+def product_shares(entries: int, width: int) -> int:
+    """The blocks a row's step takes with the product inside (:class:`NearestCodeProduct`), each scoring
+    :data:`CODES_PER_BLOCK` entries with a warp's lanes reading an entry's ``width`` values in turns of 32;
+    a codebook that does not tile so is refused (the step then stays the operations)."""
+    if entries % CODES_PER_BLOCK or width % 32:
+        raise ValueError(f"a {entries}×{width} codebook does not tile {CODES_PER_BLOCK} entries and 32 lanes a block")
+    return entries // CODES_PER_BLOCK
+
+
+def nearest_code_step(backend: str) -> NearestCode | NearestCodeProduct:
+    """The step kernel for ``backend``: the distance product inside on CUDA, apart on Metal."""
+    return NearestCodeProduct(backend) if backend == "cuda" else NearestCode(backend)
+
+
+def reads_stored_codebook(backend: str | None) -> bool:
+    """Whether fast mode's residual-VQ step on ``backend`` reads the codebook as stored (its kernel forms the
+    distance product), so that a model loaded for fast numerics keeps it in bf16. Elsewhere the product is
+    MLX's, which would widen a bf16 codebook at every call: there the float32 copy is kept."""
+    return backend == "cuda"
+
+
 def nearest_code_sample(
     entries: int, width: int, dtype: mx.Dtype = mx.float32, norms_dtype: mx.Dtype | None = None
 ) -> tuple[mx.array, ...]:
-    """Random inputs for admitting the kernel, with a tie (two equal entries) among the nearest. The codebook
+    """Random inputs for admitting the kernels, with a tie (two equal entries) among the nearest. The codebook
     is in ``dtype``, its norms in ``norms_dtype`` (default: the same), summed from the codebook rounded to
-    that type as the TTS derives them; the products and residuals are float32, as in the MaskGIT rounds."""
+    that type as the TTS derives them; the residuals are float32, as in the MaskGIT rounds."""
     keys = mx.random.split(mx.random.key(2468), 3)
     source = mx.random.normal((entries, width), key=keys[0]).astype(norms_dtype or dtype)
     source = mx.concatenate([source[:1], source[:1], source[2:]], axis=0)  # entries 0 and 1 tie
@@ -172,4 +358,6 @@ def nearest_code_sample(
     residual = mx.concatenate([book[:1] + 0.01 * mx.random.normal((1, width), key=keys[1]), book[5:6]], axis=0)
     residual = residual.astype(mx.float32)
     chosen_sum = mx.random.normal((2, width), key=keys[2])
-    return (residual @ book.T, norms, book, residual, chosen_sum)
+    book_transposed = book.T
+    mx.eval(book_transposed)
+    return (residual, book, book_transposed, norms, chosen_sum)

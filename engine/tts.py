@@ -1164,10 +1164,8 @@ class EarTTS(nn.Module):
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):
                 # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.residual_vq).
-                scores = latent @ self.codebooks_transposed[quantizer]
-                columns[quantizer], latent, chosen_sum = nearest(
-                    scores, norms[quantizer], self.codebooks[quantizer], latent, chosen_sum
-                )
+                book, transposed = self.codebooks[quantizer], self.codebooks_transposed[quantizer]
+                columns[quantizer], latent, chosen_sum = nearest(latent, book, transposed, norms[quantizer], chosen_sum)
             if probe is not None:
                 probe(f"tts.rvq.{number}", chosen_sum, *columns)
         return mx.expand_dims(mx.concatenate(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)

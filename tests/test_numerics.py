@@ -32,7 +32,7 @@ from engine.numerics import (
     relative_l2,
 )
 from engine.random_checkpoint import random_voicechat
-from engine.residual_vq import nearest_code_ops, nearest_code_sample
+from engine.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.rnnt import RNNTPredictor
 from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
 from engine.timeline import INPUT_FRAME_SAMPLES
@@ -677,25 +677,33 @@ def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
             perception.step(cache, audio)
 
 
-def test_a_model_loaded_for_fast_numerics_keeps_its_kernels_weights_in_bf16() -> None:
-    """Fast mode's kernels read some weights in bf16 (the row products', the MoG draw's mean tables): loaded for
-    it, they are not precast (no float32 copy beside them, and no bf16 copy made back), and its conversation is
-    exact mode's here (the CPU runs the fallbacks, which widen the bf16 weights exactly as the precast did)."""
+@pytest.mark.parametrize("backend", [None, "cuda"])
+def test_a_model_loaded_for_fast_numerics_keeps_its_kernels_weights_in_bf16(
+    backend: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fast mode's kernels read some weights in bf16 (the row products', the MoG draw's mean tables and, where
+    the residual-VQ kernel forms the distance product, the codebooks): loaded for it, they are not precast (no
+    float32 copy beside them, and no bf16 copy made back), and its conversation is exact mode's here (the CPU
+    runs the fallbacks, which widen the bf16 weights exactly as the precast did). ``backend`` is the device
+    the load keeps weights for: CUDA's set is loaded here too, to run the fallbacks on it."""
     import numpy as np
     from mlx.utils import tree_flatten
 
+    import engine.model
     from app.bench import bench_input
     from engine.events import AudioChunk
     from engine.session import Session
 
+    monkeypatch.setattr(engine.model, "gpu_kernel_backend", lambda: backend)
     exact = random_voicechat("tiny", quantize=4)
     fast = random_voicechat("tiny", quantize=4, numerics="fast")
-    names = fast_bf16_weights(fast.model)
+    names = fast_bf16_weights(fast.model, backend)
     fast_weights = dict(tree_flatten(fast.model.parameters()))
     exact_weights = dict(tree_flatten(exact.model.parameters()))
     assert names and all(fast_weights[name].dtype == mx.bfloat16 for name in names)
     for table in (".mog_head.proj_mus.weight", ".mog_head.low_mat"):
         assert any(name.endswith(table) for name in names), table
+    assert any(name.endswith(".rvq_embs") for name in names) == (backend == "cuda")
     assert all(exact_weights[name].dtype == mx.float32 for name in names)
     assert fast.precast_bytes == exact.precast_bytes - sum(fast_weights[name].nbytes for name in names)
     assert all(module.copied is None for module in encoder_row_projections(fast.model)), "nothing to copy back"
@@ -762,19 +770,38 @@ def test_kernel_names_carry_their_source(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_nearest_code_fallback_breaks_ties_toward_the_lowest_entry() -> None:
-    """The kernel must match this bit for bit (it is admitted with tolerance 0): ties go to the first entry."""
-    scores, norms, book, residual, chosen_sum = nearest_code_sample(64, 16)
-    codes, new_residual, new_sum = nearest_code_ops(scores, norms, book, residual, chosen_sum)
+    """The kernels must match this bit for bit (they are admitted with tolerance 0): ties go to the first entry."""
+    inputs = nearest_code_sample(64, 16)
+    residual, book, _, _, chosen_sum = inputs
+    codes, new_residual, new_sum = nearest_code_ops(*inputs)
     assert codes.dtype == mx.int32 and codes.tolist() == [[0], [5]]
     assert mx.array_equal(new_residual, residual - book[codes[:, 0]]).item()
     assert mx.array_equal(new_sum, chosen_sum + book[codes[:, 0]]).item()
-    inputs = (scores, norms, book, residual, chosen_sum)
 
     def off_by_one(*args: mx.array) -> tuple[mx.array, ...]:
         return (codes + 1, new_residual, new_sum)
 
     assert admit_kernel("residual-VQ step", nearest_code_ops, nearest_code_ops, inputs, tolerance=0.0)
     assert not admit_kernel("residual-VQ step", off_by_one, nearest_code_ops, inputs, tolerance=0.0)
+
+
+def test_the_residual_vq_step_on_a_bf16_codebook_gives_what_its_float32_copy_gives() -> None:
+    """Where the step's kernel forms the distance product, a model loaded for fast keeps the codebooks in bf16;
+    the fallback (and exact mode, on a model switched) widens them where they meet the float32 residual, exactly,
+    so codes, residuals and sums are those of the float32 copy that precasting would have made."""
+    residual, book, book_transposed, norms, chosen_sum = nearest_code_sample(256, 64, mx.bfloat16)
+    wide = book.astype(mx.float32)
+    got = nearest_code_ops(residual, book, book_transposed, norms, chosen_sum)
+    want = nearest_code_ops(residual, wide, wide.T, norms, chosen_sum)
+    assert got[0].tolist() == want[0].tolist() == [[0], [5]]
+    assert all(a.dtype == b.dtype and mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
+    with pytest.raises(ValueError, match="stays apart on 'metal'"):
+        NearestCodeProduct("metal")
+    # The product-inside kernel's blocks: 32 entries each, a full-size codebook (1024 × 512) in 32 blocks.
+    assert product_shares(1024, 512) == 32 and product_shares(64, 32) == 2
+    for entries, width in ((48, 32), (64, 16)):
+        with pytest.raises(ValueError, match="does not tile"):
+            product_shares(entries, width)
 
 
 def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:

@@ -39,7 +39,7 @@ from engine.quantized_product import (
     quantized_row_samples,
 )
 from engine.random_checkpoint import random_voicechat
-from engine.residual_vq import NearestCode, nearest_code_ops, nearest_code_sample
+from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 
 
@@ -99,16 +99,33 @@ def main() -> None:
             f"kernel {per_call_us(rope, inputs):.1f} us, operations {per_call_us(fallback, inputs):.1f} us per call"
         )
 
-    nearest = NearestCode(backend)
+    steps = [("product apart", NearestCode(backend))]
+    if backend == "cuda":
+        steps.append(("product inside", NearestCodeProduct(backend)))
     for dtype, norms_dtype in ((mx.float32, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.bfloat16)):
         inputs = nearest_code_sample(1024, 512, dtype, norms_dtype)
-        got_codes, want_codes = outputs(nearest(*inputs))[0], nearest_code_ops(*inputs)[0]
-        admitted = admit_kernel("nearest", nearest, nearest_code_ops, inputs, 0.0)
-        print(
-            f"residual-VQ step, {dtype} codebook, {norms_dtype} norms: admitted (bit for bit) {admitted}, "
-            f"codes {got_codes.tolist()} against {want_codes.tolist()}; kernel {per_call_us(nearest, inputs):.1f} us, "
-            f"operations {per_call_us(nearest_code_ops, inputs):.1f} us per call"
+        want_codes = nearest_code_ops(*inputs)[0]
+        for label, nearest in steps:
+            got_codes = outputs(nearest(*inputs))[0]
+            admitted = admit_kernel("nearest", nearest, nearest_code_ops, inputs, 0.0)
+            print(
+                f"residual-VQ step ({label}), {dtype} codebook, {norms_dtype} norms: admitted (bit for bit) "
+                f"{admitted}, codes {got_codes.tolist()} against {want_codes.tolist()}; "
+                f"kernel {per_call_us(nearest, inputs):.1f} us, "
+                f"operations {per_call_us(nearest_code_ops, inputs):.1f} us per call"
+            )
+    # The product inside against the operations on many residuals: codes agree, and the distances' last bits.
+    if backend == "cuda":
+        product = NearestCodeProduct(backend)
+        _, book, book_transposed, norms, _ = nearest_code_sample(1024, 512, mx.bfloat16)
+        noisy = mx.random.normal((256, 512), key=mx.random.key(11)) * 2.0
+        sums = mx.zeros((256, 512))
+        got, want = (
+            product(noisy, book, book_transposed, norms, sums),
+            nearest_code_ops(noisy, book, book_transposed, norms, sums),
         )
+        agree = mx.sum(got[0] == want[0]).item()
+        print(f"residual-VQ step (product inside), 256 random residuals: {agree}/256 codes as the operations'")
 
     # MLX's floor for a custom kernel: one thread copying one float.
     copy = custom_kernel(backend, "parley_copy", ["x"], ["y"], cuda="y[0] = x[0];", metal="y[0] = x[0];")

@@ -112,6 +112,7 @@ for arg in "$@"; do
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
       step attnlayouts 200 python3 tests/device/kernel_layouts.py attention $([ -f $before ] && echo $before) ;;
     quantlayouts) step quantlayouts 300 python3 tests/device/kernel_layouts.py quantized ;;
+    rvqlayouts) step rvqlayouts 200 python3 tests/device/kernel_layouts.py residualvq ;;
     # Nsight Compute on one 4-bit and one 8-bit quantized row kernel (the Mamba mixer's in projection).
     quantprofile) for bits in 4 8; do
         step "ncu$bits" 200 ncu --kernel-name regex:parley_quantized --launch-skip 3 --launch-count 1 \

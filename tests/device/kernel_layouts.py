@@ -13,6 +13,7 @@ Run on the device (never in CI): ``python3 tests/device/kernel_layouts.py``.
   default layout first, for the same measurement.
 - The LLM's 4-bit quantized one-row products with 4, 8 or 16 columns a warp and at most 4, 8 or 16
   warps a block, over distinct weights (more than the GPU's 50 MB L2 cache holds). ``… quantized``: this only.
+- The residual-VQ steps of a frame, the distance product apart or inside the step's kernel: ``… residualvq``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import mlx.core as mx
 from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
 from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
 from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
+from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops
 
 LAYERS = 28
 # (lanes a key, keys a warp reads at once, keys a block takes) for the attention.
@@ -147,11 +149,129 @@ def quantized_layouts(backend: str) -> None:
         print(" ".join(line), flush=True)
 
 
+def residual_vq_steps(backend: str) -> None:
+    """A frame's 31 residual-VQ steps chained as the MaskGIT rounds chain them, on bf16 codebooks as a model
+    loaded for fast holds them (124 distinct ones, beyond the L2 cache): the operations, the product apart
+    (MLX's product, then the step kernel) and the product inside (one kernel a step). GPU time per frame's
+    steps from CUPTI's records and the host's queued time, medians of alternating rounds; and whether the
+    product inside picks the operations' codes."""
+    count, quantizers = 124, 31
+    keys = mx.random.split(mx.random.key(100), count + 1)
+    books = [mx.random.normal((1024, 512), key=keys[i]).astype(mx.bfloat16) for i in range(count)]
+    transposed = [book.T for book in books]
+    norms = [mx.sum(book * book, axis=-1) for book in books]
+    residual = mx.random.normal((1, 512), key=keys[count]) * 4.0
+    mx.eval(books, transposed, norms, residual)
+
+    def frame(step: Callable[..., Any], first: int) -> list[mx.array]:
+        latent, total, codes = residual, mx.zeros((1, 512)), []
+        for quantizer in range(quantizers):
+            at = (first + quantizer) % count
+            code, latent, total = step(latent, books[at], transposed[at], norms[at], total)
+            codes.append(code)
+        return [mx.concatenate(codes, axis=-1), latent, total]
+
+    steps: list[tuple[str, Callable[..., Any]]] = [("operations", nearest_code_ops), ("apart", NearestCode(backend))]
+    if backend == "cuda":
+        steps.append(("inside", NearestCodeProduct(backend)))
+    firsts = range(0, count, quantizers)
+    want = [frame(nearest_code_ops, first) for first in firsts]
+    for label, step in steps[1:]:
+        got = [frame(step, first) for first in firsts]
+        same = all(mx.array_equal(g[0], w[0]).item() for g, w in zip(got, want, strict=True))
+        worst = max(relative_l2(g[2], w[2]) for g, w in zip(got, want, strict=True))
+        print(f"residual VQ ({label}): codes as the operations' in {len(want)} frames: {same}; sums {worst:.1e}")
+    if backend == "cuda":
+        steps.extend(residual_vq_probes())
+    gpu: dict[str, list[float]] = defaultdict(list)
+    host: dict[str, list[float]] = defaultdict(list)
+    parts: dict[str, dict[str, float]] = {}
+    for _ in range(ROUNDS):
+        for label, step in steps:
+            samples = [(step, first) for first in firsts]
+            parts[label] = kernel_us(frame, samples, calls=8)
+            gpu[label].append(sum(parts[label].values()))
+            host[label].append(queued_us(frame, samples, calls=8))
+    for label, _ in steps:
+        split = ", ".join(f"{name} {took:.1f}" for name, took in sorted(parts[label].items()))
+        print(
+            f"residual VQ ({label}): {sorted(gpu[label])[ROUNDS // 2]:.1f} us GPU ({split}), "
+            f"{sorted(host[label])[ROUNDS // 2]:.1f} us queued per frame's {quantizers} steps (medians of {ROUNDS})",
+            flush=True,
+        )
+
+
+class _ProbeStep:
+    """A variant of the product-inside kernel's source, for timing only (its results are not checked)."""
+
+    def __init__(self, source: str, inputs: list[str], outputs: list[str], init: bool, tickets: int = 32) -> None:
+        import hashlib
+
+        name = f"parley_probe_{hashlib.sha256(source.encode()).hexdigest()[:10]}"
+        self.kernel = mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=source)
+        self.inputs, self.outputs, self.init = inputs, outputs, init
+        self.tickets = mx.zeros((tickets,), dtype=mx.int32)
+        mx.eval(self.tickets)
+
+    def __call__(self, residual: mx.array, book: mx.array, _: mx.array, norms: mx.array, total: mx.array) -> Any:
+        arrays = {"residual": residual, "book": book, "norms": norms, "chosen_sum": total, "tickets": self.tickets}
+        shapes = {"code": (1, 1), "residual_out": (1, 512), "chosen_sum_out": (1, 512), "share_best": (1, 32)}
+        shapes.update({"share_index": (1, 32), "tickets_out": (32,)})
+        types = {"code": mx.int32, "share_index": mx.int32, "tickets_out": mx.int32}
+        template = [("C", 1024), ("L", 512), ("THREADS", 256), ("CODES_PER_BLOCK", 32), ("SHARES", 32)]
+        template.append(("TICKET_STRIDE", 32))
+        result = self.kernel(
+            inputs=[arrays[name] for name in self.inputs],
+            template=[*template, ("BT", book.dtype), ("NT", norms.dtype)],
+            grid=(32 * 256, 1, 1),
+            threadgroup=(256, 1, 1),
+            output_shapes=[shapes[name] for name in self.outputs],
+            output_dtypes=[types.get(name, mx.float32) for name in self.outputs],
+            init_value=0 if self.init else None,
+        )
+        return result[0], result[1], result[2]
+
+
+def residual_vq_probes() -> list[tuple[str, Callable[..., Any]]]:
+    """Where the product-inside kernel's time goes: its tickets as a zero-filled output instead of an input
+    it resets, its blocks' products alone (no tickets, no last block), 16-byte loads of the codebook, and its
+    tickets in 4 bytes (which MLX's CUDA allocator serves from unified memory on the host)."""
+    from engine.residual_vq import _NEAREST_PRODUCT_CUDA as source
+
+    inputs = ["residual", "book", "norms", "chosen_sum", "tickets"]
+    outputs = ["code", "residual_out", "chosen_sum_out", "share_best", "share_index"]
+    filled = source.replace("const_cast<int*>(tickets)[row * TICKET_STRIDE] = 0;", "").replace(
+        "int* row_ticket = const_cast<int*>(tickets) + row * TICKET_STRIDE;", "int* row_ticket = tickets_out;"
+    )
+    alone = source[: source.index("        __threadfence();")] + "    }\n"
+    vector = source.replace(
+        "for (int i = 0; i < PER_LANE; ++i) query[i] = z[lane + 32 * i];",
+        "for (int i = 0; i < PER_LANE; ++i) query[i] = z[(i / 8) * 256 + lane * 8 + i % 8];",
+    ).replace(
+        "for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);",
+        "for (int h = 0; h < PER_LANE / 8; ++h) {\n"
+        "            const uint4 packed = reinterpret_cast<const uint4*>(entry)[lane + 32 * h];\n"
+        "            const __nv_bfloat16* pair = reinterpret_cast<const __nv_bfloat16*>(&packed);\n"
+        "            #pragma unroll\n"
+        "            for (int e = 0; e < 8; ++e) dot += query[h * 8 + e] * __bfloat162float(pair[e]);\n"
+        "        }",
+    )
+    return [
+        ("tickets filled", _ProbeStep(filled, inputs[:4], [*outputs, "tickets_out"], init=True)),
+        ("products alone", _ProbeStep(alone, inputs[:4], outputs, init=False)),
+        ("16-byte loads", _ProbeStep(vector, inputs, outputs, init=False)),
+        ("tickets on the host", _ProbeStep(source, inputs, outputs, init=False, tickets=1)),
+    ]
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     backend = gpu_kernel_backend()
     if backend is None:
         raise SystemExit("no GPU kernels on this device")
+    if sys.argv[1:2] == ["residualvq"]:
+        residual_vq_steps(backend)
+        return
     if sys.argv[1:2] != ["quantized"]:
         before = load_before(sys.argv[2], "engine.decode_attention_before") if sys.argv[2:] else None
         attention_steps(backend, before)
