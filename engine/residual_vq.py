@@ -14,12 +14,13 @@ a cast — 31 times a frame. Two kernels replace them, one per backend:
   numerics change, admitted when it picks the operations' codes (and so the same rows) on
   the admission inputs, and measured end to end with the rest of fast mode (README, "Fast
   numerics").
-* :class:`NearestCode` (Metal, and CUDA if the former is not admitted) leaves the product to
-  MLX and does the rest with the same arithmetic: ``‖e‖² − 2·(z·e)`` rounds once either way
-  (doubling is exact), ties go to the lowest index as MLX's argmin does, and the row is copied,
-  subtracted and added exactly — bit-identical to the operations, and admitted only if it is.
-  Metal has no fence that orders one threadgroup's device writes before another's before
-  Metal 3.2, which the last-block pattern needs, so the product stays apart there.
+* :class:`NearestCode` (Metal) leaves the product to MLX and does the rest with the same
+  arithmetic: ``‖e‖² − 2·(z·e)`` rounds once either way (doubling is exact), ties go to the
+  lowest index as MLX's argmin does, and the row is copied, subtracted and added exactly —
+  bit-identical to the operations, and admitted only if it is. The last-block pattern rests on a
+  device-scope fence between one threadgroup's writes and another's reads, which no Mac here
+  could test, so the product stays apart there. (On CUDA, a product-inside kernel that is not
+  admitted leaves the operations.)
 
 Both take the operations' arguments (:func:`nearest_code_ops`, the fallback the CPU runs).
 """
@@ -32,7 +33,20 @@ from .numerics import custom_kernel
 
 THREADS = 256
 
-_NEAREST_CUDA = """
+# A warp's (best, index) pairs reduced to the least distance in every lane, ties to the lower entry (MLX's argmin).
+_WARP_ARGMIN_CUDA = """
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const float other = __shfl_xor_sync(0xffffffff, best, offset);
+        const int other_index = __shfl_xor_sync(0xffffffff, index, offset);
+        if (other < best || (other == best && other_index < index)) {
+            best = other;
+            index = other_index;
+        }
+    }
+"""
+
+_NEAREST_CUDA = (
+    """
     __shared__ float best_values[THREADS / 32];
     __shared__ int best_indices[THREADS / 32];
     const int row = blockIdx.x;
@@ -47,15 +61,9 @@ _NEAREST_CUDA = """
             index = j;
         }
     }
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(0xffffffff, best, offset);
-        const int other_index = __shfl_xor_sync(0xffffffff, index, offset);
-        if (other < best || (other == best && other_index < index)) {
-            best = other;
-            index = other_index;
-        }
-    }
-    if (tid % 32 == 0) {
+"""
+    + _WARP_ARGMIN_CUDA
+    + """    if (tid % 32 == 0) {
         best_values[tid / 32] = best;
         best_indices[tid / 32] = index;
     }
@@ -77,6 +85,7 @@ _NEAREST_CUDA = """
         chosen_sum_out[at] = chosen_sum[at] + entry;
     }
 """
+)
 
 _NEAREST_METAL = """
     threadgroup float best_values[THREADS / 32];
@@ -129,12 +138,13 @@ _NEAREST_METAL = """
 _INPUTS = ["scores", "norms", "book", "residual", "chosen_sum"]
 _OUTPUTS = ["code", "residual_out", "chosen_sum_out"]
 
-# The distance product inside: a block scores CODES_PER_BLOCK entries, a warp a quarter of them (each lane
-# PER_LANE of an entry's L values, interleaved, so that a warp's loads are contiguous). ``tickets`` is a
+# The distance product inside: a block scores CODES_PER_BLOCK entries, each of its warps every WARPS-th one (each
+# lane PER_LANE of an entry's L values, interleaved, so that a warp's loads are contiguous). ``tickets`` is a
 # workspace of zeros the kernel leaves as it found it: each block takes a ticket after publishing its best,
 # and the block that takes the last one reduces the bests, writes the row's code and updates, and puts the
 # ticket count back to zero for the next launch.
-_NEAREST_PRODUCT_CUDA = """
+_NEAREST_PRODUCT_CUDA = (
+    """
     constexpr int WARPS = THREADS / 32;
     constexpr int PER_LANE = L / 32;
     constexpr int PER_WARP = CODES_PER_BLOCK / WARPS;
@@ -197,29 +207,26 @@ _NEAREST_PRODUCT_CUDA = """
                 index = indices[s];
             }
         }
-        for (int offset = 16; offset > 0; offset /= 2) {
-            const float other = __shfl_xor_sync(0xffffffff, best, offset);
-            const int other_index = __shfl_xor_sync(0xffffffff, index, offset);
-            if (other < best || (other == best && other_index < index)) {
-                best = other;
-                index = other_index;
-            }
-        }
-        if (lane == 0) {
+"""
+    + _WARP_ARGMIN_CUDA
+    + """        if (lane == 0) {
             chosen_index = index;
             code[row] = index;
             const_cast<int*>(tickets)[row * TICKET_STRIDE] = 0;
         }
     }
     __syncthreads();
-    const size_t chosen = static_cast<size_t>(chosen_index) * L;
+    // No entry chosen (every distance NaN): the code is C, one past the codebook, and nothing is read past it.
+    const bool chosen_one = chosen_index < C;
+    const size_t chosen = static_cast<size_t>(chosen_one ? chosen_index : 0) * L;
     for (int d = threadIdx.x; d < L; d += THREADS) {
         const size_t at = static_cast<size_t>(row) * L + d;
-        const float entry = static_cast<float>(book[chosen + d]);
+        const float entry = chosen_one ? static_cast<float>(book[chosen + d]) : 0.0f;
         residual_out[at] = residual[at] - entry;
         chosen_sum_out[at] = chosen_sum[at] + entry;
     }
 """
+)
 
 _PRODUCT_INPUTS = ["residual", "book", "norms", "chosen_sum", "tickets"]
 _PRODUCT_OUTPUTS = ["code", "residual_out", "chosen_sum_out", "share_best", "share_index"]
@@ -334,7 +341,7 @@ def product_shares(entries: int, width: int) -> int:
 
 def nearest_code_step(backend: str) -> NearestCode | NearestCodeProduct:
     """The step kernel for ``backend``: the distance product inside on CUDA, apart on Metal."""
-    return NearestCodeProduct(backend) if backend == "cuda" else NearestCode(backend)
+    return NearestCodeProduct(backend) if reads_stored_codebook(backend) else NearestCode(backend)
 
 
 def reads_stored_codebook(backend: str | None) -> bool:

@@ -51,8 +51,11 @@ def queued_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], 
     return (time.perf_counter() - started) / calls * 1e6
 
 
-def kernel_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], calls: int = 112) -> dict[str, float]:
-    """GPU microseconds per call by kernel (CUPTI's records), ``calls`` calls cycling over ``samples``."""
+def kernel_us(
+    function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], calls: int = 112, ours: str = "attention"
+) -> dict[str, float]:
+    """GPU microseconds per call by kernel (CUPTI's records), ``calls`` calls cycling over ``samples``: the
+    merge, Parley's other kernels (named ``ours``) and MLX's (``other``)."""
     import torch  # the device's; only this measurement needs it
     from torch.profiler import ProfilerActivity, profile
 
@@ -64,7 +67,7 @@ def kernel_us(function: Callable[..., Any], samples: Sequence[tuple[Any, ...]], 
     times: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = "merge" if "merge" in event.name else "attention" if "parley" in event.name else "other"
+            name = "merge" if "merge" in event.name else ours if "parley" in event.name else "other"
             times[name] += event.time_range.elapsed_us() / calls
     return dict(times)
 
@@ -189,7 +192,7 @@ def residual_vq_steps(backend: str) -> None:
     for _ in range(ROUNDS):
         for label, step in steps:
             samples = [(step, first) for first in firsts]
-            parts[label] = kernel_us(frame, samples, calls=8)
+            parts[label] = kernel_us(frame, samples, calls=8, ours="step")
             gpu[label].append(sum(parts[label].values()))
             host[label].append(queued_us(frame, samples, calls=8))
     for label, _ in steps:
