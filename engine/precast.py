@@ -14,9 +14,9 @@ bf16 embedding feeds it), the codec (bf16 activations), ``A_log`` (its exp is ro
 bf16), and the LLM of a bf16 checkpoint (the system-prompt prefill runs in bf16).
 
 A model loaded for fast numerics also keeps, as stored, the weights its kernels read in bf16
-directly — the row products' projections, the MoG draw's mean tables
-(:func:`engine.numerics.fast_bf16_weights`): a float32 copy of them would only be read by exact
-mode's operations, and fast mode would need a bf16 copy of it back.
+directly — the row products' projections, the MoG draw's mean tables and, on CUDA, the residual-VQ
+codebooks (:func:`engine.numerics.fast_bf16_weights`): a float32 copy of them would only be read by
+exact mode's operations, and fast mode would need a bf16 copy of it back.
 """
 
 from __future__ import annotations

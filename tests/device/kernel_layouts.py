@@ -254,9 +254,9 @@ def residual_vq_probes() -> list[tuple[str, Callable[..., Any]]]:
         "for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);",
         "for (int h = 0; h < PER_LANE / 8; ++h) {\n"
         "            const uint4 packed = reinterpret_cast<const uint4*>(entry)[lane + 32 * h];\n"
-        "            const __nv_bfloat16* pair = reinterpret_cast<const __nv_bfloat16*>(&packed);\n"
+        "            const __nv_bfloat16* eight = reinterpret_cast<const __nv_bfloat16*>(&packed);\n"
         "            #pragma unroll\n"
-        "            for (int e = 0; e < 8; ++e) dot += query[h * 8 + e] * __bfloat162float(pair[e]);\n"
+        "            for (int e = 0; e < 8; ++e) dot += query[h * 8 + e] * __bfloat162float(eight[e]);\n"
         "        }",
     )
     return [
