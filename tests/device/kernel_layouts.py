@@ -31,7 +31,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
-from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
+from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
 from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops
 
@@ -208,10 +208,7 @@ class _ProbeStep:
     """A variant of the product-inside kernel's source, for timing only (its results are not checked)."""
 
     def __init__(self, source: str, inputs: list[str], outputs: list[str], init: bool, tickets: int = 32) -> None:
-        import hashlib
-
-        name = f"parley_probe_{hashlib.sha256(source.encode()).hexdigest()[:10]}"
-        self.kernel = mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=source)
+        self.kernel = custom_kernel("cuda", "parley_probe", inputs, outputs, cuda=source, metal="")
         self.inputs, self.outputs, self.init = inputs, outputs, init
         self.tickets = mx.zeros((tickets,), dtype=mx.int32)
         mx.eval(self.tickets)
