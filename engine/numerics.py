@@ -90,6 +90,11 @@ and the log says why. The changes:
   round's normal draw. The draws stay MLX's and come in the reference's order, so the random stream is the
   same; a component whose nucleus boundary or Gumbel score lies within rounding of another's can be drawn
   differently. Fallback: :func:`engine.mixture_sample.mixture_sample_ops`, the reference's operations.
+* **A step's random draws as one kernel** (:class:`engine.step_draws.StepDraws`, CUDA only): the ten draws of
+  the five rounds — each a key split, its bits and their conversion, six primitives — made at once from the
+  generator's key, which moves on to where drawing them one by one leaves it. The same hash, counters and
+  conversions as MLX's, so the same bits, and admitted only so; Metal keeps the library's draws. Fallback:
+  :func:`engine.step_draws.step_draws_ops`, the library's draws from explicit key splits.
 * **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``
   prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
   the same operations in one launch, the last layer's norm left to MLX.
@@ -344,6 +349,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     from .residual_vq import nearest_code_ops, nearest_code_sample, nearest_code_step
     from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
+    from .step_draws import StepDraws, step_draws_ops, step_draws_samples
     from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
 
     fast = check_numerics(numerics) == "fast"
@@ -526,6 +532,20 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 tolerance=0.0,  # the operations' codes and rows, bit for bit, or not used
             )
         tts.nearest_code = nearest
+        draws: Callable[..., Any] | None = None
+        if fast:
+            plan = tts.draw_plan()
+            draws, changes["step_draws"] = _fast_part(
+                ("step_draws", plan),
+                "step's random draws",
+                functools.partial(step_draws_ops, plan=plan),
+                functools.partial(StepDraws, plan=plan),
+                step_draws_samples,
+                tolerance=0.0,  # the library's draws, bit for bit, or not used
+            )
+            if on_gpu and not changes["step_draws"]:
+                draws = None  # drawn one by one, as in exact mode
+        tts.step_draws = draws
 
     for codec in (module for module in modules if isinstance(module, Codec)):
         blocks = codec.decoder.blocks

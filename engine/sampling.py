@@ -4,7 +4,9 @@ Only EAR-TTS consumes randomness. Each MaskGIT iteration of a TTS step draws, in
 this order: one uniform tensor over the mixture components for a Gumbel-max choice
 (after a top-p mask), then one standard-normal latent for the Gaussian sample.
 Both come from MLX's global generator (no explicit key), so a session that seeds
-it with ``mx.random.seed`` reproduces the reference draw for draw.
+it with ``mx.random.seed`` reproduces the reference draw for draw. Fast numerics may make a
+step's draws at once from an explicit key (:mod:`engine.step_draws`): the same draws, carried
+in the TTS cache from the generator's key at the cache's first step (``TTSCache.draw_key``).
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ def top_p_mask(logits: mx.array, top_p: float) -> mx.array:
     return mx.where(keep, logits, -float("inf"))
 
 
-def draw_component(logits: mx.array, top_p: float) -> mx.array:
+def draw_component(logits: mx.array, top_p: float, uniform: mx.array | None = None) -> mx.array:
     """Sample a mixture component per row of ``logits`` (..., K): top-p, then Gumbel-max.
 
-    Draws one ``uniform(shape=logits.shape)``. Returns the component ids (...) as uint32.
+    Draws one ``uniform(shape=logits.shape)``, unless ``uniform`` is that draw made already. Returns the
+    component ids (...) as uint32.
     """
     nucleus = top_p_mask(logits, top_p)
-    return gumbel_choice(nucleus, mx.random.uniform(shape=nucleus.shape))
+    return gumbel_choice(nucleus, mx.random.uniform(shape=nucleus.shape) if uniform is None else uniform)
 
 
 def gumbel_choice(nucleus: mx.array, uniform: mx.array) -> mx.array:

@@ -35,6 +35,7 @@ from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
+from .step_draws import Draw
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
@@ -50,9 +51,13 @@ LayerCache = KVCache | SlidingKVCache
 
 @dataclass
 class TTSCache:
-    """Attention state of the EAR-TTS backbone: one KV cache per layer."""
+    """Attention state of the EAR-TTS backbone (one KV cache per layer), and fast numerics' random key."""
 
     layers: list[LayerCache]
+    # Fast numerics' random key, where a step's draws are made at once (EarTTS.step_draws): the key after the
+    # last step's splits, carried here because MLX's global generator takes no key from outside. None until the
+    # first such step, which starts from the global generator's key, as drawing one by one would.
+    draw_key: mx.array | None = None
 
     @property
     def offset(self) -> int:
@@ -61,7 +66,8 @@ class TTSCache:
 
     def arrays(self) -> list[mx.array]:
         """Every array the cache holds, to evaluate once per frame."""
-        return [array for layer in self.layers for array in layer.arrays()]
+        arrays = [array for layer in self.layers for array in layer.arrays()]
+        return arrays if self.draw_key is None else [*arrays, self.draw_key]
 
 
 # --------------------------------------------------------------------------- Gemma-3 backbone
@@ -735,11 +741,23 @@ class MixtureHead(nn.Module):
         """Rows of the tables :meth:`weight_views` names (one per component), for pricing them at full size."""
         return dict.fromkeys((f"proj_mus.weight{GATHER_MARK}", f"low_mat{GATHER_MARK}"), self.num_components)
 
-    def sample_latent(self, x: mx.array, guidance_scale: float, top_p: float, noise_scale: float) -> mx.array:
+    def sample_latent(
+        self,
+        x: mx.array,
+        guidance_scale: float,
+        top_p: float,
+        noise_scale: float,
+        draws: tuple[mx.array, mx.array] | None = None,
+    ) -> mx.array:
         """The latent a MaskGIT round draws from guided features ``x``: :meth:`sample_gaussian`, then the latent
-        noise (engine.sampling's two draws, in order). Fast numerics' rows run the layers and the draw as
-        kernels where the head's parts are the kernels' (:class:`MixtureRowParts`)."""
+        noise (engine.sampling's two draws, in order; ``draws``, when given, are those two made already).
+        Fast numerics' rows run the layers and the draw as kernels where the head's parts are the kernels'
+        (:class:`MixtureRowParts`)."""
         rows, weights = self.rows, self.sample_weights
+        uniform: mx.array | None = None
+        noise: mx.array | None = None
+        if draws is not None:
+            uniform, noise = draws
         if (
             rows is not None
             and rows.projections is not None
@@ -755,24 +773,28 @@ class MixtureHead(nn.Module):
             logits, residual, log_std, summed = rows.projections(
                 hidden, weights.projections, weights.final_scale, pending.output, pending.scale
             )
-            uniform = mx.random.uniform(shape=logits.shape)
-            noise = draw_latent_noise(residual.shape)
+            if uniform is None or noise is None:
+                uniform = mx.random.uniform(shape=logits.shape)
+                noise = draw_latent_noise(residual.shape)
             return rows.sample(
                 logits, residual, log_std, summed, weights.final_scale, uniform, noise, weights.mus, weights.low_mat
             )
-        mean, log_std = self.sample_gaussian(x, guidance_scale, top_p)
-        return gaussian_latent(mean, log_std, draw_latent_noise(mean.shape), noise_scale)
+        mean, log_std = self.sample_gaussian(x, guidance_scale, top_p, uniform)
+        return gaussian_latent(mean, log_std, draw_latent_noise(mean.shape) if noise is None else noise, noise_scale)
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("proj_logits", "proj_else", "proj_logs"))
         return int(self.stacked is not None)
 
-    def sample_gaussian(self, x: mx.array, guidance_scale: float, top_p: float) -> tuple[mx.array, mx.array]:
+    def sample_gaussian(
+        self, x: mx.array, guidance_scale: float, top_p: float, uniform: mx.array | None = None
+    ) -> tuple[mx.array, mx.array]:
         """Guided features (2B, T, H) or rows (2N, H) → (mean (B, T, latent), log std (B, T, 1)) or
         (N, latent) and (N, 1) of one drawn component.
 
         The first half (rows [0, B) or [0, N)) is conditional, the second unconditional; guidance
-        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.sampling).
+        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.sampling,
+        unless ``uniform`` is that draw made already).
         """
         *layers, final_norm = self.mlp_stack
         rows = self.rows
@@ -789,7 +811,7 @@ class MixtureHead(nn.Module):
             logits, residual, log_std_raw = self.stacked(x)
         else:
             logits, residual, log_std_raw = self.proj_logits(x), self.proj_else(x), self.proj_logs(x)
-        component = draw_component(logits, top_p)
+        component = draw_component(logits, top_p, uniform)
         rows = x
         if x.ndim != 2:
             component, rows = component.reshape(-1), x.reshape(-1, x.shape[-1])
@@ -921,6 +943,17 @@ class EarTTS(nn.Module):
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, config.latent_size))
         # One quantizer's greedy step after its product: the operations, or fast numerics' kernel.
         self.nearest_code: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
+        # Fast numerics: a step's draws made at once from the generator's key (engine.step_draws), or None (one
+        # by one, as each round needs them).
+        self.step_draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
+
+    def draw_plan(self) -> tuple[Draw, ...]:
+        """The draws of a step's MaskGIT rounds, in order: per round the component's uniform over the guided
+        row's mixture logits, then the latent's normal noise."""
+        head = self.mog_head
+        rows = 1 if self.config.guidance_scale > 0.0 else GUIDED_ROWS  # guidance mixes the two rows into one
+        round_draws = (Draw("uniform", (rows, head.num_components)), Draw("normal", (rows, head.latent_size)))
+        return round_draws * len(self.plan)
 
     def make_cache(self) -> TTSCache:
         """Fresh attention state: unbounded caches on global layers, sliding-window caches elsewhere."""
@@ -1041,7 +1074,8 @@ class EarTTS(nn.Module):
         ``condition``, when given, is the token's guided conditioning already built
         (:meth:`condition_on_device`), and ``text_token`` is not read.
         With neither, reads the token id on the host (see :func:`engine.subword.spell_tokens`). Draws
-        one uniform and one normal tensor per refinement round from the global RNG.
+        one uniform and one normal tensor per refinement round from the global RNG — or, with
+        :attr:`step_draws`, the same draws at once from ``cache.draw_key``, which then moves on.
         """
         if previous_code_sum is None:
             previous_code_sum = self.code_sum(previous_code)
@@ -1061,8 +1095,18 @@ class EarTTS(nn.Module):
         hidden = self.backbone(fused, cache.layers)
         if probe is not None:
             probe("tts.backbone", hidden)
+        draw_key = None
+        if self.step_draws is not None and hidden.shape[1] == 1:
+            draw_key = cache.draw_key if cache.draw_key is not None else mx.random.state[0]
         # Probing times every round, which needs the op-by-op form (a compiled call cannot be split).
-        codes, code_sum = self._refine(hidden) if probe is None else self._refine_ops(hidden, probe)
+        if probe is None:
+            codes, code_sum, next_key = self._refine(hidden, draw_key)
+        elif draw_key is None:
+            (codes, code_sum), next_key = self._refine_ops(hidden, probe), None
+        else:
+            codes, code_sum, next_key = self._refine_drawn(hidden, draw_key, probe)
+        if next_key is not None:
+            cache.draw_key = next_key
         return TTSStepResult(codes=codes, hidden=hidden, code_sum=code_sum)
 
     # ----------------------------------------------------------------- code generation
@@ -1125,17 +1169,34 @@ class EarTTS(nn.Module):
             del programs[key]
         self.backbone._traced_steps.clear()
 
-    def _refine(self, hidden: mx.array) -> tuple[mx.array, mx.array]:
+    def _refine(self, hidden: mx.array, draw_key: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array | None]:
+        """:meth:`_refine_ops` compiled for one position (drawing from the global generator, or with ``draw_key``
+        through :meth:`_refine_drawn`); also returns the key after the draws (None without ``draw_key``)."""
         if hidden.shape[1] != 1:
-            return self._refine_ops(hidden)
+            return (*self._refine_ops(hidden), None)
         programs = self._compiled_refines
-        key = (self.nearest_code, self.mog_head.rows)
+        key = (self.nearest_code, self.mog_head.rows, None if draw_key is None else self.step_draws)
         if key not in programs:
-            programs[key] = jit(self._refine_ops, draws_random=True)
-        return programs[key](hidden)
+            programs[key] = jit(self._refine_ops, draws_random=True) if draw_key is None else jit(self._refine_drawn)
+        if draw_key is None:
+            return (*programs[key](hidden), None)
+        return programs[key](hidden, draw_key)  # type: ignore[no-any-return]
 
-    def _refine_ops(self, hidden: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
-        """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors.
+    def _refine_drawn(
+        self, hidden: mx.array, draw_key: mx.array, probe: Probe | None = None
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`_refine_ops` on the draws :attr:`step_draws` makes at once from ``draw_key``; also returns the
+        key after them."""
+        assert self.step_draws is not None
+        next_key, *draws = self.step_draws(draw_key)
+        codes, code_sum = self._refine_ops(hidden, probe, tuple(draws))
+        return codes, code_sum, next_key
+
+    def _refine_ops(
+        self, hidden: mx.array, probe: Probe | None = None, draws: tuple[mx.array, ...] | None = None
+    ) -> tuple[mx.array, mx.array]:
+        """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors. ``draws``, when
+        given, are the rounds' draws made already (:meth:`draw_plan`), else each round draws its own.
 
         Quantizers are filled in order, so the code embedding of a round — the sum over
         every quantizer with unfilled ones adding zero — is the running sum of the rows
@@ -1159,7 +1220,10 @@ class EarTTS(nn.Module):
                 features = embedded + rows
             else:
                 features = mx.concatenate([embedded + rows[:length], embedded + rows[length:]], axis=0)
-            latent = self.mog_head.sample_latent(features, config.guidance_scale, config.top_p, config.noise_scale)
+            round_draws = None if draws is None else (draws[2 * number - 2], draws[2 * number - 1])
+            latent = self.mog_head.sample_latent(
+                features, config.guidance_scale, config.top_p, config.noise_scale, round_draws
+            )
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
             for quantizer in range(round_.start, round_.start + round_.count):

@@ -35,6 +35,7 @@ from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.rnnt import RNNTPredictor
 from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
+from engine.step_draws import Draw, StepDraws, step_draws_ops
 from engine.timeline import INPUT_FRAME_SAMPLES
 from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 
@@ -118,6 +119,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "mog_sample": False,
         "quantized_rows": False,
         "residual_vq": False,
+        "step_draws": False,
         "rnnt_attempts": False,
         "codec_conv_norm": False,
         "codec_code_sum": False,
@@ -142,13 +144,15 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     head = fast.model.tts_model.tts_model.mog_head
     assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
     assert head.rows.sample is not None and head.sample_weights is not None, "the draw's operations"
+    tts = fast.model.tts_model.tts_model
+    assert isinstance(tts.step_draws, functools.partial) and tts.step_draws.func is step_draws_ops
     predictors = [m for _, m in fast.model.named_modules() if isinstance(m, RNNTPredictor)]
     assert predictors and all(m.attempt_parts is not None for m in predictors), "the attempts' operations"
     apply_numerics(fast.model, "exact")
     assert all(m.attempt_parts is None and not m.fused_cell for m in predictors)
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
-    assert head.sample_weights is None
+    assert head.sample_weights is None and tts.step_draws is None
     assert all(layer.rows is None and layer.row_weights is None for layer in conformers)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
@@ -911,6 +915,8 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, EarTTS):
             module.nearest_code = counted("residual vq", module.nearest_code)
             layers["residual vq"] = module.config.num_quantizers
+            module.step_draws = counted("step draws", module.step_draws)  # type: ignore[assignment]
+            layers["step draws"] = 1  # all of a step's draws at once
         elif isinstance(module, MixtureHead):
             assert module.rows is not None
             names = ("first_gate_up", "gate_up", "down")
@@ -956,3 +962,73 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     assert calls["tts heads"] == calls["tts attention"]
     assert calls["tts first_qkv"] == calls["tts output"] // layers["tts output"]
     assert calls["mog first_gate_up"] == calls["mog down"] // layers["mog down"]
+
+
+_PLAN = (Draw("uniform", (1, 7)), Draw("normal", (1, 5)), Draw("uniform", (2, 4)), Draw("normal", (3,)))
+
+
+def _one_by_one(plan: tuple[Draw, ...]) -> list[mx.array]:
+    return [mx.random.uniform(shape=d.shape) if d.kind == "uniform" else mx.random.normal(d.shape) for d in plan]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_step_s_draws_at_once_are_the_generator_s_one_by_one(compiled: bool) -> None:
+    """engine.step_draws' fallback (and inside a compiled program, as the MaskGIT rounds run it): from the
+    generator's key, the same bits as drawing one by one, and the key it hands on gives the next step's draws
+    too (odd and even sizes: the bits' counters pair elements differently)."""
+    from engine.jit import jit
+
+    draws = functools.partial(step_draws_ops, plan=_PLAN)
+    at_once = jit(draws) if compiled else draws
+    mx.random.seed(11)
+    want = _one_by_one(_PLAN) + _one_by_one(_PLAN)
+    mx.random.seed(11)
+    key, *first = at_once(mx.random.state[0])
+    _, *second = at_once(key)
+    got = first + second
+    assert [tuple(array.shape) for array in got] == [tuple(array.shape) for array in want]
+    for array, expected in zip(got, want, strict=True):
+        assert array.dtype == mx.float32 and mx.array_equal(array, expected).item()
+    assert not mx.array_equal(got[0][..., :4], got[2][0]).item(), "each draw has a key of its own"
+
+
+def test_fast_tts_steps_carry_their_draws_key_and_draw_what_exact_steps_draw() -> None:
+    """A fast step (the draws' fallback on the CPU) starts from the generator's key and carries the chain in
+    its cache; the codes of successive steps are exact mode's, which draws one by one (same weights, seed)."""
+    from engine.session import speaker_prompt
+
+    results = {}
+    for numerics in ("exact", "fast"):
+        voicechat = random_voicechat("tiny", quantize=4, numerics=numerics)
+        tts = voicechat.model.tts_model.tts_model
+        mx.random.seed(5)
+        cache = tts.make_cache()
+        previous = tts.warmup(speaker_prompt(voicechat), cache, voicechat.characters)
+        codes = []
+        for token in (3, 4, 4):
+            step = tts.step(previous, mx.array([[token]]), cache, voicechat.characters, text_id=token)
+            previous = step.codes
+            codes.append(step.codes)
+            assert (cache.draw_key is not None) == (numerics == "fast")
+        results[numerics] = mx.concatenate(codes, axis=1)
+    assert mx.array_equal(results["fast"], results["exact"]).item()
+
+
+def test_the_step_draws_kernel_is_cuda_s_and_its_source_complete() -> None:
+    """The kernel compiles only on a GPU; here: it refuses Metal and an empty plan, and its source declares a
+    loop for every draw, with the odd size's lone element, and writes the key and every draw."""
+    from engine import step_draws
+
+    with pytest.raises(ValueError, match="library's on 'metal'"):
+        StepDraws("metal", _PLAN)
+    with pytest.raises(ValueError, match="no draws"):
+        StepDraws("cuda", ())
+    source = step_draws._source(_PLAN)
+    assert source.count("{") == source.count("}")
+    assert "key[0]" in source and "key_out[0]" in source and "key_out[1]" in source
+    for index, draw in enumerate(_PLAN):
+        pairs = (draw.size + 1) // 2
+        assert f"draw_{index}[i] = {draw.kind}_of(x)" in source
+        assert f"draw_{index}[i + {pairs}] = {draw.kind}_of(y)" in source
+        assert f"threefry(subkeys[{2 * index}], subkeys[{2 * index + 1}], i, alone ? 0u : i + {pairs}, x, y)" in source
+    assert "erfinvf" in source and "0x3fb504f3" in source

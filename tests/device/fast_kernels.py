@@ -41,6 +41,7 @@ from engine.quantized_product import (
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
 from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
+from engine.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
 
 
 def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:
@@ -73,6 +74,9 @@ def main() -> None:
         raise SystemExit("no GPU kernels on this device")
     if sys.argv[1:] == ["quantized"]:
         quantized_rows(backend)
+        return
+    if sys.argv[1:] == ["draws"]:
+        step_draws(backend)
         return
     model = random_voicechat("structure", quantize=4, numerics="fast")
     print("fast changes in use on the structure model:", model.fast_changes)
@@ -179,6 +183,31 @@ def main() -> None:
                 f"{synced:.1f} us with its sync, {queued:.1f} us queued"
             )
     quantized_rows(backend)
+
+
+def step_draws(backend: str) -> None:
+    """A full-size step's ten draws (five rounds of a uniform over 1,024 components and a normal over 512)
+    made at once, against the library's draws one by one: admitted or not, bit for bit over many keys (each
+    draw and the key handed on), and time per call."""
+    plan = (Draw("uniform", (1, 1024)), Draw("normal", (1, 512))) * 5
+    try:
+        kernel = StepDraws(backend, plan)
+    except ValueError as exc:
+        print(f"step draws: no kernel ({exc})")
+        return
+    fallback = functools.partial(step_draws_ops, plan=plan)
+    admitted = all(admit_kernel("step draws", kernel, fallback, inputs, 0.0) for inputs in step_draws_samples())
+    keys = mx.random.randint(0, 2**31 - 1, (200, 2), key=mx.random.key(5)).astype(mx.uint32) * 2 + 1
+    equal = 0
+    for index in range(keys.shape[0]):
+        got, want = kernel(keys[index]), fallback(keys[index])
+        equal += all(mx.array_equal(g, w).item() for g, w in zip(got, want, strict=True))
+    inputs = (step_draws_samples()[0][0],)
+    print(
+        f"step draws (ten, full size): admitted (bit for bit) {admitted}; {equal}/{keys.shape[0]} random keys "
+        f"give the library's draws and next key bit for bit; kernel {per_call_us(kernel, inputs):.1f} us, "
+        f"operations {per_call_us(fallback, inputs):.1f} us per call"
+    )
 
 
 def quantized_rows(backend: str) -> None:
