@@ -159,6 +159,10 @@ class SlidingKVCache:
     values: mx.array | None = None
     offset: int = 0  # positions seen (the RoPE position of the next one)
     write_index: int = 0  # next slot of the ring buffer
+    # Whether keys and values are buffers of their own. A first block append keeps the block's arrays and a cut
+    # to the window keeps a slice, either perhaps a strided view; reserve() copies those once, since fast mode's
+    # attention kernel may write the reserved slot into the very buffers it is given (engine.decode_attention).
+    own_buffers: bool = True
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Add (B, H, L, D) keys/values; returns the keys/values attention reads."""
@@ -176,6 +180,7 @@ class SlidingKVCache:
     def _append_block(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.keys is None or self.values is None:
             self.keys, self.values = keys, values
+            self.own_buffers = False
         else:
             ordered_keys, ordered_values = self._in_time_order(self.keys), self._in_time_order(self.values)
             # Keep window - 1 old positions so that every new position sees a full window.
@@ -220,10 +225,15 @@ class SlidingKVCache:
                 self.keys = mx.concatenate([self.keys, fresh_keys], axis=2)
                 self.values = mx.concatenate([self.values, fresh_values], axis=2)
             self.write_index = start
+            self.own_buffers = True
         excess = self.keys.shape[2] - self.window
         if excess > 0:  # a block append left more than a window: keep the newest slots
             self.keys, self.values = self.keys[..., excess:, :], self.values[..., excess:, :]
             self.write_index = self.window
+            self.own_buffers = False
+        if not self.own_buffers:
+            self.keys, self.values = mx.contiguous(self.keys), mx.contiguous(self.values)
+            self.own_buffers = True
         if self.write_index == self.window:
             self.write_index = 0
         return self.write_index, min(self.offset + 1, self.keys.shape[2])

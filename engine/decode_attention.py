@@ -43,6 +43,13 @@ MERGED_SHARES = 32
 LANES_PER_KEY = 4
 # Neighbouring keys a warp reads and scores at once (their loads all in flight together).
 KEYS_PER_STEP = 32
+# The kernels' bounds are two int32s, ``[count, chunk | slot << SLOT_SHIFT]``: the filled count, the keys a block
+# takes (at most KEYS_PER_BLOCK) and the slot a writing launch fills. Eight bytes, so that MLX's CUDA allocator
+# keeps them in its host-side pool, which a GPU reads in place; a larger array made on the host each frame would
+# be unified memory that moves to the GPU and back every frame.
+SLOT_SHIFT = 12
+CHUNK_BITS = (1 << SLOT_SHIFT) - 1
+MAX_SLOT = (1 << (31 - SLOT_SHIFT)) - 1
 
 # Each warp's running maximum, sum and mixed values, merged into its block's (the block's mixed values
 # are left in ``mixed``, their scale in ``top`` and ``total``): the same lines in the single-query
@@ -141,7 +148,7 @@ _ATTENTION_CUDA = (
     __shared__ float warp_sum[WARPS];
     __shared__ float warp_acc[WARPS * D];
     const int count = bounds[0];
-    const int chunk = bounds[1];
+    const int chunk = bounds[1] & CHUNK_BITS;
     const int splits = (count + chunk - 1) / chunk;
     const int group = blockIdx.x / splits;  // (row, query head)
     const int split = blockIdx.x % splits;
@@ -157,13 +164,14 @@ _ATTENTION_CUDA = (
     const int last = min(count, first + chunk);
     const float2* query = reinterpret_cast<const float2*>(queries + static_cast<size_t>(group) * D) + part;
     const size_t base = (static_cast<size_t>(row) * HKV + kv_head) * capacity * D + 2 * part;
+@WRITTEN@    const float query_scale = scale[0];  // read once (see the encoder's kernel below)
     float q[SLICE];
     float acc[SLICE];
 #pragma unroll
     for (int j = 0; j < PAIRS; ++j) {
         const float2 pair = query[j * LANES];
-        q[2 * j] = pair.x * scale[0];
-        q[2 * j + 1] = pair.y * scale[0];
+        q[2 * j] = pair.x * query_scale;
+        q[2 * j + 1] = pair.y * query_scale;
         acc[2 * j] = 0.0f;
         acc[2 * j + 1] = 0.0f;
     }
@@ -178,9 +186,8 @@ _ATTENTION_CUDA = (
         for (int r = 0; r < ROUNDS; ++r) {
             const int position = start + r * AT_ONCE + slot;
             const bool inside = position < last;
-            const float2* key_row = reinterpret_cast<const float2*>(keys + base + static_cast<size_t>(position) * D);
-            const float2* value_row =
-                reinterpret_cast<const float2*>(values + base + static_cast<size_t>(position) * D);
+            const float2* key_row = reinterpret_cast<const float2*>(@KEY_ROW@);
+            const float2* value_row = reinterpret_cast<const float2*>(@VALUE_ROW@);
 #pragma unroll
             for (int j = 0; j < PAIRS; ++j) {
                 key_part[r][j] = inside ? key_row[j * LANES] : make_float2(0.0f, 0.0f);
@@ -252,14 +259,49 @@ _ATTENTION_CUDA = (
             }
         }
     }
-"""
+@WRITE@"""
 )
+
+# The attention kernel reading its buffers as stored, or (writing) reading the new position's key and value from
+# their own inputs and writing them into the buffers at their slot: one block per key head (the first split of its
+# first query head) writes them; no block of the launch reads that slot from the buffers, so none waits for it.
+_READ_AS_STORED = {
+    "@WRITTEN@": "",
+    "@KEY_ROW@": "keys + base + static_cast<size_t>(position) * D",
+    "@VALUE_ROW@": "values + base + static_cast<size_t>(position) * D",
+    "@WRITE@": "",
+}
+_WRITING = {
+    "@WRITTEN@": """    const int written = bounds[1] >> SLOT_SHIFT;  // the new position's slot
+    const size_t fresh = (static_cast<size_t>(row) * HKV + kv_head) * D + 2 * part;
+""",
+    "@KEY_ROW@": "position == written ? new_keys + fresh : keys + base + static_cast<size_t>(position) * D",
+    "@VALUE_ROW@": "position == written ? new_values + fresh : values + base + static_cast<size_t>(position) * D",
+    "@WRITE@": """    if (split == 0 && head % (HQ / HKV) == 0) {
+        // Into the buffers as given (MLX hands a kernel its inputs read-only; the cache keeps these buffers).
+        const size_t head_start = static_cast<size_t>(row) * HKV + kv_head;
+        const size_t at = (head_start * capacity + written) * D;
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            const_cast<float*>(keys)[at + d] = new_keys[head_start * D + d];
+            const_cast<float*>(values)[at + d] = new_values[head_start * D + d];
+        }
+    }
+""",
+}
+
+
+def _attention_cuda(writing: bool) -> str:
+    source = _ATTENTION_CUDA
+    for placeholder, text in (_WRITING if writing else _READ_AS_STORED).items():
+        source = source.replace(placeholder, text)
+    return source
+
 
 _MERGE_CUDA = """
     constexpr int STRIDE = D + 2;
     __shared__ float shares[SHARES * STRIDE];
     const int count = bounds[0];
-    const int chunk = bounds[1];
+    const int chunk = bounds[1] & CHUNK_BITS;
     const int splits = (count + chunk - 1) / chunk;
     const int group = blockIdx.x;
     const int d = threadIdx.x;
@@ -301,7 +343,7 @@ _ATTENTION_METAL = (
     threadgroup float warp_sum[WARPS];
     threadgroup float warp_acc[WARPS * D];
     const int count = bounds[0];
-    const int chunk = bounds[1];
+    const int chunk = bounds[1] & CHUNK_BITS;
     const int splits = (count + chunk - 1) / chunk;
     const int block = int(threadgroup_position_in_grid.x);
     const int group = block / splits;
@@ -400,7 +442,7 @@ _MERGE_METAL = """
     constexpr int STRIDE = D + 2;
     threadgroup float shares[SHARES * STRIDE];
     const int count = bounds[0];
-    const int chunk = bounds[1];
+    const int chunk = bounds[1] & CHUNK_BITS;
     const int splits = (count + chunk - 1) / chunk;
     const uint group = threadgroup_position_in_grid.x;
     const uint d = thread_position_in_threadgroup.x;
@@ -432,6 +474,7 @@ _MERGE_METAL = """
 """
 
 _INPUTS = ["queries", "keys", "values", "bounds", "scale"]
+_WRITING_INPUTS = ["queries", "new_keys", "new_values", "keys", "values", "bounds", "scale"]
 
 
 def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
@@ -442,6 +485,34 @@ def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, co
     """
     mixed = mx.fast.scaled_dot_product_attention(queries, keys[..., :count, :], values[..., :count, :], scale=scale)
     return mixed.transpose(0, 2, 1, 3).reshape(queries.shape[0], -1)
+
+
+def decode_attention_writing_ops(
+    queries: mx.array,
+    new_keys: mx.array,
+    new_values: mx.array,
+    key_buffer: mx.array,
+    value_buffer: mx.array,
+    count: int,
+    slot: int,
+    scale: float,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """:func:`decode_attention_ops` after the new position's ``new_keys``/``new_values`` (B, Hkv, 1, D) are written
+    at ``slot`` of the buffers (a scatter, as the traced backbone step writes them); returns the mixed rows and
+    the written buffers — what :meth:`DecodeAttention.attend_writing` computes and leaves in its buffers."""
+    index = mx.full(new_keys.shape, slot, dtype=mx.int32)
+    key_buffer = mx.put_along_axis(key_buffer, index, new_keys, axis=2)
+    value_buffer = mx.put_along_axis(value_buffer, index, new_values, axis=2)
+    return decode_attention_ops(queries, key_buffer, value_buffer, count, scale), key_buffer, value_buffer
+
+
+def bounds_words(count: int, chunk: int, slot: int) -> list[int]:
+    """The kernels' two bounds words: ``[count, chunk | slot << SLOT_SHIFT]`` (see :data:`SLOT_SHIFT`)."""
+    if not 0 < chunk <= CHUNK_BITS:
+        raise ValueError(f"{chunk} keys a block do not fit the bounds' {SLOT_SHIFT} bits")
+    if not 0 <= slot <= MAX_SLOT:
+        raise ValueError(f"slot {slot} is past the bounds' {MAX_SLOT}")
+    return [count, chunk | slot << SLOT_SHIFT]
 
 
 def key_shares(count: int, keys_per_block: int) -> tuple[int, int]:
@@ -482,11 +553,33 @@ class DecodeAttention:
         self.keys_per_step, self.keys_per_block, self.lanes_per_key = keys_per_step, keys_per_block, lanes_per_key
         # The filled length and the scale go in as arrays (a template value would compile a kernel per
         # length); the arrays of the last few lengths are kept, since every layer of a kind shares one.
-        self._bounds: dict[int, mx.array] = {}
+        self._bounds: dict[tuple[int, int], mx.array] = {}
         self._scales: dict[float, mx.array] = {}
+        if keys_per_block > CHUNK_BITS:
+            raise ValueError(f"{keys_per_block} keys a block do not fit the bounds' {SLOT_SHIFT} bits")
         self._attend = custom_kernel(
-            backend, "parley_decode_attention", _INPUTS, ["out"], cuda=_ATTENTION_CUDA, metal=_ATTENTION_METAL
+            backend,
+            "parley_decode_attention",
+            _INPUTS,
+            ["out"],
+            cuda=_attention_cuda(writing=False),
+            metal=_ATTENTION_METAL,
         )
+        # The form that also writes the new position into the buffers (CUDA: see attend_writing).
+        self._attend_writing = (
+            custom_kernel(
+                backend,
+                "parley_decode_attention_writing",
+                _WRITING_INPUTS,
+                ["out"],
+                cuda=_attention_cuda(True),
+                metal="",
+            )
+            if backend == "cuda"
+            else None
+        )
+        # Whether the traced backbone step lets the kernel write the new position (set once admitted on this device).
+        self.writes_cache = False
         self._merge = custom_kernel(
             backend,
             "parley_decode_attention_merge",
@@ -508,26 +601,78 @@ class DecodeAttention:
         """Keys each block takes (:func:`key_shares`)."""
         return key_shares(count, self.keys_per_block)[1]
 
-    def bounds(self, count: int) -> mx.array:
-        """The kernels' view of ``count``, an array (as an input of a traced call, it varies without a retrace)."""
-        if count not in self._bounds:
+    def bounds(self, count: int, slot: int = 0) -> mx.array:
+        """The kernels' view of ``count`` (and of the ``slot`` a writing launch fills), an array: as an input of a
+        traced call it varies without a retrace."""
+        key = (count, slot)
+        if key not in self._bounds:
             if len(self._bounds) >= 4:
                 self._bounds.clear()
-            self._bounds[count] = mx.array([count, self.chunk(count)], dtype=mx.int32)
-        return self._bounds[count]
+            self._bounds[key] = mx.array(bounds_words(count, self.chunk(count), slot), dtype=mx.int32)
+        return self._bounds[key]
 
     def attend_bounded(
         self, queries: mx.array, keys: mx.array, values: mx.array, bounds: mx.array, splits: int, scale: float
     ) -> mx.array:
         """:meth:`__call__` with the count as :meth:`bounds` made it and :meth:`splits` of that count."""
+        return self._launch(self._attend, [queries, keys, values], bounds, splits, scale)
+
+    def attend_writing(
+        self,
+        queries: mx.array,
+        new_keys: mx.array,
+        new_values: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+    ) -> mx.array:
+        """:meth:`attend_bounded` over buffers whose slot (:meth:`bounds`' ``slot``) the launch fills itself with
+        ``new_keys``/``new_values`` (B, Hkv, 1, D) — in the given buffers, which MLX takes for unchanged: the
+        caller's cache must keep them, contiguous (a copy MLX made of a strided view would take the write), and
+        no other reader may expect them unwritten. One launch where a scatter per buffer and the attention took
+        three (CUDA only)."""
+        if self._attend_writing is None:
+            raise ValueError("the writing attention kernel is CUDA's")
+        inputs = [queries, new_keys, new_values, key_buffer, value_buffer]
+        return self._launch(self._attend_writing, inputs, bounds, splits, scale)
+
+    def writing_kernel(self) -> Any:
+        """:meth:`writing_check`, where this backend has the writing kernel (else ValueError)."""
+        if self._attend_writing is None:
+            raise ValueError("the writing attention kernel is CUDA's")
+        return self.writing_check
+
+    def writing_check(
+        self,
+        queries: mx.array,
+        new_keys: mx.array,
+        new_values: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        count: int,
+        slot: int,
+        scale: float,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`attend_writing` on copies of the buffers, returned written: :func:`decode_attention_writing_ops`'s
+        signature and results, for admitting the kernel against it."""
+        key_buffer, value_buffer = key_buffer * 1.0, value_buffer * 1.0  # fresh buffers (× 1 keeps every bit)
+        mixed = self.attend_writing(
+            queries, new_keys, new_values, key_buffer, value_buffer, self.bounds(count, slot), self.splits(count), scale
+        )
+        mx.eval(mixed)  # the buffers hold the write once the launch has run
+        return mixed, key_buffer, value_buffer
+
+    def _launch(self, attend: Any, inputs: list[mx.array], bounds: mx.array, splits: int, scale: float) -> mx.array:
         if scale not in self._scales:
             self._scales[scale] = mx.array([scale], dtype=mx.float32)
-        batch, width = queries.shape[0], self.query_heads * self.head_dim
+        batch, width = inputs[0].shape[0], self.query_heads * self.head_dim
         groups = batch * self.query_heads
         final = splits == 1
         threads = 32 * WARPS
-        (out,) = self._attend(
-            inputs=[queries, keys, values, bounds, self._scales[scale]],
+        (out,) = attend(
+            inputs=[*inputs, bounds, self._scales[scale]],
             template=[
                 ("HQ", self.query_heads),
                 ("HKV", self.kv_heads),
@@ -536,6 +681,8 @@ class DecodeAttention:
                 ("LANES", self.lanes_per_key),
                 ("ROUNDS", self.keys_per_step * self.lanes_per_key // 32),
                 ("FINAL", final),
+                ("CHUNK_BITS", CHUNK_BITS),
+                ("SLOT_SHIFT", SLOT_SHIFT),
             ],
             grid=(groups * splits * threads, 1, 1),
             threadgroup=(threads, 1, 1),
@@ -547,7 +694,7 @@ class DecodeAttention:
         merge_threads = 32 * WARPS
         (merged,) = self._merge(
             inputs=[out, bounds],
-            template=[("D", self.head_dim), ("SHARES", MERGED_SHARES)],
+            template=[("D", self.head_dim), ("SHARES", MERGED_SHARES), ("CHUNK_BITS", CHUNK_BITS)],
             grid=(groups * merge_threads, 1, 1),
             threadgroup=(merge_threads, 1, 1),
             output_shapes=[(batch, width)],
@@ -565,6 +712,22 @@ def decode_attention_samples(query_heads: int, kv_heads: int, head_dim: int) -> 
             query_heads, kv_heads, head_dim, capacity=3 * KEYS_PER_BLOCK, count=2 * KEYS_PER_BLOCK + 5
         ),
     ]
+
+
+def decode_attention_writing_samples(query_heads: int, kv_heads: int, head_dim: int) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting the writing kernel (:func:`decode_attention_writing_ops`' arguments): the new
+    position at the end of the filled part, inside a wrapped ring buffer, and past a block's share of keys."""
+    cases = ((256, 237, 236), (512, 512, 100), (3 * KEYS_PER_BLOCK, 2 * KEYS_PER_BLOCK + 5, 2 * KEYS_PER_BLOCK + 4))
+    samples = []
+    for capacity, count, slot in cases:
+        queries, key_buffer, value_buffer, _, scale = decode_attention_sample(
+            query_heads, kv_heads, head_dim, capacity, count
+        )
+        fresh = mx.random.split(mx.random.key(slot), 2)
+        new_keys = mx.random.normal((2, kv_heads, 1, head_dim), key=fresh[0])
+        new_values = mx.random.normal((2, kv_heads, 1, head_dim), key=fresh[1])
+        samples.append((queries, new_keys, new_values, key_buffer, value_buffer, count, slot, scale))
+    return samples
 
 
 def decode_attention_sample(

@@ -27,6 +27,12 @@ and the log says why. The changes:
   computes the softmax online (running maximum and sum per run of keys that four lanes read
   together, merged across the warp, the block and, past 2,048 keys, the blocks). Fallback: the
   reference's ``scaled_dot_product_attention``.
+  On CUDA a second form of the kernel also writes the new position's key and value into the cache buffers
+  (:meth:`~engine.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
+  key and value themselves, and one block per key head stores them at the slot, where the traced step scattered
+  them into each buffer first — 56 scatters a frame fewer, the same numbers. The write lands in buffers MLX
+  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.cache.SlidingKVCache`) and nothing
+  else reads them. Admitted against the scatters and the attention (outputs and written buffers).
 * **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
   formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel.
@@ -331,6 +337,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         RelativeDecodeAttention,
         decode_attention_ops,
         decode_attention_samples,
+        decode_attention_writing_ops,
+        decode_attention_writing_samples,
         norm_rope_ops,
         norm_rope_samples,
         relative_attention_samples,
@@ -381,6 +389,21 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
             lambda backend: DecodeAttention(backend, *heads),
             lambda: decode_attention_samples(*heads),
         )
+    if fast and attentions:
+        # The kernel that also writes the new position into the cache buffers, where it matches the scatters and
+        # the attention it replaces (outputs and written buffers).
+        writes = False
+        if isinstance(attention, DecodeAttention):
+            kernel_attention = attention
+            _, writes = _fast_part(
+                ("attention_writing", *heads),
+                "single-position attention writing its cache",
+                decode_attention_writing_ops,
+                lambda backend: kernel_attention.writing_kernel(),
+                lambda: decode_attention_writing_samples(*heads),
+            )
+            kernel_attention.writes_cache = writes
+        changes["attention_writes_cache"] = writes
     for module in attentions:
         module.fast_attention = attention
         module.fast_heads = None

@@ -208,7 +208,7 @@ class BackboneAttention(nn.Module):
         key_buffer: mx.array,
         value_buffer: mx.array,
         slot: BufferSlot,
-        written: list[tuple[mx.array, mx.array]],
+        written: list[tuple[mx.array, mx.array] | None],
         queries: mx.array,
         keys: mx.array,
         values: mx.array,
@@ -220,7 +220,15 @@ class BackboneAttention(nn.Module):
         CUDA kernel for the latter launches a thread per element of the whole buffer, each rewriting one of
         the update's (the same values, so the same result), which took 118 µs a write over 7,300 cached
         positions (6.6 ms a frame) where the scatter launches one per element of the update. In place either
-        way when the buffer can be donated (the program's graph holds the only other reference)."""
+        way when the buffer can be donated (the program's graph holds the only other reference). Where the
+        attention kernel writes the position itself (``slot.index`` None, :meth:`DecodeAttention.attend_writing`)
+        there is no scatter, and None is appended: the cache keeps its buffers, written."""
+        if slot.index is None:
+            assert isinstance(self.fast_attention, DecodeAttention) and slot.bounds is not None
+            written.append(None)
+            return self.fast_attention.attend_writing(
+                queries, keys, values, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
+            )
         key_buffer = mx.put_along_axis(key_buffer, slot.index, keys, axis=2)
         value_buffer = mx.put_along_axis(value_buffer, slot.index, values, axis=2)
         written.append((key_buffer, value_buffer))
@@ -289,19 +297,20 @@ class BufferSlot:
     a kind has seen the same positions), and how many positions attention then reads."""
 
     # The slot, int32: an input of the traced step shaped (1, 1, 1, 1), which the step broadcasts once to a
-    # position's keys shape (batch, heads, 1, head size) for the layers' writes (BackboneAttention.attend_slot).
-    index: mx.array
+    # position's keys shape (batch, heads, 1, head size) for the layers' writes (BackboneAttention.attend_slot);
+    # None where the attention kernel writes the position itself (the slot is then in ``bounds``).
+    index: mx.array | None
     bounds: mx.array | None  # the attention kernel's view of the filled count (engine.decode_attention), or None
     splits: int  # the kernel's blocks per head for that count: the launch's shape, part of the trace's key
     count: int | None  # the filled count where the fallback reads it (slicing, so part of the key), else None
 
     def arrays(self) -> list[mx.array]:
         """The traced step's inputs for this slot, in order."""
-        return [self.index] if self.bounds is None else [self.index, self.bounds]
+        return [array for array in (self.index, self.bounds) if array is not None]
 
-    def key(self, capacity: int) -> tuple[int, int, int | None]:
+    def key(self, capacity: int) -> tuple[int, int, int | None, bool]:
         """What a trace of this slot depends on besides the arrays' values."""
-        return capacity, self.splits, self.count
+        return capacity, self.splits, self.count, self.index is None
 
 
 @dataclass(frozen=True)
@@ -545,7 +554,10 @@ class Backbone(nn.Module):
             if isinstance(attention, DecodeAttention) and layer.self_attn.kernel_reads(
                 cache.keys.dtype, cache.values.dtype
             ):
-                slots[kind] = BufferSlot(at, attention.bounds(filled), attention.splits(filled), None)
+                if attention.writes_cache:
+                    slots[kind] = BufferSlot(None, attention.bounds(filled, slot), attention.splits(filled), None)
+                else:
+                    slots[kind] = BufferSlot(at, attention.bounds(filled), attention.splits(filled), None)
             else:
                 slots[kind] = BufferSlot(at, None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
@@ -563,15 +575,23 @@ class Backbone(nn.Module):
         buffers = [cache.keys for cache in caches] + [cache.values for cache in caches]
         outputs = programs[key](rows, position, *inputs, *buffers)
         # Once the caches hold the written buffers, only the program's graph holds the old ones: written in place.
+        # Where the attention kernel wrote the position (no index), the caches keep the buffers they gave.
         del buffers
-        layers = len(self.layers)
-        for cache, key_buffer, value_buffer in zip(caches, outputs[1 : 1 + layers], outputs[1 + layers :], strict=True):
-            cache.advance(key_buffer, value_buffer)
+        scattered = [slots[kind].index is not None for kind in self.global_layers]
+        key_buffers = iter(outputs[1 : 1 + sum(scattered)])
+        value_buffers = iter(outputs[1 + sum(scattered) :])
+        for cache, by_scatter in zip(caches, scattered, strict=True):
+            assert cache.keys is not None and cache.values is not None
+            if by_scatter:
+                cache.advance(next(key_buffers), next(value_buffers))
+            else:
+                cache.advance(cache.keys, cache.values)
         return outputs[0]
 
     def _step_program(self, kinds: list[bool], traced: dict[bool, BufferSlot]) -> Callable[..., tuple[mx.array, ...]]:
         """The uncompiled step of :meth:`_traced_step`: inputs ``(rows, position, *each kind's slot arrays,
-        *key buffers, *value buffers)``; returns ``(hidden, *key buffers, *value buffers)``."""
+        *key buffers, *value buffers)``; returns ``(hidden, *key buffers, *value buffers)`` of the layers whose
+        position it scattered (none where the attention kernel writes it into the buffers given)."""
         layers = len(self.layers)
 
         def program(rows: mx.array, position: mx.array, *arrays: mx.array) -> tuple[mx.array, ...]:
@@ -580,13 +600,17 @@ class Backbone(nn.Module):
             first = self.layers[0].self_attn
             position_shape = (rows.shape[0], first.num_kv_heads, 1, first.head_dim)
             for kind in kinds:
-                bounded = traced[kind].bounds is not None
-                bounds = arrays[taken + 1] if bounded else None
-                index = mx.broadcast_to(arrays[taken], position_shape)  # once for all layers of the kind
+                index: mx.array | None = None
+                if traced[kind].index is not None:
+                    index = mx.broadcast_to(arrays[taken], position_shape)  # once for all layers of the kind
+                    taken += 1
+                bounds: mx.array | None = None
+                if traced[kind].bounds is not None:
+                    bounds = arrays[taken]
+                    taken += 1
                 slots[kind] = BufferSlot(index, bounds, traced[kind].splits, traced[kind].count)
-                taken += 2 if bounded else 1
             buffers = arrays[taken:]
-            written: list[tuple[mx.array, mx.array]] = []
+            written: list[tuple[mx.array, mx.array] | None] = []
             attends = [
                 functools.partial(
                     layer.self_attn.attend_slot,
@@ -598,7 +622,8 @@ class Backbone(nn.Module):
                 for index, layer in enumerate(self.layers)
             ]
             hidden = self._step_rows(rows, position, attends)
-            return (hidden, *(keys for keys, _ in written), *(values for _, values in written))
+            scattered = [pair for pair in written if pair is not None]
+            return (hidden, *(keys for keys, _ in scattered), *(values for _, values in scattered))
 
         return program
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.drift import measure_drift
-from engine.cache import KVCache, SlidingKVCache
+from engine.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.decode_attention import decode_attention_ops, norm_rope_ops
 from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.linear import QuantizedLinear
@@ -110,6 +110,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert fast.fast_changes == {
         "fused_mamba_step": False,
         "decode_attention": False,
+        "attention_writes_cache": False,
         "norm_rope": False,
         "relative_attention": False,
         "relative_window": False,
@@ -521,8 +522,9 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
     from engine.cache import GROWTH_STEP
     from engine.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
 
-    sources = ("_ATTENTION_CUDA", "_ATTENTION_METAL", "_MERGE_CUDA", "_MERGE_METAL")
-    assert not any("@" in getattr(decode_attention, source) for source in sources)  # every width filled in
+    sources = [decode_attention._ATTENTION_METAL, decode_attention._MERGE_CUDA, decode_attention._MERGE_METAL]
+    sources += [decode_attention._attention_cuda(writing) for writing in (False, True)]
+    assert not any("@" in source for source in sources)  # every width and form filled in
     for per_block in (GROWTH_STEP, 2 * GROWTH_STEP, KEYS_PER_BLOCK):
         shapes = set()
         for count in range(1, 9000):
@@ -535,6 +537,47 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
         DecodeAttention("cuda", 16, 16, 72, lanes_per_key=8)  # slices of 9 floats: not pairs
     with pytest.raises(ValueError, match="keys a step"):
         DecodeAttention("cuda", 16, 16, 72, keys_per_step=4)  # a warp reads 8 keys side by side
+
+
+def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> None:
+    """The writing form of the backbone attention kernel (CUDA; it compiles only on a GPU): it reads the new key
+    and value from their own inputs at the slot and nowhere else, one block per key head stores them into the
+    buffers, and the plain form has none of it. The bounds' two words carry the count, the keys a block and the
+    slot, unpacked as the kernels unpack them."""
+    from engine import decode_attention
+    from engine.decode_attention import CHUNK_BITS, KEYS_PER_BLOCK, MAX_SLOT, SLOT_SHIFT, bounds_words
+
+    plain, writing = decode_attention._attention_cuda(False), decode_attention._attention_cuda(True)
+    assert not any(name in plain for name in ("new_keys", "new_values", "const_cast", "written"))
+    assert "position == written ? new_keys + fresh" in writing
+    assert "position == written ? new_values + fresh" in writing
+    assert writing.count("const_cast<float*>(keys)") == writing.count("const_cast<float*>(values)") == 1
+    assert "if (split == 0 && head % (HQ / HKV) == 0)" in writing
+    assert all(source.count("{") == source.count("}") for source in (plain, writing))
+    assert all(f"{name}[" in writing or f"{name} +" in writing for name in decode_attention._WRITING_INPUTS)
+    for count, chunk, slot in ((1, 1, 0), (300, 300, 299), (9000, 1800, 4321), (2**30, KEYS_PER_BLOCK, MAX_SLOT)):
+        first, second = bounds_words(count, chunk, slot)
+        assert first == count and second & CHUNK_BITS == chunk and second >> SLOT_SHIFT == slot
+        assert 0 <= second < 2**31, "an int32"
+    with pytest.raises(ValueError, match="past the bounds"):
+        bounds_words(10, 10, MAX_SLOT + 1)
+    with pytest.raises(ValueError, match="keys a block"):
+        bounds_words(10_000, CHUNK_BITS + 1, 0)
+
+
+def test_a_sliding_cache_reserves_into_buffers_of_its_own() -> None:
+    """A first block append keeps the block's arrays (here a transposed view) and a cut to the window a slice; the
+    next reserved slot finds the buffers copied into their own, with the same values and positions."""
+    block = mx.arange(2 * 3 * 6 * 4, dtype=mx.float32).reshape(2, 6, 3, 4).transpose(0, 2, 1, 3)  # (B, H, L, D) view
+    for window in (6, 4):
+        cache = SlidingKVCache(window=window)
+        cache.update(block, -block)
+        assert not cache.own_buffers
+        kept = block[..., -window:, :]
+        slot, filled = cache.reserve(PositionLayout.of(block, block))
+        assert cache.own_buffers and (slot, filled) == (0, window)
+        assert cache.keys is not None and cache.values is not None
+        assert mx.array_equal(cache.keys, kept).item() and mx.array_equal(cache.values, -kept).item()
 
 
 def test_a_row_product_hands_its_values_over_in_heads() -> None:

@@ -109,6 +109,8 @@ for arg in "$@"; do
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
     # A step's random draws as one kernel against the library's one by one (bit for bit), no model built.
     drawskernel) step drawskernel 200 python3 tests/device/fast_kernels.py draws ;;
+    # The backbone attention kernel writing its cache against the scatters, alternating rounds (full 4-bit, fast).
+    writingab) step writingab 420 python3 tests/device/writing_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
