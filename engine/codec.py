@@ -152,17 +152,16 @@ class ConvNeXtBlock(nn.Module):
         hidden = self.pwconv2(hidden)
         return inputs + hidden, padded[:, padded.shape[1] - self.context :]
 
-    def step_rows(self, rows: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
-        """Fast numerics' streaming step of one stream's rows ``(T, C)`` with its ``history (1, kernel - 1, C)``:
-        the convolution and norm through :attr:`fast_conv_norm`, then :meth:`__call__`'s own pointwise
+    def step_stream(self, inputs: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
+        """Fast numerics' streaming step of one stream's ``inputs (1, T, C)`` with its ``history (1, kernel - 1,
+        C)``: the convolution and norm through :attr:`fast_conv_norm`, then :meth:`__call__`'s own pointwise
         convolutions (on a GPU a matrix product in their place takes another kernel and rounds differently:
-        the teacher-forced waveform fell to 34 dB SNR on the H200)."""
+        the teacher-forced waveform fell to 34 dB SNR on the H200), all in the stream's own shape (no views)."""
         assert self.fast_conv_norm is not None
         normed, history = self.fast_conv_norm(
-            rows, history, self.dwconv.weight, self.dwconv.bias, self.norm.weight, self.norm.bias
+            inputs, history, self.dwconv.weight, self.dwconv.bias, self.norm.weight, self.norm.bias
         )
-        hidden = self.pwconv2(nn.gelu(self.pwconv1(mx.expand_dims(normed, 0))))
-        return rows + hidden[0], history
+        return inputs + self.pwconv2(nn.gelu(self.pwconv1(normed))), history
 
 
 # --------------------------------------------------------------------------- encoder / decoder stacks
@@ -216,8 +215,8 @@ class CodecDecoder(nn.Module):
 
     def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
         """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
-        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_rows():  # one frame of one stream
-            return self._stream_rows(latents, histories)
+        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_stream():  # one frame of one stream
+            return self._stream(latents, histories)
         hidden = latents
         new_histories: list[mx.array] = []
         for layer in self.layers:
@@ -239,32 +238,24 @@ class CodecDecoder(nn.Module):
                 shapes.append((positions, layer.weight.shape[0]))
         return shapes
 
-    def steps_rows(self) -> bool:
-        """Whether fast numerics' parts are in place (:meth:`ConvNeXtBlock.step_rows` for every block)."""
+    def steps_stream(self) -> bool:
+        """Whether fast numerics' parts are in place (:meth:`ConvNeXtBlock.step_stream` for every block)."""
         return all(block.fast_conv_norm is not None for block in self.blocks)
 
     def fast_part(self) -> Callable[..., tuple[mx.array, mx.array]] | None:
         """The convolution-and-norm part the blocks use (None in exact mode): what a compiled step holds."""
-        return self.blocks[0].fast_conv_norm if self.blocks and self.steps_rows() else None
+        return self.blocks[0].fast_conv_norm if self.blocks and self.steps_stream() else None
 
-    def _stream_rows(self, latents: mx.array, histories: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
-        """One stream's step with each stage's blocks on rows ``(T, C)``: one view into rows after each
-        upsampler and one back before the next layer, instead of two around each block's products."""
+    def _stream(self, latents: mx.array, histories: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
+        """One stream's step, its blocks through :meth:`ConvNeXtBlock.step_stream`."""
         hidden = latents
         new_histories: list[mx.array] = []
-        rows: mx.array | None = None
         for layer in self.layers:
             if isinstance(layer, ConvNeXtBlock):
-                if rows is None:
-                    rows = hidden.reshape(hidden.shape[1], hidden.shape[2])
-                rows, history = layer.step_rows(rows, histories[len(new_histories)])
+                hidden, history = layer.step_stream(hidden, histories[len(new_histories)])
                 new_histories.append(history)
-                continue
-            if rows is not None:
-                hidden, rows = mx.expand_dims(rows, 0), None
-            hidden = layer(hidden)
-        if rows is not None:
-            hidden = mx.expand_dims(rows, 0)
+            else:
+                hidden = layer(hidden)
         return hidden, new_histories
 
 

@@ -5,7 +5,7 @@ causal depthwise convolution, adds its bias, normalizes every position over the 
 then the mean of the squared deviations, each stored before it is used) and applies the norm's
 affine map, then keeps its last inputs for the next frame: about nineteen primitives a block as
 operations. :class:`ConvNorm` does all of it in one launch, one block of threads per position;
-the block's pointwise convolutions stay MLX's (:meth:`engine.codec.ConvNeXtBlock.step_rows`).
+the block's pointwise convolutions stay MLX's (:meth:`engine.codec.ConvNeXtBlock.step_stream`).
 
 Arithmetic: the operations' own, step by step in the activations' dtype (bf16 in the published
 checkpoints): every value the operations store is rounded to that dtype where they round it, and on CUDA
@@ -64,14 +64,14 @@ def conv_norm_ops(
 ) -> tuple[mx.array, mx.array]:
     """:class:`ConvNorm`'s computation as exact mode's operations (its fallback).
 
-    ``rows`` (T, C) are one stream's new inputs, ``history`` (1, taps − 1, C) the inputs it carries;
-    ``conv_weight`` (C, taps, 1) is the depthwise convolution's. Returns the normed rows (T, C) and the
+    ``rows`` (1, T, C) are one stream's new inputs, ``history`` (1, taps − 1, C) the inputs it carries;
+    ``conv_weight`` (C, taps, 1) is the depthwise convolution's. Returns the normed rows (1, T, C) and the
     next history (1, taps − 1, C).
     """
-    padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+    padded = mx.concatenate([history, rows], axis=1)
     hidden = mx.conv1d(padded, conv_weight, 1, 0, 1, conv_weight.shape[0]) + conv_bias
     normed = channel_layer_norm(hidden, norm_weight, norm_bias, eps)
-    return normed[0], padded[:, padded.shape[1] - history.shape[1] :]
+    return normed, padded[:, padded.shape[1] - history.shape[1] :]
 
 
 Accumulator = Literal["dtype", "float32"]
@@ -314,7 +314,7 @@ class ConvNorm:
         norm_weight: mx.array,
         norm_bias: mx.array,
     ) -> tuple[mx.array, mx.array]:
-        positions, channels = rows.shape
+        _, positions, channels = rows.shape  # one stream's rows (1, T, C)
         context = history.shape[1]
         if positions < context:
             raise ValueError(f"the kernel takes at least {context} rows, got {positions}")
@@ -339,7 +339,7 @@ class ConvNorm:
             ],
             grid=(positions * THREADS, 1, 1),
             threadgroup=(THREADS, 1, 1),
-            output_shapes=[(positions, channels), history.shape],
+            output_shapes=[rows.shape, history.shape],
             output_dtypes=[rows.dtype, rows.dtype],
         )
         return normed, next_history
@@ -373,7 +373,7 @@ def conv_norm_samples(positions: int, channels: int, taps: int, dtype: mx.Dtype)
     norm_weight = (1 + 0.1 * mx.random.normal((channels,), key=norm_keys[0])).astype(dtype)
     norm_bias = (0.1 * mx.random.normal((channels,), key=norm_keys[1])).astype(dtype)
     return (
-        joined[context:],
+        mx.expand_dims(joined[context:], 0),
         mx.expand_dims(joined[:context], 0),
         conv_weight,
         paired(bias),

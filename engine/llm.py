@@ -244,9 +244,14 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        # Fast numerics: one position's heads and rows as one reshape each, where the reference reshapes and
+        # transposes (the same elements in the same order when the length is one: a view fewer each way).
+        self.one_row_views = False
 
     def _heads(self, projected: mx.array, count: int) -> mx.array:
         batch, length, _ = projected.shape
+        if self.one_row_views and length == 1:
+            return projected.reshape(batch, count, 1, -1)
         return projected.reshape(batch, length, count, -1).transpose(0, 2, 1, 3)
 
     def project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -269,6 +274,8 @@ class CausalSelfAttention(nn.Module):
 
     def _rows(self, attended: mx.array) -> mx.array:
         batch, _, length, _ = attended.shape
+        if self.one_row_views and length == 1:
+            return attended.reshape(batch, 1, -1)
         return attended.transpose(0, 2, 1, 3).reshape(batch, length, -1)
 
     def output_fused(self, attended: mx.array, base: mx.array) -> mx.array:

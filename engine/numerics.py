@@ -353,7 +353,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         attend_relative_window,
     )
     from .linear import KeepsCopy, QuantizedLinear
-    from .llm import HybridBlock, Mamba2Mixer
+    from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer
     from .residual_vq import nearest_code_ops, nearest_code_sample, nearest_code_step
     from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
@@ -516,6 +516,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         module.fast_row, used = _quantized_row_part(module) if fast else (None, False)
         module.fused_row = None
         every_row = every_row and used
+    for attention_mixer in (module for module in modules if isinstance(module, CausalSelfAttention)):
+        attention_mixer.one_row_views = fast
     for block in (module for module in modules if isinstance(module, HybridBlock)):
         # A block runs fused only when every projection of it has its fused part (kernel or operations).
         fused = block.fused_projections()

@@ -183,12 +183,12 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
     exact = _stream(codec, codes, [1] * 5)
     try:
         apply_numerics(codec, "fast")
-        assert codec.decoder.steps_rows() and codec.decoder.fast_part() is not None
+        assert codec.decoder.steps_stream() and codec.decoder.fast_part() is not None
         assert codec.prvq.fast_sum is code_sum_ops  # the CPU's: the operations
         fast = _stream(codec, codes, [1] * 5)
     finally:
         apply_numerics(codec, "exact")
-    assert not codec.decoder.steps_rows()
+    assert not codec.decoder.steps_stream()
     assert np.array_equal(fast, exact)
     assert np.array_equal(_stream(codec, codes, [1] * 5), exact)
     assert len(codec._compiled_steps) == 2 and (None, None) in codec._compiled_steps  # exact's step and fast's
@@ -203,7 +203,7 @@ def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:
 
     for positions, channels in ((9, 32), (63, 16)):
         rows, history, weight, bias, _, _ = conv_norm_samples(positions, channels, 7, mx.bfloat16)
-        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        padded = mx.concatenate([history, rows], axis=1)
         hidden = np.asarray((mx.conv1d(padded, weight, groups=channels) + bias).astype(mx.float32))[0]
         sixteenths = hidden * 16
         assert np.array_equal(sixteenths, np.round(sixteenths)) and np.abs(hidden).max() <= 15 / 16
