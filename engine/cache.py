@@ -187,6 +187,7 @@ class SlidingKVCache:
             drop = max(ordered_keys.shape[2] - self.window + 1, 0)
             self.keys = mx.concatenate([ordered_keys[..., drop:, :], keys], axis=2)
             self.values = mx.concatenate([ordered_values[..., drop:, :], values], axis=2)
+            self.own_buffers = True
         self.offset += keys.shape[2]
         self.write_index = self.keys.shape[2]
         return self.keys, self.values
