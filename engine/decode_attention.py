@@ -10,6 +10,12 @@ blocks share the keys and a second kernel merges their shares): it reads the cac
 as stored (no slice; a count says how many leading positions are filled) and writes the
 mixed values straight as rows ``(B, heads·D)``, the layout the output projection takes.
 
+On CUDA a second form, :meth:`DecodeAttention.attend_writing`, also stores the new position: it takes the new
+key and value as inputs, reads them there at their slot, and one block per key head writes them into the cache
+buffers it was given, where the traced backbone step scattered them first (two primitives a layer fewer). The
+buffers are written in place behind MLX's back, which takes a kernel's inputs for unchanged: the caller keeps
+them (and nothing else reads them) and hands them over contiguous, so that MLX passes them as they are.
+
 Layout: :data:`LANES_PER_KEY` lanes read a key together, each every fourth pair of its floats (so a
 key's lanes read neighbouring bytes and a warp eight keys side by side), and a warp issues the loads
 of :data:`KEYS_PER_STEP` keys and their values before it scores them; on the H200 this took 21–41 %

@@ -97,8 +97,9 @@ and the log says why. The changes:
   same; a component whose nucleus boundary or Gumbel score lies within rounding of another's can be drawn
   differently. Fallback: :func:`engine.mixture_sample.mixture_sample_ops`, the reference's operations.
 * **A step's random draws as one kernel** (:class:`engine.step_draws.StepDraws`, CUDA only): the ten draws of
-  the five rounds — each a key split, its bits and their conversion, six primitives — made at once from the
-  generator's key, which moves on to where drawing them one by one leaves it. The same hash, counters and
+  the five rounds — each a key split, its bits and their conversion, six primitives — made at once from a key
+  that the TTS cache carries (from the global generator's key at its first step: MLX's Python API cannot set
+  that key), handing on the key that drawing them one by one would leave. The same hash, counters and
   conversions as MLX's, so the same bits, and admitted only so; Metal keeps the library's draws. Fallback:
   :func:`engine.step_draws.step_draws_ops`, the library's draws from explicit key splits.
 * **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``

@@ -54,7 +54,7 @@ def steps_against_cpu() -> None:
     rows, history, weight, bias, _, _ = random_inputs(positions, channels)
 
     def steps() -> dict[str, mx.array]:
-        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        padded = mx.concatenate([history, rows], axis=1)
         hidden = mx.conv1d(padded, weight, 1, 0, 1, channels) + bias
         total = mx.sum(hidden, axis=-1, keepdims=True)
         mean = mx.mean(hidden, axis=-1, keepdims=True)
@@ -89,10 +89,11 @@ def steps_against_cpu() -> None:
 
 
 def random_inputs(positions: int, channels: int) -> tuple[mx.array, ...]:
-    """A block's inputs at full size: rows, history, convolution weight and bias, norm weight and bias (bf16)."""
+    """A block's inputs at full size: one stream's rows (1, T, C), history, convolution weight and bias, norm weight
+    and bias (bf16)."""
     keys = mx.random.split(mx.random.key(positions), 6)
     return (
-        mx.random.normal((positions, channels), key=keys[0]).astype(mx.bfloat16),
+        mx.random.normal((1, positions, channels), key=keys[0]).astype(mx.bfloat16),
         mx.random.normal((1, 6, channels), key=keys[1]).astype(mx.bfloat16),
         (0.3 * mx.random.normal((channels, 7, 1), key=keys[2])).astype(mx.bfloat16),
         (0.1 * mx.random.normal((channels,), key=keys[3])).astype(mx.bfloat16),
@@ -142,7 +143,7 @@ def sums_against_mlx_order() -> None:
     report = []
     for positions, channels in SHAPES:
         rows, history, weight, bias, _, _ = random_inputs(positions, channels)
-        padded = mx.concatenate([history, mx.expand_dims(rows, 0)], axis=1)
+        padded = mx.concatenate([history, rows], axis=1)
         hidden = mx.conv1d(padded, weight, 1, 0, 1, channels) + bias
         mean = mx.mean(hidden, axis=-1, keepdims=True)
         squares = mx.square(hidden - mean)

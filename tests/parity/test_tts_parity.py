@@ -243,7 +243,8 @@ def test_subword_encoder_matches_reference(pair: Pair) -> None:
 def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.MonkeyPatch, compiled: bool) -> None:
     """Compiled (what the session runs) and op by op (where every draw can be recorded): both match."""
     if not compiled:
-        monkeypatch.setattr(EarTTS, "_refine", lambda self, hidden: self._refine_ops(hidden))
+        # Exact mode draws one by one: no key comes in and none goes out.
+        monkeypatch.setattr(EarTTS, "_refine", lambda self, hidden, draw_key=None: (*self._refine_ops(hidden), None))
     config = pair.config
     seed = 1234 + pair.seed  # the session's seed, the same on both sides
     tokens = _text_tokens(pair)
