@@ -11,11 +11,10 @@ they may differ by rounding; on the CPU's tiny checkpoint they are identical).
 
 from __future__ import annotations
 
-from traced_ab import alternating_rounds  # a sibling script
+from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from app.bench import question_audio
 from engine.random_checkpoint import random_voicechat
-from engine.session import Session, warm_up
+from engine.session import Session
 
 ON_DEVICE = Session._tts_spells_on_device
 TWO_SYNCS = property(lambda self: False)
@@ -28,11 +27,9 @@ def main() -> None:
         Session._tts_spells_on_device = form  # type: ignore[method-assign]
         return {}
 
-    for form in (ON_DEVICE, TWO_SYNCS):
-        spelling(form)
-        warm_up(voicechat, speech=question_audio())
-    alternating_rounds(voicechat, {"one sync": lambda: spelling(ON_DEVICE), "two syncs": lambda: spelling(TWO_SYNCS)})
-    spelling(ON_DEVICE)
+    warmed_alternating_rounds(
+        voicechat, {"one sync": lambda: spelling(ON_DEVICE), "two syncs": lambda: spelling(TWO_SYNCS)}
+    )
 
 
 if __name__ == "__main__":

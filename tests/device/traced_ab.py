@@ -32,15 +32,25 @@ def main() -> None:
         backbone.trace_rows = traced
         return {}
 
-    for traced in (True, False):
-        tracing(traced)
-        warm_up(voicechat, speech=question_audio())
-    alternating_rounds(voicechat, {"traced": lambda: tracing(True), "op by op": lambda: tracing(False)})
+    warmed_alternating_rounds(voicechat, {"traced": lambda: tracing(True), "op by op": lambda: tracing(False)})
 
 
 def run_outputs(record: RunRecord) -> RunOutputs:
     """What two variants of one conversation must agree on: text ids, codes, the waveform."""
     return record.text_ids, record.codes, np.concatenate(record.waveforms)
+
+
+def warmed_alternating_rounds(
+    voicechat: object, variants: dict[str, Callable[[], dict[str, Any]]], rounds: int = 3
+) -> dict[str, list[float]]:
+    """:func:`alternating_rounds` after warming every variant up once (each traces its own programs), leaving the
+    first variant switched on."""
+    for switch in variants.values():
+        switch()
+        warm_up(voicechat, speech=question_audio())
+    results = alternating_rounds(voicechat, variants, rounds)
+    next(iter(variants.values()))()
+    return results
 
 
 def alternating_rounds(

@@ -10,12 +10,10 @@ waveforms (they should be equal: the same numbers land in the same buffers).
 
 from __future__ import annotations
 
-from traced_ab import alternating_rounds  # a sibling script
+from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from app.bench import question_audio
 from engine.decode_attention import DecodeAttention
 from engine.random_checkpoint import random_voicechat
-from engine.session import warm_up
 from engine.tts import BackboneAttention
 
 
@@ -35,11 +33,7 @@ def main() -> None:
             attention.writes_cache = writes
         return {}
 
-    for writes in (True, False):
-        writing(writes)
-        warm_up(voicechat, speech=question_audio())
-    alternating_rounds(voicechat, {"kernel writes": lambda: writing(True), "scatters": lambda: writing(False)})
-    writing(True)
+    warmed_alternating_rounds(voicechat, {"kernel writes": lambda: writing(True), "scatters": lambda: writing(False)})
 
 
 if __name__ == "__main__":
