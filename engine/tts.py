@@ -444,6 +444,11 @@ class BackboneLayer(nn.Module):
         return after(x, attention.attend(queries, keys, values, None, cache))
 
 
+def _slot_index(slot: int) -> mx.array:
+    """A traced step's scatter index for ``slot`` (:attr:`BufferSlot.index`)."""
+    return mx.array([[[[slot]]]], dtype=mx.int32)
+
+
 class Backbone(nn.Module):
     """The Gemma-3 text decoder on input embeddings (no token table, no input scaling)."""
 
@@ -550,16 +555,15 @@ class Backbone(nn.Module):
             if kind in slots:
                 continue
             attention = layer.self_attn.fast_attention
-            at = mx.array([[[[slot]]]], dtype=mx.int32)
             if isinstance(attention, DecodeAttention) and layer.self_attn.kernel_reads(
                 cache.keys.dtype, cache.values.dtype
             ):
-                if attention.writes_cache:
-                    slots[kind] = BufferSlot(None, attention.bounds(filled, slot), attention.splits(filled), None)
-                else:
-                    slots[kind] = BufferSlot(at, attention.bounds(filled), attention.splits(filled), None)
+                writes = attention.writes_cache  # then the slot rides in the bounds: no index array to make
+                index = None if writes else _slot_index(slot)
+                bounds = attention.bounds(filled, slot if writes else 0)
+                slots[kind] = BufferSlot(index, bounds, attention.splits(filled), None)
             else:
-                slots[kind] = BufferSlot(at, None, 0, filled)
+                slots[kind] = BufferSlot(_slot_index(slot), None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
         kinds = sorted(slots)
         parts = (self.layers[0].rows, first.fast_attention, first.fast_heads)
