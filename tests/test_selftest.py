@@ -17,23 +17,10 @@ from app.audio_io import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
 from app.demo import ensure_demo_checkpoint
 from app.messages import DeviceStatus
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, play_answer, run_self_test, self_test_command
-from tests.pulse import PulseServer, virtual_devices, xcorr_match
+from tests.pulse import PulseServer, heard_match, virtual_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 22_050
-
-
-def heard_match(reference: np.ndarray, recorded: np.ndarray, rate: int = RATE) -> tuple[int, float]:
-    """``xcorr_match`` below 2 kHz. The demo answers with broadband noise, and the resamplers between
-    the app and the recording delay it by a fraction of a sample, which decorrelates the top octaves
-    (a half-sample shift of white noise alone gives r = 0.64); below 2 kHz it costs under 2 %."""
-
-    def low_pass(samples: np.ndarray) -> np.ndarray:
-        spectrum = np.fft.rfft(samples.astype(np.float64))
-        spectrum[int(2_000 * samples.shape[0] / rate) :] = 0
-        return np.fft.irfft(spectrum, samples.shape[0])
-
-    return xcorr_match(low_pass(reference), low_pass(recorded))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +90,7 @@ def test_self_test_plays_the_answer_on_the_default_speaker(pulse: PulseServer, d
     assert report.playback.seconds == pytest.approx(report.answer.shape[0] / RATE)
     # What reached the virtual speaker is the answer, at the self-test's gain.
     played = report.answer * PLAYBACK_GAIN
-    lag, r = heard_match(played, recording.samples)
+    lag, r = heard_match(played, recording.samples, RATE)
     heard = recording.samples[lag : lag + played.shape[0]]
     assert r > 0.9, f"the recording does not match the answer (r={r:.3f})"
     assert np.sqrt(np.mean(heard**2)) / np.sqrt(np.mean(played**2)) == pytest.approx(1.0, rel=0.3)

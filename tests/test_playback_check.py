@@ -1,0 +1,59 @@
+"""The end-to-end test's speaker check against captures made up here: it must tell an honest
+underrun (counted, silence inserted) from a stall nobody counted and from audio that was skipped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.pulse import check_played_in_order
+
+RATE = 22_050
+LATENCY = 3_000  # samples of silence before the speaker starts
+
+
+@pytest.fixture
+def output() -> np.ndarray:
+    """Five seconds of broadband noise, like the demo model's answer."""
+    return np.random.default_rng(7).standard_normal(5 * RATE).astype(np.float32) * 0.1
+
+
+def capture(*parts: np.ndarray) -> np.ndarray:
+    """The speaker's capture: a latency of silence, then ``parts``, then a little room noise."""
+    played = np.concatenate([np.zeros(LATENCY, np.float32), *parts])
+    return played + np.random.default_rng(8).standard_normal(played.size).astype(np.float32) * 1e-3
+
+
+def test_a_continuous_capture_passes_and_gives_the_latency(output: np.ndarray) -> None:
+    latency = LATENCY / RATE
+    assert check_played_in_order(capture(output), output, RATE, underruns=0) == pytest.approx((latency, latency))
+
+
+def test_a_gap_passes_only_when_the_app_counted_underruns(output: np.ndarray) -> None:
+    gap = RATE // 5
+    cut = int(2.1 * RATE) - LATENCY  # inside the capture's window that starts at 2.0 s
+    played = capture(output[:cut], np.zeros(gap, np.float32), output[cut:])
+    with pytest.raises(AssertionError, match="is not the queued output"):
+        check_played_in_order(played, output, RATE, underruns=0)
+    latencies = (LATENCY / RATE, (LATENCY + gap) / RATE)
+    assert check_played_in_order(played, output, RATE, underruns=3) == pytest.approx(latencies)
+
+
+def test_a_stall_between_windows_is_an_underrun_nobody_counted(output: np.ndarray) -> None:
+    cut = int(1.35 * RATE) - LATENCY  # between the capture's windows at 1.0 and 1.5 s: each still matches
+    played = capture(output[:cut], np.zeros(RATE // 10, np.float32), output[cut:])
+    with pytest.raises(AssertionError, match="stalled without an underrun"):
+        check_played_in_order(played, output, RATE, underruns=0)
+
+
+def test_skipped_output_fails_even_with_underruns(output: np.ndarray) -> None:
+    cut = int(1.4 * RATE)
+    played = capture(output[:cut], output[cut + RATE // 10 :])
+    with pytest.raises(AssertionError, match="never reached the speaker"):
+        check_played_in_order(played, output, RATE, underruns=5)
+
+
+def test_another_stream_fails(output: np.ndarray) -> None:
+    other = np.random.default_rng(9).standard_normal(output.size).astype(np.float32) * 0.1
+    with pytest.raises(AssertionError, match="reached the speaker"):
+        check_played_in_order(capture(other), output, RATE, underruns=2)
