@@ -90,7 +90,7 @@ def test_self_test_plays_the_answer_on_the_default_speaker(pulse: PulseServer, d
     assert report.playback.seconds == pytest.approx(report.answer.shape[0] / RATE)
     # What reached the virtual speaker is the answer, at the self-test's gain.
     played = report.answer * PLAYBACK_GAIN
-    lag, r = heard_match(played, recording.samples, RATE)
+    lag, r = heard_match(played, recording.samples, recording.rate)
     heard = recording.samples[lag : lag + played.shape[0]]
     assert r > 0.9, f"the recording does not match the answer (r={r:.3f})"
     assert np.sqrt(np.mean(heard**2)) / np.sqrt(np.mean(played**2)) == pytest.approx(1.0, rel=0.3)
