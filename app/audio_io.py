@@ -395,6 +395,7 @@ class AudioIO:
         self._retired_input_overflows = 0
         self._retired_output_overflows = 0
         self._retired_output_underruns = 0
+        self._output_skipped_s = 0.0  # live silence skipped to win back an underrun's delay (play())
 
     # ------------------------------------------------------------------ lifecycle (controller thread)
 
@@ -656,6 +657,11 @@ class AudioIO:
         return self._retired_output_underruns + self._out_ring.underruns
 
     @property
+    def output_skipped_s(self) -> float:
+        """Seconds of inaudible live assistant audio skipped to win back the delay that underruns added."""
+        return self._output_skipped_s
+
+    @property
     def output_overflows(self) -> int:
         """``play()`` calls that dropped the oldest queued audio because more than ``output_ring_s`` was queued."""
         return self._retired_output_overflows + self._out_ring.overflows
@@ -726,12 +732,17 @@ class AudioIO:
         self.capturing = False
         self.clear_input()
 
-    def play(self, samples: np.ndarray) -> None:
+    def play(self, samples: np.ndarray, *, live: bool = False) -> None:
         """Queue assistant speech (mono, at the engine's 22.05 kHz) for playback; never blocks.
 
         Non-finite values become silence and the rest is clipped to [-1, 1]. When more
         than ``output_ring_s`` is queued the oldest audio is dropped (``output_overflows``).
         After ``hush()`` and until the talk key goes down, the audio is dropped instead.
+
+        ``live`` marks the engine's stream, one frame at a time. An underrun plays silence and leaves
+        everything queued after it that much later; so while more than the jitter buffer and this
+        frame are queued, a live frame with nothing audible in it (peak at most ``AUDIBLE_PEAK``) is
+        skipped, and the pauses between turns win the delay back (``output_skipped_s``).
 
         Raises:
             ValueError: ``samples`` is not one-dimensional.
@@ -744,7 +755,12 @@ class AudioIO:
         data = np.clip(data, -1.0, 1.0)
         if self._hushed:
             return
+        duration_s = data.shape[0] / self._engine_out_rate
         with self._out_lock:
+            late = live and self._out_ring.available / self._out_rate >= self._prefill_s + duration_s
+            if late and np.abs(data).max(initial=0.0) <= AUDIBLE_PEAK:
+                self._output_skipped_s += duration_s
+                return
             self._out_ring.write(self._out_resampler.resample_chunk(data))
 
     def clear_input(self) -> None:

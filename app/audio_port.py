@@ -44,7 +44,7 @@ class AudioStreams(Protocol):
     def set_devices(self, input_name: str | None, output_name: str | None) -> None: ...
     def poll_health(self) -> list[DeviceStatus]: ...
     def read_frame(self, timeout: float = 0.0) -> np.ndarray | None: ...
-    def play(self, samples: np.ndarray) -> None: ...
+    def play(self, samples: np.ndarray, *, live: bool = False) -> None: ...
     def start_capture(self) -> None: ...
     def stop_capture(self) -> None: ...
     def clear_output(self) -> None: ...
@@ -74,6 +74,8 @@ class AudioStreams(Protocol):
     @property
     def output_underruns(self) -> int: ...
     @property
+    def output_skipped_s(self) -> float: ...
+    @property
     def last_audible(self) -> float: ...
 
 
@@ -84,12 +86,14 @@ class AudioCounters:
     backlog_frames: int = 0
     input_lost_s: float = 0.0
     output_underruns: int = 0
+    output_skipped_s: float = 0.0
 
     def since(self, start: AudioCounters) -> AudioCounters:
         return AudioCounters(
             self.backlog_frames,
             max(0.0, self.input_lost_s - start.input_lost_s),
             max(0, self.output_underruns - start.output_underruns),
+            max(0.0, self.output_skipped_s - start.output_skipped_s),
         )
 
 
@@ -119,9 +123,10 @@ class AudioPort:
         return streams.read_frame(timeout)
 
     def play(self, samples: np.ndarray) -> None:
+        """Queue one frame of the engine's live stream (``AudioIO.play(live=True)``)."""
         streams = self._streams
         if streams is not None:
-            streams.play(samples)
+            streams.play(samples, live=True)
 
     def start_capture(self) -> None:
         streams = self._streams
@@ -147,4 +152,6 @@ class AudioPort:
         streams = self._streams
         if streams is None:
             return AudioCounters()
-        return AudioCounters(streams.input_backlog_frames, streams.input_lost_s, streams.output_underruns)
+        return AudioCounters(
+            streams.input_backlog_frames, streams.input_lost_s, streams.output_underruns, streams.output_skipped_s
+        )

@@ -118,6 +118,7 @@ class FrameStats:
     realtime_factor: float  # mean total / 80 ms over the recent window
     exact_every: int = 25  # one frame in this many is timed stage by stage
     echo: EchoSummary | None = None  # hands-free: what the echo canceller did (None in push-to-talk)
+    output_skipped_s: float = 0.0  # silence between turns skipped to win back the delay that underruns added
 
 
 @dataclass(frozen=True)

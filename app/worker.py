@@ -509,8 +509,10 @@ class EngineWorker(threading.Thread):
         p50, p95, rtf = self._frames.add(timing)
         counters = self._audio.counters().since(self._counters_start)
         backlog = counters.backlog_frames
-        lost, underruns = counters.input_lost_s, counters.output_underruns
-        self._emit(FrameStats(timing, backlog, lost, underruns, p50, p95, rtf, self.exact_every))
+        lost, underruns, skipped = counters.input_lost_s, counters.output_underruns, counters.output_skipped_s
+        self._emit(
+            FrameStats(timing, backlog, lost, underruns, p50, p95, rtf, self.exact_every, output_skipped_s=skipped)
+        )
         elapsed = (timing.frame_index + 1) * FRAME_SECONDS
         if timing.frame_index % 12 == 0:
             self._emit(ConversationTime(elapsed, max(0.0, self.max_conversation_s - elapsed)))

@@ -382,6 +382,7 @@ class ScriptedAudio:
         self.input_peak = self.output_peak = 0.0
         self.input_lost_s = 0.0
         self.output_underruns = 0
+        self.output_skipped_s = 0.0
         self.input_backlog_frames = 0
         self.last_audible = 0.0
         self.latencies: list[float] = []
@@ -450,6 +451,6 @@ class ScriptedAudio:
         self.frames_read.append((self._talking, frame.astype(np.float32)))
         return frame.astype(np.float32)
 
-    def play(self, samples):
+    def play(self, samples, *, live=False):
         if not self.hushed:
             self.played.append(samples)

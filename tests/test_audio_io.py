@@ -287,6 +287,47 @@ def test_play_validates_and_sanitises_input() -> None:
     assert queued is not None and np.isfinite(queued).all() and np.abs(queued).max() <= 1.0
 
 
+OUTPUT_FRAME = 1764  # one engine frame at 22.05 kHz
+
+
+def test_live_silence_is_skipped_only_while_an_underrun_has_left_the_queue_late() -> None:
+    io = AudioIO()  # not started: nothing plays, so the queue is what play() leaves
+    voice = np.full(OUTPUT_FRAME, 0.1, dtype=np.float32)
+    hush = np.full(OUTPUT_FRAME, 1e-4, dtype=np.float32)  # -80 dBFS: inaudible
+    frame_s = OUTPUT_FRAME / 22_050
+    for _ in range(2):  # the jitter buffer (two frames) and then one more frame may queue as they come
+        io.play(hush, live=True)
+    assert io.output_backlog_s == pytest.approx(2 * frame_s, abs=1e-3) and io.output_skipped_s == 0.0
+    io.play(voice, live=True)  # speech is never skipped
+    io.play(hush, live=True)  # three frames queued: late, and this one is silent
+    assert io.output_backlog_s == pytest.approx(3 * frame_s, abs=1e-3)
+    assert io.output_skipped_s == pytest.approx(frame_s)
+    io.play(voice, live=True)
+    io.play(hush)  # not the live stream (a self-test's answer): kept whole
+    assert io.output_backlog_s == pytest.approx(5 * frame_s, abs=1e-3)
+    assert io.output_skipped_s == pytest.approx(frame_s)
+
+
+def test_the_silence_after_an_underrun_wins_its_delay_back(devices: PulseServer, audio: AudioIO) -> None:
+    voice = (np.random.default_rng(3).standard_normal(OUTPUT_FRAME) * 0.05).astype(np.float32)
+    silence = np.zeros(OUTPUT_FRAME, dtype=np.float32)
+    frame_s = OUTPUT_FRAME / 22_050
+    for _ in range(8):  # the engine keeping time
+        audio.play(voice, live=True)
+        time.sleep(frame_s)
+    time.sleep(0.5)  # then stalling: the speaker runs dry
+    assert audio.output_underruns >= 1
+    for _ in range(6):  # and catching up on its backlog at once: everything after the stall is late
+        audio.play(voice, live=True)
+    late_s = audio.output_backlog_s
+    assert late_s >= 0.4
+    for _ in range(12):  # a pause in the conversation, at the engine's pace
+        audio.play(silence, live=True)
+        time.sleep(frame_s)
+    assert audio.output_skipped_s >= 0.16
+    assert audio.output_backlog_s <= 3 * frame_s, f"still {audio.output_backlog_s:.2f} s queued (was {late_s:.2f})"
+
+
 def test_close_is_quick_and_idempotent(audio: AudioIO) -> None:
     start = time.monotonic()
     audio.close()

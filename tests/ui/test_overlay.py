@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -161,6 +162,13 @@ def test_empty_overlay_says_why_and_shows_the_legend(qtbot: QtBot) -> None:
     assert all(legend[rgb(phase.color)] > 0 for phase in PHASES), "the legend shows every phase colour"
     overlay.set_waiting_text("No frames: there is no microphone or speaker to use")
     assert overlay.accessibleDescription() == "No frames: there is no microphone or speaker to use"
+
+
+def test_the_underruns_figure_says_how_much_of_their_delay_was_won_back() -> None:
+    stats = dataclasses.replace(make_frame_stats(0, underruns=2), output_skipped_s=0.32)
+    (underruns,) = [figure for figure in figures(stats) if figure.text.startswith("underruns")]
+    assert underruns.text == "underruns 2" and underruns.role == "warning"
+    assert "0.3 s of silence between turns skipped" in underruns.meaning
 
 
 def test_scale_steps() -> None:
