@@ -359,6 +359,7 @@ class AppController:
             current = self.profile.current
             if current is not None:
                 current.timings.append(message.timing)
+                current.last_stats = message
         elif isinstance(message, UserTranscriptDelta | AssistantTextDelta | ToolCall):
             self.transcript.add(message)
         return True
@@ -755,6 +756,16 @@ class AppController:
 
     def _conversation_ended(self, ended: ConversationEnded) -> None:
         log.info("Conversation %d ended", ended.number)
+        current = self.profile.current
+        stats = current.last_stats if current is not None else None
+        if stats is not None and (stats.output_underruns or stats.input_lost_s):
+            log.info(
+                "The speaker ran out of the assistant's audio %d times (%.2f s of silence skipped to catch up); "
+                "%.2f s of microphone audio lost",
+                stats.output_underruns,
+                stats.output_skipped_s,
+                stats.input_lost_s,
+            )
         echo = self._echo
         if echo is not None and self.settings.hands_free:
             figures = echo.stats

@@ -23,6 +23,7 @@ from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .audio_files import write_wav
 from .files import apply_file_mode, write_text_file
+from .messages import FrameStats
 
 
 class ExportError(OSError):
@@ -127,6 +128,7 @@ class ConversationProfile:
     checkpoint: dict[str, Any]
     timings: list[FrameTiming] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
+    last_stats: FrameStats | None = None  # its latest, whose audio counters cover the whole conversation
 
 
 @dataclass
@@ -188,7 +190,10 @@ def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, A
         NothingToExport: no frame has run since launch.
         ExportError: a file could not be written.
     """
-    from engine.profile_log import ConversationLog, build_session_profile_log, write_profile_log
+    from engine.profile_log import AUDIO_COUNTERS, ConversationLog, build_session_profile_log, write_profile_log
+
+    def audio(stats: FrameStats | None) -> dict[str, float] | None:
+        return None if stats is None else {key: getattr(stats, key) for key in AUDIO_COUNTERS}
 
     conversations = [c for c in profile.conversations if c.timings]
     if not conversations:
@@ -199,7 +204,9 @@ def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, A
     stem = path.name.removesuffix(".trace.json").removesuffix(".json").removesuffix(".csv")
     log = build_session_profile_log(
         [
-            ConversationLog(c.number, c.started, c.variant, c.checkpoint, list(c.timings), list(c.latencies_s))
+            ConversationLog(
+                c.number, c.started, c.variant, c.checkpoint, list(c.timings), list(c.latencies_s), audio(c.last_stats)
+            )
             for c in conversations
         ],
         settings=settings,

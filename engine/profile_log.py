@@ -3,10 +3,11 @@
 ``parley run --profile-json`` and the app's *Export profile…* both produce this
 document. The app's covers every conversation since launch: each frame carries its
 conversation's number, and ``conversations`` lists each one with its model, its own
-summary and the delay the user felt in each turn (key release to the assistant's first
-audible output, ``latency``). Files are written to a temporary name in the target folder and renamed
-into place, so a full disk or an unwritable folder never leaves a half-written log
-behind and the in-memory log stays available for another try.
+summary, the delay the user felt in each turn (key release to the assistant's first
+audible output, ``latency``) and what the sound devices did (underruns, ``audio``). Files
+are written to a temporary name in the target folder and renamed into place, so a full
+disk or an unwritable folder never leaves a half-written log behind and the in-memory log
+stays available for another try.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ _STAGE_STATS = {
 }
 _FRAME_FIELDS = ("frame_index", "start_ms", *(f"{s}_ms" for s in STAGES), "total_ms", "host_syncs")
 _OPTIONAL_FRAME_FIELDS = ("timing_mode", "conversation")  # CSV columns after the required ones
+# What the app's sound devices did in a conversation (a conversation's optional ``audio``, named as the app's
+# ``FrameStats`` fields): times the speaker ran out of the assistant's audio, silence then skipped to win that
+# delay back, and microphone audio dropped because the engine fell too far behind.
+AUDIO_COUNTERS = ("output_underruns", "output_skipped_s", "input_lost_s")
 _LATENCY = {
     "type": "object",
     "required": ["turns", "p50_ms", "p95_ms", "latencies_ms"],
@@ -48,6 +53,15 @@ _LATENCY = {
         "p50_ms": {"type": ["number", "null"]},
         "p95_ms": {"type": ["number", "null"]},
         "latencies_ms": {"type": "array", "items": _NUMBER},
+    },
+}
+_AUDIO = {
+    "type": "object",
+    "required": list(AUDIO_COUNTERS),
+    "properties": {
+        "output_underruns": {"type": "integer", "minimum": 0},
+        "output_skipped_s": {"type": "number", "minimum": 0},
+        "input_lost_s": {"type": "number", "minimum": 0},
     },
 }
 
@@ -116,6 +130,7 @@ PROFILE_LOG_SCHEMA: dict[str, Any] = {
                     "frames": {"type": "integer", "minimum": 0},
                     "summary": {"type": "object"},
                     "latency": _LATENCY,
+                    "audio": _AUDIO,
                 },
             },
         },
@@ -182,6 +197,7 @@ class ConversationLog:
     checkpoint: dict[str, Any]
     frames: Sequence[FrameTiming]
     latencies_s: Sequence[float] = field(default_factory=tuple)  # key release -> first audible reply, per turn
+    audio: dict[str, float] | None = None  # AUDIO_COUNTERS at the conversation's end (None: not played live)
 
 
 def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
@@ -227,6 +243,7 @@ def build_session_profile_log(
                 "frames": len(c.frames),
                 "summary": summarize(c.frames, drop_first=drop_first),
                 "latency": latency_summary(c.latencies_s),
+                **({} if c.audio is None else {"audio": {key: c.audio[key] for key in AUDIO_COUNTERS}}),
             }
             for c in conversations
         ],

@@ -320,11 +320,11 @@ def test_the_silence_after_an_underrun_wins_its_delay_back(devices: PulseServer,
     for _ in range(6):  # and catching up on its backlog at once: everything after the stall is late
         audio.play(voice, live=True)
     late_s = audio.output_backlog_s
-    assert late_s >= 0.4
+    assert late_s >= 0.3  # six frames, less what the speaker took since it restarted
     for _ in range(12):  # a pause in the conversation, at the engine's pace
         audio.play(silence, live=True)
         time.sleep(frame_s)
-    assert audio.output_skipped_s >= 0.16
+    assert audio.output_skipped_s >= frame_s
     assert audio.output_backlog_s <= 3 * frame_s, f"still {audio.output_backlog_s:.2f} s queued (was {late_s:.2f})"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -168,7 +169,7 @@ def test_broken_checkpoint_reports_and_stays_usable(make_controller, tmp_path, t
     wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
 
 
-def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make_controller, tiny_q4, tmp_path):
+def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make_controller, tiny_q4, tmp_path, caplog):
     controller = make_controller(q4(tiny_q4))
     controller.start()
     wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen))
@@ -176,10 +177,13 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     wait_for(controller, lambda seen: frame_count(seen) >= 12)
     controller.set_talking(False)
     controller.audio.latencies += [0.42, 0.30]  # the speaker heard two replies (AudioIO measures these)
+    controller.audio.output_underruns, controller.audio.output_skipped_s = 3, 0.4  # and ran dry three times
     first = wait_for(controller, lambda seen: frame_count(seen) >= 2)
     assert [m.p50_s for m in first if hasattr(m, "p50_s")] == [0.42, pytest.approx(0.36)]
-    controller.new_conversation()
-    wait_for(controller, lambda seen: any(isinstance(m, ConversationStarted) and m.number == 2 for m in seen))
+    with caplog.at_level(logging.INFO, logger="app.controller"):
+        controller.new_conversation()
+        wait_for(controller, lambda seen: any(isinstance(m, ConversationStarted) and m.number == 2 for m in seen))
+    assert "ran out of the assistant's audio 3 times (0.40 s of silence skipped to catch up)" in caplog.text
     wait_for(controller, lambda seen: frame_count(seen) >= 10)
 
     paths = controller.export_profile(tmp_path / "out" / "session.json")
@@ -195,6 +199,8 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     assert all(c["variant"] == "4bit" for c in conversations)
     assert conversations[0]["latency"]["turns"] == 2 and conversations[0]["latency"]["p50_ms"] == pytest.approx(360)
     assert conversations[1]["latency"] == {"turns": 0, "p50_ms": None, "p95_ms": None, "latencies_ms": []}
+    assert conversations[0]["audio"] == {"output_underruns": 3, "output_skipped_s": 0.4, "input_lost_s": 0.0}
+    assert conversations[1]["audio"]["output_underruns"] == 0, "each conversation counts its own"
     numbers = [frame["conversation"] for frame in log["frames"]]
     assert numbers == sorted(numbers) and set(numbers) == {1, 2}
     assert numbers.count(1) == conversations[0]["frames"] >= 14 and numbers.count(2) == conversations[1]["frames"]

@@ -5,13 +5,21 @@ from __future__ import annotations
 import csv
 import json
 import time
+from datetime import UTC, datetime
 
 import mlx.core as mx
 import pytest
 
 from engine.counters import GraphCensus
 from engine.events import FrameTiming
-from engine.profile_log import build_profile_log, validate_profile_log, write_profile_log
+from engine.profile_log import (
+    AUDIO_COUNTERS,
+    ConversationLog,
+    build_profile_log,
+    build_session_profile_log,
+    validate_profile_log,
+    write_profile_log,
+)
 from engine.profiler import FrameProfiler, percentile, summarize
 from engine.timeline import STAGES
 
@@ -85,13 +93,12 @@ def test_launch_starts_the_device_only_where_nothing_reads_the_graph_first(monke
     assert launched == [2]
 
 
+CHECKPOINT = {"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10}
+
+
 def _log():
     frames = [_timing(i, 30.0 + i) for i in range(12)]
-    return build_profile_log(
-        frames,
-        checkpoint={"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10},
-        settings={"seed": 0, "system_prompt": ""},
-    )
+    return build_profile_log(frames, checkpoint=CHECKPOINT, settings={"seed": 0, "system_prompt": ""})
 
 
 def test_profile_log_validates_and_detects_problems():
@@ -105,6 +112,23 @@ def test_profile_log_validates_and_detects_problems():
     assert any("stages: missing 'tts'" in p for p in problems)
     assert any("frames[2].host_syncs" in p for p in problems)
     assert any("version" in p for p in problems)
+
+
+def test_a_conversations_audio_counters_are_checked_and_optional():
+    started = datetime.now(UTC)
+    frames = [_timing(i, 40.0) for i in range(3)]
+    partial = {"output_underruns": 2, "output_skipped_s": 0.16}
+    played = ConversationLog(1, started, "4bit", CHECKPOINT, frames, audio=partial)
+    with pytest.raises(KeyError, match="input_lost_s"):
+        build_session_profile_log([played], settings={})
+    played = ConversationLog(1, started, "4bit", CHECKPOINT, frames, audio=dict.fromkeys(AUDIO_COUNTERS, 0))
+    unplayed = ConversationLog(2, started, "4bit", CHECKPOINT, frames)
+    log = build_session_profile_log([played, unplayed], settings={"seed": 0, "system_prompt": ""})
+    assert validate_profile_log(log) == []
+    assert log["conversations"][0]["audio"] == dict.fromkeys(AUDIO_COUNTERS, 0)
+    assert "audio" not in log["conversations"][1], "a conversation not played live has none"
+    log["conversations"][0]["audio"]["output_underruns"] = -1
+    assert any("audio.output_underruns" in problem for problem in validate_profile_log(log))
 
 
 def test_profile_log_writers(tmp_path):
