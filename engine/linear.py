@@ -117,11 +117,13 @@ class QuantizedLinear(nn.QuantizedLinear):
 
     Inside one of the LLM's blocks fast numerics also gives it ``fused_row``: the same product with the
     block's residual add (or the MLP's squared ReLU) after it, and the Mamba mixer's gated norm before it, which the
-    block calls through :meth:`fused`."""
+    block calls through :meth:`fused`; a block's last projection also gets ``chained_row``, which writes the
+    next block's norm of the block's output too (:meth:`chained`)."""
 
     # Instance attributes once set, outside the parameters.
     fast_row: Callable[..., mx.array] | None = None
     fused_row: Callable[..., mx.array] | None = None
+    chained_row: Callable[..., tuple[mx.array, mx.array]] | None = None
 
     def __call__(self, x: mx.array) -> mx.array:
         fast = self.fast_row
@@ -138,6 +140,20 @@ class QuantizedLinear(nn.QuantizedLinear):
         group norm of ``x``."""
         assert self.fused_row is not None
         return self.fused_row(x, self["weight"], self["scales"], self["biases"], base, *(norm or ()))
+
+    def chained(
+        self,
+        x: mx.array,
+        base: mx.array,
+        next_weight: mx.array,
+        norm: tuple[mx.array, mx.array, mx.array] | None = None,
+    ) -> tuple[mx.array, mx.array]:
+        """:meth:`fused` with the residual added to ``base``, and that sum through the next block's RMS norm
+        (weight ``next_weight``) from the same launch: the block's output and the next block's input."""
+        assert self.chained_row is not None
+        squares, norm_weight, norm_params = norm or (None, None, None)
+        weight, scales, biases = self["weight"], self["scales"], self["biases"]
+        return self.chained_row(x, weight, scales, biases, base, squares, norm_weight, norm_params, next_weight)
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

@@ -184,6 +184,14 @@ class Mamba2Mixer(nn.Module):
         gated, squares = self._step_fast(self.in_proj(normed), cache)
         return self.out_proj.fused(gated, base=x, norm=(squares, self.norm.weight, self._norm_params))
 
+    def chained_block(
+        self, x: mx.array, normed: mx.array, cache: MambaCache, next_weight: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """:meth:`fused_block`, whose output projection also writes the next block's norm of its output (weight
+        ``next_weight``): the block's output and the next block's input."""
+        gated, squares = self._step_fast(self.in_proj(normed), cache)
+        return self.out_proj.chained(gated, x, next_weight, norm=(squares, self.norm.weight, self._norm_params))
+
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
         if cache is None:
@@ -282,6 +290,10 @@ class CausalSelfAttention(nn.Module):
         """``base + output(attended)`` for one row, the add inside the output projection's kernel."""
         return self.o_proj.fused(self._rows(attended), base=base)
 
+    def output_chained(self, attended: mx.array, base: mx.array, next_weight: mx.array) -> tuple[mx.array, mx.array]:
+        """:meth:`output_fused` and the next block's norm of it (weight ``next_weight``), from one kernel."""
+        return self.o_proj.chained(self._rows(attended), base, next_weight)
+
     def __call__(self, x: mx.array, mask: AttentionMask, cache: KVCache | None = None) -> mx.array:
         return self.output(self.attend(*self.project(x), mask, cache))
 
@@ -357,6 +369,19 @@ class HybridBlock(nn.Module):
         assert cache is None or isinstance(cache, KVCache)
         return mixer.output_fused(mixer.attend(*mixer.project(self.norm(x)), mask, cache), x)
 
+    def chained(
+        self, x: mx.array, normed: mx.array, cache: LayerCache, next_weight: mx.array
+    ) -> tuple[mx.array, mx.array]:
+        """A Mamba or MLP block in the LLM's chained step (:meth:`NemotronH._chained_step`): ``x`` and its norm
+        ``normed`` (written by the block before) in; the block's output and the next block's norm of it (weight
+        ``next_weight``) out, both from its last projection's kernel."""
+        mixer = self.mixer
+        if isinstance(mixer, Mamba2Mixer):
+            assert isinstance(cache, MambaCache)
+            return mixer.chained_block(x, normed, cache, next_weight)
+        assert isinstance(mixer, ReLU2MLP), "an attention block is chained around its cache by the model's step"
+        return mixer.down_proj.chained(mixer.up_proj.fused(normed), x, next_weight)
+
 
 # --------------------------------------------------------------------------- model
 
@@ -401,15 +426,31 @@ class NemotronH(nn.Module):
 
     # ----------------------------------------------------------------- compiled single-position step
 
+    def next_norm(self, index: int) -> nn.RMSNorm:
+        """The norm that block ``index``'s output meets next: the next block's, or ``norm_f`` after the last."""
+        return self.layers[index + 1].norm if index + 1 < len(self.layers) else self.norm_f
+
     @property
-    def _fast_parts(self) -> tuple[Any, Any, Any]:
+    def _fast_parts(self) -> tuple[Any, ...]:
         """The fast parts a step's programs are traced with: the Mamba step and the quantized row products
-        (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones)."""
+        (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones),
+        and the last block's chained row (given to every block's last projection, or to none)."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
         projection = self._first_quantized
         if projection is None:
-            return step, None, None
-        return step, projection.fast_row, projection.fused_row
+            return step, None, None, None
+        return step, projection.fast_row, projection.fused_row, getattr(self._last_projection, "chained_row", None)
+
+    @functools.cached_property
+    def _last_projection(self) -> nn.Module:
+        """The last block's last projection, whose chained row (if any) writes ``norm_f``'s norm."""
+        return self.layers[-1].fused_projections()[-1][0]
+
+    @property
+    def _chained(self) -> bool:
+        """Whether the step runs chained: every block's last projection also writes the next block's norm of its
+        output (fast numerics, :meth:`HybridBlock.chained`), so that no block launches a norm of its own."""
+        return self._fast_parts[-1] is not None
 
     @functools.cached_property
     def _first_quantized(self) -> QuantizedLinear | None:
@@ -438,17 +479,20 @@ class NemotronH(nn.Module):
         """The stack as compiled pieces: runs of Mamba/MLP blocks, and attention blocks split around the cache."""
         segments: list[tuple[str, tuple[int, ...], Callable[..., Any]]] = []
         run: list[int] = []
+        chained = self._chained
+        blocks = self._run_chained if chained else self._run_blocks
+        projections = self._attention_projections if chained else self._attention_inputs
 
         def close_run() -> None:
             if run:
                 indices = tuple(run)
-                segments.append(("run", indices, jit(functools.partial(self._run_blocks, indices))))
+                segments.append(("run", indices, jit(functools.partial(blocks, indices))))
                 run.clear()
 
         for index, layer in enumerate(self.layers):
             if layer.kind == ATTENTION:
                 close_run()
-                segments.append(("attention", (index,), jit(functools.partial(self._attention_inputs, index))))
+                segments.append(("attention", (index,), jit(functools.partial(projections, index))))
             else:
                 run.append(index)
         close_run()
@@ -469,12 +513,39 @@ class NemotronH(nn.Module):
                 hidden = layer(hidden, None, None)
         return (hidden, *updated)
 
+    def _run_chained(
+        self, indices: tuple[int, ...], hidden: mx.array, normed: mx.array, *states: mx.array
+    ) -> tuple[mx.array, ...]:
+        """:meth:`_run_blocks` for the chained step: ``normed`` is the first block's norm of ``hidden``, and the
+        last block's norm for the block after it comes back beside its output."""
+        pending = iter(states)
+        updated: list[mx.array] = []
+        for index in indices:
+            layer = self.layers[index]
+            next_weight = self.next_norm(index).weight
+            if layer.kind == MAMBA:
+                cache = MambaCache(conv_state=next(pending), ssm_state=next(pending))
+                hidden, normed = layer.chained(hidden, normed, cache, next_weight)
+                assert cache.conv_state is not None and cache.ssm_state is not None
+                updated += [cache.conv_state, cache.ssm_state]
+            else:
+                hidden, normed = layer.chained(hidden, normed, None, next_weight)
+        return (hidden, normed, *updated)
+
     def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
         return layer.mixer.project(layer.norm(hidden))
 
+    def _attention_projections(self, index: int, normed: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`_attention_inputs` from the row the block before normed (the chained step)."""
+        mixer = self.layers[index].mixer
+        assert isinstance(mixer, CausalSelfAttention)
+        return mixer.project(normed)
+
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
+        if self._chained:
+            return self._chained_step(inputs_embeds, cache)
         hidden = inputs_embeds
         for kind, indices, program in self._segments:
             if kind == "run":
@@ -501,25 +572,58 @@ class NemotronH(nn.Module):
         cache.position += 1
         return self._compiled_norm(hidden)
 
+    def _chained_step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
+        """:meth:`_step` with each block's output and the next block's norm of it written by one kernel: only the
+        first block's norm is MLX's, and the last block's kernel writes ``norm_f``'s."""
+        hidden = inputs_embeds
+        normed = self.layers[0].norm(hidden)
+        for kind, indices, program in self._segments:
+            if kind == "run":
+                states: list[mx.array] = []
+                for index in indices:
+                    layer_cache = cache.layers[index]
+                    if isinstance(layer_cache, MambaCache):
+                        assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
+                        states += [layer_cache.conv_state, layer_cache.ssm_state]
+                hidden, normed, *updated = program(hidden, normed, *states)
+                pending = iter(updated)
+                for index in indices:
+                    layer_cache = cache.layers[index]
+                    if isinstance(layer_cache, MambaCache):
+                        layer_cache.conv_state, layer_cache.ssm_state = next(pending), next(pending)
+            else:
+                (index,) = indices
+                mixer = self.layers[index].mixer
+                layer_cache = cache.layers[index]
+                assert isinstance(mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
+                queries, keys, values = program(normed)
+                attended = mixer.attend(queries, keys, values, None, layer_cache)
+                hidden, normed = self._attention_residual(index)(hidden, attended)
+        cache.position += 1
+        return normed
+
     @functools.cached_property
     def _compiled_norm(self) -> Callable[[mx.array], mx.array]:
         return jit(self.norm_f)
 
-    def _attention_residual(self, index: int) -> Callable[[mx.array, mx.array], mx.array]:
+    def _attention_residual(self, index: int) -> Callable[[mx.array, mx.array], Any]:
         programs = self._residual_programs
         key = (index, self._fast_parts)
         if key not in programs:
             layer = self.layers[index]
             mixer = layer.mixer
             assert isinstance(mixer, CausalSelfAttention)
-            if layer.fused_rows:
+            if self._chained:
+                next_norm = self.next_norm(index)
+                programs[key] = jit(lambda hidden, attended: mixer.output_chained(attended, hidden, next_norm.weight))
+            elif layer.fused_rows:
                 programs[key] = jit(lambda hidden, attended: mixer.output_fused(attended, hidden))
             else:
                 programs[key] = jit(lambda hidden, attended: hidden + mixer.output(attended))
         return programs[key]
 
     @functools.cached_property
-    def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], mx.array]]:
+    def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], Any]]:
         # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
         return {}
 

@@ -138,6 +138,8 @@ class VoiceChat:
     precast_bytes: int = 0  # memory the float32 precast copies added (0: not precast, to save memory)
     numerics: Numerics = "exact"
     fast_changes: dict[str, bool] = field(default_factory=dict)  # which of fast mode's changes are in use
+    # The TTS's speaker prompt per numerics mode, made by the first session (engine.session.speaker_prompt).
+    speaker_prompts: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def quantization_bits(self) -> int | None:

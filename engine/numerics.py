@@ -354,7 +354,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         attend_relative_window,
     )
     from .linear import KeepsCopy, QuantizedLinear
-    from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer
+    from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
     from .residual_vq import nearest_code_ops, nearest_code_sample, nearest_code_step
     from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
@@ -516,6 +516,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for module in quantized:
         module.fast_row, used = _quantized_row_part(module) if fast else (None, False)
         module.fused_row = None
+        module.chained_row = None
         every_row = every_row and used
     for attention_mixer in (module for module in modules if isinstance(module, CausalSelfAttention)):
         attention_mixer.one_row_views = fast
@@ -531,6 +532,22 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 projection.fused_row, used = _quantized_row_part(projection, role, norm_dtype)
                 block.fused_rows = block.fused_rows and projection.fused_row is not None
                 every_row = every_row and used
+    for llm in (module for module in modules if isinstance(module, NemotronH)):
+        # With every block fused, each block's last projection also writes the next block's norm of its output
+        # (the LLM's chained step): all of them, or none.
+        if fast and all(block.fused_rows for block in llm.layers):
+            for index, block in enumerate(llm.layers):
+                projection, role = block.fused_projections()[-1]
+                norm_dtype = block.mixer.norm.weight.dtype if role.prologue == "group_norm" else None
+                next_norm = llm.next_norm(index)
+                chained_role = dataclasses.replace(role, epilogue="residual_norm", next_eps=next_norm.eps)
+                projection.chained_row, used = _quantized_row_part(
+                    projection, chained_role, norm_dtype, next_norm.weight.dtype
+                )
+                every_row = every_row and used
+            if any(block.fused_projections()[-1][0].chained_row is None for block in llm.layers):
+                for block in llm.layers:
+                    block.fused_projections()[-1][0].chained_row = None
     if fast and quantized:
         changes["quantized_rows"] = every_row
 
@@ -682,11 +699,15 @@ def _row_product_parts(
 
 
 def _quantized_row_part(
-    module: Any, role: RowRole | None = None, norm_dtype: mx.Dtype | None = None
+    module: Any,
+    role: RowRole | None = None,
+    norm_dtype: mx.Dtype | None = None,
+    next_dtype: mx.Dtype | None = None,
 ) -> tuple[Callable[..., Any] | None, bool]:
     """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or in
-    the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``): the kernel where
-    admitted, else MLX's own operations (the fallback; None for a layout the kernel does not read)."""
+    the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
+    in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout
+    the kernel does not read)."""
     import functools
 
     from .quantized_product import (
@@ -708,11 +729,13 @@ def _quantized_row_part(
     scale_dtype = module.scales.dtype
     parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
     return _fast_part(
-        ("quantized_row", shape, scale_dtype, norm_dtype),
+        ("quantized_row", shape, scale_dtype, norm_dtype, next_dtype),
         f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
         functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
         functools.partial(QuantizedRowProduct, shape=shape),
-        functools.partial(quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32),
+        functools.partial(
+            quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32, next_dtype or mx.float32
+        ),
     )
 
 

@@ -54,11 +54,12 @@ from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .numerics import custom_kernel
 
-Epilogue = Literal["none", "residual", "relu2"]
-EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2")
+Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
+EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2", "residual_norm")
 Prologue = Literal["none", "group_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "group_norm")
 
@@ -73,6 +74,9 @@ MAX_WARPS = 8
 # a float32 input overflows from 2^(128 − INPUT_SHIFT), and partial sums keep float32's rounding down to
 # 2^(23 − INPUT_SHIFT). 64 puts both far from any activation.
 INPUT_SHIFT = 64
+# The ticket counter of a "residual_norm" launch on a 128-byte line of its own, which also keeps it over the 8 bytes
+# that MLX's CUDA allocator would serve from unified memory on the host (see engine.residual_vq).
+TICKET_INTS = 32
 
 
 @dataclass(frozen=True)
@@ -82,13 +86,16 @@ class RowRole:
     ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` ``max(y, 0)²``. ``prologue``
     ``"group_norm"`` takes the row before its norm (:func:`grouped_rms_norm`, ``norm_groups`` slices, eps
     ``norm_eps``) with the sums of its squares over ``norm_partials`` equal runs, which the kernel that
-    wrote the row summed as it went (:class:`engine.ssm.FusedStep`)."""
+    wrote the row summed as it went (:class:`engine.ssm.FusedStep`). ``"residual_norm"`` writes
+    ``base + y`` and also that row through the next block's RMS norm (eps ``next_eps``): the block's output
+    and the next block's input in one launch."""
 
     epilogue: Epilogue = "none"
     prologue: Prologue = "none"
     norm_groups: int = 1
     norm_partials: int = 0
     norm_eps: float = 0.0
+    next_eps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -168,18 +175,24 @@ def quantized_row_ops(
     squares: mx.array | None = None,
     norm_weight: mx.array | None = None,
     norm_params: mx.array | None = None,
+    next_weight: mx.array | None = None,
     *,
     group_size: int,
     bits: int,
     role: RowRole = RowRole(),
-) -> mx.array:
+) -> mx.array | tuple[mx.array, mx.array]:
     """The reference's operations (the kernel's fallback): the ``role``'s prologue (the norm itself, from the row:
     the partial sums are the kernel's shortcut), ``x @ dequantize(weight).T``, then its epilogue (``base +``
-    it, or ``relu2``) — as a block of :mod:`engine.llm` computes them."""
+    it, or ``relu2``) — as a block of :mod:`engine.llm` computes them. ``"residual_norm"`` returns the sum and
+    the next block's norm of it (weight ``next_weight``), as the next block computes it."""
     if role.prologue == "group_norm":
         assert norm_weight is not None
         x = grouped_rms_norm(x, norm_weight, groups=role.norm_groups, eps=role.norm_eps)
     y = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
+    if role.epilogue == "residual_norm":
+        assert base is not None and next_weight is not None
+        total = base + y
+        return total, mx.fast.rms_norm(total, next_weight, role.next_eps)
     if role.epilogue == "residual":
         assert base is not None
         return base + y
@@ -318,13 +331,55 @@ _CUDA = """
         @EPILOGUE@
         y[first_column + lane] = sum;
     }
+    @AFTER@
 """
 
 _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "none": "",
     "residual": "sum = base[first_column + lane] + sum;",
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
+    "residual_norm": "sum = base[first_column + lane] + sum;",
 }
+# After every column is written, "residual_norm"'s last block to finish (a ticket each block takes once its
+# columns are visible to all) reads the whole row back from L2, each thread its strided share into registers at
+# once (with the next norm's weights: one memory latency, not one per value), sums the squares in a fixed order
+# (each thread's share, then the warps' in turn) and writes the row through the next block's RMS norm, then puts
+# the ticket counter back to zero for the next launch: the norm MLX would launch as a kernel of its own.
+_CUDA_NORM_AFTER = """__threadfence();  // this block's columns, visible to every block before its ticket is taken
+    __shared__ bool last_block;
+    __shared__ float warp_squares[SETS * SPLIT];
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(const_cast<int*>(tickets), 1) == BLOCKS - 1;
+    __syncthreads();
+    if (!last_block) return;
+    __threadfence();
+    constexpr int THREADS = SETS * SPLIT * 32;
+    constexpr int PER_THREAD = (N + THREADS - 1) / THREADS;
+    float row[PER_THREAD];
+    float gain[PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        row[k] = i < N ? __ldcg(y + i) : 0.0f;
+        gain[k] = i < N ? static_cast<float>(next_weight[i]) : 0.0f;
+    }
+    float row_squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) row_squares += row[k] * row[k];
+    for (int offset = 16; offset > 0; offset /= 2) {
+        row_squares += __shfl_xor_sync(0xffffffff, row_squares, offset);
+    }
+    if (lane == 0) warp_squares[warp] = row_squares;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < SETS * SPLIT; ++w) total += warp_squares[w];
+    const float factor = rsqrtf(total / N + NEXT_EPS);
+#pragma unroll
+    for (int k = 0; k < PER_THREAD; ++k) {
+        const int i = threadIdx.x + k * THREADS;
+        if (i < N) normed[i] = gain[k] * (row[k] * factor);
+    }
+    if (threadIdx.x == 0) const_cast<int*>(tickets)[0] = 0;"""
 # The group norm's factors, once per block from the partial sums (each group's summed in one fixed order, so
 # every block gets the same bits), then applied to the row's values as a warp stages them.
 _CUDA_PROLOGUES: dict[Prologue, tuple[str, str]] = {
@@ -348,7 +403,12 @@ _CUDA_PROLOGUES: dict[Prologue, tuple[str, str]] = {
     ),
 }
 # The inputs each part reads besides the row and the quantized weight.
-EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {"none": (), "residual": ("base",), "relu2": ()}
+EPILOGUE_INPUTS: dict[Epilogue, tuple[str, ...]] = {
+    "none": (),
+    "residual": ("base",),
+    "relu2": (),
+    "residual_norm": ("base", "next_weight", "tickets"),
+}
 PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
     "none": (),
     "group_norm": ("squares", "norm_weight", "norm_params"),
@@ -357,9 +417,16 @@ PROLOGUE_INPUTS: dict[Prologue, tuple[str, ...]] = {
 
 def cuda_source(shape: QuantizedRowShape) -> str:
     """The kernel body for ``shape``'s role."""
-    setup, inputs = _CUDA_PROLOGUES[shape.role.prologue]
+    role = shape.role
+    setup, inputs = _CUDA_PROLOGUES[role.prologue]
     body = _CUDA.replace("@SETUP@", setup).replace("@INPUTS@", inputs)
-    return body.replace("@EPILOGUE@", _CUDA_EPILOGUES[shape.role.epilogue])
+    after = ""
+    if role.epilogue == "residual_norm":
+        # eps as an exact float32 literal in the source (an input array of it would be read over PCIe: its 4 bytes
+        # would live in MLX's host-side pool).
+        eps = float(np.float32(role.next_eps)).hex()
+        after = f"constexpr float NEXT_EPS = {eps}f;\n    " + _CUDA_NORM_AFTER
+    return body.replace("@EPILOGUE@", _CUDA_EPILOGUES[role.epilogue]).replace("@AFTER@", after)
 
 
 class QuantizedRowProduct:
@@ -380,14 +447,21 @@ class QuantizedRowProduct:
             *PROLOGUE_INPUTS[role.prologue],
         ]
         parts = "".join(f"_{part}" for part in (role.prologue, role.epilogue) if part != "none")
+        normed = role.epilogue == "residual_norm"
+        self._kernel_outputs = ["y", "normed"] if normed else ["y"]
         self._kernel = custom_kernel(
             backend,
             f"parley_quantized_row_{shape.bits}bit{parts}",
             self._inputs,
-            ["y"],
+            self._kernel_outputs,
             cuda=cuda_source(shape),
             metal="",
         )
+        # The last block's ticket counter (zeros, left as found), for a "residual_norm" launch. Launches of one
+        # kernel never overlap: each reads the row the one before wrote.
+        self._tickets = mx.zeros((TICKET_INTS,), dtype=mx.int32) if normed else None
+        if self._tickets is not None:
+            mx.eval(self._tickets)
 
     def __call__(
         self,
@@ -399,9 +473,11 @@ class QuantizedRowProduct:
         squares: mx.array | None = None,
         norm_weight: mx.array | None = None,
         norm_params: mx.array | None = None,
-    ) -> mx.array:
+        next_weight: mx.array | None = None,
+    ) -> mx.array | tuple[mx.array, mx.array]:
         """``x`` holds one row of ``width`` in any shape ``(1, …, 1, width)``; the result keeps its shape
-        (``base``, for a residual epilogue, holds one row of ``outputs``)."""
+        (``base``, for a residual epilogue, holds one row of ``outputs``); ``"residual_norm"`` returns the
+        sum and its norm."""
         shape = self.shape
         named = {
             "x": x,
@@ -412,10 +488,12 @@ class QuantizedRowProduct:
             "squares": squares,
             "norm_weight": norm_weight,
             "norm_params": norm_params,
+            "next_weight": next_weight,
+            "tickets": self._tickets,
         }
         warps = self.split * self.sets
         blocks = -(-shape.outputs // (shape.columns * self.sets))
-        (y,) = self._kernel(
+        outputs = self._kernel(
             inputs=[named[name] for name in self._inputs],
             template=[
                 ("K", shape.width),
@@ -428,30 +506,39 @@ class QuantizedRowProduct:
                 ("NORM_GROUPS", shape.role.norm_groups),
                 ("PARTIALS", shape.role.norm_partials),
                 ("SHIFT", INPUT_SHIFT),
+                ("BLOCKS", blocks),
             ],
             grid=(blocks * warps * 32, 1, 1),
             threadgroup=(warps * 32, 1, 1),
-            output_shapes=[(*x.shape[:-1], shape.outputs)],
-            output_dtypes=[mx.float32],
+            output_shapes=[(*x.shape[:-1], shape.outputs)] * len(self._kernel_outputs),
+            output_dtypes=[mx.float32] * len(self._kernel_outputs),
         )
-        return y
+        return (outputs[0], outputs[1]) if len(outputs) == 2 else outputs[0]
 
 
 def quantized_row_samples(
-    shape: QuantizedRowShape, scale_dtype: mx.Dtype, norm_dtype: mx.Dtype = mx.float32
+    shape: QuantizedRowShape,
+    scale_dtype: mx.Dtype,
+    norm_dtype: mx.Dtype = mx.float32,
+    next_dtype: mx.Dtype = mx.float32,
 ) -> tuple[Any, ...]:
     """Inputs for admission, in :class:`QuantizedRowProduct`'s call order: a float32 row and a random weight
     quantized as the checkpoint stores it, then what the role reads besides (None where it reads nothing):
-    a residual's base, and a group norm's partial sums of squares (of the row itself), weight and eps."""
-    keys = mx.random.split(mx.random.key(67), 4)
+    a residual's base, a group norm's partial sums of squares (of the row itself), weight and eps, and the
+    next block's norm weight (in ``next_dtype``)."""
+    keys = mx.random.split(mx.random.key(67), 5)
     x = mx.random.normal((1, shape.width), key=keys[0])
     dense = mx.random.normal((shape.outputs, shape.width), key=keys[1]) / math.sqrt(shape.width)
     weight, scales, biases = mx.quantize(dense.astype(mx.bfloat16), shape.group_size, shape.bits)
     role = shape.role
-    base = mx.random.normal((1, shape.outputs), key=keys[2]) if role.epilogue == "residual" else None
+    residual = role.epilogue in ("residual", "residual_norm")
+    base = mx.random.normal((1, shape.outputs), key=keys[2]) if residual else None
     norm: tuple[mx.array | None, ...] = (None, None, None)
     if role.prologue == "group_norm":
         squares = mx.sum(mx.square(x).reshape(role.norm_partials, -1), axis=1)
         norm_weight = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[3])).astype(norm_dtype)
         norm = (squares, norm_weight, mx.array([role.norm_eps], dtype=mx.float32))
-    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), base, *norm)
+    next_weight = None
+    if role.epilogue == "residual_norm":
+        next_weight = (1.0 + 0.1 * mx.random.normal((shape.outputs,), key=keys[4])).astype(next_dtype)
+    return (x, weight, scales.astype(scale_dtype), biases.astype(scale_dtype), base, *norm, next_weight)

@@ -79,14 +79,23 @@ class SessionCaches:
 
 
 def speaker_prompt(voicechat: VoiceChat) -> SpeakerPrompt:
-    """The Aria warm-up prompt of the TTS: codec codes of silence plus the stored speaker latent."""
-    speech = voicechat.model.tts_model
-    frames = speech.audio_prompt_latents.Aria.shape[1] + 1
-    silence = mx.zeros((1, 1, frames * voicechat.config.output_frame_samples), dtype=mx.float32)
-    codes = speech.audio_codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
-    return build_speaker_prompt(
-        codes, speech.audio_prompt_latents.Aria, voicechat.config.tts_config, voicechat.config.pad_token_id
-    )
+    """The Aria warm-up prompt of the TTS: codec codes of silence plus the stored speaker latent.
+
+    Made once per loaded model and numerics mode, then kept (a few kilobytes): encoding the silence holds about
+    0.9 GB of the codec encoder's activations at full size while it runs (H200, ``tests/device/peak_probe.py``),
+    which every conversation's start would otherwise add to its peak memory, for the same codes each time."""
+    prompts = voicechat.speaker_prompts
+    if voicechat.numerics not in prompts:
+        speech = voicechat.model.tts_model
+        frames = speech.audio_prompt_latents.Aria.shape[1] + 1
+        silence = mx.zeros((1, 1, frames * voicechat.config.output_frame_samples), dtype=mx.float32)
+        codes = speech.audio_codec.encode(silence).transpose(0, 2, 1)  # (1, frames, Q)
+        prompt = build_speaker_prompt(
+            codes, speech.audio_prompt_latents.Aria, voicechat.config.tts_config, voicechat.config.pad_token_id
+        )
+        mx.eval(prompt.codes, prompt.subword_ids, prompt.subword_mask, prompt.audio_mask, prompt.latent)
+        prompts[voicechat.numerics] = prompt
+    return prompts[voicechat.numerics]
 
 
 class Session:

@@ -9,6 +9,7 @@ orders of magnitude.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 
@@ -31,6 +32,7 @@ from engine.numerics import (
     fast_bf16_weights,
     relative_l2,
 )
+from engine.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.random_checkpoint import random_voicechat
 from engine.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.rnnt import RNNTPredictor
@@ -601,10 +603,14 @@ def test_every_quantized_row_source_is_complete() -> None:
 
     for epilogue in EPILOGUES:
         for prologue in PROLOGUES:
-            role = RowRole(epilogue, prologue, norm_groups=8, norm_partials=64)
+            role = RowRole(epilogue, prologue, norm_groups=8, norm_partials=64, next_eps=1e-5)
             source = cuda_source(QuantizedRowShape(10240, 1024, 4, 64, role))
-            assert "@" not in source and ("base[" in source) == (epilogue == "residual")
+            assert "@" not in source and ("base[" in source) == (epilogue in ("residual", "residual_norm"))
             assert ("squares[" in source and "norm_weight[" in source) == (prologue == "group_norm")
+            chained = "next_weight[" in source and "tickets" in source and "normed[" in source
+            assert chained == (epilogue == "residual_norm")
+            # The next norm's eps as float32's own value, written exactly (a hexadecimal literal).
+            assert ("NEXT_EPS = 0x1.4f8b580000000p-17f;" in source) == (epilogue == "residual_norm")
     for bad in (RowRole("gelu"), RowRole(prologue="layer_norm"), RowRole(prologue="group_norm", norm_groups=7)):  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             QuantizedRowShape(10240, 1024, 4, 64, bad)
@@ -706,6 +712,50 @@ def test_a_fused_llm_block_is_its_operations_on_the_fallbacks() -> None:
     assert isinstance(up, QuantizedLinear) and up.fused_row is not None
     apply_numerics(voicechat.model, "exact")
     assert not any(layer.fused_rows for layer in llm.layers) and up.fused_row is None
+
+
+def test_the_chained_llm_step_is_the_unchained_one_on_the_fallbacks() -> None:
+    """Fast numerics' LLM step runs chained: each block's last projection also writes the next block's norm of
+    its output (the last block's, ``norm_f``'s), so that no block launches its own. On the CPU's fallbacks that is
+    the same norm of the same row: the same bits as the unchained step, outputs and Mamba states alike, over
+    several positions. Exact mode never chains."""
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    llm = voicechat.model.stt_model.llm
+    last_projections = [block.fused_projections()[-1][0] for block in llm.layers]
+    chained_rows = [projection.chained_row for projection in last_projections]
+    assert all(row is not None for row in chained_rows) and llm._chained
+    inputs = 3.0 * mx.random.normal((4, 1, 1, llm.config.hidden_size), key=mx.random.key(9))
+    results = []
+    for chained in (True, False):
+        for projection, row in zip(last_projections, chained_rows, strict=True):
+            projection.chained_row = row if chained else None
+        assert llm._chained == chained
+        cache = llm.make_cache()
+        outputs = [llm(inputs[position], cache) for position in range(inputs.shape[0])]
+        results.append([*outputs, *cache.arrays()])
+    assert all(mx.array_equal(a, b).item() for a, b in zip(*results, strict=True))
+    apply_numerics(voicechat.model, "exact")
+    assert not llm._chained and all(projection.chained_row is None for projection in last_projections)
+
+
+def test_a_chained_row_returns_the_sum_and_the_next_norm_of_it() -> None:
+    """The chained role's fallback (what its kernel is admitted against): the residual sum, and that sum through
+    an RMS norm with the next block's weight and eps, for the plain residual and the Mamba mixer's gated norm."""
+    for role in (
+        RowRole("residual_norm", next_eps=1e-5),
+        RowRole("residual_norm", "group_norm", norm_groups=2, norm_partials=8, norm_eps=1e-6, next_eps=1e-5),
+    ):
+        shape = QuantizedRowShape(256, 96, 4, 64, role)
+        inputs = quantized_row_samples(shape, mx.bfloat16)
+        total, normed = quantized_row_ops(*inputs, group_size=64, bits=4, role=role)
+        plain = quantized_row_ops(
+            *inputs[:8], group_size=64, bits=4, role=dataclasses.replace(role, epilogue="residual")
+        )
+        next_weight = inputs[-1]
+        assert next_weight is not None and next_weight.shape == (96,)
+        assert mx.array_equal(total, plain).item()
+        want = next_weight * total / mx.sqrt(mx.mean(mx.square(total), axis=-1, keepdims=True) + 1e-5)
+        assert relative_l2(normed, want) < 1e-6
 
 
 def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
@@ -949,6 +999,10 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             )
             for name in ("qkv", "output", "gate_up", "down"):
                 layers[f"tts {name}"] += 1
+        elif isinstance(module, QuantizedLinear) and module.chained_row is not None:
+            # A block's last projection: its chained row in every step (its fused row in the first call only).
+            module.chained_row = counted("quantized chained row", module.chained_row)
+            layers["quantized chained row"] += 1
         elif isinstance(module, QuantizedLinear) and module.fused_row is not None:
             module.fused_row = counted("quantized fused row", module.fused_row)
             layers["quantized fused row"] += 1

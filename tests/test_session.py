@@ -219,3 +219,34 @@ def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypat
     late_events = late.push(audio[: 1280 * 8], 16_000)
     assert early.text_ids == late.text_ids and early.function_ids == late.function_ids
     _assert_same_audio(early_events, late_events)
+
+
+def test_a_model_encodes_its_speaker_prompt_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TTS's speaker prompt (the codec's codes of silence) is encoded by a model's first session and kept per
+    numerics mode: later sessions encode nothing (at full size the encoding holds about 0.9 GB while it runs), and
+    the kept prompt is the one a fresh encoding makes."""
+    from engine.codec import Codec
+    from engine.numerics import set_numerics
+    from engine.random_checkpoint import random_voicechat
+    from engine.session import speaker_prompt
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    encodings = []
+    encode = Codec.encode
+
+    def counted(self: Codec, waveform: mx.array) -> mx.array:
+        encodings.append(waveform.shape)
+        return encode(self, waveform)
+
+    monkeypatch.setattr(Codec, "encode", counted)
+    first, second = Session(voicechat, seed=0), Session(voicechat, seed=1)
+    assert len(encodings) == 1 and first.caches is not second.caches
+    kept = voicechat.speaker_prompts["exact"]
+    voicechat.speaker_prompts.clear()
+    fresh = speaker_prompt(voicechat)
+    assert len(encodings) == 2 and fresh is not kept
+    for name in ("codes", "subword_ids", "subword_mask", "audio_mask", "latent"):
+        assert mx.array_equal(getattr(fresh, name), getattr(kept, name)).item(), name
+    set_numerics(voicechat, "fast")
+    Session(voicechat, seed=0)
+    assert len(encodings) == 3 and set(voicechat.speaker_prompts) == {"exact", "fast"}

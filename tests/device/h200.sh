@@ -107,6 +107,12 @@ for arg in "$@"; do
     longab) step longab 400 python3 tests/device/long_ab.py fast ;;
     # Fast numerics' kernels: admission, difference from the fallback, time per call.
     fastkernels) step fastkernels 240 python3 tests/device/fast_kernels.py ;;
+    # The LLM's quantized rows only (the chained step's among them): admission, difference, time per call.
+    quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
+    # The LLM's step chained (each block's last kernel writing the next block's norm) against unchained.
+    chainedab) step chainedab 420 python3 tests/device/chained_ab.py ;;
+    # A conversation's peak memory by phase: session creation's parts and the first frames (full 4-bit, fast).
+    peakprobe) step peakprobe 300 python3 tests/device/peak_probe.py ;;
     # A step's random draws as one kernel against the library's one by one (bit for bit), no model built.
     drawskernel) step drawskernel 200 python3 tests/device/fast_kernels.py draws ;;
     # The backbone attention kernel writing its cache against the scatters, alternating rounds (full 4-bit, fast).
