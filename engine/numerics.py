@@ -75,9 +75,12 @@ and the log says why. The changes:
   groups summed in another order. Inside each block the last projection adds the residual and the
   MLP's up projection squares its ReLU in the same launch (the same float32 operations, after the
   sum), and the Mamba mixer's output projection first finishes its gated group norm from the step's
-  partial sums of squares (the same sum of squares in another order). Fallback and reference: MLX's
-  norm, ``quantized_matmul`` and the add or squared ReLU, which Metal keeps (its kernel there already
-  reads at the memory's bandwidth).
+  partial sums of squares (the same sum of squares in another order). In the LLM's step the last
+  projection of each block also writes the next block's RMS norm of its output (``norm_f``'s after the
+  last block): the last of its blocks to finish reads the row back and norms it, so no block launches a
+  norm of its own (the same norm with its sum of squares in another order). Fallback and reference: MLX's
+  norm, ``quantized_matmul`` and the add or squared ReLU (and the next norm), which Metal keeps (its
+  kernel there already reads at the memory's bandwidth).
 * **Each RN-T greedy attempt as four kernels** (:mod:`engine.greedy_attempt`): an LSTM step per layer
   (input and recurrent products, gates and cell update, a warp per unit; the first layer finishes the
   previous attempt's argmax from its partial maxima and reads its token's embedding row itself) and two

@@ -35,7 +35,15 @@ per block as it writes it, so each block of this kernel adds a few hundred parti
 of reading the whole row, and scales its chunks of the row as it reads them (six primitives fewer per
 Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
 normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
-call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``).
+call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``). What does pay is
+the other end: in the LLM's chained step (:meth:`engine.llm.NemotronH._chained_step`) each block's last
+projection has the epilogue ``"residual_norm"``, and the last of its blocks to finish (a ticket counter)
+reads the whole output row back from L2 into registers and writes it through the next block's RMS norm —
+one block doing what MLX's norm kernel did, with no serial prologue in the kernels that read it. On the
+H200 (2026-12-04) the three shapes cost 3-7 µs more a call than the plain residual (Mamba out 63.1 → 66.2,
+MLP down 37.9 → 44.8 µs; a first version that read the row twice, value by value, cost 10-18 µs), and the
+frame took 56 primitives fewer, 1,102 → 1,046 (``tests/device/chained_ab.py``: 13.52-13.74 ms p50 chained
+against 13.73-14.09 unchained, alternating rounds in one process, the same outputs).
 
 Arithmetic: per group, ``s · Σ x·q + b · Σ x`` in float32 (the form MLX's kernels use), summed over
 the groups in another order; the norm as ``w · (x · rsqrt(Σ/n + eps))`` with its sum in another order:

@@ -112,7 +112,7 @@ for arg in "$@"; do
     # The LLM's step chained (each block's last kernel writing the next block's norm) against unchained.
     chainedab) step chainedab 420 python3 tests/device/chained_ab.py ;;
     # A conversation's peak memory by phase: session creation's parts and the first frames (full 4-bit, fast).
-    peakprobe) step peakprobe 300 python3 tests/device/peak_probe.py ;;
+    peakprobe) step peakprobe 450 python3 tests/device/peak_probe.py ;;
     # A step's random draws as one kernel against the library's one by one (bit for bit), no model built.
     drawskernel) step drawskernel 200 python3 tests/device/fast_kernels.py draws ;;
     # The backbone attention kernel writing its cache against the scatters, alternating rounds (full 4-bit, fast).
