@@ -32,6 +32,7 @@ reference's own arithmetic, which the CPU runs) and what the kernel is admitted 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import mlx.core as mx
@@ -168,7 +169,7 @@ _ATTENTION_CUDA = (
     const int capacity = keys_shape[2];
     const int first = split * chunk;
     const int last = min(count, first + chunk);
-    const float2* query = reinterpret_cast<const float2*>(queries + static_cast<size_t>(group) * D) + part;
+@PROLOGUE@    const float2* query = reinterpret_cast<const float2*>(@QUERY@) + part;
     const size_t base = (static_cast<size_t>(row) * HKV + kv_head) * capacity * D + 2 * part;
 @WRITTEN@    const float query_scale = scale[0];  // read once (see the encoder's kernel below)
     float q[SLICE];
@@ -272,12 +273,16 @@ _ATTENTION_CUDA = (
 # their own inputs and writing them into the buffers at their slot: one block per key head (the first split of its
 # first query head) writes them; no block of the launch reads that slot from the buffers, so none waits for it.
 _READ_AS_STORED = {
+    "@PROLOGUE@": "",
+    "@QUERY@": "queries + static_cast<size_t>(group) * D",
     "@WRITTEN@": "",
     "@KEY_ROW@": "keys + base + static_cast<size_t>(position) * D",
     "@VALUE_ROW@": "values + base + static_cast<size_t>(position) * D",
     "@WRITE@": "",
 }
 _WRITING = {
+    "@PROLOGUE@": "",
+    "@QUERY@": "queries + static_cast<size_t>(group) * D",
     "@WRITTEN@": """    const int written = bounds[1] >> SLOT_SHIFT;  // the new position's slot
     const size_t fresh = (static_cast<size_t>(row) * HKV + kv_head) * D + 2 * part;
 """,
@@ -296,9 +301,66 @@ _WRITING = {
 }
 
 
-def _attention_cuda(writing: bool) -> str:
+# The writing kernel with the query and key heads' norms and rotations inside (:meth:`DecodeAttention.attend_heads`):
+# it reads the q and k projections' rows, and before anything else its warp 0 norms and rotates the block's query
+# head and its warp 1 the new key of the block's key head, each as the norm-and-rotate kernel (:class:`NormRope`)
+# does for one head, into shared memory, where the block reads them as it read its queries and the new key.
+_HEADS = {
+    **_WRITING,
+    "@PROLOGUE@": """    constexpr int PER_LANE = (D + 31) / 32;
+    constexpr int HALF = D / 2;
+    __shared__ float head_normed[2][D];
+    __shared__ __align__(16) float rotated[2][D];  // the query head, then the new key
+    if (warp < 2) {
+        const bool is_query = warp == 0;
+        const float* source = is_query ? q_rows + (static_cast<size_t>(row) * HQ + head) * D
+                                       : k_rows + (static_cast<size_t>(row) * HKV + kv_head) * D;
+        float head_values[PER_LANE];
+        float squares = 0.0f;
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            head_values[i] = d < D ? source[d] : 0.0f;
+            squares += head_values[i] * head_values[i];
+        }
+        for (int offset = 16; offset > 0; offset /= 2) {
+            squares += __shfl_xor_sync(0xffffffff, squares, offset);
+        }
+        const float normalizer = rsqrtf(squares / D + params[0]);
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) {
+                const float gain = static_cast<float>(is_query ? q_scale[d] : k_scale[d]);
+                head_normed[warp][d] = gain * (head_values[i] * normalizer);
+            }
+        }
+        __syncwarp();
+        const float at = static_cast<float>(at_position[0]);
+        for (int i = 0; i < PER_LANE; ++i) {
+            const int d = lane + 32 * i;
+            if (d < D) {
+                const int pair = d < HALF ? d : d - HALF;
+                const float inv_freq = exp2f(-(static_cast<float>(pair) / static_cast<float>(HALF)) * params[1]);
+                const float theta = at * inv_freq;
+                const float cosine = cosf(theta);
+                const float sine = sinf(theta);
+                const float x1 = head_normed[warp][pair];
+                const float x2 = head_normed[warp][pair + HALF];
+                rotated[warp][d] = d < HALF ? x1 * cosine - x2 * sine : x1 * sine + x2 * cosine;
+            }
+        }
+    }
+    __syncthreads();
+""",
+    "@QUERY@": "rotated[0]",
+    "@KEY_ROW@": "position == written ? rotated[1] + 2 * part : keys + base + static_cast<size_t>(position) * D",
+    "@WRITE@": _WRITING["@WRITE@"].replace("new_keys[head_start * D + d]", "rotated[1][d]"),
+}
+assert _HEADS["@WRITE@"] != _WRITING["@WRITE@"]
+
+
+def _attention_cuda(writing: bool, heads: bool = False) -> str:
     source = _ATTENTION_CUDA
-    for placeholder, text in (_WRITING if writing else _READ_AS_STORED).items():
+    for placeholder, text in (_HEADS if heads else _WRITING if writing else _READ_AS_STORED).items():
         source = source.replace(placeholder, text)
     return source
 
@@ -481,6 +543,19 @@ _MERGE_METAL = """
 
 _INPUTS = ["queries", "keys", "values", "bounds", "scale"]
 _WRITING_INPUTS = ["queries", "new_keys", "new_values", "keys", "values", "bounds", "scale"]
+_HEADS_INPUTS = [
+    "q_rows",
+    "k_rows",
+    "new_values",
+    "q_scale",
+    "k_scale",
+    "at_position",
+    "params",
+    "keys",
+    "values",
+    "bounds",
+    "scale",
+]
 
 
 def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
@@ -510,6 +585,50 @@ def decode_attention_writing_ops(
     key_buffer = mx.put_along_axis(key_buffer, index, new_keys, axis=2)
     value_buffer = mx.put_along_axis(value_buffer, index, new_values, axis=2)
     return decode_attention_ops(queries, key_buffer, value_buffer, count, scale), key_buffer, value_buffer
+
+
+def decode_attention_heads_ops(
+    q_rows: mx.array,
+    k_rows: mx.array,
+    new_values: mx.array,
+    q_scale: mx.array,
+    k_scale: mx.array,
+    position: mx.array,
+    key_buffer: mx.array,
+    value_buffer: mx.array,
+    count: int,
+    slot: int,
+    scale: float,
+    *,
+    query_heads: int,
+    kv_heads: int,
+    eps: float,
+    base: float,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """:func:`norm_rope_ops` then :func:`decode_attention_writing_ops`: what :meth:`DecodeAttention.attend_heads`
+    computes from the projections' rows, and the buffers it leaves written."""
+    queries, keys = norm_rope_ops(
+        q_rows, k_rows, q_scale, k_scale, position, query_heads=query_heads, kv_heads=kv_heads, eps=eps, base=base
+    )
+    return decode_attention_writing_ops(queries, keys, new_values, key_buffer, value_buffer, count, slot, scale)
+
+
+def decode_attention_heads_samples(
+    query_heads: int, kv_heads: int, head_dim: int, scale_dtype: mx.Dtype
+) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting :meth:`DecodeAttention.attend_heads` (:func:`decode_attention_heads_ops`'
+    arguments): the writing kernel's cases (:func:`decode_attention_writing_samples`) with projection rows for
+    the heads, at an early and a late position."""
+    samples = []
+    for index, case in enumerate(decode_attention_writing_samples(query_heads, kv_heads, head_dim)):
+        _, _, new_values, key_buffer, value_buffer, count, slot, scale = case
+        q_rows, k_rows, q_scale, k_scale, position = norm_rope_samples(query_heads, kv_heads, head_dim, scale_dtype)[
+            index % 2
+        ]
+        samples.append(
+            (q_rows, k_rows, new_values, q_scale, k_scale, position, key_buffer, value_buffer, count, slot, scale)
+        )
+    return samples
 
 
 def bounds_words(count: int, chunk: int, slot: int) -> list[int]:
@@ -584,6 +703,19 @@ class DecodeAttention:
             if backend == "cuda"
             else None
         )
+        # The writing form that also norms and rotates the query and key heads (CUDA: see attend_heads).
+        self._attend_heads = (
+            custom_kernel(
+                backend,
+                "parley_decode_attention_heads",
+                _HEADS_INPUTS,
+                ["out"],
+                cuda=_attention_cuda(True, heads=True),
+                metal="",
+            )
+            if backend == "cuda"
+            else None
+        )
         # Whether the traced backbone step lets the kernel write the new position (set once admitted on this device).
         self.writes_cache = False
         self._merge = custom_kernel(
@@ -643,6 +775,71 @@ class DecodeAttention:
             raise ValueError("the writing attention kernel is CUDA's")
         inputs = [queries, new_keys, new_values, key_buffer, value_buffer]
         return self._launch(self._attend_writing, inputs, bounds, splits, scale)
+
+    def attend_heads(
+        self,
+        q_rows: mx.array,
+        k_rows: mx.array,
+        new_values: mx.array,
+        q_scale: mx.array,
+        k_scale: mx.array,
+        position: mx.array,
+        rope: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+    ) -> mx.array:
+        """:meth:`attend_writing` from the q and k projections' rows (B, H·D): the launch norms and rotates the query
+        and key heads itself, as :class:`NormRope` would at ``position`` with its ``rope`` parameters (eps, log2 of
+        the base), and writes the new key so made. One launch where the heads and the attention took two (CUDA)."""
+        if self._attend_heads is None:
+            raise ValueError("the writing attention kernel is CUDA's")
+        inputs = [q_rows, k_rows, new_values, q_scale, k_scale, position, rope, key_buffer, value_buffer]
+        return self._launch(self._attend_heads, inputs, bounds, splits, scale)
+
+    def heads_kernel(self, rope: mx.array) -> Any:
+        """:meth:`heads_check` with the ``rope`` parameters, where this backend has the kernel (else ValueError)."""
+        if self._attend_heads is None:
+            raise ValueError("the writing attention kernel is CUDA's")
+        return functools.partial(self.heads_check, rope=rope)
+
+    def heads_check(
+        self,
+        q_rows: mx.array,
+        k_rows: mx.array,
+        new_values: mx.array,
+        q_scale: mx.array,
+        k_scale: mx.array,
+        position: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        count: int,
+        slot: int,
+        scale: float,
+        *,
+        rope: mx.array,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """:meth:`attend_heads` on copies of the buffers, returned written: :func:`decode_attention_heads_ops`'s
+        signature and results, for admitting the kernel against it."""
+        key_buffer, value_buffer = key_buffer * 1.0, value_buffer * 1.0  # fresh buffers (× 1 keeps every bit)
+        mixed = self.attend_heads(
+            q_rows,
+            k_rows,
+            new_values,
+            q_scale,
+            k_scale,
+            position,
+            rope,
+            key_buffer,
+            value_buffer,
+            self.bounds(count, slot),
+            self.splits(count),
+            scale,
+        )
+        mx.eval(mixed)  # the buffers hold the write once the launch has run
+        return mixed, key_buffer, value_buffer
 
     def writing_kernel(self) -> Any:
         """:meth:`writing_check`, where this backend has the writing kernel (else ValueError)."""
@@ -1197,8 +1394,10 @@ class NormRope:
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head size, not {head_dim}")
         self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
-        # MLX passes log2(base) to its RoPE kernel as a float32 computed from a float32 base.
-        self._params = mx.array([eps, float(np.log2(np.float32(base)))], dtype=mx.float32)
+        # eps and log2(base): MLX passes log2(base) to its RoPE kernel as a float32 computed from a float32 base.
+        # Padded to 16 bytes: MLX's CUDA allocator keeps arrays of 8 bytes or less in host memory, which a kernel
+        # would read over PCIe. :meth:`DecodeAttention.attend_heads` reads the same parameters.
+        self.params = mx.array([eps, float(np.log2(np.float32(base))), 0.0, 0.0], dtype=mx.float32)
         self._kernel = custom_kernel(
             backend,
             "parley_norm_rope",
@@ -1214,7 +1413,7 @@ class NormRope:
         batch = q_rows.shape[0]
         warps = batch * (self.query_heads + self.kv_heads)
         queries, keys = self._kernel(
-            inputs=[q_rows, k_rows, q_scale, k_scale, offset, self._params],
+            inputs=[q_rows, k_rows, q_scale, k_scale, offset, self.params],
             template=[
                 ("HQ", self.query_heads),
                 ("HKV", self.kv_heads),

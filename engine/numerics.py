@@ -35,7 +35,11 @@ and the log says why. The changes:
   else reads them. Admitted against the scatters and the attention (outputs and written buffers).
 * **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
-  formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel.
+  formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel. On CUDA,
+  where the attention writes its cache, the attention kernel makes them itself from the
+  projections' rows (:meth:`~engine.decode_attention.DecodeAttention.attend_heads`: two of
+  its warps run the same lines for the block's query head and new key), bit for bit the two
+  kernels' results on the H200; admitted against the operations per RoPE base.
 * **The encoder's relative-position attention for the newest frame**
   (:class:`engine.decode_attention.RelativeDecodeAttention`): content and position scores
   ``(q+u)·k + (q+v)·p`` summed together, then scaled, softmaxed and mixed in one kernel per
@@ -339,6 +343,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         DecodeAttention,
         NormRope,
         RelativeDecodeAttention,
+        decode_attention_heads_ops,
+        decode_attention_heads_samples,
         decode_attention_ops,
         decode_attention_samples,
         decode_attention_writing_ops,
@@ -411,6 +417,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for module in attentions:
         module.fast_attention = attention
         module.fast_heads = None
+        module.heads_in_attention = False
     if fast:
         # The norm-and-rotate kernel per RoPE base (local and global layers differ), its fallback per base too.
         for base in sorted({module.rope.base for module in attentions}):
@@ -427,9 +434,23 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 functools.partial(norm_rope_samples, *layout, scale_dtype),
             )
             changes["norm_rope"] = changes.get("norm_rope", True) and used
+            # Where the attention writes the cache, it may make the heads too (per base: its parameters differ).
+            folded = False
+            if writes and isinstance(heads_part, NormRope) and isinstance(attention, DecodeAttention):
+                _, folded = _fast_part(
+                    ("attention_heads", *layout, eps, base, scale_dtype),
+                    "single-position attention making its heads and writing its cache",
+                    functools.partial(
+                        decode_attention_heads_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base
+                    ),
+                    functools.partial(_heads_kernel, attention, heads_part.params),
+                    functools.partial(decode_attention_heads_samples, *layout, scale_dtype),
+                )
+                changes["attention_heads"] = changes.get("attention_heads", True) and folded
             for module in attentions:
                 if module.rope.base == base:
                     module.fast_heads = heads_part
+                    module.heads_in_attention = folded
 
     relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
     relative: Callable[..., Any] | None = None
@@ -699,6 +720,12 @@ def _row_product_parts(
         parts[name], used = _row_product_part(shape, weight_dtype, scale_dtype, eps[name], label)
         every = every and used
     return parts, every
+
+
+def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:
+    """The attention kernel that makes its heads (:meth:`engine.decode_attention.DecodeAttention.heads_kernel`),
+    as :func:`_fast_part` makes kernels: by backend (the attention's is fixed already)."""
+    return attention.heads_kernel(rope)
 
 
 def _quantized_row_part(

@@ -42,7 +42,7 @@ reads the whole output row back from L2 into registers and writes it through the
 one block doing what MLX's norm kernel did, with no serial prologue in the kernels that read it. On the
 H200 (2026-12-04) the three shapes cost 3-7 µs more a call than the plain residual (Mamba out 63.1 → 66.2,
 MLP down 37.9 → 44.8 µs; a first version that read the row twice, value by value, cost 10-18 µs), and the
-frame took 56 primitives fewer, 1,102 → 1,046 (``tests/device/chained_ab.py``: 13.52-13.74 ms p50 chained
+frame took 56 primitives fewer, 1,102 → 1,046 (``tests/device/fold_ab.py chained``: 13.52-13.74 ms p50 chained
 against 13.73-14.09 unchained, alternating rounds in one process, the same outputs).
 
 Arithmetic: per group, ``s · Σ x·q + b · Σ x`` in float32 (the form MLX's kernels use), summed over

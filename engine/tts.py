@@ -27,7 +27,7 @@ import mlx.nn as nn
 from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask
 from .config import MoGConfig, TTSConfig
 from .counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
-from .decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
+from .decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
 from .jit import compile_enabled, jit
 from .linear import Linear
@@ -108,6 +108,9 @@ class BackboneAttention(nn.Module):
         # heads normed and rotated as one kernel (engine.decode_attention), or their fallbacks.
         self.fast_attention: Callable[..., mx.array] | None = None
         self.fast_heads: Callable[..., tuple[mx.array, mx.array]] | None = None
+        # Where the attention kernel writes the cache, it may also norm and rotate the heads itself (CUDA, fast
+        # numerics: DecodeAttention.attend_heads, admitted per RoPE base): the traced step then launches no heads.
+        self.heads_in_attention = False
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
@@ -148,10 +151,17 @@ class BackboneAttention(nn.Module):
         queries and keys normed and rotated together, the values a view of their rows."""
         assert self.fast_heads is not None
         q, k, v = self.projections(rows)
-        q_scale, k_scale = self._norm_scales()
-        heads = self.fast_heads if q.dtype == k.dtype == mx.float32 else self._heads_ops
-        queries, keys = heads(q, k, q_scale, k_scale, position)
+        queries, keys = self.heads(q, k, position)
         return queries, keys, v.reshape(v.shape[0], self.num_kv_heads, 1, self.head_dim)
+
+    def heads(self, q: mx.array, k: mx.array, position: mx.array) -> tuple[mx.array, mx.array]:
+        """One position's query and key rows (B, H·D) as normed, rotated heads (B, heads, 1, D): through
+        :attr:`fast_heads` where it reads them (float32), else the reference's operations."""
+        q_scale, k_scale = self._norm_scales()
+        fast = self.fast_heads is not None and q.dtype == k.dtype == mx.float32
+        heads = self.fast_heads if fast else self._heads_ops
+        assert heads is not None
+        return heads(q, k, q_scale, k_scale, position)
 
     def _heads_ops(
         self, q: mx.array, k: mx.array, q_scale: mx.array, k_scale: mx.array, position: mx.array
@@ -184,6 +194,13 @@ class BackboneAttention(nn.Module):
     def _scale_store(self) -> dict[str, tuple[mx.array, mx.array, mx.array, mx.array]]:
         return {}  # in the instance __dict__, outside the parameter tree
 
+    def attend_head_rows(
+        self, q: mx.array, k: mx.array, values: mx.array, position: mx.array, cache: LayerCache
+    ) -> mx.array:
+        """:meth:`attend_rows` from the q and k projections' rows, made heads first (:meth:`heads`)."""
+        queries, keys = self.heads(q, k, position)
+        return self.attend_rows(queries, keys, values, cache)
+
     def attend_rows(self, queries: mx.array, keys: mx.array, values: mx.array, cache: LayerCache) -> mx.array:
         """Fast numerics' single-position attention: store the new keys/values and return the mixed values
         as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.decode_attention`)."""
@@ -209,11 +226,12 @@ class BackboneAttention(nn.Module):
         value_buffer: mx.array,
         slot: BufferSlot,
         written: list[tuple[mx.array, mx.array] | None],
-        queries: mx.array,
-        keys: mx.array,
+        q: mx.array,
+        k: mx.array,
         values: mx.array,
+        position: mx.array,
     ) -> mx.array:
-        """:meth:`attend_rows` inside a traced step: the position is written at ``slot.index`` (an array, so
+        """:meth:`attend_head_rows` inside a traced step: the position is written at ``slot.index`` (an array, so
         each frame's slot needs no retrace), the written buffers appended to ``written``.
 
         The write is a scatter along the positions axis, not ``mx.slice_update`` at an array start: MLX 0.32's
@@ -222,13 +240,33 @@ class BackboneAttention(nn.Module):
         positions (6.6 ms a frame) where the scatter launches one per element of the update. In place either
         way when the buffer can be donated (the program's graph holds the only other reference). Where the
         attention kernel writes the position itself (``slot.index`` None, :meth:`DecodeAttention.attend_writing`)
-        there is no scatter, and None is appended: the cache keeps its buffers, written."""
+        there is no scatter, and None is appended: the cache keeps its buffers, written; with
+        :attr:`heads_in_attention` that kernel also makes the heads (:meth:`DecodeAttention.attend_heads`)."""
         if slot.index is None:
             assert isinstance(self.fast_attention, DecodeAttention) and slot.bounds is not None
             written.append(None)
+            if self.heads_in_attention:
+                assert isinstance(self.fast_heads, NormRope)
+                q_scale, k_scale = self._norm_scales()
+                return self.fast_attention.attend_heads(
+                    q,
+                    k,
+                    values,
+                    q_scale,
+                    k_scale,
+                    position,
+                    self.fast_heads.params,
+                    key_buffer,
+                    value_buffer,
+                    slot.bounds,
+                    slot.splits,
+                    self.scale,
+                )
+            queries, keys = self.heads(q, k, position)
             return self.fast_attention.attend_writing(
                 queries, keys, values, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
             )
+        queries, keys = self.heads(q, k, position)
         key_buffer = mx.put_along_axis(key_buffer, slot.index, keys, axis=2)
         value_buffer = mx.put_along_axis(value_buffer, slot.index, values, axis=2)
         written.append((key_buffer, value_buffer))
@@ -398,7 +436,7 @@ class BackboneLayer(nn.Module):
         self,
         hidden: mx.array,
         pending: LayerRowsPending | None,
-        attend: Callable[[mx.array, mx.array, mx.array], mx.array],
+        attend: Callable[[mx.array, mx.array, mx.array, mx.array], mx.array],
         position: mx.array,
     ) -> tuple[mx.array, LayerRowsPending]:
         """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks).
@@ -406,19 +444,17 @@ class BackboneLayer(nn.Module):
         The layer's last sublayer is left pending: its output projection's result and post-norm scale,
         which the next layer's first kernel normalizes and adds (its prologue) — the same sum the exact
         step forms at the end of this layer. ``hidden`` plus the pending term is the layer's output.
-        ``attend(queries, keys, values)`` stores the position and returns the mixed values as rows
-        (:meth:`BackboneAttention.attend_rows` on a cache, or :meth:`BackboneAttention.attend_slot`).
+        ``attend(q, k, values, position)`` makes the query and key heads, stores the position and returns the
+        mixed values as rows (:meth:`BackboneAttention.attend_head_rows` on a cache, or
+        :meth:`BackboneAttention.attend_slot`).
         """
-        rows, weights, attention = self.rows, self.row_weights, self.self_attn
+        rows, weights = self.rows, self.row_weights
         assert rows is not None and weights is not None
         if pending is None:
             q, k, v = rows.first_qkv(hidden, weights.qkv, weights.input_scale)
         else:
             q, k, v, hidden = rows.qkv(hidden, weights.qkv, weights.input_scale, pending.output, pending.scale)
-        q_scale, k_scale = attention._norm_scales()
-        heads = attention.fast_heads if attention.fast_heads is not None else attention._heads_ops
-        queries, keys = heads(q, k, q_scale, k_scale, position)
-        mixed = attend(queries, keys, v)  # v comes split into heads
+        mixed = attend(q, k, v, position)  # v comes split into heads; the attend makes q and k heads
         (attended,) = rows.output(mixed, (weights.output,))
         gated, hidden = rows.gate_up(
             hidden, weights.gate_up, weights.pre_feedforward_scale, attended, weights.post_attention_scale
@@ -492,7 +528,7 @@ class Backbone(nn.Module):
                 if self.traces_rows():
                     return self._traced_step(rows, caches, position)
                 attends = [
-                    functools.partial(layer.self_attn.attend_rows, cache=cache)
+                    functools.partial(layer.self_attn.attend_head_rows, cache=cache)
                     for layer, cache in zip(self.layers, caches, strict=True)
                 ]
                 return self._step_rows(rows, position, attends)
@@ -509,7 +545,7 @@ class Backbone(nn.Module):
         self,
         rows: mx.array,
         position: mx.array,
-        attends: list[Callable[[mx.array, mx.array, mx.array], mx.array]],
+        attends: list[Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]],
     ) -> mx.array:
         """Fast numerics' step of every layer on rows, each attending through its ``attends`` entry."""
         pending: LayerRowsPending | None = None
@@ -566,7 +602,7 @@ class Backbone(nn.Module):
                 slots[kind] = BufferSlot(_slot_index(slot), None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
         kinds = sorted(slots)
-        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads)
+        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, first.heads_in_attention)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps
         if key not in programs:

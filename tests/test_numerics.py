@@ -526,6 +526,7 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
 
     sources = [decode_attention._ATTENTION_METAL, decode_attention._MERGE_CUDA, decode_attention._MERGE_METAL]
     sources += [decode_attention._attention_cuda(writing) for writing in (False, True)]
+    sources.append(decode_attention._attention_cuda(True, heads=True))
     assert not any("@" in source for source in sources)  # every width and form filled in
     for per_block in (GROWTH_STEP, 2 * GROWTH_STEP, KEYS_PER_BLOCK):
         shapes = set()
@@ -565,6 +566,43 @@ def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> N
         bounds_words(10, 10, MAX_SLOT + 1)
     with pytest.raises(ValueError, match="keys a block"):
         bounds_words(10_000, CHUNK_BITS + 1, 0)
+
+
+def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_attention() -> None:
+    """The writing attention kernel that also makes its query and key heads (CUDA; it compiles only on a GPU): its
+    source runs the norm-and-rotate kernel's lines for one head in two warps (the same arithmetic), reads the query
+    and the new key from what they made and stores that key, and reads every input; its fallback, against which it
+    is admitted, is the heads' operations and then the writing attention's, bit for bit here; the CPU keeps the
+    heads apart (no such kernel)."""
+    from engine import decode_attention
+    from engine.decode_attention import (
+        decode_attention_heads_ops,
+        decode_attention_heads_samples,
+        decode_attention_writing_ops,
+        norm_rope_ops,
+    )
+
+    source = decode_attention._attention_cuda(True, heads=True)
+    norm_rope = decode_attention._NORM_ROPE_CUDA
+    for line in ("const float normalizer = rsqrtf(squares / D + params[0]);", "const float cosine = cosf(theta);"):
+        assert line in source and line in norm_rope
+    assert "rotated[0]) + part" in source and "position == written ? rotated[1] + 2 * part" in source
+    assert "= rotated[1][d];" in source and "new_keys" not in source
+    assert source.count("{") == source.count("}")
+    assert all(f"{name}[" in source or f"{name} +" in source for name in decode_attention._HEADS_INPUTS)
+    layout = dict(query_heads=4, kv_heads=2, eps=1e-6, base=10_000.0)
+    samples = decode_attention_heads_samples(4, 2, 16, mx.bfloat16)
+    assert len({sample[5].item() for sample in samples}) == 2, "an early and a late position"
+    for sample in samples:
+        q_rows, k_rows, new_values, q_scale, k_scale, position, key_buffer, value_buffer, count, slot, scale = sample
+        got = decode_attention_heads_ops(*sample, **layout)
+        queries, keys = norm_rope_ops(q_rows, k_rows, q_scale, k_scale, position, **layout)
+        want = decode_attention_writing_ops(queries, keys, new_values, key_buffer, value_buffer, count, slot, scale)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(got, want, strict=True))
+        assert mx.array_equal(got[1][:, :, slot : slot + 1], keys).item()
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    attentions = [m for _, m in voicechat.model.named_modules() if isinstance(m, BackboneAttention)]
+    assert attentions and not any(attention.heads_in_attention for attention in attentions)
 
 
 def test_a_sliding_cache_reserves_into_buffers_of_its_own() -> None:

@@ -26,6 +26,8 @@ import mlx.core as mx
 from engine.decode_attention import (
     DecodeAttention,
     NormRope,
+    decode_attention_heads_ops,
+    decode_attention_heads_samples,
     decode_attention_ops,
     decode_attention_sample,
     norm_rope_ops,
@@ -78,6 +80,9 @@ def main() -> None:
         return
     if sys.argv[1:] == ["draws"]:
         step_draws(backend)
+        return
+    if sys.argv[1:] == ["heads"]:
+        attention_heads(backend)
         return
     model = random_voicechat("structure", quantize=4, numerics="fast")
     print("fast changes in use on the structure model:", model.fast_changes)
@@ -209,6 +214,33 @@ def step_draws(backend: str) -> None:
         f"give the library's draws and next key bit for bit; kernel {per_call_us(kernel, inputs):.1f} us, "
         f"operations {per_call_us(fallback, inputs):.1f} us per call"
     )
+
+
+def attention_heads(backend: str) -> None:
+    """The TTS backbone's attention kernel making its own query and key heads (the writing form): admitted
+    against the operations or not, whether it gives the two-kernel form's outputs and written key bit for bit (the
+    heads kernel, then the writing attention), and time per call of each form."""
+    base, eps = 1_000_000.0, 1e-6
+    attention = DecodeAttention(backend, 16, 16, 72)
+    rope = NormRope(backend, 16, 16, 72, eps, base)
+    fallback = functools.partial(decode_attention_heads_ops, query_heads=16, kv_heads=16, eps=eps, base=base)
+    folded = attention.heads_kernel(rope.params)
+
+    def heads_apart(*inputs: Any) -> tuple[mx.array, ...]:
+        q_rows, k_rows, new_values, q_scale, k_scale, position, key_buffer, value_buffer, count, slot, scale = inputs
+        queries, keys = rope(q_rows, k_rows, q_scale, k_scale, position)
+        return attention.writing_check(queries, keys, new_values, key_buffer, value_buffer, count, slot, scale)
+
+    for inputs in decode_attention_heads_samples(16, 16, 72, mx.bfloat16):
+        admitted = admit_kernel("attention with heads", folded, fallback, inputs)
+        got, apart = folded(*inputs), heads_apart(*inputs)
+        same = all(mx.array_equal(a, b).item() for a, b in zip(got, apart, strict=True))
+        print(
+            f"attention with heads over {inputs[8]} (slot {inputs[9]}): admitted {admitted}, relative L2 to the "
+            f"operations {worst_l2(outputs(got), outputs(fallback(*inputs))):.2e}, outputs and buffers bit for bit "
+            f"those of the two kernels {same}; inside {per_call_us(folded, inputs):.1f} us, "
+            f"apart {per_call_us(heads_apart, inputs):.1f} us per call (each with copies of the buffers)"
+        )
 
 
 def quantized_rows(backend: str) -> None:

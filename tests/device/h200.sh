@@ -110,7 +110,11 @@ for arg in "$@"; do
     # The LLM's quantized rows only (the chained step's among them): admission, difference, time per call.
     quantkernels) step quantkernels 240 python3 tests/device/fast_kernels.py quantized ;;
     # The LLM's step chained (each block's last kernel writing the next block's norm) against unchained.
-    chainedab) step chainedab 420 python3 tests/device/chained_ab.py ;;
+    chainedab) step chainedab 420 python3 tests/device/fold_ab.py chained ;;
+    # The TTS backbone's heads made by its attention kernel against their own kernel.
+    headsab) step headsab 420 python3 tests/device/fold_ab.py heads ;;
+    # The attention making its heads: admission, bit for bit against the heads kernel and the attention apart.
+    headskernels) step headskernels 200 python3 tests/device/fast_kernels.py heads ;;
     # A conversation's peak memory by phase: session creation's parts and the first frames (full 4-bit, fast).
     peakprobe) step peakprobe 450 python3 tests/device/peak_probe.py ;;
     # A step's random draws as one kernel against the library's one by one (bit for bit), no model built.
