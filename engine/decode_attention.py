@@ -301,6 +301,44 @@ _WRITING = {
 }
 
 
+# One head's Gemma RMS norm and RoPE by one warp (``source`` its D values, ``is_query`` which scale), the normed
+# values staged in @NORMED@[d] and the rotated ones written to @TARGET@[d]: the heads kernel's lines, which the
+# attention that makes its own heads (``_HEADS``) runs too, so that both compute the same bits.
+_ONE_HEAD_CUDA = """    float head_values[PER_LANE];
+    float squares = 0.0f;
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        head_values[i] = d < D ? source[d] : 0.0f;
+        squares += head_values[i] * head_values[i];
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        squares += __shfl_xor_sync(0xffffffff, squares, offset);
+    }
+    const float normalizer = rsqrtf(squares / D + params[0]);
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) {
+            const float gain = static_cast<float>(is_query ? q_scale[d] : k_scale[d]);
+            @NORMED@[d] = gain * (head_values[i] * normalizer);
+        }
+    }
+    __syncwarp();
+    const float at = static_cast<float>(at_position[0]);
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + 32 * i;
+        if (d < D) {
+            const int pair = d < HALF ? d : d - HALF;
+            const float inv_freq = exp2f(-(static_cast<float>(pair) / static_cast<float>(HALF)) * params[1]);
+            const float theta = at * inv_freq;
+            const float cosine = cosf(theta);
+            const float sine = sinf(theta);
+            const float x1 = @NORMED@[pair];
+            const float x2 = @NORMED@[pair + HALF];
+            @TARGET@[d] = d < HALF ? x1 * cosine - x2 * sine : x1 * sine + x2 * cosine;
+        }
+    }
+"""
+
 # The writing kernel with the query and key heads' norms and rotations inside (:meth:`DecodeAttention.attend_heads`):
 # it reads the q and k projections' rows, and before anything else its warp 0 norms and rotates the block's query
 # head and its warp 1 the new key of the block's key head, each as the norm-and-rotate kernel (:class:`NormRope`)
@@ -315,40 +353,9 @@ _HEADS = {
         const bool is_query = warp == 0;
         const float* source = is_query ? q_rows + (static_cast<size_t>(row) * HQ + head) * D
                                        : k_rows + (static_cast<size_t>(row) * HKV + kv_head) * D;
-        float head_values[PER_LANE];
-        float squares = 0.0f;
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            head_values[i] = d < D ? source[d] : 0.0f;
-            squares += head_values[i] * head_values[i];
-        }
-        for (int offset = 16; offset > 0; offset /= 2) {
-            squares += __shfl_xor_sync(0xffffffff, squares, offset);
-        }
-        const float normalizer = rsqrtf(squares / D + params[0]);
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            if (d < D) {
-                const float gain = static_cast<float>(is_query ? q_scale[d] : k_scale[d]);
-                head_normed[warp][d] = gain * (head_values[i] * normalizer);
-            }
-        }
-        __syncwarp();
-        const float at = static_cast<float>(at_position[0]);
-        for (int i = 0; i < PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            if (d < D) {
-                const int pair = d < HALF ? d : d - HALF;
-                const float inv_freq = exp2f(-(static_cast<float>(pair) / static_cast<float>(HALF)) * params[1]);
-                const float theta = at * inv_freq;
-                const float cosine = cosf(theta);
-                const float sine = sinf(theta);
-                const float x1 = head_normed[warp][pair];
-                const float x2 = head_normed[warp][pair + HALF];
-                rotated[warp][d] = d < HALF ? x1 * cosine - x2 * sine : x1 * sine + x2 * cosine;
-            }
-        }
-    }
+"""
+    + _ONE_HEAD_CUDA.replace("@NORMED@", "head_normed[warp]").replace("@TARGET@", "rotated[warp]")
+    + """    }
     __syncthreads();
 """,
     "@QUERY@": "rotated[0]",
@@ -1264,40 +1271,7 @@ _NORM_ROPE_CUDA = """
                                    : k_rows + (static_cast<size_t>(row) * HKV + head - HQ) * D;
     float* target = is_query ? queries + (static_cast<size_t>(row) * HQ + head) * D
                              : keys + (static_cast<size_t>(row) * HKV + head - HQ) * D;
-    float values[PER_LANE];
-    float squares = 0.0f;
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + 32 * i;
-        values[i] = d < D ? source[d] : 0.0f;
-        squares += values[i] * values[i];
-    }
-    for (int offset = 16; offset > 0; offset /= 2) {
-        squares += __shfl_xor_sync(0xffffffff, squares, offset);
-    }
-    const float normalizer = rsqrtf(squares / D + params[0]);
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) {
-            const float scale = static_cast<float>(is_query ? q_scale[d] : k_scale[d]);
-            normed[warp][d] = scale * (values[i] * normalizer);
-        }
-    }
-    __syncwarp();
-    const float position = static_cast<float>(at_position[0]);
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + 32 * i;
-        if (d < D) {
-            const int pair = d < HALF ? d : d - HALF;
-            const float inv_freq = exp2f(-(static_cast<float>(pair) / static_cast<float>(HALF)) * params[1]);
-            const float theta = position * inv_freq;
-            const float cosine = cosf(theta);
-            const float sine = sinf(theta);
-            const float x1 = normed[warp][pair];
-            const float x2 = normed[warp][pair + HALF];
-            target[d] = d < HALF ? x1 * cosine - x2 * sine : x1 * sine + x2 * cosine;
-        }
-    }
-"""
+""" + _ONE_HEAD_CUDA.replace("@NORMED@", "normed[warp]").replace("@TARGET@", "target")
 
 _NORM_ROPE_METAL = """
     constexpr int PER_LANE = (D + 31) / 32;

@@ -372,7 +372,7 @@ class HybridBlock(nn.Module):
     def chained(
         self, x: mx.array, normed: mx.array, cache: LayerCache, next_weight: mx.array
     ) -> tuple[mx.array, mx.array]:
-        """A Mamba or MLP block in the LLM's chained step (:meth:`NemotronH._chained_step`): ``x`` and its norm
+        """A Mamba or MLP block in the LLM's chained step (:meth:`NemotronH._step`, chained): ``x`` and its norm
         ``normed`` (written by the block before) in; the block's output and the next block's norm of it (weight
         ``next_weight``) out, both from its last projection's kernel."""
         mixer = self.mixer
@@ -544,48 +544,17 @@ class NemotronH(nn.Module):
         return mixer.project(normed)
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
-        if self._chained:
-            return self._chained_step(inputs_embeds, cache)
+        """One position through the compiled segments. Chained (fast numerics, :attr:`_chained`), each block's
+        output and the next block's norm of it come from one kernel: only the first block's norm is MLX's, and the
+        last block's kernel writes ``norm_f``'s."""
         hidden = inputs_embeds
+        normed = self.layers[0].norm(hidden) if self._chained else None
         for kind, indices, program in self._segments:
             if kind == "run":
-                states: list[mx.array] = []
-                for index in indices:
-                    layer_cache = cache.layers[index]
-                    if isinstance(layer_cache, MambaCache):
-                        assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
-                        states += [layer_cache.conv_state, layer_cache.ssm_state]
-                hidden, *updated = program(hidden, *states)
-                pending = iter(updated)
-                for index in indices:
-                    layer_cache = cache.layers[index]
-                    if isinstance(layer_cache, MambaCache):
-                        layer_cache.conv_state, layer_cache.ssm_state = next(pending), next(pending)
-            else:
-                (index,) = indices
-                layer = self.layers[index]
-                layer_cache = cache.layers[index]
-                assert isinstance(layer.mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
-                queries, keys, values = program(hidden)
-                attended = layer.mixer.attend(queries, keys, values, None, layer_cache)
-                hidden = self._attention_residual(index)(hidden, attended)
-        cache.position += 1
-        return self._compiled_norm(hidden)
-
-    def _chained_step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
-        """:meth:`_step` with each block's output and the next block's norm of it written by one kernel: only the
-        first block's norm is MLX's, and the last block's kernel writes ``norm_f``'s."""
-        hidden = inputs_embeds
-        normed = self.layers[0].norm(hidden)
-        for kind, indices, program in self._segments:
-            if kind == "run":
-                states: list[mx.array] = []
-                for index in indices:
-                    layer_cache = cache.layers[index]
-                    if isinstance(layer_cache, MambaCache):
-                        assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
-                        states += [layer_cache.conv_state, layer_cache.ssm_state]
-                hidden, normed, *updated = program(hidden, normed, *states)
+                carried = (hidden,) if normed is None else (hidden, normed)
+                hidden, *updated = program(*carried, *_mamba_states(cache, indices))
+                if normed is not None:
+                    normed, *updated = updated
                 pending = iter(updated)
                 for index in indices:
                     layer_cache = cache.layers[index]
@@ -596,11 +565,14 @@ class NemotronH(nn.Module):
                 mixer = self.layers[index].mixer
                 layer_cache = cache.layers[index]
                 assert isinstance(mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
-                queries, keys, values = program(normed)
+                queries, keys, values = program(hidden if normed is None else normed)
                 attended = mixer.attend(queries, keys, values, None, layer_cache)
-                hidden, normed = self._attention_residual(index)(hidden, attended)
+                if normed is None:
+                    hidden = self._attention_residual(index)(hidden, attended)
+                else:
+                    hidden, normed = self._attention_residual(index)(hidden, attended)
         cache.position += 1
-        return normed
+        return self._compiled_norm(hidden) if normed is None else normed
 
     @functools.cached_property
     def _compiled_norm(self) -> Callable[[mx.array], mx.array]:
@@ -626,6 +598,17 @@ class NemotronH(nn.Module):
     def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], Any]]:
         # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
         return {}
+
+
+def _mamba_states(cache: LLMCache, indices: tuple[int, ...]) -> list[mx.array]:
+    """The (conv, ssm) states of the Mamba blocks among ``indices``, in order: a compiled run's inputs."""
+    states: list[mx.array] = []
+    for index in indices:
+        layer_cache = cache.layers[index]
+        if isinstance(layer_cache, MambaCache):
+            assert layer_cache.conv_state is not None and layer_cache.ssm_state is not None
+            states += [layer_cache.conv_state, layer_cache.ssm_state]
+    return states
 
 
 def _states_ready(cache: LLMCache) -> bool:

@@ -36,7 +36,7 @@ of reading the whole row, and scales its chunks of the row as it reads them (six
 Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
 normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
 call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``). What does pay is
-the other end: in the LLM's chained step (:meth:`engine.llm.NemotronH._chained_step`) each block's last
+the other end: in the LLM's chained step (:meth:`engine.llm.NemotronH._step`, chained) each block's last
 projection has the epilogue ``"residual_norm"``, and the last of its blocks to finish (a ticket counter)
 reads the whole output row back from L2 into registers and writes it through the next block's RMS norm —
 one block doing what MLX's norm kernel did, with no serial prologue in the kernels that read it. On the
