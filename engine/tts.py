@@ -602,7 +602,9 @@ class Backbone(nn.Module):
                 slots[kind] = BufferSlot(_slot_index(slot), None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
         kinds = sorted(slots)
-        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, first.heads_in_attention)
+        # Whether each kind's attention makes its heads (admitted per RoPE base, so per kind of layer).
+        folded = tuple(self.layers[self.global_layers.index(kind)].self_attn.heads_in_attention for kind in kinds)
+        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, folded)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps
         if key not in programs:
