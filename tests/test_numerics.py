@@ -19,7 +19,7 @@ import pytest
 
 from app.drift import measure_drift
 from engine.cache import KVCache, PositionLayout, SlidingKVCache
-from engine.decode_attention import decode_attention_ops, norm_rope_ops
+from engine.decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
 from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.linear import QuantizedLinear
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
@@ -1167,3 +1167,128 @@ def test_the_step_draws_kernel_is_cuda_s_and_its_source_complete() -> None:
         assert f"draw_{index}[i + {pairs}] = {draw.kind}_of(y)" in source
         assert f"threefry(subkeys[{2 * index}], subkeys[{2 * index + 1}], i, alone ? 0u : i + {pairs}, x, y)" in source
     assert "erfinvf" in source and "0x3fb504f3" in source
+
+
+class _WritingAttentionOps(DecodeAttention):
+    """A stand-in for the CUDA attention kernel that writes its cache (and, with :meth:`attend_heads`, makes its
+    heads): its fallbacks' operations, with the new position written into the given buffers in place, as the kernel
+    writes them, so that the traced step's wiring of those forms runs on the CPU (op by op: it reads its bounds)."""
+
+    def __init__(self, query_heads: int, kv_heads: int, head_dim: int, bases: dict[int, float]) -> None:
+        from engine.decode_attention import KEYS_PER_BLOCK, KEYS_PER_STEP, LANES_PER_KEY
+
+        self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
+        self.keys_per_step, self.keys_per_block, self.lanes_per_key = KEYS_PER_STEP, KEYS_PER_BLOCK, LANES_PER_KEY
+        self._bounds, self._scales = {}, {}
+        self.writes_cache = True
+        self.bases = bases  # id of a heads part's parameters → its RoPE base
+        self.calls = {"writing": 0, "heads": 0}
+
+    def attend_writing(
+        self,
+        queries: mx.array,
+        new_keys: mx.array,
+        new_values: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+    ) -> mx.array:
+        from engine.decode_attention import SLOT_SHIFT
+
+        self.calls["writing"] += 1
+        count, word = bounds.tolist()
+        slot = word >> SLOT_SHIFT
+        key_buffer[:, :, slot : slot + 1, :] = new_keys  # in place: the cache keeps these very buffers
+        value_buffer[:, :, slot : slot + 1, :] = new_values
+        return decode_attention_ops(queries, key_buffer, value_buffer, count, scale)
+
+    def attend_heads(
+        self,
+        q_rows: mx.array,
+        k_rows: mx.array,
+        new_values: mx.array,
+        q_scale: mx.array,
+        k_scale: mx.array,
+        position: mx.array,
+        rope: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+    ) -> mx.array:
+        self.calls["heads"] += 1
+        eps = rope.tolist()[0]
+        queries, keys = norm_rope_ops(
+            q_rows,
+            k_rows,
+            q_scale,
+            k_scale,
+            position,
+            query_heads=self.query_heads,
+            kv_heads=self.kv_heads,
+            eps=eps,
+            base=self.bases[id(rope)],
+        )
+        self.calls["writing"] -= 1  # counted as the heads form's
+        return self.attend_writing(queries, keys, new_values, key_buffer, value_buffer, bounds, splits, scale)
+
+
+def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The traced backbone step's CUDA-only forms — the attention writing its cache, and making its heads too —
+    run here through a stand-in computing their fallbacks' operations and writing the buffers in place, as the
+    kernels do: the step's wiring (the arguments each form takes, the buffers the caches keep) gives the scatter
+    form's text ids, codes and samples bit for bit, over frames past the sliding window's wrap."""
+    from engine.decode_attention import NormRope
+    from engine.session import Session
+
+    monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    backbone = voicechat.model.tts_model.tts_model.backbone
+    attentions = [layer.self_attn for layer in backbone.layers]
+    first = attentions[0]
+    heads_parts: dict[float, NormRope] = {}
+    for attention in attentions:
+        if attention.rope.base not in heads_parts:
+            part = NormRope.__new__(NormRope)  # no kernel: only its parameters are read
+            part.params = mx.array([attention.q_norm.eps, 0.0, 0.0, 0.0])
+            heads_parts[attention.rope.base] = part
+    stand_in = _WritingAttentionOps(
+        first.num_heads,
+        first.num_kv_heads,
+        first.head_dim,
+        {id(part.params): base for base, part in heads_parts.items()},
+    )
+    window = voicechat.config.tts_config.sliding_window
+    frames = window + 12
+    audio = np.zeros(frames * INPUT_FRAME_SAMPLES, dtype=np.float32)
+
+    def conversation(form: str) -> tuple[list[int], list[list[int]], np.ndarray]:
+        backbone.trace_rows = True
+        for attention in attentions:
+            if form != "scatter":
+                attention.fast_attention = stand_in
+                attention.heads_in_attention = form == "heads"
+                if form == "heads":
+                    attention.fast_heads = heads_parts[attention.rope.base]
+        session = Session(voicechat, seed=0)
+        codes: list[list[int]] = []
+        samples: list[np.ndarray] = []
+        for index in range(frames):
+            for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
+                if hasattr(event, "codes"):
+                    codes.append(event.codes.tolist())
+                    samples.append(event.samples)
+        return session.text_ids, codes, np.concatenate(samples)
+
+    scatter = conversation("scatter")
+    writing = conversation("writing")
+    assert stand_in.calls["writing"] >= len(attentions) * (frames - 2) and stand_in.calls["heads"] == 0
+    heads = conversation("heads")
+    assert stand_in.calls["heads"] >= len(attentions) * (frames - 2)
+    assert len(scatter[1]) >= frames - 2
+    for form in (writing, heads):
+        assert form[0] == scatter[0] and form[1] == scatter[1]
+        assert np.array_equal(form[2], scatter[2])
