@@ -480,68 +480,49 @@ class NemotronH(nn.Module):
         segments: list[tuple[str, tuple[int, ...], Callable[..., Any]]] = []
         run: list[int] = []
         chained = self._chained
-        blocks = self._run_chained if chained else self._run_blocks
-        projections = self._attention_projections if chained else self._attention_inputs
 
         def close_run() -> None:
             if run:
                 indices = tuple(run)
-                segments.append(("run", indices, jit(functools.partial(blocks, indices))))
+                segments.append(("run", indices, jit(functools.partial(self._run_blocks, indices, chained))))
                 run.clear()
 
         for index, layer in enumerate(self.layers):
             if layer.kind == ATTENTION:
                 close_run()
-                segments.append(("attention", (index,), jit(functools.partial(projections, index))))
+                segments.append(("attention", (index,), jit(functools.partial(self._attention_inputs, index, chained))))
             else:
                 run.append(index)
         close_run()
         return segments
 
-    def _run_blocks(self, indices: tuple[int, ...], hidden: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-        """Mamba and MLP blocks in order; ``states`` are each Mamba block's (conv, ssm) state, in order."""
-        pending = iter(states)
-        updated: list[mx.array] = []
-        for index in indices:
-            layer = self.layers[index]
-            if layer.kind == MAMBA:
-                cache = MambaCache(conv_state=next(pending), ssm_state=next(pending))
-                hidden = layer(hidden, None, cache)
-                assert cache.conv_state is not None and cache.ssm_state is not None
-                updated += [cache.conv_state, cache.ssm_state]
-            else:
-                hidden = layer(hidden, None, None)
-        return (hidden, *updated)
-
-    def _run_chained(
-        self, indices: tuple[int, ...], hidden: mx.array, normed: mx.array, *states: mx.array
+    def _run_blocks(
+        self, indices: tuple[int, ...], chained: bool, hidden: mx.array, *rest: mx.array
     ) -> tuple[mx.array, ...]:
-        """:meth:`_run_blocks` for the chained step: ``normed`` is the first block's norm of ``hidden``, and the
-        last block's norm for the block after it comes back beside its output."""
+        """Mamba and MLP blocks in order; ``rest`` is each Mamba block's (conv, ssm) state, in order, after (in the
+        chained step) ``normed``, the first block's norm of ``hidden``, whose last block's norm for the block after
+        it comes back beside its output."""
+        normed, states = (rest[0], rest[1:]) if chained else (None, rest)
         pending = iter(states)
         updated: list[mx.array] = []
         for index in indices:
             layer = self.layers[index]
-            next_weight = self.next_norm(index).weight
-            if layer.kind == MAMBA:
-                cache = MambaCache(conv_state=next(pending), ssm_state=next(pending))
-                hidden, normed = layer.chained(hidden, normed, cache, next_weight)
+            cache = MambaCache(conv_state=next(pending), ssm_state=next(pending)) if layer.kind == MAMBA else None
+            if normed is None:
+                hidden = layer(hidden, None, cache)
+            else:
+                hidden, normed = layer.chained(hidden, normed, cache, self.next_norm(index).weight)
+            if cache is not None:
                 assert cache.conv_state is not None and cache.ssm_state is not None
                 updated += [cache.conv_state, cache.ssm_state]
-            else:
-                hidden, normed = layer.chained(hidden, normed, None, next_weight)
-        return (hidden, normed, *updated)
+        return (hidden, *updated) if normed is None else (hidden, normed, *updated)
 
-    def _attention_inputs(self, index: int, hidden: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    def _attention_inputs(self, index: int, chained: bool, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """An attention block's queries, keys and values of its input ``x`` (chained: ``x`` normed already, by the
+        block before)."""
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
-        return layer.mixer.project(layer.norm(hidden))
-
-    def _attention_projections(self, index: int, normed: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """:meth:`_attention_inputs` from the row the block before normed (the chained step)."""
-        mixer = self.layers[index].mixer
-        assert isinstance(mixer, CausalSelfAttention)
-        return mixer.project(normed)
+        return layer.mixer.project(x if chained else layer.norm(x))
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
         """One position through the compiled segments. Chained (fast numerics, :attr:`_chained`), each block's

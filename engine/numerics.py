@@ -560,8 +560,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         # With every block fused, each block's last projection also writes the next block's norm of its output
         # (the LLM's chained step): all of them, or none.
         if fast and all(block.fused_rows for block in llm.layers):
-            for index, block in enumerate(llm.layers):
-                projection, role = block.fused_projections()[-1]
+            lasts = [block.fused_projections()[-1] for block in llm.layers]
+            for index, (block, (projection, role)) in enumerate(zip(llm.layers, lasts, strict=True)):
                 norm_dtype = block.mixer.norm.weight.dtype if role.prologue == "group_norm" else None
                 next_norm = llm.next_norm(index)
                 chained_role = dataclasses.replace(role, epilogue="residual_norm", next_eps=next_norm.eps)
@@ -569,9 +569,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                     projection, chained_role, norm_dtype, next_norm.weight.dtype
                 )
                 every_row = every_row and used
-            if any(block.fused_projections()[-1][0].chained_row is None for block in llm.layers):
-                for block in llm.layers:
-                    block.fused_projections()[-1][0].chained_row = None
+            if any(projection.chained_row is None for projection, _ in lasts):
+                for projection, _ in lasts:
+                    projection.chained_row = None
     if fast and quantized:
         changes["quantized_rows"] = every_row
 

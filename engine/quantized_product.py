@@ -65,6 +65,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .numerics import custom_kernel
+from .residual_vq import TICKET_STRIDE
 
 Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2", "residual_norm")
@@ -82,9 +83,6 @@ MAX_WARPS = 8
 # a float32 input overflows from 2^(128 − INPUT_SHIFT), and partial sums keep float32's rounding down to
 # 2^(23 − INPUT_SHIFT). 64 puts both far from any activation.
 INPUT_SHIFT = 64
-# The ticket counter of a "residual_norm" launch on a 128-byte line of its own, which also keeps it over the 8 bytes
-# that MLX's CUDA allocator would serve from unified memory on the host (see engine.residual_vq).
-TICKET_INTS = 32
 
 
 @dataclass(frozen=True)
@@ -342,11 +340,12 @@ _CUDA = """
     @AFTER@
 """
 
+_RESIDUAL_CUDA = "sum = base[first_column + lane] + sum;"
 _CUDA_EPILOGUES: dict[Epilogue, str] = {
     "none": "",
-    "residual": "sum = base[first_column + lane] + sum;",
+    "residual": _RESIDUAL_CUDA,
     "relu2": "sum = fmaxf(sum, 0.0f);\n        sum = sum * sum;",
-    "residual_norm": "sum = base[first_column + lane] + sum;",
+    "residual_norm": _RESIDUAL_CUDA,  # then the last block's norm (_CUDA_NORM_AFTER)
 }
 # After every column is written, "residual_norm"'s last block to finish (a ticket each block takes once its
 # columns are visible to all) reads the whole row back from L2, each thread its strided share into registers at
@@ -467,7 +466,8 @@ class QuantizedRowProduct:
         )
         # The last block's ticket counter (zeros, left as found), for a "residual_norm" launch. Launches of one
         # kernel never overlap: each reads the row the one before wrote.
-        self._tickets = mx.zeros((TICKET_INTS,), dtype=mx.int32) if normed else None
+        # A 128-byte line, as each of the residual-VQ step's tickets (over the 8 bytes MLX would keep on the host).
+        self._tickets = mx.zeros((TICKET_STRIDE,), dtype=mx.int32) if normed else None
         if self._tickets is not None:
             mx.eval(self._tickets)
 

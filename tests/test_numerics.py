@@ -1195,9 +1195,21 @@ class _WritingAttentionOps(DecodeAttention):
         splits: int,
         scale: float,
     ) -> mx.array:
+        self.calls["writing"] += 1
+        return self._write_and_attend(queries, new_keys, new_values, key_buffer, value_buffer, bounds, scale)
+
+    def _write_and_attend(
+        self,
+        queries: mx.array,
+        new_keys: mx.array,
+        new_values: mx.array,
+        key_buffer: mx.array,
+        value_buffer: mx.array,
+        bounds: mx.array,
+        scale: float,
+    ) -> mx.array:
         from engine.decode_attention import SLOT_SHIFT
 
-        self.calls["writing"] += 1
         count, word = bounds.tolist()
         slot = word >> SLOT_SHIFT
         key_buffer[:, :, slot : slot + 1, :] = new_keys  # in place: the cache keeps these very buffers
@@ -1232,8 +1244,7 @@ class _WritingAttentionOps(DecodeAttention):
             eps=eps,
             base=self.bases[id(rope)],
         )
-        self.calls["writing"] -= 1  # counted as the heads form's
-        return self.attend_writing(queries, keys, new_values, key_buffer, value_buffer, bounds, splits, scale)
+        return self._write_and_attend(queries, keys, new_values, key_buffer, value_buffer, bounds, scale)
 
 
 def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch: pytest.MonkeyPatch) -> None:
