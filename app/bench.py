@@ -292,7 +292,7 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
     """``counters`` of the JSON report: per frame and per stage, early (6–70) and steady (71+)."""
     from collections import Counter
 
-    from engine.counters import full_size_prices, weight_bytes, weight_bytes_by_network
+    from engine.counters import full_size_prices, weight_bytes, weight_bytes_by_network, weight_bytes_by_weight
 
     def windows(values: list[float]) -> dict[str, float | None]:
         return {name: _window_mean(values, window) for name, window in COUNTER_WINDOWS.items()}
@@ -326,6 +326,7 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
         "host_syncs_per_frame": round(sum(kept_syncs) / len(kept_syncs), 2) if kept_syncs else None,
         "weight_bytes_per_frame": {str(bits): weight_bytes(uses, prices[bits]) for bits in COUNTER_BITS},
         "weight_bytes_by_network": {str(bits): weight_bytes_by_network(uses, prices[bits]) for bits in COUNTER_BITS},
+        "weight_bytes_by_weight": {str(bits): weight_bytes_by_weight(uses, prices[bits]) for bits in COUNTER_BITS},
         "per_stage": per_stage,
         "steady_by_primitive": {name: round(count / frames, 1) for name, count in by_primitive.most_common()},
         "frames": len(censuses),

@@ -357,6 +357,14 @@ def weight_bytes(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice
     return round(sum(read for _, read in _priced_uses(uses, prices)))
 
 
+def weight_bytes_by_weight(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
+    """:func:`weight_bytes` per weight, most first: which reads a device's census has that another's lacks."""
+    totals: Counter[str] = Counter()
+    for name, read in _priced_uses(uses, prices):
+        totals[name] += read
+    return {name: round(value) for name, value in totals.most_common()}
+
+
 def weight_bytes_by_network(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
     """:func:`weight_bytes` per network (the first two parts of a weight's name, e.g. ``stt_model.llm``), most
     first: where a frame's bytes go, to compare one device's census with another's."""

@@ -37,7 +37,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_constants
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.
 WARPS = 8
@@ -876,7 +876,7 @@ class DecodeAttention:
 
     def _launch(self, attend: Any, inputs: list[mx.array], bounds: mx.array, splits: int, scale: float) -> mx.array:
         if scale not in self._scales:
-            self._scales[scale] = mx.array([scale], dtype=mx.float32)
+            self._scales[scale] = kernel_constants(scale)
         batch, width = inputs[0].shape[0], self.query_heads * self.head_dim
         groups = batch * self.query_heads
         final = splits == 1
@@ -1132,10 +1132,10 @@ class RelativeDecodeAttention:
     rows (T, H·hd), the projected relative-position rows (2T−1, H·hd) of which row j belongs to key j for
     the newest query (the relative shift leaves a single query's scores in place), the biases (H, hd)."""
 
-    def __init__(self, backend: str, heads: int, head_dim: int) -> None:
-        if head_dim > 32 * RELATIVE_WARPS:
-            raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * RELATIVE_WARPS} threads per head")
-        self.heads, self.head_dim = heads, head_dim
+    def __init__(self, backend: str, heads: int, head_dim: int, warps: int = RELATIVE_WARPS) -> None:
+        if head_dim > 32 * warps:
+            raise ValueError(f"head size {head_dim} exceeds the kernel's {32 * warps} threads per head")
+        self.heads, self.head_dim, self.warps = heads, head_dim, warps
         self._scales: dict[float, mx.array] = {}
         self._kernel = custom_kernel(
             backend,
@@ -1164,10 +1164,10 @@ class RelativeDecodeAttention:
         bias_v: mx.array,
         scale: float,
     ) -> mx.array:
-        threads = 32 * RELATIVE_WARPS
+        threads = 32 * self.warps
         (out,) = self._kernel(
             inputs=[query, keys, values, positions, bias_u, bias_v, self._scale(scale)],
-            template=[("H", self.heads), ("HD", self.head_dim), ("WARPS", RELATIVE_WARPS), ("BT", bias_u.dtype)],
+            template=[("H", self.heads), ("HD", self.head_dim), ("WARPS", self.warps), ("BT", bias_u.dtype)],
             grid=(self.heads * threads, 1, 1),
             threadgroup=(threads, 1, 1),
             output_shapes=[(1, self.heads * self.head_dim)],
@@ -1190,7 +1190,7 @@ class RelativeDecodeAttention:
     ) -> tuple[mx.array, mx.array, mx.array]:
         """:func:`engine.encoder.attend_relative_window`'s result: the attention over the cached rows from
         ``drop`` on and the newest row, and that window of keys and values (written as they are read)."""
-        threads = 32 * RELATIVE_WARPS
+        threads = 32 * self.warps
         count = key_history.shape[0] - drop + 1
         width = self.heads * self.head_dim
         inputs = [query, key_history, new_key, value_history, new_value, positions, bias_u, bias_v]
@@ -1199,7 +1199,7 @@ class RelativeDecodeAttention:
             template=[
                 ("H", self.heads),
                 ("HD", self.head_dim),
-                ("WARPS", RELATIVE_WARPS),
+                ("WARPS", self.warps),
                 ("BT", bias_u.dtype),
                 ("DROP", drop),
             ],
@@ -1212,7 +1212,7 @@ class RelativeDecodeAttention:
 
     def _scale(self, scale: float) -> mx.array:
         if scale not in self._scales:
-            self._scales[scale] = mx.array([scale], dtype=mx.float32)
+            self._scales[scale] = kernel_constants(scale)
         return self._scales[scale]
 
 
@@ -1369,9 +1369,8 @@ class NormRope:
             raise ValueError(f"RoPE needs an even head size, not {head_dim}")
         self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
         # eps and log2(base): MLX passes log2(base) to its RoPE kernel as a float32 computed from a float32 base.
-        # Padded to 16 bytes: MLX's CUDA allocator keeps arrays of 8 bytes or less in host memory, which a kernel
-        # would read over PCIe. :meth:`DecodeAttention.attend_heads` reads the same parameters.
-        self.params = mx.array([eps, float(np.log2(np.float32(base))), 0.0, 0.0], dtype=mx.float32)
+        # :meth:`DecodeAttention.attend_heads` reads the same parameters.
+        self.params = kernel_constants(eps, float(np.log2(np.float32(base))))
         self._kernel = custom_kernel(
             backend,
             "parley_norm_rope",

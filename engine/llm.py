@@ -27,6 +27,7 @@ from .cache import AttentionMask, KVCache
 from .config import LLMConfig
 from .jit import jit
 from .linear import Linear, QuantizedLinear
+from .numerics import kernel_constants
 from .quantized_product import RowRole, grouped_rms_norm
 from .ssm import block_rows, silu_gate, ssm_scan
 
@@ -131,8 +132,8 @@ class Mamba2Mixer(nn.Module):
     def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None) -> None:
         """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""
         self.fast_step = step
-        self._step_limits = mx.array([self.dt_min, self.dt_max], dtype=mx.float32)
-        self._norm_params = mx.array([self.norm.eps], dtype=mx.float32)  # what a kernel finishing the norm reads
+        self._step_limits = kernel_constants(self.dt_min, self.dt_max)
+        self._norm_params = kernel_constants(self.norm.eps)  # what a kernel finishing the norm reads
         bias = getattr(self.conv1d, "bias", None)
         # A kernel takes the convolution's bias as an array: zeros when the checkpoint has none.
         self._step_conv_bias = mx.zeros((self.conv_dim,)) if bias is None else bias

@@ -211,6 +211,18 @@ def gpu_kernel_backend() -> str | None:
     return None
 
 
+# MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of host memory, so a kernel reading one waits on
+# PCIe (about a microsecond a read). The constants kernels read are padded past that size.
+KERNEL_CONSTANT_BYTES = 16
+
+
+def kernel_constants(*values: float) -> mx.array:
+    """``values`` as a float32 kernel input kept out of that host pool: zeros follow them up to
+    :data:`KERNEL_CONSTANT_BYTES` (kernels and fallbacks read the leading entries only)."""
+    padding = max(0, KERNEL_CONSTANT_BYTES // 4 - len(values))
+    return mx.array([*values, *[0.0] * padding], dtype=mx.float32)
+
+
 def custom_kernel(
     backend: str, name: str, inputs: list[str], outputs: list[str], *, cuda: str, metal: str
 ) -> Callable[..., Any]:

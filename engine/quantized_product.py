@@ -64,7 +64,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_constants
 from .residual_vq import TICKET_STRIDE
 
 Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
@@ -545,7 +545,7 @@ def quantized_row_samples(
     if role.prologue == "group_norm":
         squares = mx.sum(mx.square(x).reshape(role.norm_partials, -1), axis=1)
         norm_weight = (1.0 + 0.1 * mx.random.normal((shape.width,), key=keys[3])).astype(norm_dtype)
-        norm = (squares, norm_weight, mx.array([role.norm_eps], dtype=mx.float32))
+        norm = (squares, norm_weight, kernel_constants(role.norm_eps))
     next_weight = None
     if role.epilogue == "residual_norm":
         next_weight = (1.0 + 0.1 * mx.random.normal((shape.outputs,), key=keys[4])).astype(next_dtype)

@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .jit import materialize
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_constants
 
 if TYPE_CHECKING:
     from .llm import Mamba2Mixer
@@ -384,7 +384,7 @@ def fused_step_sample(mixer: Mamba2Mixer, seed: int = 1234) -> tuple[mx.array, .
         mixer.A_log,
         mixer.D,
         0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[2]),
-        mx.array([mixer.dt_min, mixer.dt_max], dtype=mx.float32),
+        kernel_constants(mixer.dt_min, mixer.dt_max),
     )
 
 

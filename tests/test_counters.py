@@ -99,6 +99,11 @@ def test_weight_bytes_per_full_size_frame(structure_counts: dict) -> None:
         networks = structure_counts["weight_bytes_by_network"][bits]
         assert abs(sum(networks.values()) - total) <= len(networks)
         assert next(iter(networks)) == "stt_model.llm" and networks["stt_model.llm"] > 0.4 * total
+        # And per weight, most first: each network's weights add up to its share.
+        weights = structure_counts["weight_bytes_by_weight"][bits]
+        assert list(weights.values()) == sorted(weights.values(), reverse=True)
+        llm_weights = [read for name, read in weights.items() if name.startswith("stt_model.llm.")]
+        assert abs(sum(llm_weights) - networks["stt_model.llm"]) <= len(llm_weights)
     assert "tts_model.audio_codec" in structure_counts["weight_bytes_by_network"]["4"]
 
 

@@ -30,6 +30,7 @@ from engine.numerics import (
     custom_kernel,
     encoder_row_projections,
     fast_bf16_weights,
+    kernel_constants,
     relative_l2,
 )
 from engine.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
@@ -171,6 +172,22 @@ def _llm_steps(voicechat: object, seed: int = 3) -> mx.array:
     hidden = [llm(mx.random.normal((1, 1, width), key=key), cache) for key in keys[1:]]
     mx.eval(hidden)
     return hidden[-1]
+
+
+def test_the_constants_kernels_read_stay_out_of_the_host_pool() -> None:
+    """MLX's CUDA allocator keeps arrays of 8 bytes or less in host memory, read over PCIe by every kernel
+    block: each constant a kernel reads is longer, its values first."""
+    assert kernel_constants(0.125).nbytes > 8
+    assert kernel_constants(1e-5, 2.0).tolist()[:2] == [np.float32(1e-5).item(), 2.0]
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
+    assert mixers and all(m.fast_step is not None for m in mixers)
+    for mixer in mixers:
+        assert mixer._step_limits.nbytes > 8 and mixer._norm_params.nbytes > 8
+        assert mixer._step_limits.tolist()[:2] == [np.float32(mixer.dt_min).item(), np.float32(mixer.dt_max).item()]
+    role = RowRole("residual", "group_norm", norm_groups=2, norm_partials=8, norm_eps=1e-6)
+    eps = quantized_row_samples(QuantizedRowShape(64, 32, 4, 32, role), mx.bfloat16)[7]
+    assert eps.nbytes > 8 and eps.tolist()[0] == np.float32(1e-6).item()
 
 
 def test_a_loaded_model_switches_numerics_in_place() -> None:

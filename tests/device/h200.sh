@@ -115,6 +115,11 @@ for arg in "$@"; do
     headsab) step headsab 420 python3 tests/device/fold_ab.py heads ;;
     # The attention making its heads: admission, bit for bit against the heads kernel and the attention apart.
     headskernels) step headskernels 200 python3 tests/device/fast_kernels.py heads ;;
+    # The encoder's window attention kernel with 4 to 32 warps a head: admission, difference, time per call.
+    relwarps) step relwarps 200 python3 tests/device/relative_warps.py kernel ;;
+    # The frame with the window kernel of 4 warps against RELWARPS (else relwarps's fastest, else 16), alternating.
+    relwarpsab) fastest=$(grep -oP 'fastest queued: \K[0-9]+' "$OUT/relwarps.log" 2>/dev/null)
+      step relwarpsab 420 python3 tests/device/relative_warps.py frame 4 "${RELWARPS:-${fastest:-16}}" ;;
     # A conversation's peak memory by phase: session creation's parts and the first frames (full 4-bit, fast).
     peakprobe) step peakprobe 450 python3 tests/device/peak_probe.py ;;
     # A step's random draws as one kernel against the library's one by one (bit for bit), no model built.
