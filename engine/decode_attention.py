@@ -1120,7 +1120,7 @@ _RELATIVE_WINDOW_INPUTS = [
     "scale",
 ]
 # Warps per head for the encoder's short key window (at most 71 keys).
-RELATIVE_WARPS = 4
+RELATIVE_WARPS = 16
 
 
 class RelativeDecodeAttention:

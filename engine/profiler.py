@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 
@@ -34,6 +34,10 @@ DEFAULT_COLD_FRAMES = 5
 
 class FrameProfiler:
     """Times the stages of one frame after another; the session owns one."""
+
+    # Whether parts inside a phase are launched as they are built too (:meth:`launch_part`); the device
+    # scripts switch it off to measure what it buys.
+    launch_parts: ClassVar[bool] = True
 
     def __init__(
         self, *, stage_timing: bool = False, sub_stages: bool = False, census: GraphCensus | None = None
@@ -84,6 +88,13 @@ class FrameProfiler:
         already) and while a census counts the frame (it reads each graph before the sync evaluates it)."""
         if arrays and not self.stage_timing and self.census is None:
             mx.async_eval(*arrays)
+
+    def launch_part(self, *arrays: Any) -> None:
+        """:meth:`launch` for a part of a phase that the rest of the phase does not wait on to be built (the
+        RN-T proposal before the LLM step, the TTS backbone before the MaskGIT rounds): the device computes it
+        while the host builds the rest, where it would otherwise idle until the whole phase is launched."""
+        if self.launch_parts:
+            self.launch(*arrays)
 
     def readback(self, array: Any) -> list[Any] | int | float | bool:
         """Read a not yet evaluated value back to the host (``tolist``), counted as a sync."""

@@ -300,6 +300,7 @@ class Session:
             self.voicechat.characters,
             previous_code_sum,
             condition=tts.condition_on_device(token, spelling),
+            launch=self.profiler.launch_part,
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
@@ -371,7 +372,9 @@ class Session:
                 blank_id=config.rnnt_blank_id,
                 attempts=self._rnnt_attempts,
             )
-        profiler.stage("rnnt", *([proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []))
+        rnnt_outputs = [proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []
+        profiler.launch_part(*rnnt_outputs)
+        profiler.stage("rnnt", *rnnt_outputs)
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
         profiler.launch(text_array, function_array, *caches.language.arrays())
         phase_one = [

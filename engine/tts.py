@@ -1131,6 +1131,7 @@ class EarTTS(nn.Module):
         probe: Probe | None = None,
         text_id: int | None = None,
         condition: mx.array | None = None,
+        launch: Callable[..., None] | None = None,
     ) -> TTSStepResult:
         """Generate one frame of codes from the previous frame's codes (1, 1, Q) and the text token (1, 1).
 
@@ -1139,7 +1140,8 @@ class EarTTS(nn.Module):
         ``text_id``, when given, is ``text_token``'s value, known on the host: the token's
         conditioning is then looked up in (or added to) a per-token memo, with no readback.
         ``condition``, when given, is the token's guided conditioning already built
-        (:meth:`condition_on_device`), and ``text_token`` is not read.
+        (:meth:`condition_on_device`), and ``text_token`` is not read. ``launch``, when given, is called with
+        the backbone's output before the MaskGIT rounds are built (:meth:`engine.profiler.FrameProfiler.launch_part`).
         With neither, reads the token id on the host (see :func:`engine.subword.spell_tokens`). Draws
         one uniform and one normal tensor per refinement round from the global RNG — or, with
         :attr:`step_draws`, the same draws at once from ``cache.draw_key``, which then moves on.
@@ -1162,6 +1164,8 @@ class EarTTS(nn.Module):
         hidden = self.backbone(fused, cache.layers)
         if probe is not None:
             probe("tts.backbone", hidden)
+        if launch is not None:
+            launch(hidden)
         draw_key = None
         if self.step_draws is not None and hidden.shape[1] == 1:
             draw_key = cache.draw_key if cache.draw_key is not None else mx.random.state[0]

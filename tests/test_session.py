@@ -221,6 +221,32 @@ def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypat
     _assert_same_audio(early_events, late_events)
 
 
+def test_parts_launched_within_a_phase_change_nothing_but_the_clock(fast_voicechat, audio, monkeypatch):
+    """Fast numerics' frame also launches the RN-T proposal before the LLM step is built and the TTS backbone
+    before the MaskGIT rounds (``FrameProfiler.launch_part``); with phases launched whole instead, the frame
+    evaluates the same graphs: the same ids, codes and samples."""
+    launches: list[int] = []
+    launch = FrameProfiler.launch
+
+    def counted(self: FrameProfiler, *arrays: mx.array) -> None:
+        launches.append(len(arrays))
+        launch(self, *arrays)
+
+    monkeypatch.setattr(FrameProfiler, "launch", counted)
+    parts = Session(fast_voicechat, seed=2)
+    parts_events = parts.push(audio[: 1280 * 8], 16_000)
+    with_parts = len(launches)
+    monkeypatch.setattr(FrameProfiler, "launch_parts", False)
+    launches.clear()
+    whole = Session(fast_voicechat, seed=2)
+    whole_events = whole.push(audio[: 1280 * 8], 16_000)
+    frames = len(whole.text_ids)
+    # Two parts a frame, but the first frame's TTS step (the timeline's silence, no backbone).
+    assert frames == 8 and with_parts - len(launches) == 2 * frames - 1
+    assert parts.text_ids == whole.text_ids and parts.function_ids == whole.function_ids
+    _assert_same_audio(parts_events, whole_events)
+
+
 def test_a_model_encodes_its_speaker_prompt_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The TTS's speaker prompt (the codec's codes of silence) is encoded by a model's first session and kept per
     numerics mode: later sessions encode nothing (at full size the encoding holds about 0.9 GB while it runs), and

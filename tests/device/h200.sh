@@ -144,6 +144,8 @@ for arg in "$@"; do
     # Each part launched as soon as it is built against launched at the syncs only, alternating rounds (fast, exact).
     launchab) step launchab 300 python3 tests/device/launch_ab.py fast ;;
     launchabexact) step launchabexact 300 python3 tests/device/launch_ab.py exact ;;
+    # Parts of a phase launched as built (the RN-T, the TTS backbone) against phases launched whole, alternating.
+    partsab) step partsab 300 python3 tests/device/launch_ab.py parts ;;
     # Fast frames with one sync (the text id spelled on the device) against two, alternating rounds.
     syncab) step syncab 300 python3 tests/device/sync_ab.py ;;
     # Whether the backbone's cache writes happen in place (peak memory around a write and an aged frame).

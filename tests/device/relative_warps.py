@@ -61,7 +61,7 @@ def frame_ab(backend: str, first: int, second: int) -> None:
     modules = [module for _, module in voicechat.model.named_modules()]
     relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
     in_use = sum(module.fast_window is not None for module in relatives)
-    print(f"window kernel in {in_use} of {len(relatives)} layers; fast changes {voicechat.model.fast_changes}")
+    print(f"window kernel in {in_use} of {len(relatives)} layers; fast changes {voicechat.fast_changes}")
     heads, head_dim = relatives[0].heads, relatives[0].head_dim
     kernels = {warps: RelativeDecodeAttention(backend, heads, head_dim, warps) for warps in (first, second)}
 
