@@ -1119,7 +1119,8 @@ _RELATIVE_WINDOW_INPUTS = [
     "bias_v",
     "scale",
 ]
-# Warps per head for the encoder's short key window (at most 71 keys).
+# Warps per head for the encoder's short key window (at most 71 keys): on the H200 a window took 19.5 µs a call
+# at 16 against 36.5 at 4, and 32 gained under a microsecond more with twice the threads (README, Fast numerics).
 RELATIVE_WARPS = 16
 
 
