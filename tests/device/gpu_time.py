@@ -7,22 +7,29 @@ One full-size 4-bit model loaded for fast numerics; for each history (0 = a fres
 PyTorch's profiler, which records every kernel the process launches (MLX's included) through CUPTI. Prints each
 run's GPU busy time a frame against its wall time (busy well below wall: the host is the bottleneck), then the
 kernels by GPU time a frame, and for two histories the kernels whose time grew the most, and the GPU's idle time
-between kernels, by the kernels either side of the gap; and the host's side: time in CUDA's API calls (its
-synchronizes are the host waiting for the GPU) and its long stretches between launches, by the kernels either side.
+between kernels, by the kernels either side of the gap and by what the host was doing meanwhile (the session's
+launches, syncs and stage ends are marked in the profile: a gap inside a launch is MLX evaluating the launched
+graph, one after a mark is the host's Python building what comes next); and the host's side: time in CUDA's API
+calls (its synchronizes are the host waiting for the GPU) and its long stretches between launches, by the kernels
+either side.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from app.bench import age_conversation, bench_input, question_audio
+from engine.profiler import FrameProfiler
 from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
@@ -30,6 +37,50 @@ from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 SETTLE_FRAMES = 80
 IDLE_GAP_US = 20.0
 HOST_STRETCH_US = 50.0
+PLACED_GAP_US = 100.0
+MARK = "parley."
+# The session's calls marked in the profile: where the host launches, waits, and closes a stage.
+MARKED_METHODS = ("launch", "launch_part", "sync", "stage")
+
+
+@contextlib.contextmanager
+def marked_session() -> Iterator[None]:
+    """FrameProfiler's launches, syncs and stage ends recorded as ranges ``parley.<method>:<stage>`` (the stage
+    being built, or the one a ``stage`` call closes) while the block runs."""
+    originals = {name: getattr(FrameProfiler, name) for name in MARKED_METHODS}
+
+    def marked(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(self: FrameProfiler, *args: Any) -> Any:
+            stage = args[0] if name == "stage" else self._stage
+            with record_function(f"{MARK}{name}:{stage}"):
+                return method(self, *args)
+
+        return call
+
+    for name, method in originals.items():
+        setattr(FrameProfiler, name, marked(name, method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(FrameProfiler, name, method)
+
+
+def place_gaps(gaps: list[tuple[float, float]], marks: list[tuple[str, float, float]], frames: int) -> dict[str, float]:
+    """The GPU's idle µs a frame by what the host was doing at each gap's middle: inside marked calls (their
+    names, outermost first), or after the last mark that ended before it (``gaps``: (start, end); ``marks``:
+    (name, start, end), all in the profile's µs, sorted by start)."""
+    placed: dict[str, float] = defaultdict(float)
+    for start, end in gaps:
+        middle = (start + end) / 2
+        inside = [name for name, begun, ended in marks if begun <= middle <= ended]
+        if inside:
+            where = "inside " + " > ".join(inside)
+        else:
+            before = [name for name, _, ended in marks if ended < middle]
+            where = f"after {before[-1]}" if before else "before the first mark"
+        placed[where] += (end - start) / frames
+    return dict(placed)
 
 
 def _is_source_hash(part: str) -> bool:
@@ -58,7 +109,7 @@ def profiled_frames(
         if index == 0 and history:
             age_conversation(session, history, seed=0)
     mx.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with marked_session(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         began = time.perf_counter()
         for chunk in chunks[SETTLE_FRAMES:]:
             session.push(chunk, INPUT_SAMPLE_RATE)
@@ -84,6 +135,25 @@ def profiled_frames(
         gap = after.time_range.start - before.time_range.end
         if gap > IDLE_GAP_US:
             idle[f"{kernel_family(before.name)[:60]}  →  {kernel_family(after.name)[:60]}"] += gap / frames
+    marks = sorted(
+        (
+            (event.name, event.time_range.start, event.time_range.end)
+            for event in prof.events()
+            if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith(MARK)
+        ),
+        key=lambda mark: mark[1],
+    )
+    long_gaps = [
+        (before.time_range.end, after.time_range.start)
+        for before, after in itertools.pairwise(kernels)
+        if after.time_range.start - before.time_range.end > PLACED_GAP_US
+    ]
+    placed = place_gaps(long_gaps, marks, frames)
+    print(
+        f"  GPU idle in gaps over {PLACED_GAP_US} µs by what the host was doing ({len(marks) // frames} marks a frame):"
+    )
+    for where, value in sorted(placed.items(), key=lambda item: -item[1])[:12]:
+        print(f"    {value:9.1f} µs  {where}")
     host_report(prof.events(), kernels, frames)
     return dict(times), {name: count // frames for name, count in launches.items()}, dict(idle), wall_ms
 

@@ -139,7 +139,8 @@ for arg in "$@"; do
           --section SchedulerStats --section LaunchStats python3 tests/device/profile_quantized.py 4480 22656 "$bits"
       done ;;
     # GPU time by kernel over steady frames, fresh and aged by 7300 frames (PyTorch's profiler records MLX's
-    # kernels through CUPTI): which kernels an aged frame's extra time is in, and how busy the GPU is.
+    # kernels through CUPTI): which kernels an aged frame's extra time is in, how busy the GPU is, and what the host
+    # was doing in the GPU's long idle gaps (the session's launches, syncs and stage ends marked in the profile).
     gputime) step gputime 400 python3 tests/device/gpu_time.py 20 0 7300 ;;
     # Each part launched as soon as it is built against launched at the syncs only, alternating rounds (fast, exact).
     launchab) step launchab 300 python3 tests/device/launch_ab.py fast ;;
