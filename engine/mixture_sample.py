@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from .jit import materialize
 from .kernel_source import CUDA, METAL, Dialect
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_constants
 from .sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
 
 THREADS = 256  # one block of 8 warps (1,024 threads need more registers than an H200 block has)
@@ -239,7 +239,7 @@ class MixtureSample:
             backend, "parley_mixture_sample", list(INPUTS), ["latent"], cuda=_source(CUDA), metal=_source(METAL)
         )
         constants = [shape.eps, shape.guidance, shape.top_p, shape.min_log_std, shape.noise_scale]
-        self._params = mx.array(constants, dtype=mx.float32)
+        self._params = kernel_constants(*constants)
 
     def __call__(self, *inputs: mx.array) -> mx.array:
         shape = self.shape

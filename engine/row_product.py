@@ -45,7 +45,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_constants
 from .sampling import guide
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]
@@ -685,7 +685,7 @@ class RowProduct:
         if (eps, guidance) not in self._params:
             # The gelu's sqrt(2/π) as the reference's float32 constant (``math.sqrt(2 / math.pi)`` rounded once).
             constants = [eps, math.sqrt(2 / math.pi), shape.factor, guidance or 0.0]
-            self._params[eps, guidance] = mx.array(constants, dtype=mx.float32)
+            self._params[eps, guidance] = kernel_constants(*constants)
         named: dict[str, Any] = {"x": x, "params": self._params[eps, guidance], "norm_scale": norm_scale}
         named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
         named.update({"depthwise": depthwise, "base": base, "newest": newest})
