@@ -772,16 +772,18 @@ class DecodeAttention:
         bounds: mx.array,
         splits: int,
         scale: float,
+        position_axis: bool = False,
     ) -> mx.array:
         """:meth:`attend_bounded` over buffers whose slot (:meth:`bounds`' ``slot``) the launch fills itself with
         ``new_keys``/``new_values`` (B, Hkv, 1, D) — in the given buffers, which MLX takes for unchanged: the
         caller's cache must keep them, contiguous (a copy MLX made of a strided view would take the write), and
         no other reader may expect them unwritten. One launch where a scatter per buffer and the attention took
-        three (CUDA only)."""
+        three (CUDA only). The kernel reads the queries, keys and values by their memory alone, so one position's
+        rows (B, 1, heads·D) may stand for its heads; ``position_axis`` returns the mixed rows as (B, 1, Hq·D)."""
         if self._attend_writing is None:
             raise ValueError("the writing attention kernel is CUDA's")
         inputs = [queries, new_keys, new_values, key_buffer, value_buffer]
-        return self._launch(self._attend_writing, inputs, bounds, splits, scale)
+        return self._launch(self._attend_writing, inputs, bounds, splits, scale, position_axis)
 
     def attend_heads(
         self,
@@ -874,10 +876,19 @@ class DecodeAttention:
         mx.eval(mixed)  # the buffers hold the write once the launch has run
         return mixed, key_buffer, value_buffer
 
-    def _launch(self, attend: Any, inputs: list[mx.array], bounds: mx.array, splits: int, scale: float) -> mx.array:
+    def _launch(
+        self,
+        attend: Any,
+        inputs: list[mx.array],
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+        position_axis: bool = False,
+    ) -> mx.array:
         if scale not in self._scales:
             self._scales[scale] = kernel_constants(scale)
         batch, width = inputs[0].shape[0], self.query_heads * self.head_dim
+        rows = (batch, 1, width) if position_axis else (batch, width)
         groups = batch * self.query_heads
         final = splits == 1
         threads = 32 * WARPS
@@ -896,7 +907,7 @@ class DecodeAttention:
             ],
             grid=(groups * splits * threads, 1, 1),
             threadgroup=(threads, 1, 1),
-            output_shapes=[(batch, width) if final else (groups * splits, self.head_dim + 2)],
+            output_shapes=[rows if final else (groups * splits, self.head_dim + 2)],
             output_dtypes=[mx.float32],
         )
         if final:
@@ -907,7 +918,7 @@ class DecodeAttention:
             template=[("D", self.head_dim), ("SHARES", MERGED_SHARES), ("CHUNK_BITS", CHUNK_BITS)],
             grid=(groups * merge_threads, 1, 1),
             threadgroup=(merge_threads, 1, 1),
-            output_shapes=[(batch, width)],
+            output_shapes=[rows],
             output_dtypes=[mx.float32],
         )
         return merged

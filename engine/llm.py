@@ -23,8 +23,9 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import AttentionMask, KVCache
+from .cache import AttentionMask, KVCache, PositionLayout
 from .config import LLMConfig
+from .decode_attention import DecodeAttention
 from .jit import jit
 from .linear import Linear, QuantizedLinear
 from .numerics import kernel_constants
@@ -256,6 +257,9 @@ class CausalSelfAttention(nn.Module):
         # Fast numerics: one position's heads and rows as one reshape each, where the reference reshapes and
         # transposes (the same elements in the same order when the length is one: a view fewer each way).
         self.one_row_views = False
+        # Fast numerics on CUDA, once admitted: the single-position attention kernel that writes the new position
+        # into the cache's buffers itself and reads the projections' rows as heads (attend_rows).
+        self.fast_attention: DecodeAttention | None = None
 
     def _heads(self, projected: mx.array, count: int) -> mx.array:
         batch, length, _ = projected.shape
@@ -271,6 +275,40 @@ class CausalSelfAttention(nn.Module):
             self._heads(self.v_proj(x), self.num_kv_heads),
         )
 
+    def project_rows(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """The query, key and value projections of one position ``x`` (B, 1, D) as rows (B, 1, heads·D): the
+        memory of its heads, for :meth:`attend_rows`."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def attend_rows(self, q_rows: mx.array, k_rows: mx.array, v_rows: mx.array, cache: KVCache) -> mx.array:
+        """One position's attention from its projections' rows (:meth:`project_rows`), stored in ``cache``; the
+        mixed values as rows (B, 1, heads·D). Through :attr:`fast_attention` where it reads this cache (float32
+        rows and buffers): one launch that writes the position into the buffers the cache keeps, where the
+        reference's update slices the buffers around two writes and the attention takes heads made by views."""
+        attention = self.fast_attention
+        if attention is not None and q_rows.dtype == k_rows.dtype == v_rows.dtype == mx.float32:
+            layout = PositionLayout(
+                q_rows.shape[0], self.num_kv_heads, self.head_dim, self.head_dim, mx.float32, mx.float32
+            )
+            slot, filled = cache.reserve(layout)
+            assert cache.keys is not None and cache.values is not None
+            if cache.keys.dtype == cache.values.dtype == mx.float32:
+                mixed = attention.attend_writing(
+                    q_rows,
+                    k_rows,
+                    v_rows,
+                    cache.keys,
+                    cache.values,
+                    attention.bounds(filled, slot),
+                    attention.splits(filled),
+                    self.scale,
+                    position_axis=True,
+                )
+                cache.advance(cache.keys, cache.values)  # the kernel wrote the position into these very buffers
+                return mixed
+        heads = self._heads(q_rows, self.num_heads), self._heads(k_rows, self.num_kv_heads)
+        return self._rows(self.attend(*heads, self._heads(v_rows, self.num_kv_heads), None, cache))
+
     def attend(
         self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: KVCache | None
     ) -> mx.array:
@@ -282,6 +320,8 @@ class CausalSelfAttention(nn.Module):
         return self.o_proj(self._rows(attended))
 
     def _rows(self, attended: mx.array) -> mx.array:
+        if attended.ndim == 3:  # rows already (attend_rows)
+            return attended
         batch, _, length, _ = attended.shape
         if self.one_row_views and length == 1:
             return attended.reshape(batch, 1, -1)
@@ -437,10 +477,12 @@ class NemotronH(nn.Module):
         (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones),
         and the last block's chained row (given to every block's last projection, or to none)."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
+        attention = self._first_attention.fast_attention if self._first_attention is not None else None
         projection = self._first_quantized
         if projection is None:
-            return step, None, None, None
-        return step, projection.fast_row, projection.fused_row, getattr(self._last_projection, "chained_row", None)
+            return step, attention, None, None, None
+        chained_row = getattr(self._last_projection, "chained_row", None)
+        return step, attention, projection.fast_row, projection.fused_row, chained_row
 
     @functools.cached_property
     def _last_projection(self) -> nn.Module:
@@ -471,6 +513,11 @@ class NemotronH(nn.Module):
     def _first_mixer(self) -> Mamba2Mixer | None:
         """The first Mamba block's mixer: every mixer gets the same step (engine.numerics.apply_numerics)."""
         return next((layer.mixer for layer in self.layers if isinstance(layer.mixer, Mamba2Mixer)), None)
+
+    @functools.cached_property
+    def _first_attention(self) -> CausalSelfAttention | None:
+        """The first attention block's mixer: every one gets the same attention kernel (engine.numerics)."""
+        return next((layer.mixer for layer in self.layers if isinstance(layer.mixer, CausalSelfAttention)), None)
 
     @functools.cached_property
     def _segment_sets(self) -> dict[Any, list[tuple[str, tuple[int, ...], Callable[..., Any]]]]:
@@ -520,10 +567,14 @@ class NemotronH(nn.Module):
 
     def _attention_inputs(self, index: int, chained: bool, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """An attention block's queries, keys and values of its input ``x`` (chained: ``x`` normed already, by the
-        block before)."""
+        block before): heads, or rows where its attention kernel reads them so
+        (:meth:`CausalSelfAttention.attend_rows`)."""
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
-        return layer.mixer.project(x if chained else layer.norm(x))
+        normed = x if chained else layer.norm(x)
+        if layer.mixer.fast_attention is not None:
+            return layer.mixer.project_rows(normed)
+        return layer.mixer.project(normed)
 
     def _step(self, inputs_embeds: mx.array, cache: LLMCache) -> mx.array:
         """One position through the compiled segments. Chained (fast numerics, :attr:`_chained`), each block's
@@ -548,7 +599,10 @@ class NemotronH(nn.Module):
                 layer_cache = cache.layers[index]
                 assert isinstance(mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
                 queries, keys, values = program(hidden if normed is None else normed)
-                attended = mixer.attend(queries, keys, values, None, layer_cache)
+                if mixer.fast_attention is not None:
+                    attended = mixer.attend_rows(queries, keys, values, layer_cache)
+                else:
+                    attended = mixer.attend(queries, keys, values, None, layer_cache)
                 if normed is None:
                     hidden = self._attention_residual(index)(hidden, attended)
                 else:

@@ -33,6 +33,11 @@ and the log says why. The changes:
   them into each buffer first — 56 scatters a frame fewer, the same numbers. The write lands in buffers MLX
   takes for unchanged: the cache keeps them (contiguous, see :class:`engine.cache.SlidingKVCache`) and nothing
   else reads them. Admitted against the scatters and the attention (outputs and written buffers).
+  The LLM's four attention blocks (heads of 128, eight key heads) take the same writing form
+  (:meth:`engine.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their heads
+  and writes the mixed values as the output projection's row, where the reference's cache update writes and
+  slices its buffers around MLX's fused attention and views make the heads — eight primitives a block fewer.
+  The softmax's sums run in another order than MLX's fused kernel's. Admitted against those operations.
 * **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
   formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel. On CUDA,
@@ -430,6 +435,23 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         module.fast_attention = attention
         module.fast_heads = None
         module.heads_in_attention = False
+    # The LLM's attention blocks: the writing form of the same kernel for their heads (CUDA only), reading the
+    # projections' rows as heads and writing each new position into the cache's buffers.
+    llm_attentions = [module for module in modules if isinstance(module, CausalSelfAttention)]
+    llm_attention: DecodeAttention | None = None
+    if fast and llm_attentions:
+        llm_heads = (llm_attentions[0].num_heads, llm_attentions[0].num_kv_heads, llm_attentions[0].head_dim)
+        writing_part, changes["llm_attention"] = _fast_part(
+            ("llm_attention_writing", *llm_heads),
+            "the LLM's single-position attention writing its cache",
+            decode_attention_writing_ops,
+            lambda backend: DecodeAttention(backend, *llm_heads).writing_kernel(),
+            lambda: decode_attention_writing_samples(*llm_heads),
+        )
+        owner = getattr(writing_part, "__self__", None)  # the admitted check is a method of its DecodeAttention
+        llm_attention = owner if changes["llm_attention"] and isinstance(owner, DecodeAttention) else None
+    for llm_module in llm_attentions:
+        llm_module.fast_attention = llm_attention
     if fast:
         # The norm-and-rotate kernel per RoPE base (local and global layers differ), its fallback per base too.
         for base in sorted({module.rope.base for module in attentions}):

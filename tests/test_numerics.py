@@ -114,6 +114,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "fused_mamba_step": False,
         "decode_attention": False,
         "attention_writes_cache": False,
+        "llm_attention": False,
         "norm_rope": False,
         "relative_attention": False,
         "relative_window": False,
@@ -1211,9 +1212,16 @@ class _WritingAttentionOps(DecodeAttention):
         bounds: mx.array,
         splits: int,
         scale: float,
+        position_axis: bool = False,
     ) -> mx.array:
         self.calls["writing"] += 1
-        return self._write_and_attend(queries, new_keys, new_values, key_buffer, value_buffer, bounds, scale)
+        if queries.ndim == 3:  # one position's rows, which the kernel reads as its heads (the LLM's blocks)
+            batch, depth = queries.shape[0], self.head_dim
+            queries = queries.reshape(batch, self.query_heads, 1, depth)
+            new_keys = new_keys.reshape(batch, self.kv_heads, 1, depth)
+            new_values = new_values.reshape(batch, self.kv_heads, 1, depth)
+        mixed = self._write_and_attend(queries, new_keys, new_values, key_buffer, value_buffer, bounds, scale)
+        return mixed.reshape(mixed.shape[0], 1, -1) if position_axis else mixed
 
     def _write_and_attend(
         self,
@@ -1262,6 +1270,46 @@ class _WritingAttentionOps(DecodeAttention):
             base=self.bases[id(rope)],
         )
         return self._write_and_attend(queries, keys, new_values, key_buffer, value_buffer, bounds, scale)
+
+
+def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLM's attention blocks through the CUDA kernel that writes its cache, here a stand-in computing its
+    fallback's operations and writing the buffers in place as the kernel does: the projections' rows read as
+    heads, the position written into the buffers the cache keeps (across their growth), the mixed values in the
+    output projection's row — text ids, function ids, codes and samples bit for bit those of the operations."""
+    from engine.llm import CausalSelfAttention
+    from engine.session import Session
+
+    monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
+    monkeypatch.setattr(KVCache, "GROWTH_STEP", 8)  # the buffers grow every 8 positions: several times here
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    mixers = [
+        layer.mixer for layer in voicechat.model.stt_model.llm.layers if isinstance(layer.mixer, CausalSelfAttention)
+    ]
+    assert mixers and all(mixer.fast_attention is None for mixer in mixers), "the CPU admits no kernel"
+    stand_in = _WritingAttentionOps(mixers[0].num_heads, mixers[0].num_kv_heads, mixers[0].head_dim, {})
+    frames = 30
+    rng = np.random.default_rng(3)
+    audio = (0.1 * rng.standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
+
+    def conversation(kernel: DecodeAttention | None) -> tuple[list[int], list[int], list[list[int]], np.ndarray]:
+        for mixer in mixers:
+            mixer.fast_attention = kernel
+        session = Session(voicechat, seed=0)
+        codes: list[list[int]] = []
+        samples: list[np.ndarray] = []
+        for index in range(frames):
+            for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
+                if hasattr(event, "codes"):
+                    codes.append(event.codes.tolist())
+                    samples.append(event.samples)
+        return session.text_ids, session.function_ids, codes, np.concatenate(samples)
+
+    operations = conversation(None)
+    writing = conversation(stand_in)
+    assert stand_in.calls["writing"] >= len(mixers) * (frames - 2)
+    assert writing[:3] == operations[:3]
+    assert np.array_equal(writing[3], operations[3])
 
 
 def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -126,6 +126,8 @@ for arg in "$@"; do
     drawskernel) step drawskernel 200 python3 tests/device/fast_kernels.py draws ;;
     # The backbone attention kernel writing its cache against the scatters, alternating rounds (full 4-bit, fast).
     writingab) step writingab 420 python3 tests/device/writing_ab.py ;;
+    # The LLM's attention blocks through the writing kernel against MLX's operations, alternating rounds.
+    llmattnab) step llmattnab 420 python3 tests/device/llm_attention_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
@@ -141,6 +143,8 @@ for arg in "$@"; do
     # GPU time by kernel over steady frames, fresh and aged by 7300 frames (PyTorch's profiler records MLX's
     # kernels through CUPTI): which kernels an aged frame's extra time is in, how busy the GPU is, and what the host
     # was doing in the GPU's long idle gaps (the session's launches, syncs and stage ends marked in the profile).
+    # One steady fast frame's graphs, stage by stage (read here with `python3 tests/device/graph_dump.py --read`).
+    graphdump) step graphdump 200 python3 tests/device/graph_dump.py "$OUT/graphs" structure 85 ;;
     gputime) step gputime 400 python3 tests/device/gpu_time.py 20 0 7300 ;;
     # Each part launched as soon as it is built against launched at the syncs only, alternating rounds (fast, exact).
     launchab) step launchab 300 python3 tests/device/launch_ab.py fast ;;
