@@ -381,7 +381,15 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     )
     from .linear import KeepsCopy, QuantizedLinear
     from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
-    from .residual_vq import nearest_code_ops, nearest_code_sample, nearest_code_step
+    from .residual_vq import (
+        NearestRoundProduct,
+        nearest_code_ops,
+        nearest_code_sample,
+        nearest_code_step,
+        nearest_codes_ops,
+        nearest_round_sample,
+        reads_stored_codebook,
+    )
     from .rnnt import RNNTJoint, RNNTPredictor
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .step_draws import StepDraws, step_draws_ops, step_draws_samples
@@ -633,6 +641,26 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 tolerance=0.0,  # the operations' codes and rows, bit for bit, or not used
             )
         tts.nearest_code = nearest
+        # A round's quantizers in one launch, per round size, where the step with its product was admitted.
+        rounds: dict[int, Callable[..., Any]] = {}
+        if fast and changes.get("residual_vq") and reads_stored_codebook(gpu_kernel_backend()):
+            every_round = True
+            for count in sorted({round_.count for round_ in tts.plan if round_.count > 1}):
+                part, used = _fast_part(
+                    ("residual_vq_round", count, *shape, *types),
+                    f"residual-VQ round of {count} quantizers",
+                    nearest_codes_ops,
+                    functools.partial(NearestRoundProduct, count=count),
+                    functools.partial(nearest_round_sample, count, *shape, *types),
+                    tolerance=0.0,
+                )
+                every_round = every_round and used
+                if used:
+                    rounds[count] = part
+            changes["residual_vq_rounds"] = every_round
+        elif fast:
+            changes["residual_vq_rounds"] = False
+        tts.nearest_rounds = rounds
         draws: Callable[..., Any] | None = None
         if fast:
             plan = tts.draw_plan()

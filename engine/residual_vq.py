@@ -27,6 +27,8 @@ Both take the operations' arguments (:func:`nearest_code_ops`, the fallback the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 
 from .numerics import custom_kernel
@@ -328,6 +330,225 @@ class NearestCodeProduct:
             self._tickets[rows] = mx.zeros((rows * TICKET_STRIDE,), dtype=mx.int32)
             mx.eval(self._tickets[rows])
         return self._tickets[rows]
+
+
+# One round of quantizers in one launch: the blocks of a row keep its residual and running sum in registers (each
+# lane its PER_LANE values, in every warp alike), score their entries against it as the one-quantizer kernel does,
+# publish their bests and meet at a barrier of the row's blocks; every block then picks the code from the same
+# bests in the same order, so all agree, and moves the chosen row out of its copy of the residual and into the sum.
+# The barrier is a counter and a generation on the row's ticket line: the last block to arrive puts the counter back
+# to zero and moves the generation on, the others wait for it to move. The row's SHARES blocks are few against any
+# GPU's (32 at full size), so they are all resident together; a wait is bounded all the same, so that a device that
+# could not run them together returns wrong codes (which admission refuses) instead of hanging.
+_ROUND_PRODUCT_CUDA = (
+    """
+    constexpr int WARPS = THREADS / 32;
+    constexpr int PER_LANE = L / 32;
+    constexpr int PER_WARP = CODES_PER_BLOCK / WARPS;
+    constexpr long long SPIN_LIMIT = 1LL << 31;  // clock cycles, about a second
+    __shared__ float warp_best[WARPS];
+    __shared__ int warp_index[WARPS];
+    __shared__ int chosen_index;
+    const BT* books[COUNT] = {@BOOKS@};
+    const NT* entry_norms[COUNT] = {@NORMS@};
+    const int row = blockIdx.y;
+    const int share = blockIdx.x;
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    int* arrivals = const_cast<int*>(tickets) + row * TICKET_STRIDE;
+    volatile int* generation = arrivals + 1;
+    float query[PER_LANE];
+    float total[PER_LANE];
+    #pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        query[i] = residual[static_cast<size_t>(row) * L + lane + 32 * i];
+        total[i] = chosen_sum[static_cast<size_t>(row) * L + lane + 32 * i];
+    }
+    for (int q = 0; q < COUNT; ++q) {
+        const BT* book = books[q];
+        const NT* norms = entry_norms[q];
+        float best = __int_as_float(0x7f800000);  // +infinity
+        int index = C;
+        #pragma unroll
+        for (int k = 0; k < PER_WARP; ++k) {
+            const int j = share * CODES_PER_BLOCK + k * WARPS + warp;  // rising: a tie keeps the lower entry
+            const BT* entry = book + static_cast<size_t>(j) * L;
+            float dot = 0.0f;
+            #pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);
+            for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffff, dot, offset);
+            const float distance = static_cast<float>(norms[j]) - 2.0f * dot;
+            if (distance < best) {
+                best = distance;
+                index = j;
+            }
+        }
+        if (lane == 0) {
+            warp_best[warp] = best;
+            warp_index[warp] = index;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < WARPS; ++w) {
+                if (warp_best[w] < best || (warp_best[w] == best && warp_index[w] < index)) {
+                    best = warp_best[w];
+                    index = warp_index[w];
+                }
+            }
+            share_best[(row * COUNT + q) * SHARES + share] = best;
+            share_index[(row * COUNT + q) * SHARES + share] = index;
+            const int seen = *generation;
+            __threadfence();  // the share's best is visible to every block before its arrival is
+            if (atomicAdd(arrivals, 1) == SHARES - 1) {
+                atomicExch(arrivals, 0);
+                __threadfence();
+                atomicAdd(arrivals + 1, 1);
+            } else {
+                const long long start = clock64();
+                while (*generation == seen && clock64() - start < SPIN_LIMIT) {
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const volatile float* bests = share_best + (row * COUNT + q) * SHARES;
+            const volatile int* indices = share_index + (row * COUNT + q) * SHARES;
+            best = __int_as_float(0x7f800000);
+            index = C;
+            for (int s = lane; s < SHARES; s += 32) {
+                if (bests[s] < best || (bests[s] == best && indices[s] < index)) {
+                    best = bests[s];
+                    index = indices[s];
+                }
+            }
+"""
+    + _WARP_ARGMIN_CUDA
+    + """            if (lane == 0) {
+                chosen_index = index;
+                if (share == 0) code[row * COUNT + q] = index;
+            }
+        }
+        __syncthreads();
+        // No entry chosen (every distance NaN): the code is C, one past the codebook, and nothing is read past it.
+        const bool chosen_one = chosen_index < C;
+        const size_t chosen = static_cast<size_t>(chosen_one ? chosen_index : 0) * L;
+        #pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const float entry = chosen_one ? static_cast<float>(book[chosen + lane + 32 * i]) : 0.0f;
+            query[i] = query[i] - entry;
+            total[i] = total[i] + entry;
+        }
+        __syncthreads();  // chosen_index and the warps' bests are the next quantizer's
+    }
+    if (share == 0 && warp == 0) {
+        #pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            residual_out[static_cast<size_t>(row) * L + lane + 32 * i] = query[i];
+            chosen_sum_out[static_cast<size_t>(row) * L + lane + 32 * i] = total[i];
+        }
+    }
+"""
+)
+
+
+def round_product_source(count: int) -> str:
+    """:data:`_ROUND_PRODUCT_CUDA` for ``count`` quantizers, whose codebooks and norms come in as inputs apart."""
+    return _ROUND_PRODUCT_CUDA.replace("@BOOKS@", ", ".join(f"book_{q}" for q in range(count))).replace(
+        "@NORMS@", ", ".join(f"norms_{q}" for q in range(count))
+    )
+
+
+def nearest_codes_ops(
+    residual: mx.array,
+    books: list[mx.array],
+    books_transposed: list[mx.array],
+    norms: list[mx.array],
+    chosen_sum: mx.array,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """:func:`nearest_code_ops` for several quantizers in order (a MaskGIT round's): their codes (T, count) joined,
+    the residual after the last and the running sum. The round kernel's fallback."""
+    codes = []
+    for book, transposed, book_norms in zip(books, books_transposed, norms, strict=True):
+        code, residual, chosen_sum = nearest_code_ops(residual, book, transposed, book_norms, chosen_sum)
+        codes.append(code)
+    return mx.concatenate(codes, axis=-1), residual, chosen_sum
+
+
+class NearestRoundProduct:
+    """:class:`NearestCodeProduct` for a round's ``count`` quantizers, one after another, in one launch (CUDA):
+    the same arithmetic in the same order (the residual and the running sum kept in registers between the
+    quantizers, where the launches apart stored and read them back), so the same codes and rows bit for bit."""
+
+    def __init__(self, backend: str, count: int) -> None:
+        if backend != "cuda":
+            raise ValueError(f"the distance product stays apart on {backend!r}")
+        if count < 2:
+            raise ValueError("a round of one quantizer is NearestCodeProduct's")
+        self.count = count
+        books = [f"book_{q}" for q in range(count)]
+        norms = [f"norms_{q}" for q in range(count)]
+        self._kernel = custom_kernel(
+            backend,
+            "parley_nearest_round_product",
+            ["residual", "chosen_sum", "tickets", *books, *norms],
+            _PRODUCT_OUTPUTS,
+            cuda=round_product_source(count),
+            metal="",
+        )
+        self._tickets: dict[int, mx.array] = {}  # rows → the barrier's lines: arrivals and generation, a row each
+
+    def __call__(
+        self,
+        residual: mx.array,
+        books: list[mx.array],
+        books_transposed: list[mx.array],
+        norms: list[mx.array],
+        chosen_sum: mx.array,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        if len(books) != self.count or len(norms) != self.count:
+            raise ValueError(f"a round of {self.count} quantizers takes {self.count} codebooks, got {len(books)}")
+        rows, width = residual.shape
+        entries = books[0].shape[0]
+        shares = product_shares(entries, width)
+        if rows not in self._tickets:
+            self._tickets[rows] = mx.zeros((rows * TICKET_STRIDE,), dtype=mx.int32)
+            mx.eval(self._tickets[rows])
+        code, residual_out, chosen_sum_out, _, _ = self._kernel(
+            inputs=[residual, chosen_sum, self._tickets[rows], *books, *norms],
+            template=[
+                ("C", entries),
+                ("L", width),
+                ("COUNT", self.count),
+                ("THREADS", THREADS),
+                ("CODES_PER_BLOCK", CODES_PER_BLOCK),
+                ("SHARES", shares),
+                ("TICKET_STRIDE", TICKET_STRIDE),
+                ("BT", books[0].dtype),
+                ("NT", norms[0].dtype),
+            ],
+            grid=(shares * THREADS, rows, 1),
+            threadgroup=(THREADS, 1, 1),
+            output_shapes=[(rows, self.count), (rows, width), (rows, width), *[(rows * self.count, shares)] * 2],
+            output_dtypes=[mx.int32, mx.float32, mx.float32, mx.float32, mx.int32],
+        )
+        return code, residual_out, chosen_sum_out
+
+
+def nearest_round_sample(
+    count: int, entries: int, width: int, dtype: mx.Dtype = mx.float32, norms_dtype: mx.Dtype | None = None
+) -> tuple[Any, ...]:
+    """Random inputs for admitting the round kernel: :func:`nearest_code_sample`'s first codebook (a tie among the
+    nearest entries) and ``count - 1`` more, the next residual near an entry of each, as the rounds' are."""
+    residual, book, transposed, norms, chosen_sum = nearest_code_sample(entries, width, dtype, norms_dtype)
+    books, transposed_books, all_norms = [book], [transposed], [norms]
+    for quantizer in range(1, count):
+        source = mx.random.normal((entries, width), key=mx.random.key(1357 + quantizer)).astype(norms_dtype or dtype)
+        all_norms.append(mx.sum(source * source, axis=-1))
+        books.append(source.astype(dtype))
+        transposed_books.append(books[-1].T)
+    mx.eval(books, transposed_books, all_norms)
+    return (residual, books, transposed_books, all_norms, chosen_sum)
 
 
 def product_shares(entries: int, width: int) -> int:

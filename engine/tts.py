@@ -1010,6 +1010,9 @@ class EarTTS(nn.Module):
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, config.latent_size))
         # One quantizer's greedy step after its product: the operations, or fast numerics' kernel.
         self.nearest_code: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
+        # Fast numerics on CUDA: a round's quantizers in one launch, by the round's count (rounds of one quantizer
+        # and counts not admitted take nearest_code quantizer by quantizer).
+        self.nearest_rounds: dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]] = {}
         # Fast numerics: a step's draws made at once from the generator's key (engine.step_draws), or None (one
         # by one, as each round needs them).
         self.step_draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
@@ -1246,7 +1249,8 @@ class EarTTS(nn.Module):
         if hidden.shape[1] != 1:
             return (*self._refine_ops(hidden), None)
         programs = self._compiled_refines
-        key = (self.nearest_code, self.mog_head.rows, None if draw_key is None else self.step_draws)
+        rounds = tuple(sorted(self.nearest_rounds.items(), key=lambda item: item[0]))
+        key = (self.nearest_code, rounds, self.mog_head.rows, None if draw_key is None else self.step_draws)
         if key not in programs:
             programs[key] = jit(self._refine_ops, draws_random=True) if draw_key is None else jit(self._refine_drawn)
         if draw_key is None:
@@ -1279,12 +1283,14 @@ class EarTTS(nn.Module):
         # flattened to rows and unflattened again around the same kernel, two views per product.
         _, length, width = hidden.shape
         rows = hidden.reshape(-1, width)
-        columns = [mx.full((length, 1), config.mask_code, dtype=mx.int32)] * config.num_quantizers
+        columns: list[mx.array | None] = [
+            mx.full((length, 1), config.mask_code, dtype=mx.int32)
+        ] * config.num_quantizers
         chosen_sum = mx.zeros((length, config.latent_size))
         norms = self.codebook_norms
-        nearest = self.nearest_code
+        nearest, nearest_rounds = self.nearest_code, self.nearest_rounds
         if rows.dtype != mx.float32:
-            nearest = nearest_code_ops  # the kernel takes float32 residuals
+            nearest, nearest_rounds = nearest_code_ops, {}  # the kernels take float32 residuals
         for number, round_ in enumerate(self.plan, start=1):
             embedded = self.embed_code(chosen_sum)
             if length == 1:  # the same two adds, broadcast over both rows: no join
@@ -1297,10 +1303,25 @@ class EarTTS(nn.Module):
             )
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
-            for quantizer in range(round_.start, round_.start + round_.count):
-                # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.residual_vq).
-                book, transposed = self.codebooks[quantizer], self.codebooks_transposed[quantizer]
-                columns[quantizer], latent, chosen_sum = nearest(latent, book, transposed, norms[quantizer], chosen_sum)
+            # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.residual_vq).
+            quantizers = slice(round_.start, round_.start + round_.count)
+            round_kernel = nearest_rounds.get(round_.count)
+            if round_kernel is not None:  # the round's codes as one block of columns, in its first column's place
+                columns[quantizers] = [None] * round_.count
+                columns[round_.start], latent, chosen_sum = round_kernel(
+                    latent,
+                    self.codebooks[quantizers],
+                    self.codebooks_transposed[quantizers],
+                    norms[quantizers],
+                    chosen_sum,
+                )
+            else:
+                for quantizer in range(quantizers.start, quantizers.stop):
+                    book, transposed = self.codebooks[quantizer], self.codebooks_transposed[quantizer]
+                    columns[quantizer], latent, chosen_sum = nearest(
+                        latent, book, transposed, norms[quantizer], chosen_sum
+                    )
             if probe is not None:
-                probe(f"tts.rvq.{number}", chosen_sum, *columns)
-        return mx.expand_dims(mx.concatenate(columns, axis=-1), 0), mx.expand_dims(chosen_sum, 0)
+                probe(f"tts.rvq.{number}", chosen_sum, *[column for column in columns if column is not None])
+        filled = [column for column in columns if column is not None]
+        return mx.expand_dims(mx.concatenate(filled, axis=-1), 0), mx.expand_dims(chosen_sum, 0)

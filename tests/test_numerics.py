@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -124,6 +126,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "mog_sample": False,
         "quantized_rows": False,
         "residual_vq": False,
+        "residual_vq_rounds": False,
         "step_draws": False,
         "rnnt_attempts": False,
         "codec_conv_norm": False,
@@ -955,6 +958,74 @@ def test_the_residual_vq_step_on_a_bf16_codebook_gives_what_its_float32_copy_giv
     for entries, width in ((48, 32), (64, 16)):
         with pytest.raises(ValueError, match="does not tile"):
             product_shares(entries, width)
+
+
+def test_a_round_of_quantizers_is_their_steps_in_order() -> None:
+    """The round kernel's fallback (its admission reference, bit for bit) is the steps one after another, each
+    on the residual and running sum the one before left; the CUDA source gathers every codebook and norm input
+    the round names, and the kernel refuses Metal and rounds of one quantizer."""
+    from engine.residual_vq import NearestRoundProduct, nearest_codes_ops, nearest_round_sample, round_product_source
+
+    residual, books, transposed, norms, chosen_sum = nearest_round_sample(3, 64, 32)
+    codes, final_residual, final_sum = nearest_codes_ops(residual, books, transposed, norms, chosen_sum)
+    assert codes.shape == (2, 3) and codes.dtype == mx.int32
+    step_residual, step_sum = residual, chosen_sum
+    for quantizer in range(3):
+        code, step_residual, step_sum = nearest_code_ops(
+            step_residual, books[quantizer], transposed[quantizer], norms[quantizer], step_sum
+        )
+        assert code[:, 0].tolist() == codes[:, quantizer].tolist()
+    assert mx.array_equal(final_residual, step_residual).item() and mx.array_equal(final_sum, step_sum).item()
+    assert codes[:, 0].tolist() == [0, 5], "the first codebook's tie goes to the lower entry"
+    source = round_product_source(4)
+    assert "{book_0, book_1, book_2, book_3}" in source and "{norms_0, norms_1, norms_2, norms_3}" in source
+    assert source.count("{") == source.count("}") and "atomicAdd(arrivals, 1) == SHARES - 1" in source
+    with pytest.raises(ValueError, match="stays apart on 'metal'"):
+        NearestRoundProduct("metal", 3)
+    with pytest.raises(ValueError, match="round of one quantizer"):
+        NearestRoundProduct("cuda", 1)
+
+
+def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
+    """A fast TTS whose rounds of several quantizers each run as one part (here their fallback, where CUDA runs
+    the round kernel) gives the quantizer-by-quantizer codes and samples bit for bit: each round's block of codes
+    lands in its quantizers' columns, and the residual and running sum carry on to the next round."""
+    from engine.residual_vq import nearest_codes_ops
+    from engine.session import Session
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    tts = voicechat.model.tts_model.tts_model
+    counts = sorted({round_.count for round_ in tts.plan if round_.count > 1})
+    assert counts and tts.nearest_rounds == {}, "the CPU admits no round kernel"
+    calls: dict[int, int] = dict.fromkeys(counts, 0)
+
+    def round_part(count: int) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
+        def part(*args: Any) -> tuple[mx.array, mx.array, mx.array]:
+            assert len(args[1]) == count
+            calls[count] += 1
+            return nearest_codes_ops(*args)
+
+        return part
+
+    frames = 12
+    audio = (0.1 * np.random.default_rng(5).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
+
+    def conversation() -> tuple[list[list[int]], np.ndarray]:
+        session = Session(voicechat, seed=0)
+        codes, samples = [], []
+        for index in range(frames):
+            for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
+                if hasattr(event, "codes"):
+                    codes.append(event.codes.tolist())
+                    samples.append(event.samples)
+        return codes, np.concatenate(samples)
+
+    steps = conversation()
+    tts.nearest_rounds = {count: round_part(count) for count in counts}
+    rounds = conversation()
+    assert all(calls[count] >= 1 for count in counts)
+    assert rounds[0] == steps[0] and len(steps[0]) >= frames - 2
+    assert np.array_equal(rounds[1], steps[1])
 
 
 def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:

@@ -128,6 +128,8 @@ for arg in "$@"; do
     writingab) step writingab 420 python3 tests/device/writing_ab.py ;;
     # The LLM's attention blocks through the writing kernel against MLX's operations, alternating rounds.
     llmattnab) step llmattnab 420 python3 tests/device/llm_attention_ab.py ;;
+    # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
+    rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
