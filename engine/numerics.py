@@ -62,7 +62,9 @@ and the log says why. The changes:
   last bits, and a near tie could go the other way; it is admitted when it picks the
   operations' codes and rows bit for bit. On Metal the product stays MLX's and the rest is one
   kernel (:class:`~engine.residual_vq.NearestCode`), bit-identical to the operations (the same
-  roundings, ties to the lowest index) and admitted only if it is.
+  roundings, ties to the lowest index) and admitted only if it is. On CUDA a round's several quantizers run in
+  one launch (:class:`~engine.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
+  blocks meeting at a bounded barrier between quantizers, admitted only bit for bit.
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
   (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
