@@ -47,6 +47,40 @@ _WARP_ARGMIN_CUDA = """
     }
 """
 
+# A block's share of the distance product against the row's ``query`` (each warp every WARPS-th entry of the
+# share), reduced to the block's best in thread 0, which goes on inside its ``if``: the lines the one-quantizer and
+# the round kernels share.
+_SHARE_BEST_CUDA = """\
+    float best = __int_as_float(0x7f800000);  // +infinity
+    int index = C;
+    #pragma unroll
+    for (int k = 0; k < PER_WARP; ++k) {
+        const int j = share * CODES_PER_BLOCK + k * WARPS + warp;  // rising: a tie keeps the lower entry
+        const BT* entry = book + static_cast<size_t>(j) * L;
+        float dot = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);
+        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffff, dot, offset);
+        const float distance = static_cast<float>(norms[j]) - 2.0f * dot;
+        if (distance < best) {
+            best = distance;
+            index = j;
+        }
+    }
+    if (lane == 0) {
+        warp_best[warp] = best;
+        warp_index[warp] = index;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < WARPS; ++w) {
+            if (warp_best[w] < best || (warp_best[w] == best && warp_index[w] < index)) {
+                best = warp_best[w];
+                index = warp_index[w];
+            }
+        }
+"""
+
 _NEAREST_CUDA = (
     """
     __shared__ float best_values[THREADS / 32];
@@ -162,35 +196,9 @@ _NEAREST_PRODUCT_CUDA = (
     float query[PER_LANE];
     #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) query[i] = z[lane + 32 * i];
-    float best = __int_as_float(0x7f800000);  // +infinity
-    int index = C;
-    #pragma unroll
-    for (int k = 0; k < PER_WARP; ++k) {
-        const int j = share * CODES_PER_BLOCK + k * WARPS + warp;  // rising: a tie keeps the lower entry
-        const BT* entry = book + static_cast<size_t>(j) * L;
-        float dot = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);
-        for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffff, dot, offset);
-        const float distance = static_cast<float>(norms[j]) - 2.0f * dot;
-        if (distance < best) {
-            best = distance;
-            index = j;
-        }
-    }
-    if (lane == 0) {
-        warp_best[warp] = best;
-        warp_index[warp] = index;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < WARPS; ++w) {
-            if (warp_best[w] < best || (warp_best[w] == best && warp_index[w] < index)) {
-                best = warp_best[w];
-                index = warp_index[w];
-            }
-        }
-        share_best[row * SHARES + share] = best;
+"""
+    + _SHARE_BEST_CUDA
+    + """        share_best[row * SHARES + share] = best;
         share_index[row * SHARES + share] = index;
         __threadfence();  // the share's best is visible to every block before its ticket is
         int* row_ticket = const_cast<int*>(tickets) + row * TICKET_STRIDE;
@@ -367,35 +375,9 @@ _ROUND_PRODUCT_CUDA = (
     for (int q = 0; q < COUNT; ++q) {
         const BT* book = books[q];
         const NT* norms = entry_norms[q];
-        float best = __int_as_float(0x7f800000);  // +infinity
-        int index = C;
-        #pragma unroll
-        for (int k = 0; k < PER_WARP; ++k) {
-            const int j = share * CODES_PER_BLOCK + k * WARPS + warp;  // rising: a tie keeps the lower entry
-            const BT* entry = book + static_cast<size_t>(j) * L;
-            float dot = 0.0f;
-            #pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) dot += query[i] * static_cast<float>(entry[lane + 32 * i]);
-            for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffff, dot, offset);
-            const float distance = static_cast<float>(norms[j]) - 2.0f * dot;
-            if (distance < best) {
-                best = distance;
-                index = j;
-            }
-        }
-        if (lane == 0) {
-            warp_best[warp] = best;
-            warp_index[warp] = index;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < WARPS; ++w) {
-                if (warp_best[w] < best || (warp_best[w] == best && warp_index[w] < index)) {
-                    best = warp_best[w];
-                    index = warp_index[w];
-                }
-            }
-            share_best[(row * COUNT + q) * SHARES + share] = best;
+"""
+    + _SHARE_BEST_CUDA
+    + """            share_best[(row * COUNT + q) * SHARES + share] = best;
             share_index[(row * COUNT + q) * SHARES + share] = index;
             const int seen = *generation;
             __threadfence();  // the share's best is visible to every block before its arrival is

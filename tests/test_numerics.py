@@ -991,7 +991,6 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     the round kernel) gives the quantizer-by-quantizer codes and samples bit for bit: each round's block of codes
     lands in its quantizers' columns, and the residual and running sum carry on to the next round."""
     from engine.residual_vq import nearest_codes_ops
-    from engine.session import Session
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     tts = voicechat.model.tts_model.tts_model
@@ -1010,22 +1009,12 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     frames = 12
     audio = (0.1 * np.random.default_rng(5).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
 
-    def conversation() -> tuple[list[list[int]], np.ndarray]:
-        session = Session(voicechat, seed=0)
-        codes, samples = [], []
-        for index in range(frames):
-            for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
-                if hasattr(event, "codes"):
-                    codes.append(event.codes.tolist())
-                    samples.append(event.samples)
-        return codes, np.concatenate(samples)
-
-    steps = conversation()
+    _, _, step_codes, step_samples = _conversation(voicechat, audio, frames)
     tts.nearest_rounds = {count: round_part(count) for count in counts}
-    rounds = conversation()
+    _, _, round_codes, round_samples = _conversation(voicechat, audio, frames)
     assert all(calls[count] >= 1 for count in counts)
-    assert rounds[0] == steps[0] and len(steps[0]) >= frames - 2
-    assert np.array_equal(rounds[1], steps[1])
+    assert round_codes == step_codes and len(step_codes) >= frames - 2
+    assert np.array_equal(round_samples, step_samples)
 
 
 def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
@@ -1343,13 +1332,29 @@ class _WritingAttentionOps(DecodeAttention):
         return self._write_and_attend(queries, keys, new_values, key_buffer, value_buffer, bounds, scale)
 
 
+def _conversation(
+    voicechat: Any, audio: np.ndarray, frames: int
+) -> tuple[list[int], list[int], list[list[int]], np.ndarray]:
+    """A fresh session's text ids, function ids, codes and samples over ``frames`` frames of ``audio``."""
+    from engine.session import Session
+
+    session = Session(voicechat, seed=0)
+    codes: list[list[int]] = []
+    samples: list[np.ndarray] = []
+    for index in range(frames):
+        for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
+            if hasattr(event, "codes"):
+                codes.append(event.codes.tolist())
+                samples.append(event.samples)
+    return session.text_ids, session.function_ids, codes, np.concatenate(samples)
+
+
 def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The LLM's attention blocks through the CUDA kernel that writes its cache, here a stand-in computing its
     fallback's operations and writing the buffers in place as the kernel does: the projections' rows read as
     heads, the position written into the buffers the cache keeps (across their growth), the mixed values in the
     output projection's row — text ids, function ids, codes and samples bit for bit those of the operations."""
     from engine.llm import CausalSelfAttention
-    from engine.session import Session
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
     monkeypatch.setattr(KVCache, "GROWTH_STEP", 8)  # the buffers grow every 8 positions: several times here
@@ -1366,15 +1371,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
     def conversation(kernel: DecodeAttention | None) -> tuple[list[int], list[int], list[list[int]], np.ndarray]:
         for mixer in mixers:
             mixer.fast_attention = kernel
-        session = Session(voicechat, seed=0)
-        codes: list[list[int]] = []
-        samples: list[np.ndarray] = []
-        for index in range(frames):
-            for event in session.push(audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]):
-                if hasattr(event, "codes"):
-                    codes.append(event.codes.tolist())
-                    samples.append(event.samples)
-        return session.text_ids, session.function_ids, codes, np.concatenate(samples)
+        return _conversation(voicechat, audio, frames)
 
     operations = conversation(None)
     writing = conversation(stand_in)
