@@ -39,6 +39,7 @@ from .jit import compile_enabled, jit, materialize
 from .linear import KeepsCopy, Linear
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
+from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
 
 # Additive mask value for attention the chunked_limited context forbids.
 _BLOCKED = -1e30
@@ -342,6 +343,8 @@ class ConformerRowParts:
     convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
     # The previous layer's output norm, then feed_forward_up's (None: each layer applies its own output norm).
     feed_forward_up_twice: RowPart | None = None
+    # Each part's name and number of outputs (engine.row_chain.output_count).
+    outputs: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -478,7 +481,8 @@ class ConformerLayer(nn.Module):
 
     def stream_rows(
         self,
-        x: mx.array,
+        sequence: RowSequence,
+        x: mx.array | Link,
         key_cache: mx.array | None,
         value_cache: mx.array | None,
         conv_cache: mx.array,
@@ -487,26 +491,31 @@ class ConformerLayer(nn.Module):
         left_context: int,
         prior: nn.LayerNorm | None = None,
         defer_norm: bool = False,
-    ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    ) -> tuple[mx.array | Link, mx.array, mx.array, mx.array | Link]:
         """Fast numerics' streaming step through :attr:`rows`: the newest frame ``x`` (one row) attends to
         its projected key and value and the cached ones of the frames before it (rows), and convolves over
         ``[conv_cache ‖ gate(x)]`` (rows). Six row products, the attention kernel and the output norm, where
         :meth:`_stream_ops` runs about thirty operations; keys and values are projected once per frame
-        (cached projected) instead of for the whole window every frame.
+        (cached projected) instead of for the whole window every frame. The row products are gathered in
+        ``sequence`` (:class:`engine.row_chain.RowSequence`), which runs them when the attention reads its
+        inputs: on a GPU those from this layer's output projection to the next layer's query, key and value
+        projections as one launch where that chain was admitted.
 
         Returns the block output and the updated caches: the keys and values the newest frame attended to
         (its window: the last ``left_context + 1`` frames', the next frame drops the oldest when full) and the
-        last ``kernel - 1`` gate outputs, each written by the kernel that reads it (no joins or slices).
-        With ``prior`` (the previous layer's output norm) ``x`` is that layer's output before its norm, which
-        the first row product applies (``feed_forward_up_twice``); with ``defer_norm`` the block output is
-        returned before this layer's output norm, for the next layer (or the caller) to apply.
+        last ``kernel - 1`` gate outputs, each written by the kernel that reads it (no joins or slices); the
+        block output and the gate outputs as links into ``sequence`` (its :meth:`~RowSequence.arrays` gives
+        them). With ``prior`` (the previous layer's output norm) ``x`` is that layer's output before its norm,
+        which the first row product applies (``feed_forward_up_twice``); with ``defer_norm`` the block output
+        is returned before this layer's output norm, for the next layer (or the caller) to apply.
         """
         parts, weights, attention = self.rows, self.row_weights, self.self_attn
         assert parts is not None and weights is not None
         assert attention.fast_attention is not None and attention.fast_window is not None
-        x = self._feed_forward_rows(x, self.norm_feed_forward1, weights.feed_forward1, prior)
+        x = self._feed_forward_rows(sequence, x, self.norm_feed_forward1, weights.feed_forward1, prior)
         norm = self.norm_self_att
-        q, k, v = parts.qkv(x, weights.qkv, norm.weight, norm_bias=norm.bias)
+        qkv = sequence.add("qkv", parts.qkv, x, weights.qkv, norm_scale=norm.weight, norm_bias=norm.bias)
+        q, k, v = sequence.arrays(*qkv)
         bias_u, bias_v = attention.pos_bias_u, attention.pos_bias_v
         if key_cache is None or value_cache is None:
             keys, values = k, v
@@ -516,36 +525,60 @@ class ConformerLayer(nn.Module):
             attended, keys, values = attention.fast_window(
                 q, key_cache, k, value_cache, v, projected_positions, bias_u, bias_v, attention.scale, drop
             )
-        (x,) = parts.output(attended, (weights.output,), base=x)
+        (x,) = sequence.add("output", parts.output, attended, (weights.output,), base=x)
         norm, conv = self.norm_conv, self.conv
-        (gated,) = parts.convolution_in(x, (weights.pointwise1,), norm.weight, norm_bias=norm.bias)
+        (gated,) = sequence.add(
+            "convolution_in",
+            parts.convolution_in,
+            x,
+            (weights.pointwise1,),
+            norm_scale=norm.weight,
+            norm_bias=norm.bias,
+        )
         tail = conv.batch_norm
-        x, next_conv = parts.convolution_out(
+        x, next_conv = sequence.add(
+            "convolution_out",
+            parts.convolution_out,
             conv_cache,
             (weights.pointwise2,),
-            tail.weight,
+            norm_scale=tail.weight,
             norm_bias=tail.bias,
             depthwise=conv.depthwise_conv.weight,
             base=x,
             newest=gated,
         )
-        x = self._feed_forward_rows(x, self.norm_feed_forward2, weights.feed_forward2)
-        return (x if defer_norm else self.norm_out(x)), keys, values, next_conv
+        x = self._feed_forward_rows(sequence, x, self.norm_feed_forward2, weights.feed_forward2)
+        if not defer_norm:
+            (x,) = sequence.arrays(x)
+            x = self.norm_out(x)
+        return x, keys, values, next_conv
 
     def _feed_forward_rows(
-        self, x: mx.array, norm: nn.LayerNorm, weights: tuple[mx.array, mx.array], prior: nn.LayerNorm | None = None
-    ) -> mx.array:
+        self,
+        sequence: RowSequence,
+        x: mx.array | Link,
+        norm: nn.LayerNorm,
+        weights: tuple[mx.array, mx.array],
+        prior: nn.LayerNorm | None = None,
+    ) -> mx.array | Link:
         """``x + ½·feed_forward(norm(x))`` as two row products; with ``prior``, ``x`` is first ``prior(x)``."""
         rows = self.rows
         assert rows is not None
+        scales = {"norm_scale": norm.weight, "norm_bias": norm.bias}
         if prior is None:
-            (hidden,) = rows.feed_forward_up(x, weights[:1], norm.weight, norm_bias=norm.bias)
+            (hidden,) = sequence.add("feed_forward_up", rows.feed_forward_up, x, weights[:1], **scales)
         else:
             assert rows.feed_forward_up_twice is not None
-            hidden, x = rows.feed_forward_up_twice(
-                x, weights[:1], norm.weight, norm_bias=norm.bias, prior_scale=prior.weight, prior_bias=prior.bias
+            hidden, x = sequence.add(
+                "feed_forward_up_twice",
+                rows.feed_forward_up_twice,
+                x,
+                weights[:1],
+                **scales,
+                prior_scale=prior.weight,
+                prior_bias=prior.bias,
             )
-        (x,) = rows.feed_forward_down(hidden, weights[1:], base=x)
+        (x,) = sequence.add("feed_forward_down", rows.feed_forward_down, hidden, weights[1:], base=x)
         return x
 
 
@@ -597,6 +630,8 @@ class FastConformer(nn.Module):
         self.config = config
         self.pre_encode = CausalStridingSubsampling(config)
         self.layers = [ConformerLayer(config) for _ in range(config.n_layers)]
+        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.row_chain).
+        self.row_chains = ChainBook()
 
     def __call__(self, mel: mx.array, lengths: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """Offline: ``(B, T, features)`` mel → ``((B, T', d_model), lengths')`` under the chunked_limited mask."""
@@ -747,17 +782,23 @@ class FastConformer(nn.Module):
         config, left = self.config, self.config.left_context
         shape, x = x.shape, x.reshape(-1, config.d_model)
         key_len = 1 if keys[0] is None else attention_window(keys[0].shape[0], left)[1]
-        next_keys, next_values, next_convolution = [], [], []
+        next_keys, next_values = [], []
+        next_convolution: list[mx.array | Link] = []
+        rows = self.layers[0].rows
+        assert rows is not None
         # Each layer's output norm, applied by the next layer's first row product where the parts have it.
-        deferring = self.layers[0].rows is not None and self.layers[0].rows.feed_forward_up_twice is not None
+        deferring = rows.feed_forward_up_twice is not None
         prior: nn.LayerNorm | None = None
+        sequence = RowSequence(dict(rows.outputs), self.row_chains)
+        hidden: mx.array | Link = x
         for index, layer in enumerate(self.layers):
             if positions is None:
                 projected = layer.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
             else:
                 projected = positions[index]
-            x, key_state, value_state, conv_state = layer.stream_rows(
-                x,
+            hidden, key_state, value_state, conv_state = layer.stream_rows(
+                sequence,
+                hidden,
                 keys[index],
                 values[index],
                 convolution[index],
@@ -770,9 +811,26 @@ class FastConformer(nn.Module):
             next_keys.append(key_state)
             next_values.append(value_state)
             next_convolution.append(conv_state)
+        x, *convolution_states = sequence.arrays(hidden, *next_convolution)
         if prior is not None:
             x = prior(x)
-        return (x.reshape(shape), *next_keys, *next_values, *next_convolution)
+        return (x.reshape(shape), *next_keys, *next_values, *convolution_states)
+
+    def row_runs(self) -> dict[tuple[Any, ...], list[RowCall]]:
+        """The runs of row products a stream step gathers (:class:`engine.row_chain.RowSequence`), one of each
+        structure (:func:`engine.row_chain.run_key`) with more than one step, as their calls on the layers' own
+        weights and a random first frame: what the chains are built and admitted for. Runs one step op by op."""
+        config, layers = self.config, len(self.layers)
+        book, self.row_chains = self.row_chains, ChainBook(runs=[])
+        keys = mx.random.split(mx.random.key(89), 2)
+        x = mx.random.normal((1, 1, config.d_model), key=keys[0])
+        window = 0.5 * mx.random.normal((config.conv_kernel_size - 1, config.d_model), key=keys[1])
+        try:
+            mx.eval(self._layers_rows(x, [None] * layers, [None] * layers, [window] * layers, None))
+            runs = self.row_chains.runs or []
+        finally:
+            self.row_chains = book
+        return {run_key(calls): calls for calls in runs if len(calls) > 1}
 
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
         """Trace the stream's programs for every attention cache length (0 … 70; 71 with the row products) on
@@ -838,7 +896,8 @@ class FastConformer(nn.Module):
         first = self.layers[0] if self.layers else None
         rows = None if first is None else first.rows
         attention = None if first is None else first.self_attn
-        key = (kind, None if attention is None else (attention.fast_attention, attention.fast_window), rows)
+        chains = tuple(self.row_chains.chains.values())
+        key = (kind, None if attention is None else (attention.fast_attention, attention.fast_window), rows, chains)
         programs = self._stream_programs
         if key not in programs and rows is not None:
             programs[key] = jit(self._rows_program(kind))

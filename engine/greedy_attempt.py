@@ -39,7 +39,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .kernel_source import CUDA, METAL, Dialect
+from .kernel_source import CUDA, GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, METAL, Dialect, block_turns
 from .numerics import custom_kernel
 
 # Warps (simdgroups) per block; one LSTM unit or one output column each.
@@ -162,7 +162,10 @@ def joint_row_ops(*inputs: mx.array, shape: JointRowShape) -> mx.array | tuple[m
 # --------------------------------------------------------------------------- kernels (CUDA and Metal)
 
 
-def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
+def _lstm_body(shape: LSTMStepShape, d: Dialect, *, pairs: str = "P", produced: str = "") -> str:
+    """An LSTM step's source for the block ``block`` (no header, no early return, so that a loop may run it
+    for several blocks in turn): ``pairs`` partials are finished, and ``produced`` qualifies the row that a
+    ``"row"`` step reads (``"volatile "`` where another block wrote it in the same launch)."""
     sigmoid = "1.0f / (1.0f + {exp}(-{x}))"
     choose = ""
     if shape.input == "embedding":
@@ -172,7 +175,7 @@ def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
     if (local == 0) {{
         float best = values[0];
         int token = indices[0];
-        for (int p = 1; p < P; ++p) {{
+        for (int p = 1; p < {pairs}; ++p) {{
             if (values[p] > best) {{ best = values[p]; token = indices[p]; }}
         }}
         chosen[0] = token;
@@ -182,17 +185,17 @@ def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
     source_row = {
         "zero": "",
         "embedding": f"const {d.device}TT* in = table + static_cast<size_t>(chosen[0]) * D;",
-        "row": f"const {d.device}float* in = x;",
+        "row": f"const {d.device}{produced}float* in = x;",
     }[shape.input]
     input_product = (
         ""
         if shape.input == "zero"
         else f"""
-    {source_row}
-    for (int k = lane; k < D; k += 32) {{
-        const float v = static_cast<float>(in[k]);
-        for (int g = 0; g < 4; ++g) ax[g] += v * static_cast<float>(wx[static_cast<size_t>(g * H + unit) * D + k]);
-    }}
+        {source_row}
+        for (int k = lane; k < D; k += 32) {{
+            const float v = static_cast<float>(in[k]);
+            for (int g = 0; g < 4; ++g) ax[g] += v * static_cast<float>(wx[static_cast<size_t>(g * H + unit) * D + k]);
+        }}
 """
     )
     # The start symbol has no state: no recurrent product, and the cell starts at zero.
@@ -200,44 +203,50 @@ def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
         ""
         if shape.input == "zero"
         else """
-    for (int k = lane; k < H; k += 32) {
-        const float v = hidden[k];
-        for (int g = 0; g < 4; ++g) ah[g] += v * static_cast<float>(wh[static_cast<size_t>(g * H + unit) * H + k]);
-    }
+        for (int k = lane; k < H; k += 32) {
+            const float v = hidden[k];
+            for (int g = 0; g < 4; ++g) ah[g] += v * static_cast<float>(wh[static_cast<size_t>(g * H + unit) * H + k]);
+        }
 """
     )
     rounded = d.round_bf16("a") if shape.round_input else "a"
     previous_cell = "0.0f" if shape.input == "zero" else "cell[unit]"
     return f"""
-    {d.header}
     {choose}
     const int unit = block * WARPS + warp;
-    if (unit >= H) return;
-    float ax[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    float ah[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    {input_product}
-    {recurrent}
-    for (int g = 0; g < 4; ++g) {{
-        {d.warp_sum("ax[g]")}
-        {d.warp_sum("ah[g]")}
+    if (unit < H) {{
+        float ax[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        float ah[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        {input_product}
+        {recurrent}
+        for (int g = 0; g < 4; ++g) {{
+            {d.warp_sum("ax[g]")}
+            {d.warp_sum("ah[g]")}
+        }}
+        if (lane == 0) {{
+            float gate[4];
+            for (int g = 0; g < 4; ++g) {{
+                const float a = ax[g] + static_cast<float>(bias[g * H + unit]);
+                gate[g] = {rounded} + ah[g];
+            }}
+            const float input_gate = {sigmoid.format(exp=d.exp, x="gate[0]")};
+            const float forget_gate = {sigmoid.format(exp=d.exp, x="gate[1]")};
+            const float candidate = {d.tanh}(gate[2]);
+            const float output_gate = {sigmoid.format(exp=d.exp, x="gate[3]")};
+            const float c = forget_gate * {previous_cell} + input_gate * candidate;
+            cell_out[unit] = c;
+            hidden_out[unit] = output_gate * {d.tanh}(c);
+        }}
     }}
-    if (lane != 0) return;
-    float gate[4];
-    for (int g = 0; g < 4; ++g) {{
-        const float a = ax[g] + static_cast<float>(bias[g * H + unit]);
-        gate[g] = {rounded} + ah[g];
-    }}
-    const float input_gate = {sigmoid.format(exp=d.exp, x="gate[0]")};
-    const float forget_gate = {sigmoid.format(exp=d.exp, x="gate[1]")};
-    const float candidate = {d.tanh}(gate[2]);
-    const float output_gate = {sigmoid.format(exp=d.exp, x="gate[3]")};
-    const float c = forget_gate * {previous_cell} + input_gate * candidate;
-    cell_out[unit] = c;
-    hidden_out[unit] = output_gate * {d.tanh}(c);
 """
 
 
-def _joint_source(shape: JointRowShape, d: Dialect) -> str:
+def _lstm_source(shape: LSTMStepShape, d: Dialect) -> str:
+    return d.header + _lstm_body(shape, d)
+
+
+def _joint_body(shape: JointRowShape, d: Dialect) -> str:
+    """A joint row's source for the block ``block`` (no header, no early return)."""
     activate = {
         "relu": "z > 0.0f ? z : 0.0f",
         "sigmoid": f"1.0f / (1.0f + {d.exp}(-z))",
@@ -266,7 +275,6 @@ def _joint_source(shape: JointRowShape, d: Dialect) -> str:
 """
     scores = f"{d.shared} float scores[WARPS];" if shape.epilogue == "partials" else ""
     return f"""
-    {d.header}
     {scores}
     const int column = block * WARPS + warp;
     float acc = 0.0f;
@@ -277,6 +285,10 @@ def _joint_source(shape: JointRowShape, d: Dialect) -> str:
     {d.warp_sum("acc")}
     {epilogue}
 """
+
+
+def _joint_source(shape: JointRowShape, d: Dialect) -> str:
+    return d.header + _joint_body(shape, d)
 
 
 class LSTMStep:
@@ -350,6 +362,222 @@ class JointRow:
         return results[0] if shape.epilogue == "activation" else (results[0], results[1])
 
 
+# --------------------------------------------------------------------------- the whole loop in one launch (CUDA)
+
+
+@dataclass(frozen=True)
+class GreedyLoopShape:
+    """A frame's greedy attempts: ``layers`` LSTM layers of ``hidden`` units over a ``vocabulary``-row
+    embedding table, a joint of ``joint`` hidden columns scoring ``classes`` classes; ``round_input`` as in
+    :class:`LSTMStepShape`."""
+
+    hidden: int
+    layers: int
+    vocabulary: int
+    joint: int
+    classes: int
+    activation: str = "relu"
+    round_input: bool = False
+
+    def steps(self) -> dict[str, LSTMStepShape]:
+        """The LSTM steps of an attempt, named as :class:`AttemptParts` names them."""
+        width, partials = self.hidden, self.scores().partials
+        return {
+            "start": LSTMStepShape("zero", width, width),
+            "resume": LSTMStepShape("embedding", width, width, partials=1, round_input=self.round_input),
+            "chosen": LSTMStepShape("embedding", width, width, partials=partials, round_input=self.round_input),
+            "upper": LSTMStepShape("row", width, width),
+        }
+
+    def scores(self) -> JointRowShape:
+        return JointRowShape(self.joint, self.classes, "partials", self.activation)
+
+    def joint_row(self) -> JointRowShape:
+        return JointRowShape(self.hidden, self.joint, "activation", self.activation)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The arrays the loop takes after ``started`` and ``attempts``, in call order: the table, the frame's
+        incoming token as one partial pair, the incoming state ``(layers, 1, hidden)``, each layer's weights,
+        the joint's prediction projection, the frame's encoder projection and the class projection."""
+        layers = [f"{name}{index}" for index in range(self.layers) for name in ("wx", "wh", "bias")]
+        incoming = ("table", "values0", "indices0", "hidden0", "cell0")
+        return (*incoming, *layers, "pred_weight", "pred_bias", "base", "out_weight", "out_bias")
+
+
+def greedy_loop_ops(
+    parts: AttemptParts, started: bool, attempts: int, *inputs: mx.array, shape: GreedyLoopShape
+) -> tuple[mx.array, ...]:
+    """The loop as ``parts``, an attempt at a time (:class:`GreedyLoop`'s fallback, and its reference where
+    ``parts`` are the admitted kernels): every attempt's state after the incoming one ``(attempts + 1, layers,
+    hidden)`` for the hidden and the cell rows, each attempt's activated joint row ``(attempts, joint)``, and
+    its partial maxima and their indices ``(attempts, partials)``. A frame that has not started reads no
+    incoming state (the start symbol's attempt)."""
+    named = dict(zip(shape.inputs, inputs, strict=True))
+    table, values, indices = named["table"], named["values0"], named["indices0"]
+    state_h = mx.split(named["hidden0"].reshape(shape.layers, shape.hidden), shape.layers)
+    state_c = mx.split(named["cell0"].reshape(shape.layers, shape.hidden), shape.layers)
+    states_h, states_c = [*state_h], [*state_c]
+    activated_rows, all_values, all_indices = [], [], []
+    for attempt in range(attempts):
+        row = None
+        for index in range(shape.layers):
+            weights = (state_h[index], state_c[index], *(named[f"{name}{index}"] for name in ("wx", "wh", "bias")))
+            if index > 0:
+                row, cell = parts.upper(row, *weights)
+            elif attempt == 0 and not started:
+                row, cell = parts.start(*weights)
+            else:
+                first = parts.resume if attempt == 0 else parts.chosen
+                row, cell = first(table, values, indices, *weights)
+            state_h[index], state_c[index] = row, cell
+        states_h.extend(state_h)
+        states_c.extend(state_c)
+        activated = parts.joint_hidden(row, named["pred_weight"], named["pred_bias"], named["base"])
+        values, indices = parts.joint_partials(activated, named["out_weight"], named["out_bias"])
+        activated_rows.append(activated)
+        all_values.append(values)
+        all_indices.append(indices)
+    # Joined, not stacked: a stack adds a view per input.
+    size = (attempts + 1, shape.layers, shape.hidden)
+    return (
+        mx.concatenate(states_h).reshape(size),
+        mx.concatenate(states_c).reshape(size),
+        mx.concatenate(activated_rows).reshape(attempts, shape.joint),
+        mx.concatenate(all_values).reshape(attempts, -1),
+        mx.concatenate(all_indices).reshape(attempts, -1),
+    )
+
+
+def _loop_source(shape: GreedyLoopShape) -> str:
+    """Every attempt of a frame in one launch: each LSTM layer, the activated joint row and the class scores'
+    partials as the one-attempt kernels compute them (their sources, a block's share at a time), the launch's
+    blocks meeting at a barrier after each step. Rows another block wrote are read ``volatile`` (past the
+    non-coherent L1 cache)."""
+    d, steps = CUDA, shape.steps()
+    per_layer = []
+    for index in range(shape.layers):
+        state = f"""
+        constexpr int D = H;
+        const auto* wx = wx{index};
+        const auto* wh = wh{index};
+        const auto* bias = bias{index};
+        const volatile float* hidden = a == 0 ? hidden0 + {index} * H : states_h + (a * LAYERS + {index}) * H;
+        const volatile float* cell = a == 0 ? cell0 + {index} * H : states_c + (a * LAYERS + {index}) * H;
+        float* hidden_out = states_h + ((a + 1) * LAYERS + {index}) * H;
+        float* cell_out = states_c + ((a + 1) * LAYERS + {index}) * H;
+"""
+        if index > 0:
+            step = f"""
+        const volatile float* x = states_h + ((a + 1) * LAYERS + {index - 1}) * H;
+        {block_turns("UNIT_BLOCKS", _lstm_body(steps["upper"], d, produced="volatile "))}
+"""
+        else:
+            step = f"""
+        if (a == 0 && !STARTED) {{
+            {block_turns("UNIT_BLOCKS", _lstm_body(steps["start"], d))}
+        }} else if (a == 0) {{
+            const volatile float* values = values0;
+            const volatile int* indices = indices0;
+            {block_turns("UNIT_BLOCKS", _lstm_body(steps["resume"], d, pairs="1"))}
+        }} else {{
+            const volatile float* values = all_values + (a - 1) * P;
+            const volatile int* indices = all_indices + (a - 1) * P;
+            {block_turns("UNIT_BLOCKS", _lstm_body(steps["chosen"], d))}
+        }}
+"""
+        per_layer.append(f"{{{state}{step}}}{GRID_BARRIER_CUDA}")
+    return f"""
+    constexpr int UNIT_BLOCKS = (H + WARPS - 1) / WARPS;
+    const int local = threadIdx.x;
+    const int warp = local / 32;
+    const int lane = local % 32;
+    {GRID_BARRIER_STATE_CUDA}
+    // The incoming state as the states' first row (read from the inputs by the first attempt).
+    for (int i = blockIdx.x * WARPS * 32 + local; i < LAYERS * H; i += gridDim.x * WARPS * 32) {{
+        states_h[i] = hidden0[i];
+        states_c[i] = cell0[i];
+    }}
+    for (int a = 0; a < ATTEMPTS; ++a) {{
+        {"".join(per_layer)}
+        {{
+            constexpr int K = H;
+            constexpr int N = J;
+            using WT = PWT;
+            const volatile float* x = states_h + ((a + 1) * LAYERS + LAYERS - 1) * H;
+            const auto* weight = pred_weight;
+            const auto* bias = pred_bias;
+            float* y = activated + a * J;
+            {block_turns("(J + WARPS - 1) / WARPS", _joint_body(shape.joint_row(), d))}
+        }}
+        {GRID_BARRIER_CUDA}
+        {{
+            constexpr int K = J;
+            constexpr int N = C;
+            using WT = OWT;
+            const volatile float* x = activated + a * J;
+            const auto* weight = out_weight;
+            const auto* bias = out_bias;
+            float* values = all_values + a * P;
+            int* indices = all_indices + a * P;
+            {block_turns("P", _joint_body(shape.scores(), d))}
+        }}
+        if (a + 1 < ATTEMPTS) {{
+            {GRID_BARRIER_CUDA}
+        }}
+    }}
+"""
+
+
+class GreedyLoop:
+    """A frame's greedy attempts (:func:`greedy_loop_ops`) as one CUDA launch: the one-attempt kernels' sources
+    run in turn by persistent blocks that meet at a bounded grid barrier, so the same arithmetic in the same
+    order (admitted bit for bit against those kernels) in one launch where they take four an attempt."""
+
+    def __init__(self, backend: str, shape: GreedyLoopShape) -> None:
+        if backend != "cuda":
+            raise ValueError(f"the attempts stay one launch each on {backend!r}")
+        self.shape = shape
+        self._kernel = custom_kernel(
+            backend,
+            "parley_greedy_loop",
+            [*shape.inputs, "tickets"],
+            ["states_h", "states_c", "activated", "all_values", "all_indices"],
+            cuda=_loop_source(shape),
+            metal="",
+        )
+        self._tickets = mx.zeros((2,), dtype=mx.int32)  # the barrier's arrivals and generation
+        mx.eval(self._tickets)
+
+    def __call__(self, started: bool, attempts: int, *inputs: mx.array) -> tuple[mx.array, ...]:
+        shape = self.shape
+        named = dict(zip(shape.inputs, inputs, strict=True))
+        partials = shape.scores().partials
+        size = (attempts + 1, shape.layers, shape.hidden)
+        return tuple(
+            self._kernel(
+                inputs=[*inputs, self._tickets],
+                template=[
+                    ("H", shape.hidden),
+                    ("J", shape.joint),
+                    ("C", shape.classes),
+                    ("P", partials),
+                    ("LAYERS", shape.layers),
+                    ("ATTEMPTS", attempts),
+                    ("STARTED", int(started)),
+                    ("WARPS", WARPS),
+                    ("TT", named["table"].dtype),
+                    ("PWT", named["pred_weight"].dtype),
+                    ("OWT", named["out_weight"].dtype),
+                ],
+                grid=(-(-max(shape.hidden, shape.joint) // WARPS) * WARPS * 32, 1, 1),
+                threadgroup=(WARPS * 32, 1, 1),
+                output_shapes=[size, size, (attempts, shape.joint), (attempts, partials), (attempts, partials)],
+                output_dtypes=[mx.float32, mx.float32, mx.float32, mx.float32, mx.int32],
+            )
+        )
+
+
 # --------------------------------------------------------------------------- admission samples
 
 
@@ -402,6 +630,33 @@ def joint_row_samples(shape: JointRowShape, weight_dtype: mx.Dtype, bias_dtype: 
     return tuple(named[name] for name in shape.inputs)
 
 
+def greedy_loop_samples(shape: GreedyLoopShape, *dtypes: mx.Dtype) -> list[tuple[Any, ...]]:
+    """Inputs for admitting a :class:`GreedyLoop` against :func:`greedy_loop_ops` (in call order): a frame that
+    has started and one that has not, three attempts each (the first attempt's two forms and the later one).
+    ``dtypes``: the table's, the LSTM weights' and biases', and the prediction and class projections' weights'
+    and biases'."""
+    table_dtype, weight_dtype, bias_dtype, pred_dtype, pred_bias_dtype, out_dtype, out_bias_dtype = dtypes
+    step = shape.steps()["chosen"]
+    table, _, indices, _, _, *layer0 = lstm_step_samples(step, shape.vocabulary, table_dtype, weight_dtype, bias_dtype)
+    hidden, cell, wx, wh, bias = layer0
+    keys = mx.random.split(mx.random.key(83), 2 * shape.layers)
+    layers: list[mx.array] = []
+    for index in range(shape.layers):
+        if index == 0:
+            layers.extend((wx, wh, bias))
+        else:
+            upper = (mx.random.normal(wx.shape, key=keys[2 * index]) / math.sqrt(shape.hidden)).astype(weight_dtype)
+            layers.extend((upper, wh, (0.1 * mx.random.normal(bias.shape, key=keys[2 * index + 1])).astype(bias_dtype)))
+    incoming_h = mx.concatenate([hidden] * shape.layers).reshape(shape.layers, 1, shape.hidden)
+    incoming_c = mx.concatenate([cell] * shape.layers).reshape(shape.layers, 1, shape.hidden)
+    _, pred_weight, pred_bias, base = joint_row_samples(shape.joint_row(), pred_dtype, pred_bias_dtype)
+    _, out_weight, out_bias = joint_row_samples(shape.scores(), out_dtype, out_bias_dtype)
+    arrays = (table, mx.zeros((1,)), indices[:1], incoming_h, incoming_c, *layers)
+    joint = (pred_weight, pred_bias, base, out_weight, out_bias)
+    zeros = mx.zeros(incoming_h.shape)
+    return [(True, 3, *arrays, *joint), (False, 3, *arrays[:3], zeros, zeros, *layers, *joint)]
+
+
 @dataclass(frozen=True)
 class AttemptParts:
     """One attempt's parts (each the kernel where admitted, else its operations fallback), made by
@@ -413,3 +668,7 @@ class AttemptParts:
     upper: Callable[..., tuple[mx.array, mx.array]]  # a layer above the first ("row")
     joint_hidden: Callable[..., mx.array]
     joint_partials: Callable[..., tuple[mx.array, mx.array]]
+    loop_shape: GreedyLoopShape  # the layout the parts take
+    # Every attempt of a frame in one launch (:class:`GreedyLoop`, where admitted), else None: the parts above
+    # an attempt at a time (:func:`greedy_loop_ops`).
+    loop: Callable[..., tuple[mx.array, ...]] | None = None

@@ -93,3 +93,47 @@ METAL = Dialect(
     rsqrt="metal::precise::rsqrt",
     negative_infinity="(-INFINITY)",
 )
+
+
+# A barrier of every block of a launch (CUDA), for kernels whose persistent blocks run several steps in turn, each
+# step reading what the one before wrote: a counter and a generation on a ticket line (an int32 input ``tickets`` of
+# two, zero at first, which the kernel keeps on from launch to launch), the last block to arrive putting the counter
+# back to zero and moving the generation on, the others waiting for it to move. A launch has few blocks, all
+# resident together on any GPU; a wait is bounded all the same (about a second), so that a device that could not run
+# them together returns wrong values, which admission refuses, instead of hanging. The fences on both sides make
+# every block's writes before the barrier visible to every block's reads after it. Needs ``local`` (the thread in
+# its block) and :data:`GRID_BARRIER_STATE_CUDA` declared before.
+GRID_BARRIER_STATE_CUDA = """
+    constexpr long long SPIN_LIMIT = 1LL << 31;  // clock cycles, about a second
+    int* arrivals = const_cast<int*>(tickets);
+    volatile int* generation = arrivals + 1;
+"""
+GRID_BARRIER_CUDA = """
+    __syncthreads();
+    if (local == 0) {
+        const int seen = *generation;
+        __threadfence();  // the block's writes are visible to every block before its arrival is
+        if (atomicAdd(arrivals, 1) == gridDim.x - 1) {
+            atomicExch(arrivals, 0);
+            __threadfence();
+            atomicAdd(arrivals + 1, 1);
+        } else {
+            const long long start = clock64();
+            while (*generation == seen && clock64() - start < SPIN_LIMIT) {
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+"""
+
+
+def block_turns(count: str, body: str) -> str:
+    """``body`` for the blocks ``block`` = 0 … ``count`` − 1 in turn over a launch's persistent blocks (CUDA), with a
+    block barrier between turns, since the next turn reuses the shared memory."""
+    return f"""
+    for (int block = blockIdx.x; block < {count}; block += gridDim.x) {{
+        {body}
+        __syncthreads();
+    }}
+"""

@@ -393,9 +393,19 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         reads_stored_codebook,
     )
     from .rnnt import RNNTJoint, RNNTPredictor
+    from .row_chain import ChainBook
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .step_draws import StepDraws, step_draws_ops, step_draws_samples
-    from .tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, EarTTS, LayerRowParts, MixtureHead, MixtureRowParts
+    from .tts import (
+        GUIDED_ROWS,
+        Backbone,
+        BackboneAttention,
+        BackboneLayer,
+        EarTTS,
+        LayerRowParts,
+        MixtureHead,
+        MixtureRowParts,
+    )
 
     fast = check_numerics(numerics) == "fast"
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
@@ -534,6 +544,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for conformer in conformers:
         conformer.rows = conformer_parts
         conformer.row_weights = None if conformer_parts is None else conformer.make_row_weights(weight_dtype)
+    for encoder in (module for module in modules if isinstance(module, FastConformer)):
+        encoder.row_chains = ChainBook()
+        if fast and conformer_parts is not None and on_gpu:
+            encoder.row_chains, changes["encoder_row_chains"] = _row_chains("encoder", encoder.row_runs())
+        elif fast:
+            changes["encoder_row_chains"] = False
 
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
@@ -549,6 +565,12 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for layer in layers:
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
+    for backbone in (module for module in modules if isinstance(module, Backbone)):
+        backbone.row_chains = ChainBook()
+        if fast and row_parts is not None and on_gpu:
+            backbone.row_chains, changes["tts_row_chains"] = _row_chains("TTS", backbone.row_runs())
+        elif fast:
+            changes["tts_row_chains"] = False
 
     tts_configs = [module.config for module in modules if isinstance(module, EarTTS)]
     for head in (module for module in modules if isinstance(module, MixtureHead)):
@@ -624,7 +646,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         predictor.fused_cell = fast  # the cell update left to fuse, where the attempts run as operations
         attempt_parts = None
         if fast and len(joints) == 1:
-            attempt_parts, changes["rnnt_attempts"] = _attempt_parts(predictor, joints[0])
+            attempt_parts, changes["rnnt_attempts"], changes["rnnt_loop"] = _attempt_parts(predictor, joints[0])
             if on_gpu and not changes["rnnt_attempts"]:
                 attempt_parts = None  # the compiled loop's operations (the CPU keeps the fallbacks, tested there)
         predictor.use_attempt_parts(attempt_parts)
@@ -835,20 +857,25 @@ def _quantized_row_part(
 
 # One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the
 # same object again and its compiled greedy loops are reused (engine.rnnt.GreedyPrograms keys them by it).
-_ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool]] = {}
+_ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool, bool]] = {}
 
 
-def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
+def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
     """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
-    operations), or None for a layout they do not take; the flag says whether every one is a kernel."""
+    operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
+    whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`,
+    admitted bit for bit against the attempt kernels, and only where all of them are kernels)."""
+    import dataclasses
     import functools
 
     from .greedy_attempt import (
         AttemptParts,
+        GreedyLoop,
+        GreedyLoopShape,
         JointRow,
-        JointRowShape,
         LSTMStep,
-        LSTMStepShape,
+        greedy_loop_ops,
+        greedy_loop_samples,
         joint_row_ops,
         joint_row_samples,
         lstm_step_ops,
@@ -858,24 +885,26 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
     lstm, table = predictor.prediction["dec_rnn"].lstm, predictor.prediction["embed"].weight
     output = joint.joint_net[-1]
     if any("bias" not in module for module in (*lstm, joint.pred, output)):
-        return None, False
+        return None, False, False
     weight_dtype, bias_dtype = lstm[0].Wx.dtype, lstm[0].bias.dtype
     dtypes = {table.dtype, *(array.dtype for layer in lstm for array in (layer.Wx, layer.Wh, layer.bias))}
     if not dtypes <= {mx.float32, mx.bfloat16} or len({(layer.Wx.dtype, layer.bias.dtype) for layer in lstm}) > 1:
-        return None, False
+        return None, False, False
     width = predictor.hidden_size
-    scores = JointRowShape(output.weight.shape[1], output.weight.shape[0], "partials", joint.activation_name)
-    hidden = JointRowShape(joint.pred.weight.shape[1], joint.pred.weight.shape[0], "activation", joint.activation_name)
     # The reference multiplies a bf16 embedding row by bf16 weights in bf16: one rounding of the sum, kept.
     rounded = table.dtype == weight_dtype == bias_dtype == mx.bfloat16
-    steps = {
-        "start": LSTMStepShape("zero", width, width),
-        "resume": LSTMStepShape("embedding", width, width, partials=1, round_input=rounded),
-        "chosen": LSTMStepShape("embedding", width, width, partials=scores.partials, round_input=rounded),
-        "upper": LSTMStepShape("row", width, width),
-    }
+    layout = GreedyLoopShape(
+        width,
+        len(lstm),
+        table.shape[0],
+        joint.pred.weight.shape[0],
+        output.weight.shape[0],
+        joint.activation_name,
+        rounded,
+    )
+    steps, scores, hidden = layout.steps(), layout.scores(), layout.joint_row()
     types = (table.dtype, weight_dtype, bias_dtype, joint.pred.weight.dtype, output.weight.dtype)
-    key = (tuple(steps.values()), scores, hidden, table.shape[0], types, gpu_kernel_backend())
+    key = (layout, types, gpu_kernel_backend())
     if key not in _ATTEMPT_PARTS:
         made: dict[str, Callable[..., Any]] = {}
         every = True
@@ -899,7 +928,21 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool]:
                 reference_device=mx.cpu,
             )
             every = every and used
-        _ATTEMPT_PARTS[key] = (AttemptParts(**made), every)
+        parts = AttemptParts(**made, loop_shape=layout)
+        looped = False
+        if every:  # the loop in one launch, against the attempt kernels it runs in turn
+            projections = (joint.pred.weight, joint.pred.bias, output.weight, output.bias)
+            loop, looped = _fast_part(
+                ("greedy_loop", layout, types, *(array.dtype for array in projections)),
+                "RN-T greedy loop",
+                functools.partial(greedy_loop_ops, parts, shape=layout),
+                functools.partial(GreedyLoop, shape=layout),
+                functools.partial(greedy_loop_samples, layout, *types[:3], *(a.dtype for a in projections)),
+                tolerance=0.0,
+            )
+            if looped:
+                parts = dataclasses.replace(parts, loop=loop)
+        _ATTEMPT_PARTS[key] = (parts, every, looped)
     return _ATTEMPT_PARTS[key]
 
 
@@ -942,6 +985,7 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
     """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
     else the fallbacks); the flag says whether every one is a kernel."""
     from .encoder import ConformerRowParts
+    from .row_chain import output_count
     from .row_product import RowProductShape
 
     norm, conv = layer.norm_feed_forward1, layer.conv
@@ -962,12 +1006,50 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
     # The convolution module's norm may have an eps of its own.
     eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
     parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
-    return ConformerRowParts(**parts), every
+    outputs = tuple((name, output_count(shape)) for name, shape in shapes.items())
+    return ConformerRowParts(**parts, outputs=outputs), every
+
+
+def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]]) -> tuple[Any, bool]:
+    """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
+    launch each (:class:`engine.row_chain.RowChain`), each admitted bit for bit against its steps one launch
+    each. The flag says whether every run is a chain."""
+    import functools
+
+    from .row_chain import ChainBook, RowChain, run_steps
+    from .row_product import RowProduct
+
+    backend = gpu_kernel_backend()
+    chains: dict[tuple[Any, ...], Any] = {}
+    every = backend is not None and bool(runs)
+    for key, calls in runs.items():
+        parts = [call.part for call in calls]
+        if backend is None or not all(
+            isinstance(part, functools.partial) and isinstance(part.func, RowProduct) for part in parts
+        ):
+            every = False
+            continue
+        products = [part.func for part in parts]  # type: ignore[attr-defined]
+        settings = [(part.keywords["eps"], part.keywords.get("guidance")) for part in parts]  # type: ignore[attr-defined]
+        try:
+            chain = RowChain(backend, key, products, settings)
+        except ValueError as exc:
+            log.info("no %s row chain of %d steps (%s)", network, len(calls), exc)
+            every = False
+            continue
+        flat = lambda run, made=chain: [array for outputs in made(run) for array in outputs]  # noqa: E731
+        reference = lambda run: [array for outputs in run_steps(run) for array in outputs]  # noqa: E731
+        if admit_kernel(f"{network} row chain of {len(calls)}", flat, reference, (calls,), tolerance=0.0):
+            chains[key] = chain
+        else:
+            every = False
+    return ChainBook(chains=chains), every
 
 
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
+    from .row_chain import output_count
     from .row_product import RowProductShape
     from .tts import LayerRowParts
 
@@ -985,7 +1067,8 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
     parts, every = _row_product_parts("TTS", shapes, dtype, scale_dtype, dict.fromkeys(shapes, eps))
-    return LayerRowParts(rows=rows, **parts), every
+    outputs = tuple((name, output_count(shape)) for name, shape in shapes.items())
+    return LayerRowParts(rows=rows, **parts, outputs=outputs), every
 
 
 def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:

@@ -37,7 +37,7 @@ import mlx.nn as nn
 
 from .config import JointConfig, PredictorConfig
 from .counters import GATHER_MARK
-from .greedy_attempt import AttemptParts, lstm_cell
+from .greedy_attempt import AttemptParts, greedy_loop_ops, lstm_cell
 from .jit import jit, materialize
 from .linear import Linear
 from .tokenizer import RNNTVocabulary
@@ -421,7 +421,8 @@ def _greedy_rows_by_attempt(
     max_symbols: int,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
     """:func:`_greedy_rows` with each attempt as ``parts`` (:mod:`engine.greedy_attempt`): one launch per LSTM
-    layer and two for the joint, where that runs about 28 operations an attempt.
+    layer and two for the joint, where that runs about 28 operations an attempt — or, where the parts have
+    the loop's kernel, every attempt in one launch.
 
     No attempt selects a state: one after an emission starts from that attempt's state, as it does in
     :func:`_greedy_rows`, and one after a blank is masked out here, whatever it computed. The first layer
@@ -435,41 +436,22 @@ def _greedy_rows_by_attempt(
     projected = joint.enc(encoded.reshape(1, -1))
     output = joint.joint_net[-1]
     if hidden is None:  # the start symbol's attempt reads no state; the end returns these only if none emitted
-        state_h, state_c = [mx.zeros((1, width))] * layers, [mx.zeros((1, width))] * layers
-    else:
-        state_h = mx.split(hidden[0].reshape(layers, width), layers)
-        state_c = mx.split(hidden[1].reshape(layers, width), layers)
-    states_h, states_c = [*state_h], [*state_c]  # every attempt's state, after the incoming one
-    values, indices = mx.zeros((1,)), last.reshape(1)
-    all_values, all_indices = [], []
-    for attempt in range(max_symbols):
-        row = None
-        for index, layer in enumerate(lstm):
-            weights = (state_h[index], state_c[index], layer.Wx, layer.Wh, layer.bias)
-            if index > 0:
-                row, cell = parts.upper(row, *weights)
-            elif attempt == 0 and not started:
-                row, cell = parts.start(*weights)
-            else:
-                first = parts.resume if attempt == 0 else parts.chosen
-                row, cell = first(embed, values, indices, *weights)
-            state_h[index], state_c[index] = row, cell
-        states_h.extend(state_h)
-        states_c.extend(state_c)
-        activated = parts.joint_hidden(row, joint.pred.weight, joint.pred.bias, projected)
-        values, indices = parts.joint_partials(activated, output.weight, output.bias)
-        all_values.append(values)
-        all_indices.append(indices)
-    # Joined, not stacked: a stack adds a view per input.
-    scores = mx.concatenate(all_values).reshape(max_symbols, -1)
-    candidates = mx.concatenate(all_indices).reshape(max_symbols, -1)
+        zeros = mx.zeros((layers, 1, width))
+        hidden = (zeros, zeros)
+    weights = [array for layer in lstm for array in (layer.Wx, layer.Wh, layer.bias)]
+    # The frame's incoming token as one partial pair, which the first attempt's first layer finishes.
+    incoming = (embed, mx.zeros((1,)), last.reshape(1), *hidden, *weights)
+    loop = parts.loop or functools.partial(greedy_loop_ops, parts, shape=parts.loop_shape)
+    states_h, states_c, _, scores, candidates = loop(
+        started, max_symbols, *incoming, joint.pred.weight, joint.pred.bias, projected, output.weight, output.bias
+    )
     best = mx.take_along_axis(candidates, mx.argmax(scores, axis=1, keepdims=True), axis=1).reshape(-1)
     emitted = mx.cumsum((best == blank_id).astype(mx.int32)) == 0  # every attempt up to the first blank
     count = emitted.astype(mx.int32).sum(keepdims=True)
     new_last = mx.where(count > 0, mx.take(best, mx.maximum(count - 1, 0)), last.reshape(1))
     # The state after the last emission (index 0: the incoming state, kept when nothing was emitted).
-    kept_h = mx.take(mx.concatenate(states_h).reshape(max_symbols + 1, layers, width), count, axis=0)
-    kept_c = mx.take(mx.concatenate(states_c).reshape(max_symbols + 1, layers, width), count, axis=0)
+    kept_h = mx.take(states_h, count, axis=0)
+    kept_c = mx.take(states_c, count, axis=0)
     symbols = mx.where(emitted, best, -1)
     return symbols, new_last.reshape(1, 1), kept_h.reshape(layers, 1, width), kept_c.reshape(layers, 1, width)
 

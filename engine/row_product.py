@@ -347,7 +347,7 @@ _CUDA_PROLOGUES = _prologues(
     "__syncthreads();",
     "rsqrtf",
     "expf",
-    "blockIdx.x == 0",
+    "block == 0",
 )
 
 # Eight weights of one row from ``pointer`` (16 bytes of bf16, 32 of float32) into ``w``.
@@ -385,7 +385,7 @@ _CUDA_BODY = """
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     @PROLOGUE@
-    const int column = blockIdx.x * GROUPS + warp % GROUPS;
+    const int column = block * GROUPS + warp % GROUPS;
     const int slice = warp / GROUPS;
     const bool active = column < COLUMNS;
     const int row_of = active ? column : 0;
@@ -443,28 +443,30 @@ _CUDA_BODY = """
         }
     }
     __syncthreads();
-    if (!active || slice != 0 || lane != 0) return;
-    for (int r = 0; r < OUT_ROWS; ++r) {
-        float total[STREAMS];
-        for (int s = 0; s < STREAMS; ++s) {
-            total[s] = 0.0f;
-            for (int k = 0; k < SPLIT; ++k) total[s] += slices[warp + k * GROUPS][s][r];
-        }
-        if (EPILOGUE == 1) {
-            const float g = total[0];
-            const float inner = params[1] * (g + 0.044715f * (g * g * g));
-            y0[r * COLUMNS + column] = (0.5f * g * (1.0f + tanhf(inner))) * total[STREAMS - 1];
-        } else if (EPILOGUE == 2) {
-            y0[r * COLUMNS + column] = total[0] * (1.0f / (1.0f + expf(-total[STREAMS - 1])));
-        } else if (column < N0) {
-            float value = total[0];
-            if (EPILOGUE == 3) value = value / (1.0f + expf(-value));
-            if (EPILOGUE == 4) value = @BASE@[r * N0 + column] + params[2] * value;
-            y0[r * N0 + column] = value;
-        } else if (column < N0 + N1) {
-            @Y1@[r * N1 + column - N0] = total[0];
-        } else {
-            @Y2@[r * N2 + column - N0 - N1] = total[0];
+    // One lane of a column's first slice writes it (no early return: a chain runs the body for several blocks).
+    if (active && slice == 0 && lane == 0) {
+        for (int r = 0; r < OUT_ROWS; ++r) {
+            float total[STREAMS];
+            for (int s = 0; s < STREAMS; ++s) {
+                total[s] = 0.0f;
+                for (int k = 0; k < SPLIT; ++k) total[s] += slices[warp + k * GROUPS][s][r];
+            }
+            if (EPILOGUE == 1) {
+                const float g = total[0];
+                const float inner = params[1] * (g + 0.044715f * (g * g * g));
+                y0[r * COLUMNS + column] = (0.5f * g * (1.0f + tanhf(inner))) * total[STREAMS - 1];
+            } else if (EPILOGUE == 2) {
+                y0[r * COLUMNS + column] = total[0] * (1.0f / (1.0f + expf(-total[STREAMS - 1])));
+            } else if (column < N0) {
+                float value = total[0];
+                if (EPILOGUE == 3) value = value / (1.0f + expf(-value));
+                if (EPILOGUE == 4) value = @BASE@[r * N0 + column] + params[2] * value;
+                y0[r * N0 + column] = value;
+            } else if (column < N0 + N1) {
+                @Y1@[r * N1 + column - N0] = total[0];
+            } else {
+                @Y2@[r * N2 + column - N0 - N1] = total[0];
+            }
         }
     }
 """
@@ -595,11 +597,21 @@ _METAL_BODY = """
 """
 
 
-def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight_dtype: mx.Dtype, metal: bool) -> str:
-    """The kernel source for ``shape``: unused weights and outputs point at the first ones (never reached)."""
+def _source(
+    body: str,
+    prologues: dict[str, str],
+    shape: RowProductShape,
+    weight_dtype: mx.Dtype,
+    metal: bool,
+    *,
+    chained: bool = False,
+) -> str:
+    """The kernel source for ``shape``: unused weights and outputs point at the first ones (never reached).
+    ``chained`` (CUDA): the body of one step of a chain (:mod:`engine.row_chain`), which runs it for each
+    ``block`` in turn and keeps the normed rows in one array of its own."""
     weights = len(shape.outputs)
     shared = "threadgroup" if metal else "__shared__ __align__(16)"
-    uses_rows = shape.prologue != "none"
+    uses_rows = shape.prologue != "none" and not chained
     single = shape.epilogue in ("gelu_gate", "glu")  # one output
     source = (
         body.replace("@PROLOGUE@", prologues[shape.prologue] + (prologues["guidance"] if shape.guided else ""))
@@ -614,6 +626,8 @@ def _source(body: str, prologues: dict[str, str], shape: RowProductShape, weight
     )
     if not metal:
         source = source.replace("@LOAD@", _CUDA_LOAD[weight_dtype])
+        if not chained:
+            source = "    const int block = blockIdx.x;" + source
     return source
 
 
@@ -679,6 +693,37 @@ class RowProduct:
     ) -> tuple[mx.array, ...]:
         """:func:`row_product_ops`'s computation (the epilogue and its factor are the shape's; ``guidance``, the
         scale of a guided shape's mix)."""
+        named: dict[str, Any] = {"x": x, "norm_scale": norm_scale, "residual": residual}
+        named.update({"residual_scale": residual_scale, "norm_bias": norm_bias, "depthwise": depthwise})
+        named.update({"base": base, "newest": newest, "prior_scale": prior_scale, "prior_bias": prior_bias})
+        named.update({f"w{index}": weight for index, weight in enumerate(weights)})
+        launch = self.launch(named, eps=eps, guidance=guidance)
+        results = self._kernel(
+            inputs=launch.inputs,
+            template=self.template,
+            grid=(self.blocks * self.warps * 32, 1, 1),
+            threadgroup=(self.warps * 32, 1, 1),
+            output_shapes=launch.output_shapes,
+            output_dtypes=[mx.float32] * len(launch.output_shapes),
+        )
+        return tuple(results)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The kernel's inputs, in order."""
+        return list(self._inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        """The kernel's outputs, in order."""
+        return list(self._outputs)
+
+    def chained_source(self) -> str:
+        """The CUDA body a chain's step runs (:mod:`engine.row_chain`)."""
+        return _source(_CUDA_BODY, _CUDA_PROLOGUES, self.shape, self._weight_dtype, metal=False, chained=True)
+
+    def launch(self, named: dict[str, Any], *, eps: float, guidance: float | None) -> RowLaunch:
+        """What a launch on the arrays ``named`` (by input name; the weights as ``w0``…) takes."""
         shape = self.shape
         if shape.guided != (guidance is not None):
             raise ValueError("a guided row product takes a guidance scale, and only it")
@@ -686,12 +731,7 @@ class RowProduct:
             # The gelu's sqrt(2/π) as the reference's float32 constant (``math.sqrt(2 / math.pi)`` rounded once).
             constants = [eps, math.sqrt(2 / math.pi), shape.factor, guidance or 0.0]
             self._params[eps, guidance] = kernel_constants(*constants)
-        named: dict[str, Any] = {"x": x, "params": self._params[eps, guidance], "norm_scale": norm_scale}
-        named.update({"residual": residual, "residual_scale": residual_scale, "norm_bias": norm_bias})
-        named.update({"depthwise": depthwise, "base": base, "newest": newest})
-        named.update({"prior_scale": prior_scale, "prior_bias": prior_bias})
-        named.update({f"w{index}": weight for index, weight in enumerate(weights)})
-        sizes = [*shape.outputs, 0, 0][:3]
+        named = {**named, "params": self._params[eps, guidance]}
         out_shapes: list[tuple[int, ...]] = [(shape.output_rows, size) for size in shape.output_widths]
         if shape.value_heads:
             out_shapes[-1] = (shape.rows, shape.value_heads, 1, shape.output_widths[-1] // shape.value_heads)
@@ -699,30 +739,41 @@ class RowProduct:
             out_shapes.append((shape.rows, shape.width))
         elif shape.prologue == "conv_norm":
             out_shapes.append((shape.taps - 1, shape.width))
-        blocks = -(-shape.columns // (self.warps // shape.split))
-        results = self._kernel(
-            inputs=[named[name] for name in self._inputs],
-            template=[
-                ("ROWS", shape.rows),
-                ("K", shape.width),
-                ("N0", sizes[0]),
-                ("N1", sizes[1]),
-                ("N2", sizes[2]),
-                ("COLUMNS", shape.columns),
-                ("SPLIT", shape.split),
-                ("EPILOGUE", EPILOGUES.index(shape.epilogue)),
-                ("TAPS", max(shape.taps, 1)),
-                ("GUIDED", int(shape.guided)),
-                ("WARPS", self.warps),
-                ("WT", self._weight_dtype),
-                ("ST", self._scale_dtype),
-            ],
-            grid=(blocks * self.warps * 32, 1, 1),
-            threadgroup=(self.warps * 32, 1, 1),
-            output_shapes=out_shapes,
-            output_dtypes=[mx.float32] * len(out_shapes),
-        )
-        return tuple(results)
+        return RowLaunch(inputs=[named[name] for name in self._inputs], output_shapes=out_shapes)
+
+    @property
+    def template(self) -> list[tuple[str, Any]]:
+        """The kernel's template constants and types."""
+        shape = self.shape
+        sizes = [*shape.outputs, 0, 0][:3]
+        return [
+            ("ROWS", shape.rows),
+            ("K", shape.width),
+            ("N0", sizes[0]),
+            ("N1", sizes[1]),
+            ("N2", sizes[2]),
+            ("COLUMNS", shape.columns),
+            ("SPLIT", shape.split),
+            ("EPILOGUE", EPILOGUES.index(shape.epilogue)),
+            ("TAPS", max(shape.taps, 1)),
+            ("GUIDED", int(shape.guided)),
+            ("WARPS", self.warps),
+            ("WT", self._weight_dtype),
+            ("ST", self._scale_dtype),
+        ]
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of a launch: one per :attr:`warps` // split columns."""
+        return -(-self.shape.columns // (self.warps // self.shape.split))
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """One :class:`RowProduct` launch's inputs, in order, and output shapes."""
+
+    inputs: list[Any]
+    output_shapes: list[tuple[int, ...]]
 
 
 def row_product_samples(shape: RowProductShape, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype) -> tuple[Any, ...]:

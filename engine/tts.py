@@ -34,6 +34,7 @@ from .linear import Linear
 from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
+from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from .step_draws import Draw
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
@@ -301,6 +302,8 @@ class LayerRowParts:
     output: Callable[..., tuple[mx.array, ...]]  # o_proj
     gate_up: Callable[..., tuple[mx.array, ...]]  # post-attention norm and add, pre-MLP norm, gelu(gate)·up
     down: Callable[..., tuple[mx.array, ...]]  # down_proj
+    # Each part's name and number of outputs (engine.row_chain.output_count).
+    outputs: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -353,9 +356,10 @@ class BufferSlot:
 
 @dataclass(frozen=True)
 class LayerRowsPending:
-    """A layer's last sublayer output, not yet post-normed (``scale`` is that norm's ``1 + w``) and added."""
+    """A layer's last sublayer output, not yet post-normed (``scale`` is that norm's ``1 + w``) and added; the
+    output as a link into the step's :class:`engine.row_chain.RowSequence`."""
 
-    output: mx.array
+    output: mx.array | Link
     scale: mx.array
 
 
@@ -434,32 +438,51 @@ class BackboneLayer(nn.Module):
 
     def step_rows(
         self,
-        hidden: mx.array,
+        sequence: RowSequence,
+        hidden: mx.array | Link,
         pending: LayerRowsPending | None,
         attend: Callable[[mx.array, mx.array, mx.array, mx.array], mx.array],
         position: mx.array,
-    ) -> tuple[mx.array, LayerRowsPending]:
-        """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks).
+    ) -> tuple[mx.array | Link, LayerRowsPending]:
+        """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks),
+        gathered in ``sequence`` (:class:`engine.row_chain.RowSequence`), which runs them when the attention
+        reads its inputs: on a GPU those from this layer's output projection to the next layer's q/k/v
+        projections as one launch where that chain was admitted.
 
         The layer's last sublayer is left pending: its output projection's result and post-norm scale,
         which the next layer's first kernel normalizes and adds (its prologue) — the same sum the exact
-        step forms at the end of this layer. ``hidden`` plus the pending term is the layer's output.
-        ``attend(q, k, values, position)`` makes the query and key heads, stores the position and returns the
-        mixed values as rows (:meth:`BackboneAttention.attend_head_rows` on a cache, or
-        :meth:`BackboneAttention.attend_slot`).
+        step forms at the end of this layer. ``hidden`` plus the pending term is the layer's output (both as
+        links into ``sequence``). ``attend(q, k, values, position)`` makes the query and key heads, stores
+        the position and returns the mixed values as rows (:meth:`BackboneAttention.attend_head_rows` on a
+        cache, or :meth:`BackboneAttention.attend_slot`).
         """
         rows, weights = self.rows, self.row_weights
         assert rows is not None and weights is not None
         if pending is None:
-            q, k, v = rows.first_qkv(hidden, weights.qkv, weights.input_scale)
+            qkv = sequence.add("first_qkv", rows.first_qkv, hidden, weights.qkv, norm_scale=weights.input_scale)
         else:
-            q, k, v, hidden = rows.qkv(hidden, weights.qkv, weights.input_scale, pending.output, pending.scale)
+            *qkv, hidden = sequence.add(
+                "qkv",
+                rows.qkv,
+                hidden,
+                weights.qkv,
+                norm_scale=weights.input_scale,
+                residual=pending.output,
+                residual_scale=pending.scale,
+            )
+        q, k, v = sequence.arrays(*qkv)
         mixed = attend(q, k, v, position)  # v comes split into heads; the attend makes q and k heads
-        (attended,) = rows.output(mixed, (weights.output,))
-        gated, hidden = rows.gate_up(
-            hidden, weights.gate_up, weights.pre_feedforward_scale, attended, weights.post_attention_scale
+        (attended,) = sequence.add("output", rows.output, mixed, (weights.output,))
+        gated, hidden = sequence.add(
+            "gate_up",
+            rows.gate_up,
+            hidden,
+            weights.gate_up,
+            norm_scale=weights.pre_feedforward_scale,
+            residual=attended,
+            residual_scale=weights.post_attention_scale,
         )
-        (down,) = rows.down(gated, (weights.down,))
+        (down,) = sequence.add("down", rows.down, gated, (weights.down,))
         return hidden, LayerRowsPending(down, weights.post_feedforward_scale)
 
     def step(self, x: mx.array, cache: LayerCache, position: mx.array) -> mx.array:
@@ -495,6 +518,8 @@ class Backbone(nn.Module):
         self.layers = [BackboneLayer(config, is_global) for is_global in self.global_layers]
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.trace_rows: bool | None = None  # see traces_rows
+        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.row_chain).
+        self.row_chains = ChainBook()
 
     def _masks(self, length: int, caches: list[LayerCache] | None) -> tuple[AttentionMask, AttentionMask]:
         """(global mask, sliding mask) for ``length`` new positions."""
@@ -548,12 +573,38 @@ class Backbone(nn.Module):
         attends: list[Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]],
     ) -> mx.array:
         """Fast numerics' step of every layer on rows, each attending through its ``attends`` entry."""
+        parts = self.layers[0].rows
+        assert parts is not None
+        sequence = RowSequence(dict(parts.outputs), self.row_chains)
         pending: LayerRowsPending | None = None
+        hidden: mx.array | Link = rows
         for layer, attend in zip(self.layers, attends, strict=True):
-            rows, pending = layer.step_rows(rows, pending, attend, position)
+            hidden, pending = layer.step_rows(sequence, hidden, pending, attend, position)
         assert pending is not None
-        rows = rows + self.layers[-1].post_feedforward_layernorm(pending.output)
+        rows, output = sequence.arrays(hidden, pending.output)
+        rows = rows + self.layers[-1].post_feedforward_layernorm(output)
         return mx.expand_dims(self.norm(rows), 1)
+
+    def row_runs(self) -> dict[tuple[Any, ...], list[RowCall]]:
+        """The runs of row products a step gathers, one of each structure with more than one step, as their
+        calls on the layers' own weights, random rows and random mixed values (the attention's): what the chains
+        are built and admitted for (see :meth:`engine.encoder.FastConformer.row_runs`). Runs one step op by op."""
+        parts = self.layers[0].rows
+        assert parts is not None
+        attention = self.layers[0].self_attn
+        width = attention.o_proj.weight.shape[1]
+        book, self.row_chains = self.row_chains, ChainBook(runs=[])
+        keys = iter(mx.random.split(mx.random.key(97), len(self.layers) + 1))
+        rows = mx.random.normal((parts.rows, self.layers[0].input_layernorm.weight.shape[0]), key=next(keys))
+        attends = [
+            lambda q, k, v, position, key=key: 0.5 * mx.random.normal((parts.rows, width), key=key) for key in keys
+        ]
+        try:
+            mx.eval(self._step_rows(rows, mx.array(0), attends[: len(self.layers)]))
+            runs = self.row_chains.runs or []
+        finally:
+            self.row_chains = book
+        return {run_key(calls): calls for calls in runs if len(calls) > 1}
 
     def traces_rows(self) -> bool:
         """Whether fast numerics' step runs as one traced program (:meth:`_traced_step`): when compiling
@@ -604,7 +655,8 @@ class Backbone(nn.Module):
         kinds = sorted(slots)
         # Whether each kind's attention makes its heads (admitted per RoPE base, so per kind of layer).
         folded = tuple(self.layers[self.global_layers.index(kind)].self_attn.heads_in_attention for kind in kinds)
-        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, folded)
+        chains = tuple(self.row_chains.chains.values())
+        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, folded, chains)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps
         if key not in programs:

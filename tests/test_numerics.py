@@ -121,7 +121,9 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "relative_attention": False,
         "relative_window": False,
         "encoder_row_products": False,
+        "encoder_row_chains": False,
         "tts_row_products": False,
+        "tts_row_chains": False,
         "mog_row_products": False,
         "mog_sample": False,
         "quantized_rows": False,
@@ -129,6 +131,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "residual_vq_rounds": False,
         "step_draws": False,
         "rnnt_attempts": False,
+        "rnnt_loop": False,
         "codec_conv_norm": False,
         "codec_code_sum": False,
     }, "the CPU runs every fallback, no kernel"
@@ -1436,3 +1439,114 @@ def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch:
     for form in (writing, heads):
         assert form[0] == scatter[0] and form[1] == scatter[1]
         assert np.array_equal(form[2], scatter[2])
+
+
+def test_the_greedy_loop_in_one_launch_is_wired_as_its_attempts() -> None:
+    """A fast model whose RN-T loop runs as one part (here its fallback, the attempt parts in turn, where CUDA runs
+    the loop kernel) gives the attempt-by-attempt transcript and everything after it bit for bit: the loop's
+    outputs are read as the attempts' states, scores and indices. The kernel runs the one-attempt kernels'
+    sources: each appears in it as it is."""
+    from engine.events import UserTranscriptDelta
+    from engine.greedy_attempt import _joint_body, _loop_source, _lstm_body, greedy_loop_ops
+    from engine.kernel_source import CUDA
+    from engine.session import Session
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    (predictor,) = [module for _, module in voicechat.model.named_modules() if isinstance(module, RNNTPredictor)]
+    parts = predictor.attempt_parts
+    assert parts is not None and parts.loop is None, "the CPU admits no loop kernel"
+    calls: list[tuple[bool, int]] = []
+
+    def loop(started: bool, attempts: int, *inputs: mx.array) -> tuple[mx.array, ...]:
+        calls.append((started, attempts))
+        return greedy_loop_ops(parts, started, attempts, *inputs, shape=parts.loop_shape)
+
+    frames = 14
+    audio = (0.3 * np.random.default_rng(7).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
+
+    def run() -> tuple[list[Any], tuple[Any, ...]]:
+        session = Session(voicechat, seed=0)
+        transcript: list[Any] = []
+        for index in range(frames):
+            chunk = audio[index * INPUT_FRAME_SAMPLES : (index + 1) * INPUT_FRAME_SAMPLES]
+            transcript.extend(event for event in session.push(chunk) if isinstance(event, UserTranscriptDelta))
+        return transcript, _conversation(voicechat, audio, frames)
+
+    by_attempt = run()
+    predictor.use_attempt_parts(dataclasses.replace(parts, loop=loop))
+    looped = run()
+    assert calls and {started for started, _ in calls} == {False, True}, calls
+    assert by_attempt[0] == looped[0] and by_attempt[0], "the transcript, emitted at least once"
+    assert by_attempt[1][:3] == looped[1][:3] and np.array_equal(by_attempt[1][3], looped[1][3])
+    source = _loop_source(parts.loop_shape)
+    steps = parts.loop_shape.steps()
+    assert _lstm_body(steps["chosen"], CUDA) in source and _lstm_body(steps["resume"], CUDA, pairs="1") in source
+    assert _lstm_body(steps["upper"], CUDA, produced="volatile ") in source
+    assert _joint_body(parts.loop_shape.scores(), CUDA) in source
+    assert _joint_body(parts.loop_shape.joint_row(), CUDA) in source
+
+
+def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
+    """A fast encoder whose runs of row products each go as one chain (here a stand-in running the steps, where
+    CUDA launches the chain kernel) gives the product-by-product outputs bit for bit: the runs are a layer's
+    first feed-forward and projections, then from each layer's output projection to the next layer's q/k/v
+    projections, then the last layer's tail, each step reading the outputs of the steps before it."""
+    from engine.row_chain import ChainBook, RowCall, run_steps
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    encoder = voicechat.model.stt_model.perception.encoder
+    assert encoder.row_chains.chains == {}, "the CPU admits no chain"
+    runs = encoder.row_runs()
+    steps = sorted(tuple(call.name for call in calls) for calls in runs.values())
+    tail = ("output", "convolution_in", "convolution_out", "feed_forward_up", "feed_forward_down")
+    head = ("feed_forward_down", "qkv")
+    assert steps == sorted([("feed_forward_up", *head), (*tail, "feed_forward_up_twice", *head), tail]), steps
+    calls: dict[int, int] = {}
+
+    def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
+        def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:
+            calls[steps] = calls.get(steps, 0) + 1
+            return run_steps(run)
+
+        return chain
+
+    frames = 12
+    audio = (0.1 * np.random.default_rng(9).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
+    products = _conversation(voicechat, audio, frames)
+    encoder.row_chains = ChainBook(chains={key: stand_in(len(key)) for key in runs})
+    chained = _conversation(voicechat, audio, frames)
+    layers = len(encoder.layers)
+    assert calls[3] == calls[5] and calls[8] == (layers - 1) * calls[3] and calls[3] >= frames - 2, calls
+    assert products[:3] == chained[:3] and np.array_equal(products[3], chained[3])
+
+
+def test_the_tts_backbone_s_runs_of_row_products_are_wired_as_their_steps() -> None:
+    """The TTS backbone's runs — the first layer's q/k/v, then from each layer's output projection to the next
+    layer's q/k/v, then the last layer's tail — each as one chain (a stand-in running the steps) give the
+    product-by-product codes and samples bit for bit."""
+    from engine.row_chain import ChainBook, RowCall, run_steps
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    backbone = voicechat.model.tts_model.tts_model.backbone
+    assert backbone.row_chains.chains == {}, "the CPU admits no chain"
+    runs = backbone.row_runs()
+    steps = sorted(tuple(call.name for call in calls) for calls in runs.values())
+    assert steps == sorted([("output", "gate_up", "down", "qkv"), ("output", "gate_up", "down")]), steps
+    calls: dict[int, int] = {}
+
+    def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
+        def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:
+            calls[steps] = calls.get(steps, 0) + 1
+            return run_steps(run)
+
+        return chain
+
+    frames = 12
+    audio = (0.1 * np.random.default_rng(13).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
+    products = _conversation(voicechat, audio, frames)
+    backbone.row_chains = ChainBook(chains={key: stand_in(len(key)) for key in runs})
+    backbone._traced_steps.clear()
+    chained = _conversation(voicechat, audio, frames)
+    layers = len(backbone.layers)
+    assert calls[4] == (layers - 1) * calls[3] and calls[3] >= frames - 2, calls
+    assert products[:3] == chained[:3] and np.array_equal(products[3], chained[3])

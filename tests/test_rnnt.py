@@ -358,8 +358,8 @@ def test_fast_loop_keeps_the_state_of_the_last_emission(by_attempt: bool, lstm_d
         predictor.update(tree_map(lambda array: array.astype(lstm_dtype), predictor.parameters()))
     rows_predictor.fused_cell = True
     if by_attempt:
-        parts, kernels = _attempt_parts(rows_predictor, joint)
-        assert parts is not None and not kernels  # the CPU runs the operations
+        parts, kernels, looped = _attempt_parts(rows_predictor, joint)
+        assert parts is not None and not kernels and not looped  # the CPU runs the operations
         rows_predictor.use_attempt_parts(parts)
         assert rows_predictor.embedding_table is not None  # the table the first layer reads rows of
     joint.pred.weight = joint.pred.weight * 10.0

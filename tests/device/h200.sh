@@ -130,6 +130,8 @@ for arg in "$@"; do
     llmattnab) step llmattnab 420 python3 tests/device/llm_attention_ab.py ;;
     # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
+    # This build's launches joined (row chains, the RN-T loop) against the same steps apart, alternating rounds.
+    rowchainsab) step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first

@@ -8,12 +8,14 @@ weights in bf16 as the checkpoints store them, the joint float32 as exact mode p
    outputs (the embedding step rounds its input product to bf16 like the reference, so a reordered sum that
    crosses a rounding boundary moves one gate by a bf16 step).
 2. Frames of random encoder output through the unrolled loop of ten attempts, three ways in one process,
-   alternating: exact mode's loop, fast mode's loop on rows (operations), fast mode's attempts as kernels.
+   alternating: exact mode's loop, fast mode's loop on rows (operations), fast mode's attempts as kernels
+   (the loop in one launch where admitted, then also the attempt kernels one launch each: a fourth way).
    The symbols each gives, frame by frame, against exact's, and the median time per frame.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import sys
@@ -95,11 +97,16 @@ def main() -> None:
     fast_predictor, _ = modules()
     kernel_predictor, _ = modules()
     fast_predictor.fused_cell = kernel_predictor.fused_cell = True
-    parts, every = _attempt_parts(kernel_predictor, joint)
+    parts, every, looped = _attempt_parts(kernel_predictor, joint)
     kernel_predictor.use_attempt_parts(parts)
-    print(f"every attempt part a kernel: {every}")
+    print(f"every attempt part a kernel: {every}; the loop in one launch: {looped}")
     frames = 2.0 * mx.random.normal((FRAMES, 1, 1, 1024), key=mx.random.key(9))
     ways = {"exact": exact_predictor, "fast rows": fast_predictor, "fast kernels": kernel_predictor}
+    if looped:  # the attempt kernels one launch each, beside the loop in one
+        attempts_predictor, _ = modules()
+        attempts_predictor.fused_cell = True
+        attempts_predictor.use_attempt_parts(dataclasses.replace(parts, loop=None))
+        ways["fast attempts"] = attempts_predictor
     states = {name: make_rnnt_state(BLANK) for name in ways}
     symbols: dict[str, list[list[int]]] = {name: [] for name in ways}
     times: dict[str, list[float]] = {name: [] for name in ways}
@@ -115,6 +122,11 @@ def main() -> None:
             kept = [symbol for symbol in emitted if symbol >= 0]
             if kept:
                 state.last_token, state.hidden = kept[-1], proposal.hidden
+        if looped and index < 20:  # the loop's state bit for bit the attempt kernels' (both carried the same)
+            loop_state, attempts_state = states["fast kernels"].hidden, states["fast attempts"].hidden
+            if loop_state is not None and attempts_state is not None:
+                same = all(mx.array_equal(a, b).item() for a, b in zip(loop_state, attempts_state, strict=True))
+                print(f"frame {index}: loop state equal to the attempt kernels': {same}")
     emitted_per_frame = statistics.mean(sum(s >= 0 for s in frame) for frame in symbols["exact"])
     print(f"{frames.shape[0]} frames, {emitted_per_frame:.1f} symbols a frame (exact), {ATTEMPTS} attempts unrolled")
     for name in ways:

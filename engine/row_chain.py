@@ -1,0 +1,247 @@
+"""Runs of row products in one launch (fast numerics, CUDA).
+
+A streaming step runs row products back to back with nothing else between them: an encoder layer's output
+projection, convolution module and second feed-forward, then the next layer's first feed-forward and its
+query, key and value projections — eight kernels, until the attention reads them. Each is a launch, and on a
+GPU a launch costs the host more than a one-row product costs the GPU. :class:`RowChain` runs such a run in
+one launch: each step's own source (:meth:`engine.row_product.RowProduct.chained_source`), a block's share at a
+time over the launch's blocks (:func:`engine.kernel_source.block_turns`), which meet at a bounded barrier
+between steps (:data:`engine.kernel_source.GRID_BARRIER_CUDA`), since a step reads what the steps before it
+wrote. The same arithmetic in the same order as the steps one launch each: admitted only bit for bit against
+them.
+
+:class:`RowSequence` gathers the calls. Code that runs a layer through its row parts adds each call and gets
+:class:`Link` s to its outputs, which later calls take as inputs, and asks for arrays where something else
+reads them (the attention): the run gathered until then goes as one chain where one was admitted for its
+structure (:func:`run_key`), else as its parts one launch each (on the CPU: their operations), in the order
+added, with the same results either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from .kernel_source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, block_turns
+from .numerics import custom_kernel
+from .row_product import RowProduct, RowProductShape
+
+RowPart = Callable[..., tuple[mx.array, ...]]
+
+# Blocks of a chain's launch (at most): two a multiprocessor on an H100 or H200 (132), resident together.
+CHAIN_BLOCKS = 256
+# CUDA's names of the dtypes a step's template takes.
+_CUDA_TYPES = {mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half"}
+
+
+@dataclass(frozen=True)
+class Link:
+    """Output ``output`` of step ``step`` of run ``run`` of a :class:`RowSequence`."""
+
+    run: int
+    step: int
+    output: int
+
+
+@dataclass(frozen=True)
+class RowCall:
+    """One step of a run: the part it calls (``name``), its input rows ``x``, its weights and its other inputs
+    by keyword — each input an array, or a :class:`Link` to an earlier step of the same run."""
+
+    name: str
+    part: RowPart
+    x: mx.array | Link
+    weights: tuple[mx.array, ...]
+    inputs: tuple[tuple[str, mx.array | Link], ...]
+
+    def links(self) -> tuple[tuple[str, int, int], ...]:
+        """Which inputs earlier steps write: (input name, step, output)."""
+        named = (("x", self.x), *self.inputs)
+        return tuple((name, value.step, value.output) for name, value in named if isinstance(value, Link))
+
+
+def run_key(calls: Sequence[RowCall]) -> tuple[tuple[str, tuple[tuple[str, int, int], ...]], ...]:
+    """A run's structure — each step's part and which of its inputs earlier steps write — which a chain is
+    built for."""
+    return tuple((call.name, call.links()) for call in calls)
+
+
+def output_count(shape: RowProductShape) -> int:
+    """Outputs a row product of ``shape`` returns (its products', then the rows its prologue passes on)."""
+    passes_on = shape.prologue in ("residual_norm", "layer_norm_twice", "conv_norm")
+    return len(shape.output_widths) + int(passes_on)
+
+
+def run_steps(calls: Sequence[RowCall]) -> list[tuple[mx.array, ...]]:
+    """A run's parts one call each, in order (a chain's fallback and reference)."""
+    results: list[tuple[mx.array, ...]] = []
+
+    def value(item: mx.array | Link) -> mx.array:
+        return results[item.step][item.output] if isinstance(item, Link) else item
+
+    for call in calls:
+        inputs = {name: value(item) for name, item in call.inputs}
+        results.append(tuple(call.part(value(call.x), call.weights, **inputs)))
+    return results
+
+
+Chain = Callable[[Sequence[RowCall]], list[tuple[mx.array, ...]]]
+
+
+@dataclass
+class ChainBook:
+    """A network's chains: those admitted, by :func:`run_key` (none on the CPU), and, while a load looks for
+    its runs, every run's calls (``runs``)."""
+
+    chains: dict[tuple[Any, ...], Chain] = field(default_factory=dict)
+    runs: list[list[RowCall]] | None = None
+
+
+class RowSequence:
+    """Row-product calls gathered into runs (see the module docstring). ``outputs``: each part name's number of
+    outputs; ``book``: the chains to run the runs as, and where to record them."""
+
+    def __init__(self, outputs: Mapping[str, int], book: ChainBook | None = None) -> None:
+        self._outputs = outputs
+        self._book = book or ChainBook()
+        self._calls: list[RowCall] = []
+        self._results: list[list[tuple[mx.array, ...]]] = []
+
+    def add(self, name: str, part: RowPart, x: mx.array | Link, weights: tuple[mx.array, ...], **inputs: Any) -> tuple:
+        """Gather ``part(x, weights, **inputs)`` (``name``: the part's name in its parts); returns links to its
+        outputs. Inputs may link to any earlier call, and ``None`` inputs are left out."""
+        run = len(self._results)
+        x = self._current(x)
+        named = tuple((key, self._current(item)) for key, item in inputs.items() if item is not None)
+        self._calls.append(RowCall(name, part, x, tuple(weights), named))
+        step = len(self._calls) - 1
+        return tuple(Link(run, step, output) for output in range(self._outputs[name]))
+
+    def arrays(self, *values: mx.array | Link) -> tuple[mx.array, ...]:
+        """``values`` as arrays: the gathered run goes first if any of them is its output."""
+        if any(isinstance(value, Link) and value.run == len(self._results) for value in values):
+            self._run()
+        return tuple(self._array(value) for value in values)
+
+    def _current(self, value: mx.array | Link) -> mx.array | Link:
+        """An input for the gathered run: a link into it stays a link, one into an earlier run is its array."""
+        if isinstance(value, Link) and value.run < len(self._results):
+            return self._array(value)
+        return value
+
+    def _array(self, value: mx.array | Link) -> mx.array:
+        return self._results[value.run][value.step][value.output] if isinstance(value, Link) else value
+
+    def _run(self) -> None:
+        calls, self._calls = self._calls, []
+        if self._book.runs is not None:
+            self._book.runs.append(calls)
+        chain = self._book.chains.get(run_key(calls))
+        self._results.append(chain(calls) if chain is not None else run_steps(calls))
+
+
+class RowChain:
+    """One run's structure (:func:`run_key`) as a CUDA kernel of its steps' row products (``products``, each
+    with the ``eps`` and guidance of its part)."""
+
+    def __init__(
+        self,
+        backend: str,
+        key: tuple[Any, ...],
+        products: Sequence[RowProduct],
+        settings: Sequence[tuple[float, float | None]],
+    ) -> None:
+        if backend != "cuda":
+            raise ValueError(f"row products stay one launch each on {backend!r}")
+        if len({product.warps for product in products}) != 1:
+            raise ValueError("a chain's steps share its blocks: their row products need one number of warps")
+        self.key = key
+        self._products = list(products)
+        self._settings = list(settings)
+        links = {(step, name): (source, output) for step, (_, made) in enumerate(key) for name, source, output in made}
+        self._inputs: list[tuple[int, str]] = [
+            (step, name)
+            for step, product in enumerate(products)
+            for name in product.input_names
+            if (step, name) not in links
+        ]
+        self._outputs = [(step, name) for step, product in enumerate(products) for name in product.output_names]
+        self._blocks = min(max(product.blocks for product in products), CHAIN_BLOCKS)
+        self._kernel = custom_kernel(
+            backend,
+            "parley_row_chain",
+            [*(f"s{step}_{name}" for step, name in self._inputs), "tickets"],
+            [f"s{step}_{name}" for step, name in self._outputs],
+            cuda=_chain_source(self._products, links),
+            metal="",
+        )
+        self._tickets = mx.zeros((2,), dtype=mx.int32)  # the barrier's arrivals and generation
+        mx.eval(self._tickets)
+
+    def __call__(self, calls: Sequence[RowCall]) -> list[tuple[mx.array, ...]]:
+        if run_key(calls) != self.key:
+            raise ValueError("these calls are not the run this chain was built for")
+        inputs: dict[tuple[int, str], Any] = {}
+        shapes: list[tuple[int, ...]] = []
+        counts: list[int] = []
+        for step, (call, product, (eps, guidance)) in enumerate(
+            zip(calls, self._products, self._settings, strict=True)
+        ):
+            named: dict[str, Any] = {"x": call.x, **dict(call.inputs)}
+            named.update({f"w{index}": weight for index, weight in enumerate(call.weights)})
+            launch = product.launch(named, eps=eps, guidance=guidance)
+            inputs.update({(step, name): array for name, array in zip(product.input_names, launch.inputs, strict=True)})
+            shapes.extend(launch.output_shapes)
+            counts.append(len(launch.output_shapes))
+        threads = self._products[0].warps * 32
+        results = self._kernel(
+            inputs=[*(inputs[key] for key in self._inputs), self._tickets],
+            template=[],
+            grid=(self._blocks * threads, 1, 1),
+            threadgroup=(threads, 1, 1),
+            output_shapes=shapes,
+            output_dtypes=[mx.float32] * len(shapes),
+        )
+        by_step: list[tuple[mx.array, ...]] = []
+        for count in counts:
+            by_step.append(tuple(results[:count]))
+            results = results[count:]
+        return by_step
+
+
+def _chain_source(products: Sequence[RowProduct], links: Mapping[tuple[int, str], tuple[int, int]]) -> str:
+    """Each step in a scope of its own: its template's constants and types, its inputs and outputs under the
+    names its body reads (an input an earlier step writes, as that step's output), then its body for each of
+    its blocks in turn; a barrier of the launch's blocks between steps. The normed rows (threadgroup memory)
+    are one array for all steps, as large as the largest step's."""
+    steps = []
+    for step, product in enumerate(products):
+        lines = []
+        for name, value in product.template:
+            if isinstance(value, mx.Dtype):
+                lines.append(f"using {name} = {_CUDA_TYPES[value]};")
+            else:
+                lines.append(f"constexpr int {name} = {int(value)};")
+        for name in product.input_names:
+            link = links.get((step, name))
+            if link is None:
+                lines.append(f"const auto* {name} = s{step}_{name};")
+            else:
+                source, output = link
+                lines.append(f"const float* {name} = s{source}_{products[source].output_names[output]};")
+        lines.extend(f"float* {name} = s{step}_{name};" for name in product.output_names)
+        declarations = "\n        ".join(lines)
+        body = block_turns(str(product.blocks), product.chained_source())
+        steps.append(f"    {{\n        {declarations}\n{body}\n    }}\n")
+    rows = max(
+        [product.shape.rows * product.shape.width for product in products if product.shape.prologue != "none"] or [1]
+    )
+    return (
+        "    const int local = threadIdx.x;\n"
+        + GRID_BARRIER_STATE_CUDA
+        + f"    __shared__ __align__(16) float rows[{rows}];\n"
+        + GRID_BARRIER_CUDA.join(steps)
+    )
