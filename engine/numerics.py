@@ -65,6 +65,15 @@ and the log says why. The changes:
   roundings, ties to the lowest index) and admitted only if it is. On CUDA a round's several quantizers run in
   one launch (:class:`~engine.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
   blocks meeting at a bounded barrier between quantizers, admitted only bit for bit.
+* **Runs of row products as one launch** (:class:`engine.row_chain.RowChain`, CUDA only): where row products
+  follow one another with nothing else between — an encoder layer's output projection, convolution module and
+  second feed-forward, then the next layer's first feed-forward and q/k/v projections (eight); a TTS backbone
+  layer's output projection and MLP, then the next layer's q/k/v (four) — one launch runs them, each product's
+  own source a block's share at a time over the launch's blocks, which meet at a bounded barrier between
+  products (:data:`engine.kernel_source.GRID_BARRIER_CUDA`). :class:`engine.row_chain.RowSequence` gathers the
+  calls until the attention reads them; a load finds each network's runs by one step op by op and admits a
+  chain for each only bit for bit against its products one launch each (the same arithmetic in the same order).
+  Fallback: the products one launch each (on the CPU, their operations).
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
   (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
@@ -101,7 +110,10 @@ and the log says why. The changes:
   product is rounded to bf16 once, as the reference rounds it, so a gate differs only where the reordered
   float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.greedy_attempt.lstm_step_ops` and
   :func:`engine.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
-  kernels only where all six were admitted (the compiled loop of operations otherwise).
+  kernels only where all six were admitted (the compiled loop of operations otherwise). On CUDA a frame's
+  attempts then run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
+  sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
+  bit against the attempt kernels.
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
   (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
@@ -340,9 +352,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     attention their single-position kernels (and the TTS its query and key heads kernel), the
     TTS backbone, the MoG head's MLP and the encoder's streaming layers row products, the MoG head
     its guided projections and draw, the LLM's quantized projections their one-row kernel, the
-    MaskGIT rounds the residual-VQ kernel, the RN-T its attempts' kernels, and the codec decoder's blocks
-    their convolution-and-norm kernel, and the
-    codec's dequantization the code-sum kernel: each the kernel
+    MaskGIT rounds the residual-VQ kernel, the RN-T its attempts' kernels (on CUDA a frame's attempts as one
+    launch), the codec decoder's blocks their convolution-and-norm kernel, and the codec's dequantization the
+    code-sum kernel — and on CUDA the encoder's and the backbone's runs of row products one launch each: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with

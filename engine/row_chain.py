@@ -4,11 +4,11 @@ A streaming step runs row products back to back with nothing else between them: 
 projection, convolution module and second feed-forward, then the next layer's first feed-forward and its
 query, key and value projections — eight kernels, until the attention reads them. Each is a launch, and on a
 GPU a launch costs the host more than a one-row product costs the GPU. :class:`RowChain` runs such a run in
-one launch: each step's own source (:meth:`engine.row_product.RowProduct.chained_source`), a block's share at a
-time over the launch's blocks (:func:`engine.kernel_source.block_turns`), which meet at a bounded barrier
-between steps (:data:`engine.kernel_source.GRID_BARRIER_CUDA`), since a step reads what the steps before it
-wrote. The same arithmetic in the same order as the steps one launch each: admitted only bit for bit against
-them.
+one launch: each step's own source (:meth:`engine.row_product.RowProduct.chained_source`) for one of the step's
+blocks is a task, which the launch's blocks take in order from a counter, and a task waits until the step
+before it is done, since a step reads what the steps before it wrote — no block need be resident beside
+another for that to finish (:func:`_chain_source`). The same arithmetic in the same order as the steps one
+launch each: admitted only bit for bit against them.
 
 :class:`RowSequence` gathers the calls. Code that runs a layer through its row parts adds each call and gets
 :class:`Link` s to its outputs, which later calls take as inputs, and asks for arrays where something else
@@ -25,14 +25,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from .kernel_source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, block_turns
 from .numerics import custom_kernel
 from .row_product import RowProduct, RowProductShape
 
 RowPart = Callable[..., tuple[mx.array, ...]]
 
-# Blocks of a chain's launch (at most): two a multiprocessor on an H100 or H200 (132), resident together.
-CHAIN_BLOCKS = 256
+# Blocks of a chain's launch (at most; none need be resident beside another): as many as a product's launch has.
+CHAIN_BLOCKS = 512
 # CUDA's names of the dtypes a step's template takes.
 _CUDA_TYPES = {mx.float32: "float", mx.bfloat16: "__nv_bfloat16", mx.float16: "__half"}
 
@@ -178,7 +177,7 @@ class RowChain:
             cuda=_chain_source(self._products, links),
             metal="",
         )
-        self._tickets = mx.zeros((2,), dtype=mx.int32)  # the barrier's arrivals and generation
+        self._tickets = mx.zeros((len(products) + 2,), dtype=mx.int32)  # see _chain_source
         mx.eval(self._tickets)
 
     def __call__(self, calls: Sequence[RowCall]) -> list[tuple[mx.array, ...]]:
@@ -213,12 +212,19 @@ class RowChain:
 
 
 def _chain_source(products: Sequence[RowProduct], links: Mapping[tuple[int, str], tuple[int, int]]) -> str:
-    """Each step in a scope of its own: its template's constants and types, its inputs and outputs under the
-    names its body reads (an input an earlier step writes, as that step's output), then its body for each of
-    its blocks in turn; a barrier of the launch's blocks between steps. The normed rows (threadgroup memory)
-    are one array for all steps, as large as the largest step's."""
-    steps = []
+    """The steps as tasks — step by step, each step's blocks in order — that the launch's blocks take from a
+    counter in that order. A task waits until every block of the step before it is done (and so, by the same
+    rule, every step before that): the tasks it waits for were all taken before it, by blocks already running,
+    which wait only for tasks taken earlier still, so the launch needs no block to be resident beside another
+    (a wait is bounded all the same). Each step runs in a scope of its own: its template's constants and types,
+    its inputs and outputs under the names its body reads (an input an earlier step writes, as that step's
+    output), then its body for the task's block. The normed rows (threadgroup memory) are one array for all
+    steps, as large as the largest step's. The last block out puts the counters back to zero for the next
+    launch. Counters (``tickets``): the next task, the blocks out, then each step's blocks done."""
+    steps, starts, total = [], [], 0
     for step, product in enumerate(products):
+        starts.append(total)
+        total += product.blocks
         lines = []
         for name, value in product.template:
             if isinstance(value, mx.Dtype):
@@ -234,14 +240,48 @@ def _chain_source(products: Sequence[RowProduct], links: Mapping[tuple[int, str]
                 lines.append(f"const float* {name} = s{source}_{products[source].output_names[output]};")
         lines.extend(f"float* {name} = s{step}_{name};" for name in product.output_names)
         declarations = "\n        ".join(lines)
-        body = block_turns(str(product.blocks), product.chained_source())
-        steps.append(f"    {{\n        {declarations}\n{body}\n    }}\n")
-    rows = max(
-        [product.shape.rows * product.shape.width for product in products if product.shape.prologue != "none"] or [1]
-    )
-    return (
-        "    const int local = threadIdx.x;\n"
-        + GRID_BARRIER_STATE_CUDA
-        + f"    __shared__ __align__(16) float rows[{rows}];\n"
-        + GRID_BARRIER_CUDA.join(steps)
-    )
+        steps.append(f"if (step == {step}) {{\n        {declarations}\n{product.chained_source()}\n    }}")
+    normed = [product.shape.rows * product.shape.width for product in products if product.shape.prologue != "none"]
+    which = "".join(f"step = task < {start} ? step : {index}; " for index, start in enumerate(starts))
+    # Blocks of the step before the task's (a chain has two steps or more).
+    needed = "".join(f"step == {index + 1} ? {product.blocks} : " for index, product in enumerate(products[:-1]))
+    return f"""
+    constexpr long long SPIN_LIMIT = 1LL << 31;  // clock cycles, about a second
+    const int local = threadIdx.x;
+    int* counters = const_cast<int*>(tickets);
+    __shared__ int taken;
+    __shared__ __align__(16) float rows[{max(normed or [1])}];
+    while (true) {{
+        if (local == 0) taken = atomicAdd(counters, 1);
+        __syncthreads();
+        const int task = taken;
+        __syncthreads();
+        if (task >= {total}) break;
+        int step = 0;
+        {which}
+        const int starts[{len(starts)}] = {{{", ".join(map(str, starts))}}};
+        const int block = task - starts[step];
+        if (step > 0 && local == 0) {{
+            const volatile int* done = counters + 2 + step - 1;
+            const int needed = {needed}0;
+            const long long start = clock64();
+            while (*done < needed && clock64() - start < SPIN_LIMIT) {{
+            }}
+            __threadfence();
+        }}
+        __syncthreads();
+    {" else ".join(steps)}
+        __syncthreads();
+        if (local == 0) {{
+            __threadfence();  // the block's outputs are visible to every block before its count is
+            atomicAdd(counters + 2 + step, 1);
+        }}
+    }}
+    if (local == 0) {{
+        __threadfence();
+        if (atomicAdd(counters + 1, 1) == gridDim.x - 1) {{
+            for (int c = 0; c < {len(products) + 2}; ++c) atomicExch(counters + c, 0);
+            __threadfence();
+        }}
+    }}
+"""

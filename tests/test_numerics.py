@@ -1550,3 +1550,32 @@ def test_the_tts_backbone_s_runs_of_row_products_are_wired_as_their_steps() -> N
     layers = len(backbone.layers)
     assert calls[4] == (layers - 1) * calls[3] and calls[3] >= frames - 2, calls
     assert products[:3] == chained[:3] and np.array_equal(products[3], chained[3])
+
+
+def test_a_chain_s_source_runs_each_step_s_body_on_the_outputs_it_links() -> None:
+    """The chain kernel's source (its CUDA is only built on the device): each step's own body once, in its
+    scope; a linked input named as the earlier step's output, the others as the chain's inputs; the tasks
+    numbered step by step, and each step after the first waiting for the blocks of the step before it."""
+    import types
+
+    from engine.row_chain import _chain_source
+    from engine.row_product import RowProductShape
+
+    def step(body: str, blocks: int, inputs: list[str]) -> Any:
+        shape = RowProductShape(1, 8, (8,), "layer_norm", "silu")
+        return types.SimpleNamespace(
+            shape=shape,
+            blocks=blocks,
+            input_names=inputs,
+            output_names=["y0"],
+            template=[("ROWS", 1), ("K", 8), ("WT", mx.bfloat16)],
+            chained_source=lambda: f"    {body}(block);",
+        )
+
+    first, second = step("FIRST", 4, ["x", "w0", "params"]), step("SECOND", 2, ["x", "w0", "base", "params"])
+    source = _chain_source([first, second], {(1, "x"): (0, 0)})
+    assert source.count("FIRST(block)") == 1 and source.count("SECOND(block)") == 1
+    assert "const auto* x = s0_x;" in source and "const float* x = s0_y0;" in source
+    assert "const auto* base = s1_base;" in source and "using WT = __nv_bfloat16;" in source
+    assert "if (task >= 6) break;" in source and "const int starts[2] = {0, 4};" in source
+    assert "const int needed = step == 1 ? 4 : 0;" in source
