@@ -637,8 +637,9 @@ def greedy_loop_samples(shape: GreedyLoopShape, *dtypes: mx.Dtype) -> list[tuple
     and biases'."""
     table_dtype, weight_dtype, bias_dtype, pred_dtype, pred_bias_dtype, out_dtype, out_bias_dtype = dtypes
     step = shape.steps()["chosen"]
-    table, _, indices, _, _, *layer0 = lstm_step_samples(step, shape.vocabulary, table_dtype, weight_dtype, bias_dtype)
-    hidden, cell, wx, wh, bias = layer0
+    table, _, indices, hidden, cell, wx, wh, bias = lstm_step_samples(
+        step, shape.vocabulary, table_dtype, weight_dtype, bias_dtype
+    )
     keys = mx.random.split(mx.random.key(83), 2 * shape.layers)
     layers: list[mx.array] = []
     for index in range(shape.layers):

@@ -611,11 +611,11 @@ def _source(
     ``block`` in turn and keeps the normed rows in one array of its own."""
     weights = len(shape.outputs)
     shared = "threadgroup" if metal else "__shared__ __align__(16)"
-    uses_rows = shape.prologue != "none" and not chained
+    uses_rows = shape.prologue != "none"  # the products read the normed rows (a chain keeps them itself)
     single = shape.epilogue in ("gelu_gate", "glu")  # one output
     source = (
         body.replace("@PROLOGUE@", prologues[shape.prologue] + (prologues["guidance"] if shape.guided else ""))
-        .replace("@ROWS_MEMORY@", f"{shared} float rows[ROWS * K];" if uses_rows else "")
+        .replace("@ROWS_MEMORY@", f"{shared} float rows[ROWS * K];" if uses_rows and not chained else "")
         .replace("@INPUT@", "rows" if uses_rows else "x")
         .replace("@W1@", "w1" if weights > 1 else "w0")
         .replace("@W2@", "w2" if weights > 2 else "w0")
