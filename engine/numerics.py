@@ -405,7 +405,6 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         reads_stored_codebook,
     )
     from .rnnt import RNNTJoint, RNNTPredictor
-    from .row_chain import ChainBook
     from .ssm import FusedStep, fused_step_ops, fused_step_sample
     from .step_draws import StepDraws, step_draws_ops, step_draws_samples
     from .tts import (
@@ -556,12 +555,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for conformer in conformers:
         conformer.rows = conformer_parts
         conformer.row_weights = None if conformer_parts is None else conformer.make_row_weights(weight_dtype)
-    for encoder in (module for module in modules if isinstance(module, FastConformer)):
-        encoder.row_chains = ChainBook()
-        if fast and conformer_parts is not None and on_gpu:
-            encoder.row_chains, changes["encoder_row_chains"] = _row_chains("encoder", encoder.row_runs())
-        elif fast:
-            changes["encoder_row_chains"] = False
+    encoders = [module for module in modules if isinstance(module, FastConformer)]
+    _apply_row_chains("encoder", encoders, fast and conformer_parts is not None and on_gpu, fast, changes)
 
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
@@ -577,12 +572,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     for layer in layers:
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
-    for backbone in (module for module in modules if isinstance(module, Backbone)):
-        backbone.row_chains = ChainBook()
-        if fast and row_parts is not None and on_gpu:
-            backbone.row_chains, changes["tts_row_chains"] = _row_chains("TTS", backbone.row_runs())
-        elif fast:
-            changes["tts_row_chains"] = False
+    backbones = [module for module in modules if isinstance(module, Backbone)]
+    _apply_row_chains("tts", backbones, fast and row_parts is not None and on_gpu, fast, changes)
 
     tts_configs = [module.config for module in modules if isinstance(module, EarTTS)]
     for head in (module for module in modules if isinstance(module, MixtureHead)):
@@ -1020,6 +1011,20 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
     parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
     outputs = tuple((name, output_count(shape)) for name, shape in shapes.items())
     return ConformerRowParts(**parts, outputs=outputs), every
+
+
+def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: bool, changes: dict[str, bool]) -> None:
+    """Give each of a network's ``modules`` (those with ``row_chains`` and ``row_runs()``) its chains where
+    ``chained`` (fast numerics with the network's row-product kernels), else none; fast mode records the flag
+    as ``changes[f"{network}_row_chains"]``."""
+    from .row_chain import ChainBook
+
+    for module in modules:
+        module.row_chains = ChainBook()
+        if chained:
+            module.row_chains, changes[f"{network}_row_chains"] = _row_chains(network, module.row_runs())
+        elif fast:
+            changes[f"{network}_row_chains"] = False
 
 
 def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]]) -> tuple[Any, bool]:

@@ -1491,7 +1491,7 @@ def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
     CUDA launches the chain kernel) gives the product-by-product outputs bit for bit: the runs are a layer's
     first feed-forward and projections, then from each layer's output projection to the next layer's q/k/v
     projections, then the last layer's tail, each step reading the outputs of the steps before it."""
-    from engine.row_chain import ChainBook, RowCall, run_steps
+    from engine.row_chain import ChainBook
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     encoder = voicechat.model.stt_model.perception.encoder
@@ -1502,18 +1502,10 @@ def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
     head = ("feed_forward_down", "qkv")
     assert steps == sorted([("feed_forward_up", *head), (*tail, "feed_forward_up_twice", *head), tail]), steps
     calls: dict[int, int] = {}
-
-    def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
-        def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:
-            calls[steps] = calls.get(steps, 0) + 1
-            return run_steps(run)
-
-        return chain
-
     frames = 12
     audio = (0.1 * np.random.default_rng(9).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
     products = _conversation(voicechat, audio, frames)
-    encoder.row_chains = ChainBook(chains={key: stand_in(len(key)) for key in runs})
+    encoder.row_chains = ChainBook(chains=_stand_in_chains(runs, calls))
     chained = _conversation(voicechat, audio, frames)
     layers = len(encoder.layers)
     assert calls[3] == calls[5] and calls[8] == (layers - 1) * calls[3] and calls[3] >= frames - 2, calls
@@ -1524,7 +1516,7 @@ def test_the_tts_backbone_s_runs_of_row_products_are_wired_as_their_steps() -> N
     """The TTS backbone's runs — the first layer's q/k/v, then from each layer's output projection to the next
     layer's q/k/v, then the last layer's tail — each as one chain (a stand-in running the steps) give the
     product-by-product codes and samples bit for bit."""
-    from engine.row_chain import ChainBook, RowCall, run_steps
+    from engine.row_chain import ChainBook
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     backbone = voicechat.model.tts_model.tts_model.backbone
@@ -1533,18 +1525,10 @@ def test_the_tts_backbone_s_runs_of_row_products_are_wired_as_their_steps() -> N
     steps = sorted(tuple(call.name for call in calls) for calls in runs.values())
     assert steps == sorted([("output", "gate_up", "down", "qkv"), ("output", "gate_up", "down")]), steps
     calls: dict[int, int] = {}
-
-    def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
-        def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:
-            calls[steps] = calls.get(steps, 0) + 1
-            return run_steps(run)
-
-        return chain
-
     frames = 12
     audio = (0.1 * np.random.default_rng(13).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
     products = _conversation(voicechat, audio, frames)
-    backbone.row_chains = ChainBook(chains={key: stand_in(len(key)) for key in runs})
+    backbone.row_chains = ChainBook(chains=_stand_in_chains(runs, calls))
     backbone._traced_steps.clear()
     chained = _conversation(voicechat, audio, frames)
     layers = len(backbone.layers)
@@ -1579,3 +1563,18 @@ def test_a_chain_s_source_runs_each_step_s_body_on_the_outputs_it_links() -> Non
     assert "const auto* base = s1_base;" in source and "using WT = __nv_bfloat16;" in source
     assert "if (task >= 6) break;" in source and "const int starts[2] = {0, 4};" in source
     assert "const int needed = step == 1 ? 4 : 0;" in source
+
+
+def _stand_in_chains(runs: dict[Any, Any], calls: dict[int, int]) -> dict[Any, Callable[..., Any]]:
+    """For each run, a stand-in chain running its steps (as the CUDA chain kernel computes them) and counting its
+    calls in ``calls`` by the run's number of steps."""
+    from engine.row_chain import RowCall, run_steps
+
+    def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
+        def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:
+            calls[steps] = calls.get(steps, 0) + 1
+            return run_steps(run)
+
+        return chain
+
+    return {key: stand_in(len(key)) for key in runs}
