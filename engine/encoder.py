@@ -40,6 +40,7 @@ from .linear import KeepsCopy, Linear
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
 from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
+from .row_product import RowProductShape
 
 # Additive mask value for attention the chunked_limited context forbids.
 _BLOCKED = -1e30
@@ -343,8 +344,8 @@ class ConformerRowParts:
     convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
     # The previous layer's output norm, then feed_forward_up's (None: each layer applies its own output norm).
     feed_forward_up_twice: RowPart | None = None
-    # Each part's name and number of outputs (engine.row_chain.output_count).
-    outputs: tuple[tuple[str, int], ...] = ()
+    # Each part's name and shape (what a chain of them is built from, engine.row_chain).
+    shapes: tuple[tuple[str, RowProductShape], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -789,7 +790,7 @@ class FastConformer(nn.Module):
         # Each layer's output norm, applied by the next layer's first row product where the parts have it.
         deferring = rows.feed_forward_up_twice is not None
         prior: nn.LayerNorm | None = None
-        sequence = RowSequence(dict(rows.outputs), self.row_chains)
+        sequence = RowSequence(rows.shapes, self.row_chains)
         hidden: mx.array | Link = x
         for index, layer in enumerate(self.layers):
             if positions is None:

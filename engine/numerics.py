@@ -988,7 +988,6 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
     """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
     else the fallbacks); the flag says whether every one is a kernel."""
     from .encoder import ConformerRowParts
-    from .row_chain import output_count
     from .row_product import RowProductShape
 
     norm, conv = layer.norm_feed_forward1, layer.conv
@@ -1009,8 +1008,7 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
     # The convolution module's norm may have an eps of its own.
     eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
     parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
-    outputs = tuple((name, output_count(shape)) for name, shape in shapes.items())
-    return ConformerRowParts(**parts, outputs=outputs), every
+    return ConformerRowParts(**parts, shapes=tuple(shapes.items())), every
 
 
 def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: bool, changes: dict[str, bool]) -> None:
@@ -1066,7 +1064,6 @@ def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]]) -> tuple[A
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    from .row_chain import output_count
     from .row_product import RowProductShape
     from .tts import LayerRowParts
 
@@ -1084,8 +1081,7 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
     parts, every = _row_product_parts("TTS", shapes, dtype, scale_dtype, dict.fromkeys(shapes, eps))
-    outputs = tuple((name, output_count(shape)) for name, shape in shapes.items())
-    return LayerRowParts(rows=rows, **parts, outputs=outputs), every
+    return LayerRowParts(rows=rows, **parts, shapes=tuple(shapes.items())), every
 
 
 def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:

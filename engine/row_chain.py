@@ -100,11 +100,11 @@ class ChainBook:
 
 
 class RowSequence:
-    """Row-product calls gathered into runs (see the module docstring). ``outputs``: each part name's number of
-    outputs; ``book``: the chains to run the runs as, and where to record them."""
+    """Row-product calls gathered into runs (see the module docstring). ``shapes``: each part's name and shape;
+    ``book``: the chains to run the runs as, and where to record them."""
 
-    def __init__(self, outputs: Mapping[str, int], book: ChainBook | None = None) -> None:
-        self._outputs = outputs
+    def __init__(self, shapes: Sequence[tuple[str, RowProductShape]], book: ChainBook | None = None) -> None:
+        self._outputs = {name: output_count(shape) for name, shape in shapes}
         self._book = book or ChainBook()
         self._calls: list[RowCall] = []
         self._results: list[list[tuple[mx.array, ...]]] = []

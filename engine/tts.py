@@ -35,6 +35,7 @@ from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
 from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
+from .row_product import RowProductShape
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from .step_draws import Draw
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
@@ -302,8 +303,8 @@ class LayerRowParts:
     output: Callable[..., tuple[mx.array, ...]]  # o_proj
     gate_up: Callable[..., tuple[mx.array, ...]]  # post-attention norm and add, pre-MLP norm, gelu(gate)·up
     down: Callable[..., tuple[mx.array, ...]]  # down_proj
-    # Each part's name and number of outputs (engine.row_chain.output_count).
-    outputs: tuple[tuple[str, int], ...] = ()
+    # Each part's name and shape (what a chain of them is built from, engine.row_chain).
+    shapes: tuple[tuple[str, RowProductShape], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -575,7 +576,7 @@ class Backbone(nn.Module):
         """Fast numerics' step of every layer on rows, each attending through its ``attends`` entry."""
         parts = self.layers[0].rows
         assert parts is not None
-        sequence = RowSequence(dict(parts.outputs), self.row_chains)
+        sequence = RowSequence(parts.shapes, self.row_chains)
         pending: LayerRowsPending | None = None
         hidden: mx.array | Link = rows
         for layer, attend in zip(self.layers, attends, strict=True):
