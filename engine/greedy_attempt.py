@@ -17,6 +17,10 @@ the joint:
   scores reduced to one ``(max, first index)`` pair per block of :data:`WARPS` classes
   (``"partials"``), which the next attempt's first layer and the loop's end finish.
 
+On CUDA, :class:`GreedyLoop` runs every attempt of a frame in one launch: the kernels above, their own
+sources, run in turn by persistent blocks meeting at a bounded barrier after each (the same arithmetic in the
+same order; :func:`greedy_loop_ops`, the parts one attempt at a time, is its fallback and reference).
+
 An attempt after one that emitted starts from that attempt's state; one after a blank is
 masked out by the loop's end, whatever it computed, so no attempt selects a state: the loop's
 end picks the state of the last emission once (:func:`engine.rnnt._greedy_rows_by_attempt`).
