@@ -556,7 +556,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         conformer.rows = conformer_parts
         conformer.row_weights = None if conformer_parts is None else conformer.make_row_weights(weight_dtype)
     encoders = [module for module in modules if isinstance(module, FastConformer)]
-    _apply_row_chains("encoder", encoders, fast and conformer_parts is not None and on_gpu, fast, changes)
+    _apply_row_chains("encoder", encoders, fast and conformer_parts is not None, fast, changes)
 
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
@@ -573,7 +573,7 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
         layer.rows = row_parts
         layer.row_weights = None if row_parts is None else layer.make_row_weights(weight_dtype)
     backbones = [module for module in modules if isinstance(module, Backbone)]
-    _apply_row_chains("tts", backbones, fast and row_parts is not None and on_gpu, fast, changes)
+    _apply_row_chains("tts", backbones, fast and row_parts is not None, fast, changes)
 
     tts_configs = [module.config for module in modules if isinstance(module, EarTTS)]
     for head in (module for module in modules if isinstance(module, MixtureHead)):
@@ -1013,13 +1013,14 @@ def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any
 
 def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: bool, changes: dict[str, bool]) -> None:
     """Give each of a network's ``modules`` (those with ``row_chains`` and ``row_runs()``) its chains where
-    ``chained`` (fast numerics with the network's row-product kernels), else none; fast mode records the flag
-    as ``changes[f"{network}_row_chains"]``."""
+    ``chained`` (fast numerics with the network's row parts) on CUDA (the only backend with a chain kernel: the
+    runs are not even looked for elsewhere), else none; fast mode records the flag as
+    ``changes[f"{network}_row_chains"]``."""
     from .row_chain import ChainBook
 
     for module in modules:
         module.row_chains = ChainBook()
-        if chained:
+        if chained and gpu_kernel_backend() == "cuda":
             module.row_chains, changes[f"{network}_row_chains"] = _row_chains(network, module.row_runs())
         elif fast:
             changes[f"{network}_row_chains"] = False
