@@ -68,11 +68,12 @@ and the log says why. The changes:
 * **Runs of row products as one launch** (:class:`engine.row_chain.RowChain`, CUDA only): where row products
   follow one another with nothing else between — an encoder layer's output projection, convolution module and
   second feed-forward, then the next layer's first feed-forward and q/k/v projections (eight); a TTS backbone
-  layer's output projection and MLP, then the next layer's q/k/v (four) — one launch runs them, each product's
-  own source a block's share at a time over the launch's blocks, which meet at a bounded barrier between
-  products (:data:`engine.kernel_source.GRID_BARRIER_CUDA`). :class:`engine.row_chain.RowSequence` gathers the
-  calls until the attention reads them; a load finds each network's runs by one step op by op and admits a
-  chain for each only bit for bit against its products one launch each (the same arithmetic in the same order).
+  layer's output projection and MLP, then the next layer's q/k/v (four) — one launch runs them: each product's
+  own source for one of its blocks is a task, taken in order by the launch's blocks, and a task waits until the
+  product before it is done (no block need be resident beside another). :class:`engine.row_chain.RowSequence`
+  gathers the calls until the attention reads them; a load finds each network's runs by one step op by op and
+  admits a chain for each only bit for bit against its products one launch each (the same arithmetic in the
+  same order).
   Fallback: the products one launch each (on the CPU, their operations).
 * **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
