@@ -39,7 +39,7 @@ from .jit import compile_enabled, jit, materialize
 from .linear import KeepsCopy, Linear
 from .mel import MelCache, make_mel_cache, mel_step
 from .profiler import Probe
-from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
+from .row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
 from .row_product import RowProductShape
 
 # Additive mask value for attention the chunked_limited context forbids.
@@ -822,16 +822,10 @@ class FastConformer(nn.Module):
         structure (:func:`engine.row_chain.run_key`) with more than one step, as their calls on the layers' own
         weights and a random first frame: what the chains are built and admitted for. Runs one step op by op."""
         config, layers = self.config, len(self.layers)
-        book, self.row_chains = self.row_chains, ChainBook(runs=[])
         keys = mx.random.split(mx.random.key(89), 2)
         x = mx.random.normal((1, 1, config.d_model), key=keys[0])
         window = 0.5 * mx.random.normal((config.conv_kernel_size - 1, config.d_model), key=keys[1])
-        try:
-            mx.eval(self._layers_rows(x, [None] * layers, [None] * layers, [window] * layers, None))
-            runs = self.row_chains.runs or []
-        finally:
-            self.row_chains = book
-        return {run_key(calls): calls for calls in runs if len(calls) > 1}
+        return find_runs(self, lambda: self._layers_rows(x, [None] * layers, [None] * layers, [window] * layers, None))
 
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
         """Trace the stream's programs for every attention cache length (0 … 70; 71 with the row products) on

@@ -1022,28 +1022,25 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
     for module in modules:
         module.row_chains = ChainBook()
         if chained and gpu_kernel_backend() == "cuda":
-            module.row_chains, changes[f"{network}_row_chains"] = _row_chains(network, module.row_runs())
+            module.row_chains, changes[f"{network}_row_chains"] = _row_chains(network, module.row_runs(), "cuda")
         elif fast:
             changes[f"{network}_row_chains"] = False
 
 
-def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]]) -> tuple[Any, bool]:
+def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: str) -> tuple[Any, bool]:
     """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
-    launch each (:class:`engine.row_chain.RowChain`), each admitted bit for bit against its steps one launch
-    each. The flag says whether every run is a chain."""
+    launch each on ``backend`` (:class:`engine.row_chain.RowChain`), each admitted bit for bit against its steps
+    one launch each. The flag says whether every run is a chain."""
     import functools
 
     from .row_chain import ChainBook, RowChain, run_steps
     from .row_product import RowProduct
 
-    backend = gpu_kernel_backend()
     chains: dict[tuple[Any, ...], Any] = {}
-    every = backend is not None and bool(runs)
+    every = bool(runs)
     for key, calls in runs.items():
         parts = [call.part for call in calls]
-        if backend is None or not all(
-            isinstance(part, functools.partial) and isinstance(part.func, RowProduct) for part in parts
-        ):
+        if not all(isinstance(part, functools.partial) and isinstance(part.func, RowProduct) for part in parts):
             every = False
             continue
         products = [part.func for part in parts]  # type: ignore[attr-defined]

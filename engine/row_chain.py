@@ -99,6 +99,19 @@ class ChainBook:
     runs: list[list[RowCall]] | None = None
 
 
+def find_runs(holder: Any, step: Callable[[], Any]) -> dict[tuple[Any, ...], list[RowCall]]:
+    """The runs of row products ``step()`` gathers through ``holder``'s book (its ``row_chains``, set aside for
+    one op-by-op step and put back), one of each structure (:func:`run_key`) with more than one step, as their
+    calls: what chains are built and admitted for."""
+    book, holder.row_chains = holder.row_chains, ChainBook(runs=[])
+    try:
+        mx.eval(step())
+        runs = holder.row_chains.runs or []
+    finally:
+        holder.row_chains = book
+    return {run_key(calls): calls for calls in runs if len(calls) > 1}
+
+
 class RowSequence:
     """Row-product calls gathered into runs (see the module docstring). ``shapes``: each part's name and shape;
     ``book``: the chains to run the runs as, and where to record them."""

@@ -34,7 +34,7 @@ from .linear import Linear
 from .mixture_sample import gaussian_of, low_rank_mean
 from .profiler import Probe
 from .residual_vq import nearest_code_ops
-from .row_chain import ChainBook, Link, RowCall, RowSequence, run_key
+from .row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
 from .row_product import RowProductShape
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from .step_draws import Draw
@@ -594,18 +594,12 @@ class Backbone(nn.Module):
         assert parts is not None
         attention = self.layers[0].self_attn
         width = attention.o_proj.weight.shape[1]
-        book, self.row_chains = self.row_chains, ChainBook(runs=[])
         keys = iter(mx.random.split(mx.random.key(97), len(self.layers) + 1))
         rows = mx.random.normal((parts.rows, self.layers[0].input_layernorm.weight.shape[0]), key=next(keys))
         attends = [
             lambda q, k, v, position, key=key: 0.5 * mx.random.normal((parts.rows, width), key=key) for key in keys
         ]
-        try:
-            mx.eval(self._step_rows(rows, mx.array(0), attends[: len(self.layers)]))
-            runs = self.row_chains.runs or []
-        finally:
-            self.row_chains = book
-        return {run_key(calls): calls for calls in runs if len(calls) > 1}
+        return find_runs(self, lambda: self._step_rows(rows, mx.array(0), attends))
 
     def traces_rows(self) -> bool:
         """Whether fast numerics' step runs as one traced program (:meth:`_traced_step`): when compiling
