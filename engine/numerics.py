@@ -290,7 +290,12 @@ def admit_kernel(
                 mx.eval(want)
         mx.eval(got, want)
         if tolerance == 0:
-            errors = [0.0 if mx.array_equal(a, b).item() else float("inf") for a, b in zip(got, want, strict=True)]
+            # Unequal outputs count as their relative L2 (so that the log tells reordering from a wrong result),
+            # and as infinite where that rounds to 0.
+            errors = [
+                0.0 if mx.array_equal(a, b).item() else relative_l2(a, b) or float("inf")
+                for a, b in zip(got, want, strict=True)
+            ]
         else:
             errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
     except Exception as exc:  # noqa: BLE001 - a kernel that cannot run on this device is simply not used
@@ -298,8 +303,14 @@ def admit_kernel(
         return False
     worst = max(errors)
     if not worst <= tolerance:
+        differing = [index for index, error in enumerate(errors) if not error <= tolerance]
         log.warning(
-            "the %s kernel is not used: it differs from its fallback by %.3g (bound %g)", name, worst, tolerance
+            "the %s kernel is not used: it differs from its fallback by %.3g (bound %g; outputs %s of %d)",
+            name,
+            worst,
+            tolerance,
+            differing,
+            len(errors),
         )
         return False
     log.info("the %s kernel matches its fallback on this device (relative L2 %.2g)", name, worst)

@@ -130,7 +130,14 @@ for arg in "$@"; do
     llmattnab) step llmattnab 420 python3 tests/device/llm_attention_ab.py ;;
     # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
-    # This build's launches joined (row chains, the RN-T loop) against the same steps apart, alternating rounds.
+    # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
+    loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
+    # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
+    loopncu) step loopncu 240 ncu --kernel-name regex:parley_greedy_loop --launch-skip 4 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section SchedulerStats python3 tests/device/greedy_loop_probe.py ncu ;;
+    # This build's launches joined (row chains, the RN-T loop) against the same steps apart, and each joined alone,
+    # alternating rounds.
     rowchainsab) step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;

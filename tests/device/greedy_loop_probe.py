@@ -1,0 +1,139 @@
+"""Where the RN-T loop's one launch spends its time, on the lent GPU (never in CI).
+
+Run from the repository root: ``python3 tests/device/greedy_loop_probe.py [ncu]``. Full-size prediction network
+and joint (as ``rnnt_attempts.py`` builds them), the loop's admission inputs, ten attempts:
+
+- the loop kernel (:class:`engine.greedy_attempt.GreedyLoop`) at 1 and 10 attempts;
+- the attempt kernels one launch each (:func:`engine.greedy_attempt.greedy_loop_ops`), compiled as fast mode runs
+  them, at 1 and 10 attempts;
+- a kernel of the loop's grid that only meets at the loop's barrier as often as ten attempts do (the barrier's
+  share);
+- the loop's source with its ``volatile`` reads made plain reads (timing only: what the qualifier costs) and with
+  them read through ``__ldcg`` (past L1, as the barrier needs, without ``volatile``'s one-load-at-a-time), each
+  against the loop bit for bit.
+
+Each is the median of 50 launches, each waited for. With ``ncu``: only a few loop launches, for Nsight Compute.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from rnnt_attempts import modules  # a sibling script
+
+from engine import greedy_attempt
+from engine.greedy_attempt import WARPS, GreedyLoop, greedy_loop_ops, greedy_loop_samples
+from engine.kernel_source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA
+from engine.numerics import _attempt_parts, custom_kernel, gpu_kernel_backend
+
+ATTEMPTS = 10
+CALLS = 50
+
+
+def median_ms(call: Callable[[], Any]) -> float:
+    for _ in range(3):
+        mx.eval(call())
+    times = []
+    for _ in range(CALLS):
+        started = time.perf_counter()
+        mx.eval(call())
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def loop_with(rewrite: Callable[[str], str], shape: greedy_attempt.GreedyLoopShape) -> GreedyLoop:
+    """A :class:`GreedyLoop` whose source is ``rewrite`` of this build's."""
+    original = greedy_attempt._loop_source
+    greedy_attempt._loop_source = lambda layout: rewrite(original(layout))
+    try:
+        return GreedyLoop("cuda", shape)
+    finally:
+        greedy_attempt._loop_source = original
+
+
+def main() -> None:
+    if gpu_kernel_backend() != "cuda":
+        print("no CUDA kernels here")
+        return
+    predictor, joint = modules()
+    predictor.fused_cell = True
+    parts, every, looped = _attempt_parts(predictor, joint)
+    print(f"every attempt part a kernel: {every}; the loop admitted: {looped}", flush=True)
+    shape = parts.loop_shape
+    projections = (joint.pred.weight, joint.pred.bias, joint.joint_net[-1].weight, joint.joint_net[-1].bias)
+    lstm = predictor.prediction["dec_rnn"].lstm
+    dtypes = (predictor.prediction["embed"].weight.dtype, lstm[0].Wx.dtype, lstm[0].bias.dtype)
+    _, _, *arrays = greedy_loop_samples(shape, *dtypes, *(array.dtype for array in projections))[0]
+    loop = GreedyLoop("cuda", shape)
+    blocks = -(-max(shape.hidden, shape.joint) // WARPS)
+    print(f"loop: {blocks} blocks of {WARPS * 32} threads, {shape.layers} layers, {shape.classes} classes", flush=True)
+    if sys.argv[1:] == ["ncu"]:
+        for _ in range(6):
+            mx.eval(loop(True, ATTEMPTS, *arrays))
+        return
+
+    apart = functools.partial(greedy_loop_ops, parts, shape=shape)
+    compiled = {attempts: mx.compile(functools.partial(apart, True, attempts)) for attempts in (1, ATTEMPTS)}
+    for attempts in (1, ATTEMPTS):
+        print(f"loop kernel, {attempts:2d} attempts: {median_ms(lambda a=attempts: loop(True, a, *arrays)):.3f} ms")
+        print(f"attempt kernels, {attempts:2d} attempts: {median_ms(lambda a=attempts: compiled[a](*arrays)):.3f} ms")
+    reference = loop(True, ATTEMPTS, *arrays)
+
+    barriers = (shape.layers + 2) * ATTEMPTS - 1
+    only_barriers = custom_kernel(
+        "cuda",
+        "parley_probe_barriers",
+        ["x", "tickets"],
+        ["y"],
+        cuda=f"""
+    const int local = threadIdx.x;
+    {GRID_BARRIER_STATE_CUDA}
+    for (int i = 0; i < {barriers}; ++i) {{
+        {GRID_BARRIER_CUDA}
+    }}
+    if (blockIdx.x == 0 && local == 0) y[0] = x[0];
+""",
+        metal="",
+    )
+    tickets = mx.zeros((2,), dtype=mx.int32)
+    one = mx.ones((1,))
+
+    def barrier_launch() -> mx.array:
+        return only_barriers(
+            inputs=[one, tickets],
+            grid=(blocks * WARPS * 32, 1, 1),
+            threadgroup=(WARPS * 32, 1, 1),
+            output_shapes=[(1,)],
+            output_dtypes=[mx.float32],
+        )[0]
+
+    print(f"{barriers} barriers alone, {blocks} blocks: {median_ms(barrier_launch):.3f} ms")
+
+    rewrites = {
+        "plain reads": lambda source: source.replace("volatile ", ""),
+        "__ldcg reads": lambda source: (
+            source.replace("const volatile float*", "const float*")
+            .replace("const volatile int*", "const int*")
+            .replace("x[k] *", "__ldcg(x + k) *")
+            .replace("const float v = hidden[k];", "const float v = __ldcg(hidden + k);")
+        ),
+    }
+    for name, rewrite in rewrites.items():
+        try:
+            variant = loop_with(rewrite, shape)
+            outputs = variant(True, ATTEMPTS, *arrays)
+            same = all(mx.array_equal(a, b).item() for a, b in zip(outputs, reference, strict=True))
+            timed = median_ms(lambda v=variant: v(True, ATTEMPTS, *arrays))
+            print(f"loop kernel, {name}: {timed:.3f} ms; equal to the loop: {same}")
+        except Exception as exc:  # noqa: BLE001 - a probe variant that does not build is reported, not fatal
+            print(f"loop kernel, {name}: failed ({exc})")
+
+
+if __name__ == "__main__":
+    main()
