@@ -112,9 +112,11 @@ and the log says why. The changes:
   float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.greedy_attempt.lstm_step_ops` and
   :func:`engine.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
   kernels only where all six were admitted (the compiled loop of operations otherwise). On CUDA a frame's
-  attempts then run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
+  attempts can run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
-  bit against the attempt kernels.
+  bit against the attempt kernels. It is built only where :data:`RNNT_LOOP_SETTING` asks for it: on the device it
+  was admitted and then measured slower than the attempt kernels it joins (README, *A frame's RN-T attempts as
+  one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
   (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
@@ -195,6 +197,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -210,6 +213,10 @@ NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 KERNEL_TOLERANCE = 1e-5
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
+# The environment variable that asks fast mode for the RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
+# on CUDA: "1" builds and admits it. Off by default: admitted bit for bit on an H100, it took 20.3 ms a frame of
+# ten attempts where its attempt kernels took 1.41 (tests/device/rnnt_attempts.py), so it waits for a faster form.
+RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +225,11 @@ def check_numerics(value: str) -> Numerics:
     if value not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}; got {value!r}")
     return value  # type: ignore[return-value]
+
+
+def rnnt_loop_wanted() -> bool:
+    """Whether :data:`RNNT_LOOP_SETTING` asks for the RN-T loop in one launch."""
+    return os.environ.get(RNNT_LOOP_SETTING, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def gpu_kernel_backend() -> str | None:
@@ -878,8 +890,9 @@ _ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool, bool]] = {}
 def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
     """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
     operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
-    whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`,
-    admitted bit for bit against the attempt kernels, and only where all of them are kernels)."""
+    whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`, built
+    only where :func:`rnnt_loop_wanted`, admitted bit for bit against the attempt kernels, and only where all of
+    them are kernels)."""
     import dataclasses
     import functools
 
@@ -919,7 +932,8 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
     )
     steps, scores, hidden = layout.steps(), layout.scores(), layout.joint_row()
     types = (table.dtype, weight_dtype, bias_dtype, joint.pred.weight.dtype, output.weight.dtype)
-    key = (layout, types, gpu_kernel_backend())
+    looping = rnnt_loop_wanted()
+    key = (layout, types, gpu_kernel_backend(), looping)
     if key not in _ATTEMPT_PARTS:
         made: dict[str, Callable[..., Any]] = {}
         every = True
@@ -945,7 +959,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
             every = every and used
         parts = AttemptParts(**made, loop_shape=layout)
         looped = False
-        if every:  # the loop in one launch, against the attempt kernels it runs in turn
+        if every and looping:  # the loop in one launch, against the attempt kernels it runs in turn
             projections = (joint.pred.weight, joint.pred.bias, output.weight, output.bias)
             loop, looped = _fast_part(
                 ("greedy_loop", layout, types, *(array.dtype for array in projections)),

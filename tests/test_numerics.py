@@ -1486,6 +1486,38 @@ def test_the_greedy_loop_in_one_launch_is_wired_as_its_attempts() -> None:
     assert _joint_body(parts.loop_shape.joint_row(), CUDA) in source
 
 
+@pytest.mark.parametrize("setting", [None, "0", "1"])
+def test_the_rnnt_loop_in_one_launch_is_built_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None
+) -> None:
+    """Where every attempt part is a kernel (here each part stands in as admitted), fast mode builds and admits
+    the RN-T loop in one launch only under ``PARLEY_RNNT_LOOP=1``: on the device it measured slower than the
+    attempt kernels it joins. Without it the attempts run one launch each."""
+    from engine import numerics
+    from engine.config import JointConfig, PredictorConfig
+    from engine.rnnt import RNNTJoint
+
+    asked: list[str] = []
+
+    def every_part_admitted(
+        key: tuple[Any, ...], name: str, fallback: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> tuple[Callable[..., Any], bool]:
+        asked.append(name)
+        return fallback, True
+
+    monkeypatch.setattr(numerics, "_fast_part", every_part_admitted)
+    monkeypatch.setattr(numerics, "_ATTEMPT_PARTS", {})
+    if setting is None:
+        monkeypatch.delenv(numerics.RNNT_LOOP_SETTING, raising=False)
+    else:
+        monkeypatch.setenv(numerics.RNNT_LOOP_SETTING, setting)
+    parts, every, looped = numerics._attempt_parts(RNNTPredictor(PredictorConfig()), RNNTJoint(JointConfig()))
+    wanted = setting == "1"
+    assert every and looped == wanted and (parts.loop is not None) == wanted
+    assert ("RN-T greedy loop" in asked) == wanted, asked
+    assert len([name for name in asked if name != "RN-T greedy loop"]) == 6, "the six attempt parts, either way"
+
+
 def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
     """A fast encoder whose runs of row products each go as one chain (here a stand-in running the steps, where
     CUDA launches the chain kernel) gives the product-by-product outputs bit for bit: the runs are a layer's

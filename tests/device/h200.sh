@@ -68,7 +68,7 @@ for arg in "$@"; do
     fast8) step fast8 590 parley bench --random full --quantize 8 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast8.json" ;;
     # The RN-T attempt's kernels: drift against their operations, tokens against exact mode, time per frame.
-    rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
+    rnntattempts) PARLEY_RNNT_LOOP=1 step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
     # The MoG draw's kernel: draws equal to its operations' out of 200, and the guided projections' product.
     mogdraw) step mogdraw 200 python3 tests/device/mog_draw.py 200 ;;
     # The codec's step: its norm's operations against the CPU's; fast against exact (SNR, counts, time).
@@ -131,14 +131,14 @@ for arg in "$@"; do
     # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
-    loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
+    loopprobe) PARLEY_RNNT_LOOP=1 step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
-    loopncu) step loopncu 240 ncu --kernel-name regex:parley_greedy_loop --launch-skip 4 --launch-count 1 \
+    loopncu) PARLEY_RNNT_LOOP=1 step loopncu 240 ncu --kernel-name regex:parley_greedy_loop --launch-skip 4 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
       --section SchedulerStats python3 tests/device/greedy_loop_probe.py ncu ;;
     # This build's launches joined (row chains, the RN-T loop) against the same steps apart, and each joined alone,
     # alternating rounds.
-    rowchainsab) step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
+    rowchainsab) PARLEY_RNNT_LOOP=1 step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first
