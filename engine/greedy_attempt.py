@@ -44,7 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .kernel_source import CUDA, GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, METAL, Dialect, block_turns
-from .numerics import custom_kernel
+from .numerics import custom_kernel, kernel_tickets
 
 # Warps (simdgroups) per block; one LSTM unit or one output column each.
 WARPS = 8
@@ -550,8 +550,8 @@ class GreedyLoop:
             cuda=_loop_source(shape),
             metal="",
         )
-        self._tickets = mx.zeros((2,), dtype=mx.int32)  # the barrier's arrivals and generation
-        mx.eval(self._tickets)
+        # The barrier's arrivals and generation, on a ticket line: as an array of 8 bytes it would live on the host.
+        self._tickets = kernel_tickets()
 
     def __call__(self, started: bool, attempts: int, *inputs: mx.array) -> tuple[mx.array, ...]:
         shape = self.shape

@@ -96,13 +96,13 @@ METAL = Dialect(
 
 
 # A barrier of every block of a launch (CUDA), for kernels whose persistent blocks run several steps in turn, each
-# step reading what the one before wrote: a counter and a generation on a ticket line (an int32 input ``tickets`` of
-# two, zero at first, which the kernel keeps on from launch to launch), the last block to arrive putting the counter
-# back to zero and moving the generation on, the others waiting for it to move. A launch has few blocks, all
-# resident together on any GPU; a wait is bounded all the same (about a second), so that a device that could not run
-# them together returns wrong values, which admission refuses, instead of hanging. The fences on both sides make
-# every block's writes before the barrier visible to every block's reads after it. Needs ``local`` (the thread in
-# its block) and :data:`GRID_BARRIER_STATE_CUDA` declared before.
+# step reading what the one before wrote: a counter and a generation on a ticket line (an int32 input ``tickets``
+# from :func:`engine.numerics.kernel_tickets`, zero at first, which the kernel keeps on from launch to launch), the
+# last block to arrive putting the counter back to zero and moving the generation on, the others waiting for it to
+# move. A launch has few blocks, all resident together on any GPU; a wait is bounded all the same (about a second),
+# so that a device that could not run them together returns wrong values, which admission refuses, instead of
+# hanging. The fences on both sides make every block's writes before the barrier visible to every block's reads
+# after it. Needs ``local`` (the thread in its block) and :data:`GRID_BARRIER_STATE_CUDA` declared before.
 GRID_BARRIER_STATE_CUDA = """
     constexpr long long SPIN_LIMIT = 1LL << 31;  // clock cycles, about a second
     int* arrivals = const_cast<int*>(tickets);

@@ -215,7 +215,9 @@ KERNEL_TOLERANCE = 1e-5
 ENCODER_ROWS = 1
 # The environment variable that asks fast mode for the RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
 # on CUDA: "1" builds and admits it. Off by default: admitted bit for bit on an H100, it took 20.3 ms a frame of
-# ten attempts where its attempt kernels took 1.41 (tests/device/rnnt_attempts.py), so it waits for a faster form.
+# ten attempts where its attempt kernels took 1.41 (tests/device/rnnt_attempts.py). Its barrier's counters were
+# then an array of 8 bytes, which MLX keeps on the host (now a ticket line, kernel_tickets); it stays off until
+# the device times it again.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 
 log = logging.getLogger(__name__)
@@ -246,6 +248,19 @@ def gpu_kernel_backend() -> str | None:
 # MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of host memory, so a kernel reading one waits on
 # PCIe (about a microsecond a read). The constants kernels read are padded past that size.
 KERNEL_CONSTANT_BYTES = 16
+
+
+# A kernel's ticket counters (int32 zeros that it keeps on from launch to launch) take a 128-byte line each. That
+# also keeps the workspace over 8 bytes, out of the host pool above, where every block's atomic add and every poll
+# of a counter would cross PCIe (measured: 35 µs more a launch for the residual-VQ step's one counter).
+TICKET_STRIDE = 32
+
+
+def kernel_tickets(lines: int = 1) -> mx.array:
+    """A kernel's workspace of ``lines`` ticket lines (:data:`TICKET_STRIDE` int32 zeros each), evaluated."""
+    tickets = mx.zeros((lines * TICKET_STRIDE,), dtype=mx.int32)
+    mx.eval(tickets)
+    return tickets
 
 
 def kernel_constants(*values: float) -> mx.array:

@@ -64,8 +64,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .numerics import custom_kernel, kernel_constants
-from .residual_vq import TICKET_STRIDE
+from .numerics import custom_kernel, kernel_constants, kernel_tickets
 
 Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2", "residual_norm")
@@ -466,10 +465,7 @@ class QuantizedRowProduct:
         )
         # The last block's ticket counter (zeros, left as found), for a "residual_norm" launch. Launches of one
         # kernel never overlap: each reads the row the one before wrote.
-        # A 128-byte line, as each of the residual-VQ step's tickets (over the 8 bytes MLX would keep on the host).
-        self._tickets = mx.zeros((TICKET_STRIDE,), dtype=mx.int32) if normed else None
-        if self._tickets is not None:
-            mx.eval(self._tickets)
+        self._tickets = kernel_tickets() if normed else None
 
     def __call__(
         self,

@@ -31,7 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .numerics import custom_kernel
+from .numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
 
 THREADS = 256
 
@@ -241,10 +241,6 @@ _NEAREST_PRODUCT_CUDA = (
 _PRODUCT_INPUTS = ["residual", "book", "norms", "chosen_sum", "tickets"]
 _PRODUCT_OUTPUTS = ["code", "residual_out", "chosen_sum_out", "share_best", "share_index"]
 CODES_PER_BLOCK = 32
-# Each row's ticket counter on a 128-byte line of its own. It also keeps the workspace over 8 bytes: MLX's CUDA
-# allocator serves arrays of 8 bytes or less from a pool in unified memory that lives on the host, where each
-# block's atomic add crosses PCIe (measured: 35 µs more a launch than the same kernel's products alone).
-TICKET_STRIDE = 32
 
 
 def nearest_code_ops(
@@ -335,8 +331,7 @@ class NearestCodeProduct:
 
     def _workspace(self, rows: int) -> mx.array:
         if rows not in self._tickets:
-            self._tickets[rows] = mx.zeros((rows * TICKET_STRIDE,), dtype=mx.int32)
-            mx.eval(self._tickets[rows])
+            self._tickets[rows] = kernel_tickets(rows)  # each row's counter on a line of its own
         return self._tickets[rows]
 
 
@@ -494,8 +489,7 @@ class NearestRoundProduct:
         entries = books[0].shape[0]
         shares = product_shares(entries, width)
         if rows not in self._tickets:
-            self._tickets[rows] = mx.zeros((rows * TICKET_STRIDE,), dtype=mx.int32)
-            mx.eval(self._tickets[rows])
+            self._tickets[rows] = kernel_tickets(rows)
         code, residual_out, chosen_sum_out, _, _ = self._kernel(
             inputs=[residual, chosen_sum, self._tickets[rows], *books, *norms],
             template=[

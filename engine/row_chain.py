@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .numerics import custom_kernel
+from .numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
 from .row_product import RowProduct, RowProductShape
 
 RowPart = Callable[..., tuple[mx.array, ...]]
@@ -190,8 +190,7 @@ class RowChain:
             cuda=_chain_source(self._products, links),
             metal="",
         )
-        self._tickets = mx.zeros((len(products) + 2,), dtype=mx.int32)  # see _chain_source
-        mx.eval(self._tickets)
+        self._tickets = kernel_tickets(-(-(len(products) + 2) // TICKET_STRIDE))  # see _chain_source
 
     def __call__(self, calls: Sequence[RowCall]) -> list[tuple[mx.array, ...]]:
         if run_key(calls) != self.key:

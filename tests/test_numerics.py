@@ -197,6 +197,20 @@ def test_the_constants_kernels_read_stay_out_of_the_host_pool() -> None:
     assert eps.nbytes > 8 and eps.tolist()[0] == np.float32(1e-6).item()
 
 
+def test_the_tickets_kernels_keep_stay_out_of_the_host_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel's ticket counters take a 128-byte line each (``kernel_tickets``): as an array of 8 bytes or less
+    they would live in MLX's host pool, every block's atomic add and poll crossing PCIe. The RN-T loop's barrier
+    kept its two counters in one such array."""
+    from engine import greedy_attempt
+    from engine.numerics import TICKET_STRIDE, kernel_tickets
+
+    tickets = kernel_tickets(3)
+    assert tickets.nbytes == 3 * TICKET_STRIDE * 4 > 8 and tickets.dtype == mx.int32 and not tickets.any().item()
+    monkeypatch.setattr(greedy_attempt, "custom_kernel", lambda *args, **kwargs: None)  # no CUDA here to build it
+    loop = greedy_attempt.GreedyLoop("cuda", greedy_attempt.GreedyLoopShape(640, 2, 1025, 640, 1025))
+    assert loop._tickets.nbytes > 8 and not loop._tickets.any().item()
+
+
 def test_a_loaded_model_switches_numerics_in_place() -> None:
     """After its programs were compiled in one mode, a switched model computes the other mode's numbers
     (a compiled trace holds the step it was traced with), and switching back gives the first mode's bits."""
