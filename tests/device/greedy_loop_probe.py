@@ -13,20 +13,20 @@ and joint (as ``rnnt_attempts.py`` builds them), the loop's admission inputs, te
   them read through ``__ldcg`` (past L1, as the barrier needs, without ``volatile``'s one-load-at-a-time), each
   against the loop bit for bit.
 
-Each is the median of 50 launches, each waited for. With ``ncu``: only a few loop launches, for Nsight Compute.
+Each is the mean of 50 launches, each waited for (``fast_kernels.per_call_us``). With ``ncu``: only a few
+loop launches, for Nsight Compute.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
-from rnnt_attempts import modules  # a sibling script
+from fast_kernels import per_call_us  # sibling scripts
+from rnnt_attempts import modules
 
 from engine import greedy_attempt
 from engine.greedy_attempt import WARPS, GreedyLoop, greedy_loop_ops, greedy_loop_samples
@@ -37,15 +37,8 @@ ATTEMPTS = 10
 CALLS = 50
 
 
-def median_ms(call: Callable[[], Any]) -> float:
-    for _ in range(3):
-        mx.eval(call())
-    times = []
-    for _ in range(CALLS):
-        started = time.perf_counter()
-        mx.eval(call())
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+def per_call_ms(function: Callable[..., Any], *inputs: Any) -> float:
+    return per_call_us(function, inputs, CALLS) / 1e3
 
 
 def loop_with(rewrite: Callable[[str], str], shape: greedy_attempt.GreedyLoopShape) -> GreedyLoop:
@@ -82,8 +75,8 @@ def main() -> None:
     apart = functools.partial(greedy_loop_ops, parts, shape=shape)
     compiled = {attempts: mx.compile(functools.partial(apart, True, attempts)) for attempts in (1, ATTEMPTS)}
     for attempts in (1, ATTEMPTS):
-        print(f"loop kernel, {attempts:2d} attempts: {median_ms(lambda a=attempts: loop(True, a, *arrays)):.3f} ms")
-        print(f"attempt kernels, {attempts:2d} attempts: {median_ms(lambda a=attempts: compiled[a](*arrays)):.3f} ms")
+        print(f"loop kernel, {attempts:2d} attempts: {per_call_ms(loop, True, attempts, *arrays):.3f} ms")
+        print(f"attempt kernels, {attempts:2d} attempts: {per_call_ms(compiled[attempts], *arrays):.3f} ms")
     reference = loop(True, ATTEMPTS, *arrays)
 
     barriers = (shape.layers + 2) * ATTEMPTS - 1
@@ -116,7 +109,7 @@ def main() -> None:
                 output_dtypes=[mx.float32],
             )[0]
 
-        print(f"{barriers} barriers alone, {blocks} blocks, counters on {where}: {median_ms(barrier_launch):.3f} ms")
+        print(f"{barriers} barriers alone, {blocks} blocks, counters on {where}: {per_call_ms(barrier_launch):.3f} ms")
 
     rewrites = {
         "plain reads": lambda source: source.replace("volatile ", ""),
@@ -132,7 +125,7 @@ def main() -> None:
             variant = loop_with(rewrite, shape)
             outputs = variant(True, ATTEMPTS, *arrays)
             same = all(mx.array_equal(a, b).item() for a, b in zip(outputs, reference, strict=True))
-            timed = median_ms(lambda v=variant: v(True, ATTEMPTS, *arrays))
+            timed = per_call_ms(variant, True, ATTEMPTS, *arrays)
             print(f"loop kernel, {name}: {timed:.3f} ms; equal to the loop: {same}")
         except Exception as exc:  # noqa: BLE001 - a probe variant that does not build is reported, not fatal
             print(f"loop kernel, {name}: failed ({exc})")
