@@ -114,9 +114,10 @@ and the log says why. The changes:
   kernels only where all six were admitted (the compiled loop of operations otherwise). On CUDA a frame's
   attempts can run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
-  bit against the attempt kernels. It is built only where :data:`RNNT_LOOP_SETTING` asks for it: on the device it
-  was admitted and then measured slower than the attempt kernels it joins (README, *A frame's RN-T attempts as
-  one launch*).
+  bit against the attempt kernels (51 primitives a frame fewer; :data:`RNNT_LOOP_SETTING` ``=0`` turns it off). Its
+  barrier's counters sit on a ticket line of their own (:func:`kernel_tickets`): in 8 bytes, which MLX serves
+  from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (README, *A frame's RN-T
+  attempts as one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
   (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
@@ -179,7 +180,10 @@ Tried and rejected: stacking the projections that share an input on the GPU too 
 stacks them on the CPU only). On CUDA the taller products take another library path with
 reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
-(README, "Fast numerics").
+(README, "Fast numerics"). And quantizing the MoG head's MLP to 8 bits, which its five reads a frame would make
+0.23 GB fewer bytes: on random weights it moved the head's guided features by 1.9e-2 (relative L2) and drew another
+component for 3 of 100 draws (``tests/mog_quantized_drift.py``), a change of the voice's distribution, not of a
+sum's order.
 
 Memory: a model loaded for fast numerics keeps the weights its kernels read in bf16 as stored
 (:func:`fast_bf16_weights`; :mod:`engine.precast` does not cast them): 2.4 GB less at full size
@@ -213,11 +217,11 @@ NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 KERNEL_TOLERANCE = 1e-5
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
-# The environment variable that asks fast mode for the RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
-# on CUDA: "1" builds and admits it. Off by default: admitted bit for bit on an H100, it took 20.3 ms a frame of
-# ten attempts where its attempt kernels took 1.41 (tests/device/rnnt_attempts.py). Its barrier's counters were
-# then an array of 8 bytes, which MLX keeps on the host (now a ticket line, kernel_tickets); it stays off until
-# the device times it again.
+# The environment variable that can turn off fast mode's RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
+# on CUDA: "0" leaves the attempts one launch each. On by default since its barrier's counters sit on a ticket line
+# (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the loop took 20.3 ms a frame; on a line,
+# 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level with them within noise on an H100
+# (tests/device/greedy_loop_probe.py, row_chains_ab.py), for 51 primitives a frame fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 
 log = logging.getLogger(__name__)
@@ -230,8 +234,8 @@ def check_numerics(value: str) -> Numerics:
 
 
 def rnnt_loop_wanted() -> bool:
-    """Whether :data:`RNNT_LOOP_SETTING` asks for the RN-T loop in one launch."""
-    return os.environ.get(RNNT_LOOP_SETTING, "0").strip().lower() in ("1", "true", "yes", "on")
+    """Whether fast mode builds the RN-T loop in one launch: unless :data:`RNNT_LOOP_SETTING` turns it off."""
+    return os.environ.get(RNNT_LOOP_SETTING, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def gpu_kernel_backend() -> str | None:
@@ -906,7 +910,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
     """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
     operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
     whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`, built
-    only where :func:`rnnt_loop_wanted`, admitted bit for bit against the attempt kernels, and only where all of
+    unless :func:`rnnt_loop_wanted` says no, admitted bit for bit against the attempt kernels, and only where all of
     them are kernels)."""
     import dataclasses
     import functools

@@ -9,9 +9,10 @@ and joint (as ``rnnt_attempts.py`` builds them), the loop's admission inputs, te
 - a kernel of the loop's grid that only meets at the loop's barrier as often as ten attempts do (the barrier's
   share), with its counters on a ticket line and in an array of 8 bytes (which MLX keeps on the host: how the
   loop kept them when it measured 20.3 ms a frame);
-- the loop's source with its ``volatile`` reads made plain reads (timing only: what the qualifier costs) and with
-  them read through ``__ldcg`` (past L1, as the barrier needs, without ``volatile``'s one-load-at-a-time), each
-  against the loop bit for bit.
+- the loop's source with its ``volatile`` reads of the rows other blocks wrote read through ``__ldcg`` (past L1,
+  as the barrier needs, without ``volatile``'s one load at a time), against the loop bit for bit. (With plain
+  reads, on an H100 its first launch finished but 50 more did not within the step's four minutes: a read the
+  compiler may keep in a register or L1 can wait on a value another block has long since written.)
 
 Each is the mean of 50 launches, each waited for (``fast_kernels.per_call_us``). With ``ncu``: only a few
 loop launches, for Nsight Compute.
@@ -112,7 +113,6 @@ def main() -> None:
         print(f"{barriers} barriers alone, {blocks} blocks, counters on {where}: {per_call_ms(barrier_launch):.3f} ms")
 
     rewrites = {
-        "plain reads": lambda source: source.replace("volatile ", ""),
         "__ldcg reads": lambda source: (
             source.replace("const volatile float*", "const float*")
             .replace("const volatile int*", "const int*")

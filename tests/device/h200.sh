@@ -51,7 +51,7 @@ for arg in "$@"; do
       --json "$OUT/full8.json" ;;
     tiny) step tiny 200 parley bench --random tiny --frames 100 --rounds 2 --compare mlx-vlm --json "$OUT/tiny.json" ;;
     # Fast numerics: speed against mlx-vlm, counts, and drift against exact (the fused kernel admitted or not).
-    fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 2 \
+    fast4) step fast4 590 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
       --compare mlx-vlm --json "$OUT/fast4.json" ;;
     # Fast against exact: the same model switched in place, alternating rounds in one process.
     fastexact) step fastexact 480 parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
@@ -68,7 +68,7 @@ for arg in "$@"; do
     fast8) step fast8 590 parley bench --random full --quantize 8 --numerics fast --frames 100 --rounds 2 \
       --compare mlx-vlm --json "$OUT/fast8.json" ;;
     # The RN-T attempt's kernels: drift against their operations, tokens against exact mode, time per frame.
-    rnntattempts) PARLEY_RNNT_LOOP=1 step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
+    rnntattempts) step rnntattempts 300 python3 tests/device/rnnt_attempts.py 200 ;;
     # The MoG draw's kernel: draws equal to its operations' out of 200, and the guided projections' product.
     mogdraw) step mogdraw 200 python3 tests/device/mog_draw.py 200 ;;
     # The codec's step: its norm's operations against the CPU's; fast against exact (SNR, counts, time).
@@ -131,14 +131,14 @@ for arg in "$@"; do
     # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
-    loopprobe) PARLEY_RNNT_LOOP=1 step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
+    loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
-    loopncu) PARLEY_RNNT_LOOP=1 step loopncu 240 ncu --kernel-name regex:parley_greedy_loop --launch-skip 4 --launch-count 1 \
+    loopncu) step loopncu 240 ncu --kernel-name regex:parley_greedy_loop --launch-skip 4 --launch-count 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
       --section SchedulerStats python3 tests/device/greedy_loop_probe.py ncu ;;
     # This build's launches joined (row chains, the RN-T loop) against the same steps apart, and each joined alone,
     # alternating rounds.
-    rowchainsab) PARLEY_RNNT_LOOP=1 step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
+    rowchainsab) step rowchainsab 480 python3 tests/device/row_chains_ab.py ;;
     # The attention's keys a step and the quantized rows' columns and warps, side by side (or the attention's only).
     layouts) step layouts 400 python3 tests/device/kernel_layouts.py ;;
     attnlayouts) before=tests/device/decode_attention_before.py  # another build's, when carried: its layout first

@@ -1,0 +1,105 @@
+"""Measure what quantizing the MoG head's MLP would cost (the fast-mode bytes decision; README, *Fast numerics*).
+
+The MLP's three layers (47.8 M weights, 96 MB in bf16) are read by each of a frame's five MaskGIT rounds: 0.48 GB
+of a 4-bit frame's weight bytes. Quantizing them to 8 bits (affine, groups of 64, as the published LLM) would read
+0.25 GB. This script measures what that does to the head's draw, on the full-size head with the random checkpoint's
+seeded weights (``engine.random_checkpoint``) and unit-normal hidden rows, the same uniform draw for both:
+
+    .venv/bin/python tests/mog_quantized_drift.py [--bits 8] [--rows 200]
+
+It prints the relative L2 of the MLP's output and of the drawn component's mean and log std, and how many draws
+take the same component. CPU only (about a minute); the arithmetic is the operations', not a kernel's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import mlx.core as mx
+import numpy as np
+
+from engine.config import VoiceChatConfig
+from engine.layout import checkpoint_tensors
+from engine.numerics import relative_l2
+from engine.random_checkpoint import GROUP_SIZE, _WeightFactory, base_config, build_tokenizer
+from engine.sampling import draw_component, guide
+from engine.tts import MixtureHead
+
+HEAD_PREFIX = "mog_head."
+
+
+def head_weights(seed: int) -> tuple[VoiceChatConfig, dict[str, mx.array]]:
+    """The full-size random checkpoint's MoG head tensors (bf16, as stored), named as the head's parameters."""
+    config = VoiceChatConfig.from_dict(base_config("full"))
+    factory = _WeightFactory(config, build_tokenizer(config.text_config.vocab_size, seed=seed), seed)
+    weights = {}
+    for spec in checkpoint_tensors(config):
+        if HEAD_PREFIX in spec.source_name:
+            name = spec.source_name.split(HEAD_PREFIX, 1)[1]
+            weights[name] = factory.value(spec).astype(mx.bfloat16).reshape(spec.shape)
+    return config, weights
+
+
+def make_head(config: VoiceChatConfig, weights: dict[str, mx.array]) -> MixtureHead:
+    tts = config.tts_config
+    head = MixtureHead(tts.hidden_size, tts.latent_size, tts.mog_head)
+    head.load_weights(list(weights.items()))
+    mx.eval(head.parameters())
+    return head
+
+
+def quantized_copy(weights: dict[str, mx.array], bits: int) -> dict[str, mx.array]:
+    """The MLP projections rounded through ``bits``-bit affine quantization (what a quantized kernel would read)."""
+    rounded = {}
+    for name, value in weights.items():
+        if ".mlp." in name:
+            packed, scales, biases = mx.quantize(value, group_size=GROUP_SIZE, bits=bits)
+            value = mx.dequantize(packed, scales, biases, group_size=GROUP_SIZE, bits=bits).astype(value.dtype)
+        rounded[name] = value
+    return rounded
+
+
+def mlp_output(head: MixtureHead, x: mx.array) -> mx.array:
+    *layers, final_norm = head.mlp_stack
+    for layer in layers:
+        x = layer(x)
+    return final_norm(x)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bits", type=int, default=8, choices=(4, 8))
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    config, weights = head_weights(args.seed)
+    stored, rounded = make_head(config, weights), make_head(config, quantized_copy(weights, args.bits))
+    sampling = config.tts_config
+    mx.random.seed(args.seed)
+    hidden_l2, mean_l2, std_l2, same = [], [], [], 0
+    heads = (stored, rounded)
+    for _ in range(args.rows):
+        x = mx.random.normal((2, sampling.hidden_size))  # a conditional and an unconditional row
+        uniform = mx.random.uniform(shape=(1, sampling.mog_head.num_predictions))
+        features = [guide(mlp_output(head, x), sampling.guidance_scale) for head in heads]
+        hidden_l2.append(relative_l2(*features))
+        components = [
+            draw_component(head.proj_logits(row), sampling.top_p, uniform)
+            for head, row in zip(heads, features, strict=True)
+        ]
+        same += int(components[0].item() == components[1].item())
+        (mean_a, std_a), (mean_b, std_b) = (
+            head.sample_gaussian(x, sampling.guidance_scale, sampling.top_p, uniform) for head in heads
+        )
+        mean_l2.append(relative_l2(mean_a, mean_b))
+        std_l2.append(relative_l2(std_a, std_b))
+    print(
+        f"MoG MLP at {args.bits} bits (groups of {GROUP_SIZE}) against bf16, {args.rows} draws, seed {args.seed}: "
+        f"guided features relative L2 median {np.median(hidden_l2):.2e} (max {max(hidden_l2):.2e}); "
+        f"same component {same}/{args.rows}; mean relative L2 median {np.median(mean_l2):.2e}; "
+        f"log std relative L2 median {np.median(std_l2):.2e}"
+    )
+
+
+if __name__ == "__main__":
+    main()
