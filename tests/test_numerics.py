@@ -1624,3 +1624,30 @@ def _stand_in_chains(runs: dict[Any, Any], calls: dict[int, int]) -> dict[Any, C
         return chain
 
     return {key: stand_in(len(key)) for key in runs}
+
+
+def test_the_quantized_mog_measurement_rounds_only_the_mlp_and_sees_the_change() -> None:
+    """The measurement behind declining an 8-bit MoG MLP (README, *Against the performance issue's fast-mode
+    targets*, ``tests/mog_quantized_drift.py``): it rounds the MLP's projections and nothing else, each by about a
+    quantization step of its group at most, and the head built from the rounded weights draws measurably
+    differently from the stored one."""
+    from tests.mog_quantized_drift import GROUP_SIZE, head_weights, measure, quantized_copy
+
+    _, weights = head_weights(seed=0, size="tiny")
+    rounded = quantized_copy(weights, bits=8)
+    assert rounded.keys() == weights.keys()
+    for name, value in weights.items():
+        if ".mlp." not in name:
+            assert mx.array_equal(rounded[name], value), name
+            continue
+        groups = value.astype(mx.float32).reshape(value.shape[0], -1, GROUP_SIZE)
+        step = (groups.max(axis=-1) - groups.min(axis=-1)) / 255
+        error = mx.abs(rounded[name].astype(mx.float32) - value.astype(mx.float32)).reshape(groups.shape)
+        # Half a step, widened by the bf16 roundings of the group's scale and bias and of the result: 2.4 steps at
+        # most here. Rounded through 4 bits, the error reaches eight of 8 bits' steps.
+        assert mx.all(error <= 3 * step[..., None]).item(), name
+        assert not mx.array_equal(rounded[name], value), f"{name} was not rounded"
+    drift = measure(bits=8, draws=8, seed=0, size="tiny")
+    assert drift.draws == 8 and 0 <= drift.same_component <= 8
+    assert 1e-4 < drift.features_l2 < 0.2, drift  # a real change, far above fast mode's float32 reorderings
+    assert drift.mean_l2 > 0 and drift.log_std_l2 > 0, drift
