@@ -118,8 +118,14 @@ def profiled_frames(
     session.close()
     times: dict[str, float] = defaultdict(float)
     launches: dict[str, int] = defaultdict(int)
+    # The session's marks also appear on the GPU's timeline (as ranges over the kernels launched inside them): they
+    # are not kernels, and counting them would add each launch's span to the GPU's busy time.
     kernels = sorted(
-        (event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA),
+        (
+            event
+            for event in prof.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith(MARK)
+        ),
         key=lambda event: event.time_range.start,
     )
     if not kernels:
