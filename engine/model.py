@@ -195,7 +195,7 @@ def assemble_voicechat(
     added = precast_float32(model, budget=precast_budget, keep=keep) if precast else 0
     fuse_projections(model)
     prepare_transposed_weights(model)  # after every change of weights: views of the final ones
-    fast_changes = apply_numerics(model, numerics)
+    fast_changes = apply_numerics(model, numerics, characters=characters)
     return VoiceChat(
         model=model,
         config=config,

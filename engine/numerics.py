@@ -164,6 +164,18 @@ and the log says why. The changes:
   is a select; the ids are read with the samples. What differs: the encoder's attention and pooling sum over the
   padded width (the padded terms are zeros), and it runs every frame instead of once per token (about 40 MB of
   bf16 weights a frame). On the CPU the conditioning comes out exact (``tests/test_tts.py``).
+* **The text conditioning read from a table of the vocabulary** (CUDA only; :func:`use_condition_table`). The
+  conditioning above depends on the token id alone, so a load runs the character encoder over every token once
+  (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`: tokens in order of length, each group at its
+  longest spelling's width) and a frame gathers its token's row: about 85 primitives and the character encoder's
+  40 MB of weights a frame fewer, for a table of the vocabulary × 1,152 in bf16 (0.3 GB at full size) and a pass
+  of the vocabulary at load. What differs: the table's rows are made many tokens at once and over fewer padded
+  terms, so a bf16 value may round one step apart from the token encoded alone; the load uses the table only
+  where its rows for the first, the last, the longest-spelled and 13 drawn tokens match those within relative L2
+  2^-7, every value a bf16 step apart at most (on the CPU every row is bit for bit,
+  ``tests/test_condition_table.py``); the frame's own on-device form differs from exact mode's host form by as
+  much (``tests/test_tts.py``). Not on Metal: there the pass would take seconds of a Mac's GPU to save primitives
+  that cost the host a few µs each, a trade to measure first.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
@@ -206,6 +218,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import mlx.core as mx
+import numpy as np
 
 if TYPE_CHECKING:
     from .quantized_product import RowRole
@@ -387,7 +400,9 @@ def _fast_part(
     return _PARTS[full_key]
 
 
-def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -> dict[str, bool]:
+def apply_numerics(
+    model: object, numerics: Numerics, *, release: bool = True, characters: Any = None
+) -> dict[str, bool]:
     """Prepare a loaded model for ``numerics``; returns which of fast mode's changes run as kernels.
 
     Exact mode runs the reference's operations (undoing fast mode on a model that had it).
@@ -399,6 +414,8 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
     launch), the codec decoder's blocks their convolution-and-norm kernel, and the codec's dequantization the
     code-sum kernel — and on CUDA the encoder's and the backbone's runs of row products one launch each: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
+    On CUDA, given the model's ``characters`` (:class:`engine.subword.CharacterTable`), fast mode also reads a
+    token's text conditioning from a table made at load (:func:`use_condition_table`).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
     ``release``, lets them go with the compiled programs that hold them (a switch back to fast
@@ -646,6 +663,9 @@ def apply_numerics(model: object, numerics: Numerics, *, release: bool = True) -
                 module.copied = None
             elif isinstance(module, FastConformer | EarTTS):
                 module.forget_row_programs()
+        drop_condition_table(model)
+    if fast and characters is not None:
+        changes["condition_table"] = gpu_kernel_backend() == "cuda" and use_condition_table(model, characters)
 
     quantized = [module for module in modules if isinstance(module, QuantizedLinear)]
     every_row = bool(quantized)
@@ -1196,8 +1216,70 @@ def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool
     return dataclasses.replace(parts, sampling=sampling, projections=projections, sample=sample), kernel and sampled
 
 
+# A token's conditioning read from the vocabulary's table against the same token encoded alone, as a frame
+# encoded it before the table (relative L2 over the checked tokens). The table's rows come from bf16 products over
+# many rows, which accumulate in another order than one row's, so a bf16 value may round one step apart (at most
+# 2^-7 of it): the bound is every value a step apart. A row of another token is about 1.4 away.
+CONDITION_TABLE_TOLERANCE = 2**-7
+# Tokens the load checks the table on: the first and last ids, the longest spelling, and this many more at random.
+CONDITION_TABLE_CHECKS = 13
+
+
+def _tts_of(model: Any) -> Any:
+    from .tts import EarTTS
+
+    found = [module for _, module in model.named_modules() if isinstance(module, EarTTS)]
+    return found[0] if found else None
+
+
+def use_condition_table(model: Any, characters: Any) -> bool:
+    """Fast numerics' table of every token's text conditioning: a frame gathers its token's row where it
+    encoded the token's spelling (about 85 primitives a frame on CUDA, and the character encoder's weights read
+    every frame). Made once per vocabulary size (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`)
+    and used only where its rows match the tokens encoded alone, as a frame encodes them, within
+    :data:`CONDITION_TABLE_TOLERANCE` (else the log says why and frames encode the token as before). True when in
+    use. The table holds the vocabulary × the TTS width in the character embedding's dtype (0.3 GB at full size
+    in bf16). Made on CUDA only (:func:`apply_numerics`), where a primitive costs the host about 20 µs and the
+    vocabulary's pass a fraction of a second; on Metal the trade (seconds of a Mac's GPU at load against about
+    85 primitives a frame at a few µs each) is not measured, and the CPU would take hours at full size."""
+    tts = _tts_of(model)
+    if tts is None:
+        return False
+    size = int(model.stt_model.lm_head.weight.shape[0])
+    if tts.has_condition_table(size):
+        return True
+    spelling = characters.on_device(size)
+    encoder = tts.embed_subword
+    table = encoder.encode_vocabulary(spelling)
+    lengths = np.array(spelling.lengths)
+    picks = np.random.default_rng(0).choice(size, size=min(size, CONDITION_TABLE_CHECKS), replace=False)
+    checked = mx.array(np.unique([0, size - 1, int(lengths.argmax()), *picks.tolist()]).astype(np.int32))
+
+    def alone(ids: mx.array) -> mx.array:
+        rows = [encoder.encode_on_device(ids[index : index + 1].reshape(1, 1), spelling) for index in range(ids.size)]
+        return mx.concatenate([row.reshape(1, -1) for row in rows])
+
+    admitted = admit_kernel(
+        "text conditioning table", lambda ids: table[ids], alone, (checked,), tolerance=CONDITION_TABLE_TOLERANCE
+    )
+    tts.use_condition_table(table if admitted else None, size)
+    return admitted
+
+
+def drop_condition_table(model: Any) -> None:
+    """Let :func:`use_condition_table`'s tables go (exact mode never reads them)."""
+    tts = _tts_of(model)
+    if tts is not None:
+        tts.forget_condition_tables()
+
+
 def set_numerics(voicechat: object, numerics: Numerics, *, release: bool = True) -> None:
     """Switch a loaded :class:`engine.model.VoiceChat` to ``numerics`` in place (sessions opened after it use it;
     ``release``: see :func:`apply_numerics`)."""
-    voicechat.fast_changes = apply_numerics(voicechat.model, numerics, release=release)  # type: ignore[attr-defined]
+    voicechat.fast_changes = apply_numerics(  # type: ignore[attr-defined]
+        voicechat.model,  # type: ignore[attr-defined]
+        numerics,
+        release=release,
+        characters=voicechat.characters,  # type: ignore[attr-defined]
+    )
     voicechat.numerics = numerics  # type: ignore[attr-defined]

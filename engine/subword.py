@@ -33,6 +33,9 @@ from .linear import Linear
 
 # Score given to padded character keys; finite, so a row with no character still softmaxes.
 _MASKED_SCORE = -1e30
+# Characters encoded at once while the vocabulary's table is made (bounds the encoder's activations: at full size
+# about 0.3 GB for the MLP's widest, in float32).
+VOCABULARY_CHUNK_POSITIONS = 16384
 
 
 class FloatRMSNorm(nn.Module):
@@ -329,6 +332,14 @@ class CharAwareSubwordEncoder(nn.Module):
         pooled = mx.sum(hidden * key_mask[..., None], axis=1) / mx.maximum(lengths[:, None], 1)
         return self.proj_embedding(pooled)
 
+    def encode_tokens(self, token_ids: mx.array, char_ids: mx.array, lengths: mx.array) -> mx.array:
+        """The conditioning (N, out_size) of tokens ``token_ids`` (N,) spelled as ``char_ids`` (N, L), of which
+        ``lengths`` (N,) are their own, in the weight dtype: the pooled character encoding and the two flags."""
+        # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
+        encoded = self.encode_characters(char_ids.astype(mx.int32), lengths.astype(mx.int32))
+        encoded = encoded.astype(self.embed_tokens.weight.dtype)
+        return self.bos_eos_emb(self.subword_flag_emb(encoded, token_ids), token_ids)
+
     def encode_on_device(self, token_ids: mx.array, spelling: DeviceSpelling) -> mx.array:
         """:meth:`__call__` for every position of ``token_ids`` (B, T), spelled from ``spelling`` on the device.
 
@@ -336,13 +347,39 @@ class CharAwareSubwordEncoder(nn.Module):
         function of the token, with its sums (attention, pooling) over more terms, the padded ones zero. Fast
         numerics only (the sums' order may differ from the host's spelling at the token's own width)."""
         flat = token_ids.reshape(-1)
-        char_ids = spelling.char_ids[flat].astype(mx.int32)
-        lengths = spelling.lengths[flat].astype(mx.int32)
-        # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
-        encoded = self.encode_characters(char_ids, lengths).astype(self.embed_tokens.weight.dtype)
-        out = encoded.reshape(*token_ids.shape, -1)
-        out = self.subword_flag_emb(out, token_ids)
-        return self.bos_eos_emb(out, token_ids)
+        rows = self.encode_tokens(flat, spelling.char_ids[flat], spelling.lengths[flat])
+        return rows.reshape(*token_ids.shape, -1)
+
+    def encode_vocabulary(self, spelling: DeviceSpelling, positions: int = VOCABULARY_CHUNK_POSITIONS) -> mx.array:
+        """Every token's conditioning (V, out_size), V the rows of ``spelling``: what :meth:`encode_on_device`
+        gives a token, made for all of them at once (fast numerics' table, read by one gather a frame).
+
+        Tokens go in order of length, as many at a time as fill about ``positions`` characters, each group at its
+        longest spelling's width (the whole vocabulary at the table's widest would be mostly padding). The same
+        function of each token, its sums over fewer padded (zero) terms and its products over more rows, so a
+        value may round differently from the one-token form: within one bf16 step, which the load checks
+        (:func:`engine.numerics.use_condition_table`)."""
+        lengths = np.array(spelling.lengths, dtype=np.int32)
+        order = np.argsort(lengths, kind="stable")
+        parts: list[mx.array] = []
+        start = 0
+        while start < order.size:
+            # The next tokens while the group, at its last (longest) one's width, stays within ``positions``.
+            stop = start + 1
+            while stop < order.size and (stop + 1 - start) * max(int(lengths[order[stop]]), 1) <= positions:
+                stop += 1
+            width = max(int(lengths[order[stop - 1]]), 1)
+            ids = mx.array(order[start:stop].astype(np.int32))
+            part = self.encode_tokens(ids, spelling.char_ids[ids, :width], spelling.lengths[ids])
+            mx.eval(part)
+            parts.append(part)
+            start = stop
+        by_length = mx.concatenate(parts)
+        mx.eval(by_length)
+        parts.clear()
+        table = by_length[mx.array(np.argsort(order).astype(np.int32))]
+        mx.eval(table)
+        return table
 
     def __call__(self, subword_ids: mx.array, subword_mask: mx.array, table: CharacterTable) -> mx.array:
         spelled = spell_tokens(table, subword_ids, subword_mask)

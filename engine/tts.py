@@ -1133,10 +1133,35 @@ class EarTTS(nn.Module):
     def condition_on_device(self, text_token: mx.array, spelling: DeviceSpelling) -> mx.array:
         """The guided conditioning (2, 1, H) of a text token (1, 1) that stays on the device (fast numerics).
 
-        Spelled from ``spelling`` and encoded every step (no memo: the id is not known on the host), as one
+        Read from the vocabulary's table where one is in use for ``spelling``'s size (:meth:`use_condition_table`),
+        else spelled from ``spelling`` and encoded every step (no memo: the id is not known on the host), as one
         compiled program; see :meth:`CharAwareSubwordEncoder.encode_on_device` for how it differs from
         :meth:`_token_condition`."""
+        table = self._condition_tables.get(spelling.lengths.shape[0])
+        if table is not None:
+            return self._guided(table[text_token.reshape(-1)].reshape(*text_token.shape, -1))
         return self._device_condition(text_token, spelling.char_ids, spelling.lengths)
+
+    def use_condition_table(self, table: mx.array | None, size: int) -> None:
+        """Read a token's text conditioning from ``table`` (V, H) — every token's, made at load
+        (:meth:`CharAwareSubwordEncoder.encode_vocabulary`) — for spellings of ``size`` tokens; None: encode it
+        every step again."""
+        if table is None:
+            self._condition_tables.pop(size, None)
+        else:
+            self._condition_tables[size] = table
+
+    def has_condition_table(self, size: int) -> bool:
+        """Whether :meth:`condition_on_device` reads a table for spellings of ``size`` tokens."""
+        return size in self._condition_tables
+
+    def forget_condition_tables(self) -> None:
+        """Let every table of :meth:`use_condition_table` go."""
+        self._condition_tables.clear()
+
+    @functools.cached_property
+    def _condition_tables(self) -> dict[int, mx.array]:
+        return {}  # vocabulary size -> table; in the instance __dict__, outside the parameter tree
 
     @functools.cached_property
     def _device_condition(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:

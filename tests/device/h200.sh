@@ -130,6 +130,8 @@ for arg in "$@"; do
     llmattnab) step llmattnab 420 python3 tests/device/llm_attention_ab.py ;;
     # A MaskGIT round's quantizers in one launch against one launch each, alternating rounds.
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
+    # The text conditioning read from the vocabulary's table against encoded every frame, alternating rounds.
+    tableab) step tableab 420 python3 tests/device/condition_table_ab.py ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
     loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
