@@ -164,18 +164,18 @@ and the log says why. The changes:
   is a select; the ids are read with the samples. What differs: the encoder's attention and pooling sum over the
   padded width (the padded terms are zeros), and it runs every frame instead of once per token (about 40 MB of
   bf16 weights a frame). On the CPU the conditioning comes out exact (``tests/test_tts.py``).
-* **The text conditioning read from a table of the vocabulary** (CUDA only; :func:`use_condition_table`). The
-  conditioning above depends on the token id alone, so a load runs the character encoder over every token once
-  (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`: tokens in order of length, each group at its
-  longest spelling's width) and a frame gathers its token's row: about 85 primitives and the character encoder's
-  40 MB of weights a frame fewer, for a table of the vocabulary × 1,152 in bf16 (0.3 GB at full size) and a pass
-  of the vocabulary at load. What differs: the table's rows are made many tokens at once and over fewer padded
-  terms, so a bf16 value may round one step apart from the token encoded alone; the load uses the table only
-  where its rows for the first, the last, the longest-spelled and 13 drawn tokens match those within relative L2
-  2^-7, every value a bf16 step apart at most (on the CPU every row is bit for bit,
-  ``tests/test_condition_table.py``); the frame's own on-device form differs from exact mode's host form by as
-  much (``tests/test_tts.py``). Not on Metal: there the pass would take seconds of a Mac's GPU to save primitives
-  that cost the host a few µs each, a trade to measure first.
+* **The text conditioning read from a table of the vocabulary** (CUDA only, no kernel of its own;
+  :func:`use_condition_table`). The conditioning above depends on the token id alone, so a load runs the
+  character encoder over every token once (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`:
+  tokens in order of length, each group at its longest spelling's width) and a frame gathers its token's row:
+  about 85 primitives and the character encoder's 40 MB of weights a frame fewer, for a table of the vocabulary
+  × 1,152 in bf16 (0.3 GB at full size) and a pass of the vocabulary at load. What differs: the table's rows are
+  made many tokens at once and over fewer padded terms, so a bf16 value may round one step apart from the token
+  encoded alone; the load uses the table only where its rows for the first, the last, the longest-spelled and 13
+  drawn tokens match those within relative L2 2^-7, every value a bf16 step apart at most (on the CPU every row
+  is bit for bit, ``tests/test_condition_table.py``); the frame's own on-device form differs from exact mode's
+  host form by as much (``tests/test_tts.py``). Not on Metal: there the pass would take seconds of a Mac's GPU
+  to save primitives that cost the host a few µs each, a trade to measure first.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
