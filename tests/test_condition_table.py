@@ -70,6 +70,9 @@ def test_the_table_holds_each_token_as_a_frame_encoded_it_and_changes_no_output(
     # Bit for bit on this CPU (a GPU's products over more rows may round a bf16 value one step apart: the load's
     # check allows that).
     assert mx.array_equal(read[:1], encoded).item()
+    # Made in small groups (each at its own longest spelling's width, put back in id order): the same rows.
+    grouped = tts.embed_subword.encode_vocabulary(spelling, positions=64)
+    assert mx.array_equal(grouped[None], encoded).item()
 
     with_table = _conversation(voicechat)
     assert np.array_equal(with_table[0], codes) and np.array_equal(with_table[1], audio)
