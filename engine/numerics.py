@@ -661,9 +661,11 @@ def apply_numerics(
         for module in modules:
             if isinstance(module, KeepsCopy):
                 module.copied = None
-            elif isinstance(module, FastConformer | EarTTS):
+            elif isinstance(module, EarTTS):
                 module.forget_row_programs()
-        drop_condition_table(model)
+                module.forget_condition_tables()  # exact mode never reads them
+            elif isinstance(module, FastConformer):
+                module.forget_row_programs()
     if fast and characters is not None:
         changes["condition_table"] = gpu_kernel_backend() == "cuda" and use_condition_table(model, characters)
 
@@ -1225,13 +1227,6 @@ CONDITION_TABLE_TOLERANCE = 2**-7
 CONDITION_TABLE_CHECKS = 13
 
 
-def _tts_of(model: Any) -> Any:
-    from .tts import EarTTS
-
-    found = [module for _, module in model.named_modules() if isinstance(module, EarTTS)]
-    return found[0] if found else None
-
-
 def use_condition_table(model: Any, characters: Any) -> bool:
     """Fast numerics' table of every token's text conditioning: a frame gathers its token's row where it
     encoded the token's spelling (about 85 primitives a frame on CUDA, and the character encoder's weights read
@@ -1242,9 +1237,7 @@ def use_condition_table(model: Any, characters: Any) -> bool:
     in bf16). Made on CUDA only (:func:`apply_numerics`), where a primitive costs the host about 20 µs and the
     vocabulary's pass a fraction of a second; on Metal the trade (seconds of a Mac's GPU at load against about
     85 primitives a frame at a few µs each) is not measured, and the CPU would take hours at full size."""
-    tts = _tts_of(model)
-    if tts is None:
-        return False
+    tts = model.tts_model.tts_model
     size = int(model.stt_model.lm_head.weight.shape[0])
     if tts.has_condition_table(size):
         return True
@@ -1264,13 +1257,6 @@ def use_condition_table(model: Any, characters: Any) -> bool:
     )
     tts.use_condition_table(table if admitted else None, size)
     return admitted
-
-
-def drop_condition_table(model: Any) -> None:
-    """Let :func:`use_condition_table`'s tables go (exact mode never reads them)."""
-    tts = _tts_of(model)
-    if tts is not None:
-        tts.forget_condition_tables()
 
 
 def set_numerics(voicechat: object, numerics: Numerics, *, release: bool = True) -> None:
