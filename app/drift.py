@@ -113,6 +113,7 @@ def _tts_replay(voicechat: Any, inputs: list[tuple[mx.array, mx.array | None, in
     results = []
     for index, (code, code_sum, text_id) in enumerate(inputs):
         mx.random.seed(seed * 100_003 + index)
+        cache.draw_key = None  # fast mode's carried key would miss the reseed: draw from the generator, as exact does
         token = mx.array([[text_id]], dtype=mx.int32)
         result = tts.step(code, token, cache, voicechat.characters, code_sum, text_id=text_id)
         mx.eval(result.codes, result.hidden, cache.arrays())

@@ -17,10 +17,16 @@ for a kernel that reads them unsliced (:mod:`engine.decode_attention`), and ``ar
 lists what a frame's evaluation must materialise. ``store`` is ``reserve`` (room for the
 next position: the slot it goes to and the filled count after it), the write, and
 ``advance``; a compiled program that writes the slot itself calls the two around it.
+
+A cache's ``dtype``, where set, is the dtype it stores keys and values in whatever they
+arrive as (fast numerics keeps the TTS backbone's in bf16: :mod:`engine.numerics`);
+``update`` hands them back in the dtype they came in, ``store`` the buffers as stored.
+None, the reference's behaviour, stores them as the keys that made the buffer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -48,12 +54,21 @@ class PositionLayout:
     def of(cls, keys: mx.array, values: mx.array) -> PositionLayout:
         return cls(keys.shape[0], keys.shape[1], keys.shape[3], values.shape[3], keys.dtype, values.dtype)
 
+    def stored_as(self, dtype: mx.Dtype | None) -> PositionLayout:
+        """This layout in a cache that stores ``dtype`` (None: as it is)."""
+        return self if dtype is None else dataclasses.replace(self, key_dtype=dtype, value_dtype=dtype)
+
     def zeros(self, positions: int) -> tuple[mx.array, mx.array]:
         """Zero key and value buffers of ``positions`` positions."""
         return (
             mx.zeros((self.batch, self.heads, positions, self.key_dim), self.key_dtype),
             mx.zeros((self.batch, self.heads, positions, self.value_dim), self.value_dtype),
         )
+
+
+def stored(array: mx.array, dtype: mx.Dtype | None) -> mx.array:
+    """``array`` as a cache of ``dtype`` stores it (None: as it is)."""
+    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
 
 
 def causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
@@ -79,11 +94,14 @@ class KVCache:
       of the step) with the new zeros, so a float32 step that triggers growth of a bf16
       buffer promotes the whole buffer to float32;
     * attention reads ``keys[..., :offset, :]``.
+
+    With ``dtype`` set (not the reference's behaviour), every position is stored in it instead.
     """
 
     keys: mx.array | None = None  # (B, kv_heads, capacity, head_dim)
     values: mx.array | None = None
     offset: int = 0
+    dtype: mx.Dtype | None = None  # the stored dtype, where not the first keys' (see the module docstring)
 
     GROWTH_STEP: ClassVar[int] = GROWTH_STEP
 
@@ -92,13 +110,18 @@ class KVCache:
         return 0 if self.keys is None else self.keys.shape[2]
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Store (B, kv_heads, L, head_dim) keys and values; return every stored position in order."""
+        """Store (B, kv_heads, L, head_dim) keys and values; return every stored position in order (in the
+        dtypes they came in, where the cache stores another)."""
         key_buffer, value_buffer, filled = self.store(keys, values)
-        return key_buffer[..., :filled, :], value_buffer[..., :filled, :]
+        read_keys, read_values = key_buffer[..., :filled, :], value_buffer[..., :filled, :]
+        if self.dtype is None:
+            return read_keys, read_values
+        return stored(read_keys, keys.dtype), stored(read_values, values.dtype)
 
     def store(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, int]:
         """Store keys and values like :meth:`update`; return the whole buffers and how many leading
         positions of them are filled (a kernel reads the buffer as it is, with no slice)."""
+        keys, values = stored(keys, self.dtype), stored(values, self.dtype)
         start = self.offset
         new_positions = keys.shape[2]
         self._make_room(PositionLayout.of(keys, values), new_positions)
@@ -110,7 +133,7 @@ class KVCache:
 
     def reserve(self, layout: PositionLayout) -> tuple[int, int]:
         """Make room for one position (as :meth:`store` would); return its slot and the filled count after it."""
-        self._make_room(layout, 1)
+        self._make_room(layout.stored_as(self.dtype), 1)
         return self.offset, self.offset + 1
 
     def advance(self, keys: mx.array, values: mx.array) -> None:
@@ -151,7 +174,7 @@ class SlidingKVCache:
     reads the buffer as stored, i.e. in rotated order once it has wrapped. A block of
     several positions is appended after reordering the buffer in time and dropping what
     falls out of the window. This layout is the reference's, so attention reduces over
-    the same keys in the same order.
+    the same keys in the same order. With ``dtype`` set, every position is stored in it.
     """
 
     window: int
@@ -163,12 +186,15 @@ class SlidingKVCache:
     # to the window keeps a slice, either perhaps a strided view; reserve() copies those once, since fast mode's
     # attention kernel may write the reserved slot into the very buffers it is given (engine.decode_attention).
     own_buffers: bool = True
+    dtype: mx.Dtype | None = None  # the stored dtype, where not the keys' own (see the module docstring)
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Add (B, H, L, D) keys/values; returns the keys/values attention reads."""
-        if keys.shape[2] == 1:
-            return self._write_one(keys, values)
-        return self._append_block(keys, values)
+        """Add (B, H, L, D) keys/values; returns the keys/values attention reads (in the dtypes they came in)."""
+        add = self._write_one if keys.shape[2] == 1 else self._append_block
+        read_keys, read_values = add(stored(keys, self.dtype), stored(values, self.dtype))
+        if self.dtype is None:
+            return read_keys, read_values
+        return stored(read_keys, keys.dtype), stored(read_values, values.dtype)
 
     def _in_time_order(self, buffer: mx.array) -> mx.array:
         if self.write_index == buffer.shape[2]:
@@ -203,6 +229,7 @@ class SlidingKVCache:
         leading slots are filled (all of them once it has wrapped; read as stored, like :meth:`update`)."""
         if keys.shape[2] != 1:
             raise ValueError(f"store writes one position at a time, not {keys.shape[2]}")
+        keys, values = stored(keys, self.dtype), stored(values, self.dtype)
         slot, filled = self.reserve(PositionLayout.of(keys, values))
         assert self.keys is not None and self.values is not None
         key_buffer, value_buffer = self.keys, self.values
@@ -213,6 +240,7 @@ class SlidingKVCache:
 
     def reserve(self, layout: PositionLayout) -> tuple[int, int]:
         """Make room for one position (as :meth:`store` would); return its slot and the filled count after it."""
+        layout = layout.stored_as(self.dtype)
         start = self.offset
         if (
             self.keys is None

@@ -21,6 +21,11 @@ key's lanes read neighbouring bytes and a warp eight keys side by side), and a w
 of :data:`KEYS_PER_STEP` keys and their values before it scores them; on the H200 this took 21–41 %
 less GPU time than a warp a key, from 7,500 down to 200 positions (README → Fast numerics).
 
+Buffers: float32 (the LLM's caches) or bf16 (fast mode's TTS backbone caches,
+:data:`engine.numerics.BACKBONE_CACHE_DTYPE`), each value widened to float32 as it is read; the writing forms
+score the new position as the buffer stores it (a bf16 buffer's value rounded to nearest even), so the result
+is the fallback's over the written buffers.
+
 Arithmetic: float32 throughout like the reference, with the softmax computed online (a running
 maximum and sum per run of keys a lane group reads, merged across the warp, the block and then the
 blocks) — the same quantity as the reference's ``softmax(q·Kᵀ·scale)·V``, its sums taken in another
@@ -37,6 +42,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .cache import stored
 from .numerics import custom_kernel, kernel_constants
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.
@@ -193,12 +199,16 @@ _ATTENTION_CUDA = (
         for (int r = 0; r < ROUNDS; ++r) {
             const int position = start + r * AT_ONCE + slot;
             const bool inside = position < last;
-            const float2* key_row = reinterpret_cast<const float2*>(@KEY_ROW@);
-            const float2* value_row = reinterpret_cast<const float2*>(@VALUE_ROW@);
+            const size_t row_at = base + static_cast<size_t>(position) * D;
 #pragma unroll
             for (int j = 0; j < PAIRS; ++j) {
-                key_part[r][j] = inside ? key_row[j * LANES] : make_float2(0.0f, 0.0f);
-                value_part[r][j] = inside ? value_row[j * LANES] : make_float2(0.0f, 0.0f);
+                if (!inside) {
+                    key_part[r][j] = make_float2(0.0f, 0.0f);
+                    value_part[r][j] = make_float2(0.0f, 0.0f);
+                }@FRESH@ else {
+                    key_part[r][j] = parley_pair(keys + row_at + 2 * LANES * j);
+                    value_part[r][j] = parley_pair(values + row_at + 2 * LANES * j);
+                }
             }
         }
         float score[ROUNDS];
@@ -269,6 +279,32 @@ _ATTENTION_CUDA = (
 @WRITE@"""
 )
 
+# The writing forms' load of the new position from its own inputs (float32), as the buffers store it (a bf16 buffer
+# rounded): the value a block reading it back from the buffers would see.
+_FRESH = """ else if (position == written) {
+                    key_part[r][j] = parley_as_stored(reinterpret_cast<const float2*>(@FRESH_KEY@)[j * LANES], keys);
+                    value_part[r][j] =
+                        parley_as_stored(reinterpret_cast<const float2*>(new_values + fresh)[j * LANES], values);
+                }"""
+
+# The attention kernels read cache buffers of float32 or bf16 (fast mode's TTS backbone stores bf16): a pair of a
+# buffer's neighbouring values as floats, a float pair as the buffer stores it, and a float stored into it (bf16
+# rounded to nearest even, as MLX converts). Overloads on the buffer's type, which MLX declares by the input's dtype.
+_BUFFER_CUDA = """
+__device__ __forceinline__ float2 parley_pair(const float* at) { return *reinterpret_cast<const float2*>(at); }
+__device__ __forceinline__ float2 parley_pair(const __nv_bfloat16* at) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(at));
+}
+__device__ __forceinline__ float2 parley_as_stored(float2 pair, const float*) { return pair; }
+__device__ __forceinline__ float2 parley_as_stored(float2 pair, const __nv_bfloat16*) {
+    return __bfloat1622float2(__float22bfloat162_rn(pair));
+}
+__device__ __forceinline__ void parley_store(const float* at, float value) { *const_cast<float*>(at) = value; }
+__device__ __forceinline__ void parley_store(const __nv_bfloat16* at, float value) {
+    *const_cast<__nv_bfloat16*>(at) = __float2bfloat16_rn(value);
+}
+"""
+
 # The attention kernel reading its buffers as stored, or (writing) reading the new position's key and value from
 # their own inputs and writing them into the buffers at their slot: one block per key head (the first split of its
 # first query head) writes them; no block of the launch reads that slot from the buffers, so none waits for it.
@@ -276,8 +312,7 @@ _READ_AS_STORED = {
     "@PROLOGUE@": "",
     "@QUERY@": "queries + static_cast<size_t>(group) * D",
     "@WRITTEN@": "",
-    "@KEY_ROW@": "keys + base + static_cast<size_t>(position) * D",
-    "@VALUE_ROW@": "values + base + static_cast<size_t>(position) * D",
+    "@FRESH@": "",
     "@WRITE@": "",
 }
 _WRITING = {
@@ -286,15 +321,14 @@ _WRITING = {
     "@WRITTEN@": """    const int written = bounds[1] >> SLOT_SHIFT;  // the new position's slot
     const size_t fresh = (static_cast<size_t>(row) * HKV + kv_head) * D + 2 * part;
 """,
-    "@KEY_ROW@": "position == written ? new_keys + fresh : keys + base + static_cast<size_t>(position) * D",
-    "@VALUE_ROW@": "position == written ? new_values + fresh : values + base + static_cast<size_t>(position) * D",
+    "@FRESH@": _FRESH.replace("@FRESH_KEY@", "new_keys + fresh"),
     "@WRITE@": """    if (split == 0 && head % (HQ / HKV) == 0) {
         // Into the buffers as given (MLX hands a kernel its inputs read-only; the cache keeps these buffers).
         const size_t head_start = static_cast<size_t>(row) * HKV + kv_head;
         const size_t at = (head_start * capacity + written) * D;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            const_cast<float*>(keys)[at + d] = new_keys[head_start * D + d];
-            const_cast<float*>(values)[at + d] = new_values[head_start * D + d];
+            parley_store(keys + at + d, new_keys[head_start * D + d]);
+            parley_store(values + at + d, new_values[head_start * D + d]);
         }
     }
 """,
@@ -359,7 +393,7 @@ _HEADS = {
     __syncthreads();
 """,
     "@QUERY@": "rotated[0]",
-    "@KEY_ROW@": "position == written ? rotated[1] + 2 * part : keys + base + static_cast<size_t>(position) * D",
+    "@FRESH@": _FRESH.replace("@FRESH_KEY@", "rotated[1] + 2 * part"),
     "@WRITE@": _WRITING["@WRITE@"].replace("new_keys[head_start * D + d]", "rotated[1][d]"),
 }
 assert _HEADS["@WRITE@"] != _WRITING["@WRITE@"]
@@ -455,8 +489,9 @@ _ATTENTION_METAL = (
             const uint at = base + uint(position) * D;
             for (int j = 0; j < PAIRS; ++j) {
                 const uint pair = at + 2 * LANES * j;
-                key_part[r][j] = inside ? float2(keys[pair], keys[pair + 1]) : float2(0.0f);
-                value_part[r][j] = inside ? float2(values[pair], values[pair + 1]) : float2(0.0f);
+                // float() reads a bf16 buffer (fast mode's TTS backbone stores bf16) as a float32 one.
+                key_part[r][j] = inside ? float2(float(keys[pair]), float(keys[pair + 1])) : float2(0.0f);
+                value_part[r][j] = inside ? float2(float(values[pair]), float(values[pair + 1])) : float2(0.0f);
             }
         }
         float score[ROUNDS];
@@ -569,9 +604,11 @@ def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, co
     """The reference's arithmetic for one query position: the kernel's fallback.
 
     ``queries`` (B, Hq, 1, D); ``keys``/``values`` (B, Hkv, capacity, D) cache buffers of
-    which the first ``count`` positions are filled. Returns the mixed values as rows (B, Hq·D).
+    which the first ``count`` positions are filled, read in the queries' dtype (float32 arithmetic over bf16
+    buffers). Returns the mixed values as rows (B, Hq·D).
     """
-    mixed = mx.fast.scaled_dot_product_attention(queries, keys[..., :count, :], values[..., :count, :], scale=scale)
+    keys, values = stored(keys[..., :count, :], queries.dtype), stored(values[..., :count, :], queries.dtype)
+    mixed = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
     return mixed.transpose(0, 2, 1, 3).reshape(queries.shape[0], -1)
 
 
@@ -589,8 +626,8 @@ def decode_attention_writing_ops(
     at ``slot`` of the buffers (a scatter, as the traced backbone step writes them); returns the mixed rows and
     the written buffers — what :meth:`DecodeAttention.attend_writing` computes and leaves in its buffers."""
     index = mx.full(new_keys.shape, slot, dtype=mx.int32)
-    key_buffer = mx.put_along_axis(key_buffer, index, new_keys, axis=2)
-    value_buffer = mx.put_along_axis(value_buffer, index, new_values, axis=2)
+    key_buffer = mx.put_along_axis(key_buffer, index, stored(new_keys, key_buffer.dtype), axis=2)
+    value_buffer = mx.put_along_axis(value_buffer, index, stored(new_values, value_buffer.dtype), axis=2)
     return decode_attention_ops(queries, key_buffer, value_buffer, count, scale), key_buffer, value_buffer
 
 
@@ -621,13 +658,13 @@ def decode_attention_heads_ops(
 
 
 def decode_attention_heads_samples(
-    query_heads: int, kv_heads: int, head_dim: int, scale_dtype: mx.Dtype
+    query_heads: int, kv_heads: int, head_dim: int, scale_dtype: mx.Dtype, buffer_dtype: mx.Dtype = mx.float32
 ) -> list[tuple[Any, ...]]:
     """Random inputs for admitting :meth:`DecodeAttention.attend_heads` (:func:`decode_attention_heads_ops`'
     arguments): the writing kernel's cases (:func:`decode_attention_writing_samples`) with projection rows for
     the heads, at an early and a late position."""
     samples = []
-    for index, case in enumerate(decode_attention_writing_samples(query_heads, kv_heads, head_dim)):
+    for index, case in enumerate(decode_attention_writing_samples(query_heads, kv_heads, head_dim, buffer_dtype)):
         _, _, new_values, key_buffer, value_buffer, count, slot, scale = case
         q_rows, k_rows, q_scale, k_scale, position = norm_rope_samples(query_heads, kv_heads, head_dim, scale_dtype)[
             index % 2
@@ -657,7 +694,8 @@ def key_shares(count: int, keys_per_block: int) -> tuple[int, int]:
 
 
 class DecodeAttention:
-    """The single-position attention kernel for one head layout, on CUDA or Metal (float32 only).
+    """The single-position attention kernel for one head layout, on CUDA or Metal: float32 queries over cache
+    buffers of float32 or bf16 (MLX builds a kernel per dtype; each is admitted on buffers of its own).
 
     Up to :data:`KEYS_PER_BLOCK` filled positions, one block per head computes the result (one
     kernel); beyond, each block takes a share of the keys and a second kernel merges the shares.
@@ -696,6 +734,7 @@ class DecodeAttention:
             ["out"],
             cuda=_attention_cuda(writing=False),
             metal=_ATTENTION_METAL,
+            cuda_header=_BUFFER_CUDA,
         )
         # The form that also writes the new position into the buffers (CUDA: see attend_writing).
         self._attend_writing = (
@@ -706,6 +745,7 @@ class DecodeAttention:
                 ["out"],
                 cuda=_attention_cuda(True),
                 metal="",
+                cuda_header=_BUFFER_CUDA,
             )
             if backend == "cuda"
             else None
@@ -719,6 +759,7 @@ class DecodeAttention:
                 ["out"],
                 cuda=_attention_cuda(True, heads=True),
                 metal="",
+                cuda_header=_BUFFER_CUDA,
             )
             if backend == "cuda"
             else None
@@ -924,25 +965,35 @@ class DecodeAttention:
         return merged
 
 
-def decode_attention_samples(query_heads: int, kv_heads: int, head_dim: int) -> list[tuple[Any, ...]]:
-    """Random inputs for admitting the kernel, two rows over partly filled buffers: one block's worth of
-    keys, and enough for several blocks and the merge."""
+def decode_attention_samples(
+    query_heads: int, kv_heads: int, head_dim: int, buffer_dtype: mx.Dtype = mx.float32
+) -> list[tuple[Any, ...]]:
+    """Random inputs for admitting the kernel, two rows over partly filled buffers of ``buffer_dtype``: one
+    block's worth of keys, and enough for several blocks and the merge."""
     return [
-        decode_attention_sample(query_heads, kv_heads, head_dim, capacity=256, count=237),
+        decode_attention_sample(query_heads, kv_heads, head_dim, capacity=256, count=237, buffer_dtype=buffer_dtype),
         decode_attention_sample(
-            query_heads, kv_heads, head_dim, capacity=3 * KEYS_PER_BLOCK, count=2 * KEYS_PER_BLOCK + 5
+            query_heads,
+            kv_heads,
+            head_dim,
+            capacity=3 * KEYS_PER_BLOCK,
+            count=2 * KEYS_PER_BLOCK + 5,
+            buffer_dtype=buffer_dtype,
         ),
     ]
 
 
-def decode_attention_writing_samples(query_heads: int, kv_heads: int, head_dim: int) -> list[tuple[Any, ...]]:
+def decode_attention_writing_samples(
+    query_heads: int, kv_heads: int, head_dim: int, buffer_dtype: mx.Dtype = mx.float32
+) -> list[tuple[Any, ...]]:
     """Random inputs for admitting the writing kernel (:func:`decode_attention_writing_ops`' arguments): the new
-    position at the end of the filled part, inside a wrapped ring buffer, and past a block's share of keys."""
+    position at the end of the filled part, inside a wrapped ring buffer, and past a block's share of keys; the
+    buffers of ``buffer_dtype``, the new position float32 (a bf16 buffer stores it rounded)."""
     cases = ((256, 237, 236), (512, 512, 100), (3 * KEYS_PER_BLOCK, 2 * KEYS_PER_BLOCK + 5, 2 * KEYS_PER_BLOCK + 4))
     samples = []
     for capacity, count, slot in cases:
         queries, key_buffer, value_buffer, _, scale = decode_attention_sample(
-            query_heads, kv_heads, head_dim, capacity, count
+            query_heads, kv_heads, head_dim, capacity, count, buffer_dtype
         )
         fresh = mx.random.split(mx.random.key(slot), 2)
         new_keys = mx.random.normal((2, kv_heads, 1, head_dim), key=fresh[0])
@@ -952,14 +1003,14 @@ def decode_attention_writing_samples(query_heads: int, kv_heads: int, head_dim: 
 
 
 def decode_attention_sample(
-    query_heads: int, kv_heads: int, head_dim: int, capacity: int, count: int
+    query_heads: int, kv_heads: int, head_dim: int, capacity: int, count: int, buffer_dtype: mx.Dtype = mx.float32
 ) -> tuple[mx.array, mx.array, mx.array, int, float]:
     """Random inputs: two rows, a buffer of ``capacity`` positions of which ``count`` are filled."""
     keys = mx.random.split(mx.random.key(4321), 3)
     return (
         mx.random.normal((2, query_heads, 1, head_dim), key=keys[0]),
-        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[1]),
-        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[2]),
+        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[1]).astype(buffer_dtype),
+        mx.random.normal((2, kv_heads, capacity, head_dim), key=keys[2]).astype(buffer_dtype),
         count,
         head_dim**-0.5,
     )

@@ -40,7 +40,8 @@ def state_growth_per_frame(config: VoiceChatConfig, frames_so_far: int = 0) -> i
     What grows is attention history: the LLM's attention layers (one position per frame)
     and the TTS backbone at batch 2 (CFG), whose sliding-window layers stop growing once
     ``frames_so_far`` reaches their window. Keys and values are counted as float32, the
-    dtype frame steps store (a bf16 buffer is promoted to float32 at its first growth).
+    dtype exact mode's frame steps store (a bf16 buffer is promoted to float32 at its first
+    growth); fast mode stores the TTS backbone's in bf16 (:mod:`engine.numerics`), half its part.
     Buffers grow in 256-position blocks, so the measured state leads this by < 1 block.
     """
     llm = config.text_config

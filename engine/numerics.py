@@ -6,7 +6,8 @@ the GPU"); a frame then stays several thousand operations, and on a GPU each cos
 time whatever the arithmetic. Fast mode changes the arithmetic where that buys speed, and
 nowhere else. What differs from the reference, and why it is safe:
 
-Every change is a custom kernel (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) that
+Every change but the last (the TTS backbone's caches in bf16, which rounds) is a custom kernel
+(``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) that
 replaces a run of MLX operations — each of which costs host time on a GPU whatever its
 arithmetic — with one launch, computing the same quantity in float32 as the reference does,
 with sums taken in another order. Each has an operations fallback that the CPU runs, and a
@@ -176,6 +177,19 @@ and the log says why. The changes:
   is bit for bit, ``tests/test_condition_table.py``); the frame's own on-device form differs from exact mode's
   host form by as much (``tests/test_tts.py``). Not on Metal: there the pass would take seconds of a Mac's GPU
   to save primitives that cost the host a few µs each, a trade to measure first.
+* **The TTS backbone's keys and values cached in bf16** (:data:`BACKBONE_CACHE_DTYPE`, on every device; no
+  kernel of its own: the attention kernels above read bf16 buffers too, admitted on them). The one change that
+  rounds. A long conversation's largest read is that cache: every frame reads each of 28 layers' keys and values
+  for 2 guided rows × 16 heads × 72 a position, 3.8 GB at ten minutes' 7,400 positions in float32 — more than the
+  4-bit model's weights, and on a 200 GB/s laptop 19 ms a frame. In bf16 it is half, and half the memory held.
+  What differs: each key and value is rounded to bf16 once, as it is stored (by at most 2^-9 of itself); the
+  attention widens them and computes in float32 as before, and the writing kernels score the new position as
+  stored. Measured on the tiny checkpoint (CPU, ``parley drift``, 3 seeds): the TTS hidden states 0.6–1.1e-3
+  from exact mode's (relative L2) — the size of the TF32 rounding that exact mode's own products carry on CUDA
+  (7e-4) — teacher-forced codes equal in 97–100 % of frames, the sampled codes free-running parting after 5 to
+  20 frames or not in 30; the LLM, the text and the codec untouched. bf16 rather than fp16, which would round
+  eight times less: the values are not normed, and without the trained weights their range cannot be checked
+  here; bf16's cannot overflow. Exact mode keeps the reference's float32 caches.
 
 The kernels' results differ from a float32 computation by reordering only (relative L2
 5e-8 to 1.2e-6 on the H200); through the networks that stays at float32 rounding. On CUDA
@@ -236,6 +250,10 @@ ENCODER_ROWS = 1
 # 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level with them within noise on an H100
 # (tests/device/greedy_loop_probe.py, row_chains_ab.py), for 51 primitives a frame fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
+# The dtype fast mode's TTS backbone caches store keys and values in (see the module docstring). float32 here
+# would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight
+# bounds check, with this so set).
+BACKBONE_CACHE_DTYPE: mx.Dtype = mx.bfloat16
 
 log = logging.getLogger(__name__)
 
@@ -288,9 +306,17 @@ def kernel_constants(*values: float) -> mx.array:
 
 
 def custom_kernel(
-    backend: str, name: str, inputs: list[str], outputs: list[str], *, cuda: str, metal: str
+    backend: str,
+    name: str,
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    cuda: str,
+    metal: str,
+    cuda_header: str = "",
 ) -> Callable[..., Any]:
-    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source.
+    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
+    (on CUDA after ``cuda_header``: functions the body calls).
 
     The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
     folder that outlives the process), so a kernel whose source changed with an update of Parley must
@@ -298,9 +324,12 @@ def custom_kernel(
     source = {"cuda": cuda, "metal": metal}.get(backend)
     if source is None:
         raise ValueError(f"no {name} kernel for {backend!r}")
-    versioned = f"{name}_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    header = cuda_header if backend == "cuda" else ""
+    versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
     if backend == "cuda":
-        return mx.fast.cuda_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
+        return mx.fast.cuda_kernel(
+            name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
+        )
     return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
 
 
@@ -497,15 +526,19 @@ def apply_numerics(
 
     attentions = [module for module in modules if isinstance(module, BackboneAttention)]
     attention: Callable[..., Any] | None = None
+    # The backbone's caches store keys and values in bf16 in fast mode (see the module docstring); its attention
+    # kernels are admitted on buffers of that dtype.
+    cache_dtype = BACKBONE_CACHE_DTYPE if fast else None
+    buffers = cache_dtype or mx.float32
     if fast and attentions:
         first_attention = attentions[0]
         heads = (first_attention.num_heads, first_attention.num_kv_heads, first_attention.head_dim)
         attention, changes["decode_attention"] = _fast_part(
-            ("attention", *heads),
+            ("attention", *heads, buffers),
             "single-position attention",
             decode_attention_ops,
             lambda backend: DecodeAttention(backend, *heads),
-            lambda: decode_attention_samples(*heads),
+            lambda: decode_attention_samples(*heads, buffers),
         )
     if fast and attentions:
         # The kernel that also writes the new position into the cache buffers, where it matches the scatters and
@@ -514,11 +547,11 @@ def apply_numerics(
         if isinstance(attention, DecodeAttention):
             kernel_attention = attention
             _, writes = _fast_part(
-                ("attention_writing", *heads),
+                ("attention_writing", *heads, buffers),
                 "single-position attention writing its cache",
                 decode_attention_writing_ops,
                 lambda backend: kernel_attention.writing_kernel(),
-                lambda: decode_attention_writing_samples(*heads),
+                lambda: decode_attention_writing_samples(*heads, buffers),
             )
             kernel_attention.writes_cache = writes
         changes["attention_writes_cache"] = writes
@@ -526,6 +559,7 @@ def apply_numerics(
         module.fast_attention = attention
         module.fast_heads = None
         module.heads_in_attention = False
+        module.cache_dtype = cache_dtype
     # The LLM's attention blocks: the writing form of the same kernel for their heads (CUDA only), reading the
     # projections' rows as heads and writing each new position into the cache's buffers.
     llm_attentions = [module for module in modules if isinstance(module, CausalSelfAttention)]
@@ -563,13 +597,13 @@ def apply_numerics(
             folded = False
             if writes and isinstance(heads_part, NormRope) and isinstance(attention, DecodeAttention):
                 _, folded = _fast_part(
-                    ("attention_heads", *layout, eps, base, scale_dtype),
+                    ("attention_heads", *layout, eps, base, scale_dtype, buffers),
                     "single-position attention making its heads and writing its cache",
                     functools.partial(
                         decode_attention_heads_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base
                     ),
                     functools.partial(_heads_kernel, attention, heads_part.params),
-                    functools.partial(decode_attention_heads_samples, *layout, scale_dtype),
+                    functools.partial(decode_attention_heads_samples, *layout, scale_dtype, buffers),
                 )
                 changes["attention_heads"] = changes.get("attention_heads", True) and folded
             for module in attentions:

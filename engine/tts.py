@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask
+from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
 from .config import MoGConfig, TTSConfig
 from .counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 from .decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
@@ -113,6 +113,9 @@ class BackboneAttention(nn.Module):
         # Where the attention kernel writes the cache, it may also norm and rotate the heads itself (CUDA, fast
         # numerics: DecodeAttention.attend_heads, admitted per RoPE base): the traced step then launches no heads.
         self.heads_in_attention = False
+        # The dtype this layer's cache stores keys and values in: None keeps the reference's (the keys' own, float32);
+        # fast numerics stores bf16 (engine.numerics), which EarTTS.make_cache gives the caches it makes.
+        self.cache_dtype: mx.Dtype | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
@@ -212,8 +215,10 @@ class BackboneAttention(nn.Module):
         return attention(queries, key_buffer, value_buffer, filled, self.scale)
 
     def kernel_reads(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> bool:
-        """Whether the attention kernel reads buffers of these dtypes (float32 only; fast mode's queries are)."""
-        return isinstance(self.fast_attention, DecodeAttention) and key_dtype == value_dtype == mx.float32
+        """Whether the attention kernel reads buffers of these dtypes: those it was admitted for, the dtype the
+        cache stores (float32 where the cache keeps the keys' own)."""
+        wanted = self.cache_dtype or mx.float32
+        return isinstance(self.fast_attention, DecodeAttention) and key_dtype == value_dtype == wanted
 
     def _attention_by_count(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> Callable[..., mx.array]:
         """:attr:`fast_attention`, or its fallback where the kernel does not read these buffers."""
@@ -269,8 +274,8 @@ class BackboneAttention(nn.Module):
                 queries, keys, values, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
             )
         queries, keys = self.heads(q, k, position)
-        key_buffer = mx.put_along_axis(key_buffer, slot.index, keys, axis=2)
-        value_buffer = mx.put_along_axis(value_buffer, slot.index, values, axis=2)
+        key_buffer = mx.put_along_axis(key_buffer, slot.index, stored(keys, key_buffer.dtype), axis=2)
+        value_buffer = mx.put_along_axis(value_buffer, slot.index, stored(values, value_buffer.dtype), axis=2)
         written.append((key_buffer, value_buffer))
         if slot.bounds is not None:
             assert isinstance(self.fast_attention, DecodeAttention)
@@ -1073,11 +1078,14 @@ class EarTTS(nn.Module):
         return round_draws * len(self.plan)
 
     def make_cache(self) -> TTSCache:
-        """Fresh attention state: unbounded caches on global layers, sliding-window caches elsewhere."""
+        """Fresh attention state: unbounded caches on global layers, sliding-window caches elsewhere, storing
+        the dtype the backbone's attention asks for (:attr:`BackboneAttention.cache_dtype`)."""
         window = self.config.sliding_window
+        dtype = self.backbone.layers[0].self_attn.cache_dtype if self.backbone.layers else None
         return TTSCache(
             layers=[
-                KVCache() if is_global else SlidingKVCache(window=window) for is_global in self.backbone.global_layers
+                KVCache(dtype=dtype) if is_global else SlidingKVCache(window=window, dtype=dtype)
+                for is_global in self.backbone.global_layers
             ]
         )
 

@@ -1,9 +1,10 @@
 """CUDA sources that only a GPU builds, compiled here as C++ with CUDA's names stubbed (``g++ -fsyntax-only``):
-the encoder's and the TTS backbone's chains of row products (:mod:`engine.row_chain`) and the RN-T loop
-(:class:`engine.greedy_attempt.GreedyLoop`), each with the parameters MLX declares for it. This catches what a
-compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a device run
-does; what the kernels compute is checked on the device, where a load admits each only bit for bit against the
-kernels it joins."""
+the encoder's and the TTS backbone's chains of row products (:mod:`engine.row_chain`), the RN-T loop
+(:class:`engine.greedy_attempt.GreedyLoop`) and the single-position attention's three forms over float32 and bf16
+buffers (:class:`engine.decode_attention.DecodeAttention`), each with the parameters MLX declares for it. This
+catches what a compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a
+device run does; what the kernels compute is checked on the device, where a load admits each against the kernels
+or operations it replaces."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+import engine.decode_attention as decode_attention
 import engine.greedy_attempt as greedy_attempt
 import engine.row_chain as row_chain
 import engine.row_product as row_product
@@ -35,6 +37,14 @@ static const Index threadIdx{}, blockIdx{}, gridDim{}, blockDim{};
 struct __nv_bfloat16 { unsigned short bits; operator float() const { return 0.0f; } };
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+#define __device__
+#define __forceinline__ inline
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float2 __bfloat1622float2(__nv_bfloat162 pair) { return {float(pair.x), float(pair.y)}; }
+inline __nv_bfloat162 __float22bfloat162_rn(float2) { return {}; }
+inline void __syncwarp() {}
 inline float __bfloat162float(__nv_bfloat16 value) { return float(value); }
 inline __nv_bfloat16 __float2bfloat16_rn(float) { return {}; }
 inline float __int_as_float(int) { return 0.0f; }
@@ -108,3 +118,27 @@ def test_the_greedy_loop_source_compiles(tmp_path: Path) -> None:
         instances.append(f"template void greedy_loop<{arguments}>({', '.join(parameters)});")
     instance = "\n".join(instances)
     _compiles(tmp_path, "greedy_loop", greedy_attempt._loop_source(shape), parameters, template, instance)
+
+
+@pytest.mark.parametrize("form", ["read", "writing", "heads"])
+@pytest.mark.parametrize("buffers", [mx.float32, mx.bfloat16])
+def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, tmp_path: Path) -> None:
+    """Each form of the backbone's attention kernel over the cache buffers fast mode may hand it: float32 (the
+    LLM's) and bf16 (the TTS backbone's), read through the header's overloads for the buffer's type."""
+    stored = _TYPES[buffers]
+    inputs = {"read": decode_attention._INPUTS, "writing": decode_attention._WRITING_INPUTS}.get(
+        form, decode_attention._HEADS_INPUTS
+    )
+    kinds = {"keys": stored, "values": stored, "bounds": "int", "at_position": "int"}
+    parameters = [f"const {kinds.get(name, 'float')}* {name}" for name in inputs]
+    parameters += ["const int* keys_shape", "float* out"]
+    source = decode_attention._attention_cuda(writing=form != "read", heads=form == "heads")
+    names = ("HQ", "HKV", "D", "WARPS", "LANES", "ROUNDS", "CHUNK_BITS", "SLOT_SHIFT")
+    template = f"template <{', '.join(f'int {name}' for name in names)}, bool FINAL>"
+    instances = []
+    for final in ("true", "false"):
+        values = (16, 16, 72, decode_attention.WARPS, decode_attention.LANES_PER_KEY, 4, 4095, 12)
+        arguments = ", ".join([*map(str, values), final])
+        instances.append(f"template void attention<{arguments}>({', '.join(parameters)});")
+    header = decode_attention._BUFFER_CUDA
+    _compiles(tmp_path, "attention", source, parameters, f"{header}\n{template}", "\n".join(instances))

@@ -49,6 +49,12 @@ TTS_HIDDEN_RELATIVE_L2 = 1e-4
 KL_MAX = 1e-5
 ARGMAX_AGREEMENT = 0.99
 WAVEFORM_SNR_DB = 40.0
+# With the backbone's caches in bf16 (fast mode as shipped): each cached key and value rounded by at most 2^-9 of
+# itself moves the TTS hidden states by 0.6-1.1e-3 here (README, "Fast numerics"); four times that catches a cache
+# read wrongly (an error of the values' own size) while leaving the rounding room on other seeds and sizes.
+TTS_HIDDEN_RELATIVE_L2_BF16_CACHES = 4e-3
+# Teacher-forced, both modes drawing the same numbers, a frame's 31 codes all equal in at least this share of frames.
+CODES_AGREEMENT_BF16_CACHES = 0.9
 
 
 def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
@@ -590,10 +596,11 @@ def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> N
     from engine.decode_attention import CHUNK_BITS, KEYS_PER_BLOCK, MAX_SLOT, SLOT_SHIFT, bounds_words
 
     plain, writing = decode_attention._attention_cuda(False), decode_attention._attention_cuda(True)
-    assert not any(name in plain for name in ("new_keys", "new_values", "const_cast", "written"))
-    assert "position == written ? new_keys + fresh" in writing
-    assert "position == written ? new_values + fresh" in writing
-    assert writing.count("const_cast<float*>(keys)") == writing.count("const_cast<float*>(values)") == 1
+    assert not any(name in plain for name in ("new_keys", "new_values", "parley_store", "written"))
+    assert "else if (position == written)" in writing
+    assert "parley_as_stored(reinterpret_cast<const float2*>(new_keys + fresh)[j * LANES], keys)" in writing
+    assert "parley_as_stored(reinterpret_cast<const float2*>(new_values + fresh)[j * LANES], values)" in writing
+    assert writing.count("parley_store(keys + at + d") == writing.count("parley_store(values + at + d") == 1
     assert "if (split == 0 && head % (HQ / HKV) == 0)" in writing
     assert all(source.count("{") == source.count("}") for source in (plain, writing))
     assert all(f"{name}[" in writing or f"{name} +" in writing for name in decode_attention._WRITING_INPUTS)
@@ -625,8 +632,9 @@ def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_att
     norm_rope = decode_attention._NORM_ROPE_CUDA
     for line in ("const float normalizer = rsqrtf(squares / D + params[0]);", "const float cosine = cosf(theta);"):
         assert line in source and line in norm_rope
-    assert "rotated[0]) + part" in source and "position == written ? rotated[1] + 2 * part" in source
-    assert "= rotated[1][d];" in source and "new_keys" not in source
+    assert "rotated[0]) + part" in source
+    assert "parley_as_stored(reinterpret_cast<const float2*>(rotated[1] + 2 * part)[j * LANES], keys)" in source
+    assert "parley_store(keys + at + d, rotated[1][d]);" in source and "new_keys" not in source
     assert source.count("{") == source.count("}")
     assert all(f"{name}[" in source or f"{name} +" in source for name in decode_attention._HEADS_INPUTS)
     layout = dict(query_heads=4, kv_heads=2, eps=1e-6, base=10_000.0)
@@ -858,8 +866,9 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_kernels_weights_in_bf16(
     """Fast mode's kernels read some weights in bf16 (the row products', the MoG draw's mean tables and, where
     the residual-VQ kernel forms the distance product, the codebooks): loaded for it, they are not precast (no
     float32 copy beside them, and no bf16 copy made back), and its conversation is exact mode's here (the CPU
-    runs the fallbacks, which widen the bf16 weights exactly as the precast did). ``backend`` is the device
-    the load keeps weights for: CUDA's set is loaded here too, to run the fallbacks on it."""
+    runs the fallbacks, which widen the bf16 weights exactly as the precast did; the backbone's caches stay float32,
+    whose rounding to bf16 is measured apart). ``backend`` is the device the load keeps weights for: CUDA's set is
+    loaded here too, to run the fallbacks on it."""
     import numpy as np
     from mlx.utils import tree_flatten
 
@@ -869,6 +878,7 @@ def test_a_model_loaded_for_fast_numerics_keeps_its_kernels_weights_in_bf16(
     from engine.session import Session
 
     monkeypatch.setattr(engine.model, "gpu_kernel_backend", lambda: backend)
+    monkeypatch.setattr("engine.numerics.BACKBONE_CACHE_DTYPE", mx.float32)
     exact = random_voicechat("tiny", quantize=4)
     fast = random_voicechat("tiny", quantize=4, numerics="fast")
     names = fast_bf16_weights(fast.model, backend)
@@ -1035,7 +1045,14 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     assert np.array_equal(round_samples, step_samples)
 
 
-def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
+@pytest.mark.parametrize("caches", ["float32", "bf16"])
+def test_drift_of_fast_numerics_stays_within_the_bounds(caches: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast against exact on the tiny checkpoint. With the backbone's caches in float32 every change only reorders
+    float32 sums: bounds a hundred times that drift, and no output differs. As shipped, the caches' bf16 rounding
+    moves the TTS hidden states (its own bound) and may part the sampled codes; the LLM, the text and the codec
+    stay where reordering leaves them."""
+    if caches == "float32":
+        monkeypatch.setattr("engine.numerics.BACKBONE_CACHE_DTYPE", mx.float32)
     report = measure_drift(size="tiny", quantize=4, seeds=[0, 1], frames=30, out=lambda line: None)
     for result in report["seeds"]:
         for head in ("text", "function"):
@@ -1043,12 +1060,17 @@ def test_drift_of_fast_numerics_stays_within_the_bounds() -> None:
             assert llm["relative_l2_max"] <= LOGITS_RELATIVE_L2, (head, llm)
             assert llm["kl_max"] <= KL_MAX, (head, llm)
             assert llm["argmax_agreement"] >= ARGMAX_AGREEMENT, (head, llm)
-        assert result["tts"]["hidden_relative_l2_max"] <= TTS_HIDDEN_RELATIVE_L2
         assert result["codec"]["snr_db"] >= WAVEFORM_SNR_DB
-        # The drift is real (this is not exact mode under another name) but too small to change any output.
+        # The drift is real (this is not exact mode under another name).
         assert result["llm"]["text"]["relative_l2_max"] > 0.0
-        free = result["free_running"]
-        assert free["first_text_difference"] is None and free["first_codes_difference"] is None, free
+        free, tts = result["free_running"], result["tts"]
+        assert free["first_text_difference"] is None and free["first_function_difference"] is None, free
+        if caches == "float32":  # too small to change any output
+            assert tts["hidden_relative_l2_max"] <= TTS_HIDDEN_RELATIVE_L2, tts
+            assert tts["codes_agreement"] == 1.0 and free["first_codes_difference"] is None, (tts, free)
+        else:
+            assert TTS_HIDDEN_RELATIVE_L2 < tts["hidden_relative_l2_max"] <= TTS_HIDDEN_RELATIVE_L2_BF16_CACHES, tts
+            assert tts["codes_agreement"] >= CODES_AGREEMENT_BF16_CACHES, tts
 
 
 @pytest.mark.parametrize("count", [1, 9, 71])

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.cache import KVCache, SlidingKVCache
+from engine.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.checkpoint import load_into, read_runtime_weights
 from engine.config import TTSConfig, VoiceChatConfig
 from engine.errors import TokenizerError
@@ -163,6 +163,42 @@ def test_full_cache_grows_in_blocks() -> None:
         keys, _ = cache.update(mx.full((1, 1, 1, 1), float(p)), mx.full((1, 1, 1, 1), float(p)))
     assert cache.keys.shape[2] == 512 and cache.offset == 300
     assert np.array_equal(np.asarray(keys)[0, 0, :, 0], np.arange(300, dtype=np.float32))
+
+
+@pytest.mark.parametrize("kind", ["full", "sliding"])
+def test_a_cache_of_a_dtype_stores_every_position_in_it(kind: str) -> None:
+    """Fast numerics' bf16 caches: a block and single positions are stored rounded to bf16, growth and the ring's
+    wrap keep the dtype, ``update`` hands the stored positions back widened to the keys' own dtype and ``store``
+    the buffers as stored (what the attention kernel reads); a reserved slot (the traced step's) is bf16 too."""
+    window = 300
+
+    def make() -> KVCache | SlidingKVCache:
+        return KVCache(dtype=mx.bfloat16) if kind == "full" else SlidingKVCache(window=window, dtype=mx.bfloat16)
+
+    def rounded(values: np.ndarray) -> np.ndarray:
+        return np.asarray(mx.array(values).astype(mx.bfloat16).astype(mx.float32))
+
+    cache = make()
+    positions = np.random.default_rng(3).standard_normal((2, 3, 320, 4)).astype(np.float32)
+    cache.update(mx.array(positions[:, :, :5]), mx.array(-positions[:, :, :5]))
+    for p in range(5, 319):  # past a growth step and, for the ring, past its window
+        fresh = positions[:, :, p : p + 1]
+        if p % 2:
+            cache.update(mx.array(fresh), mx.array(-fresh))
+        else:
+            key_buffer, value_buffer, _ = cache.store(mx.array(fresh), mx.array(-fresh))
+            assert key_buffer.dtype == value_buffer.dtype == mx.bfloat16
+    keys, values = cache.update(mx.array(positions[:, :, 319:]), mx.array(-positions[:, :, 319:]))
+    expected = rounded(positions)
+    if kind == "sliding":  # the last 300 positions, read as stored: slot = position mod 300
+        expected = np.roll(expected[:, :, -window:], positions.shape[2] % window, axis=2)
+    assert cache.keys is not None and cache.keys.dtype == mx.bfloat16
+    assert keys.dtype == values.dtype == mx.float32
+    assert np.array_equal(np.asarray(keys), expected) and np.array_equal(np.asarray(values), -expected)
+    reserved = make()
+    reserved.reserve(PositionLayout(2, 3, 4, 4, mx.float32, mx.float32))
+    assert reserved.keys is not None and reserved.values is not None
+    assert reserved.keys.dtype == reserved.values.dtype == mx.bfloat16
 
 
 def test_cached_steps_equal_a_full_causal_pass(loaded: Loaded) -> None:
