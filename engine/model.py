@@ -51,6 +51,12 @@ class DuplexSTT(nn.Module):
         self.rnnt_joint = RNNTJoint(config.audio_config.joint)
         self.function_channel_weight = config.function_channel_weight
 
+    @property
+    def text_vocabulary_size(self) -> int:
+        """The ids the text head can emit (its rows): what the TTS's device spelling and conditioning tables
+        cover."""
+        return int(self.lm_head.weight.shape[0])
+
     def fuse_inputs(self, text_id: int, audio: mx.array, function_id: int) -> mx.array:
         """One LLM input position: ``E[text] + audio + w·E[function]``, in that order (the reference's).
 

@@ -1272,7 +1272,7 @@ def use_condition_table(model: Any, characters: Any) -> bool:
     vocabulary's pass a fraction of a second; on Metal the trade (seconds of a Mac's GPU at load against about
     85 primitives a frame at a few µs each) is not measured, and the CPU would take hours at full size."""
     tts = model.tts_model.tts_model
-    size = int(model.stt_model.lm_head.weight.shape[0])
+    size = model.stt_model.text_vocabulary_size
     if tts.has_condition_table(size):
         return True
     spelling = characters.on_device(size)

@@ -292,7 +292,7 @@ class Session:
         if previous_code_sum is not None:
             # What the host form recomputes from the silence codes after an end of speech: the same sum.
             previous_code_sum = mx.where(ends, self._silence_code_sum, previous_code_sum)
-        spelling = self.voicechat.characters.on_device(self._stt.lm_head.weight.shape[0])
+        spelling = self.voicechat.characters.on_device(self._stt.text_vocabulary_size)
         result = tts.step(
             previous_code,
             token,

@@ -48,7 +48,7 @@ def voicechat() -> Any:
 
 
 def _vocabulary(voicechat: Any) -> int:
-    return int(voicechat.model.stt_model.lm_head.weight.shape[0])
+    return voicechat.model.stt_model.text_vocabulary_size
 
 
 def test_the_table_holds_each_token_as_a_frame_encoded_it_and_changes_no_output(voicechat: Any) -> None:

@@ -25,7 +25,7 @@ def main() -> None:
     if not voicechat.fast_changes.get("condition_table"):
         raise SystemExit("the load did not take the conditioning table: nothing to compare")
     model, tts = voicechat.model, voicechat.model.tts_model.tts_model
-    size = int(model.stt_model.lm_head.weight.shape[0])
+    size = model.stt_model.text_vocabulary_size
     spelling = voicechat.characters.on_device(size)
     for _ in range(2):
         began = time.perf_counter()
