@@ -16,6 +16,12 @@ buffers it was given, where the traced backbone step scattered them first (two p
 buffers are written in place behind MLX's back, which takes a kernel's inputs for unchanged: the caller keeps
 them (and nothing else reads them) and hands them over contiguous, so that MLX passes them as they are.
 
+On CUDA each form also merges its blocks' shares itself where admitted (``merged_forms``): each block stores its
+share and takes a ticket of its (row, head) group's, and the last block to take one merges the group's shares with
+the merging kernel's own lines, in the same order, and puts the ticket back to zero. Past 2,048 keys (a conversation
+older than 2 minutes 44 seconds) that is one launch a layer where two were: 28 primitives a frame fewer in the
+backbone and 4 in the LLM, and no merging kernel's fixed cost.
+
 Layout: :data:`LANES_PER_KEY` lanes read a key together, each every fourth pair of its floats (so a
 key's lanes read neighbouring bytes and a warp eight keys side by side), and a warp issues the loads
 of :data:`KEYS_PER_STEP` keys and their values before it scores them; on the H200 this took 21–41 %
@@ -43,7 +49,7 @@ from typing import Any
 import mlx.core as mx
 
 from .cache import stored
-from .numerics import custom_kernel, kernel_constants
+from .numerics import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.
 WARPS = 8
@@ -268,7 +274,7 @@ _ATTENTION_CUDA = (
     + """        if (FINAL) {
             out[static_cast<size_t>(group) * D + d] = mixed / total;
         } else {  // this block's share: its mixed values (not yet divided), its maximum and its sum
-            float* partial = out + static_cast<size_t>(blockIdx.x) * (D + 2);
+            float* partial = @SHARES_OUT@ + static_cast<size_t>(blockIdx.x) * (D + 2);
             partial[d] = mixed;
             if (d == 0) {
                 partial[D] = top;
@@ -276,7 +282,7 @@ _ATTENTION_CUDA = (
             }
         }
     }
-@WRITE@"""
+@WRITE@@MERGED@"""
 )
 
 # The writing forms' load of the new position from its own inputs (float32), as the buffers store it (a bf16 buffer
@@ -399,22 +405,24 @@ _HEADS = {
 assert _HEADS["@WRITE@"] != _WRITING["@WRITE@"]
 
 
-def _attention_cuda(writing: bool, heads: bool = False) -> str:
+def _attention_cuda(writing: bool, heads: bool = False, merged: bool = False) -> str:
+    """The attention kernel's CUDA source: reading its buffers as stored, ``writing`` the new position too, or making
+    its ``heads`` as well; ``merged``, its blocks merging their shares themselves (``_MERGED_TAIL_CUDA``)."""
     source = _ATTENTION_CUDA
     for placeholder, text in (_HEADS if heads else _WRITING if writing else _READ_AS_STORED).items():
         source = source.replace(placeholder, text)
-    return source
+    source = source.replace("@SHARES_OUT@", "partials" if merged else "out")
+    return source.replace("@MERGED@", _MERGED_TAIL_CUDA if merged else "")
 
 
-_MERGE_CUDA = """
+# A (row, head) group's blocks' shares merged into its mixed values (``partial`` its first share, ``group`` and
+# ``splits`` as the attention kernel's): the merging kernel's body, and the attention kernel's last block's where it
+# merges the shares itself.
+_MERGE_BODY_CUDA = """
     constexpr int STRIDE = D + 2;
     __shared__ float shares[SHARES * STRIDE];
-    const int count = bounds[0];
-    const int chunk = bounds[1] & CHUNK_BITS;
-    const int splits = (count + chunk - 1) / chunk;
-    const int group = blockIdx.x;
     const int d = threadIdx.x;
-    const float* partial = partials + static_cast<size_t>(group) * splits * STRIDE;
+    @PARTIAL@ partial = partials + static_cast<size_t>(group) * splits * STRIDE;
     float top = -__int_as_float(0x7f800000);
     float total = 0.0f;
     float mixed = 0.0f;
@@ -441,6 +449,36 @@ _MERGE_CUDA = """
     }
     if (d < D) out[static_cast<size_t>(group) * D + d] = mixed / total;
 """
+
+_MERGE_CUDA = """
+    const int count = bounds[0];
+    const int chunk = bounds[1] & CHUNK_BITS;
+    const int splits = (count + chunk - 1) / chunk;
+    const int group = blockIdx.x;""" + _MERGE_BODY_CUDA.replace("@PARTIAL@", "const float*")
+
+# The attention kernel's blocks merging their own shares (``merged``): each block stores its share in ``partials``
+# and takes a ticket of its group's; the block that takes the last one merges the group's shares (as the merging
+# kernel would, reading them past the cache, which the other blocks wrote) and puts the ticket count back to zero for
+# the next launch. One launch where two were, past KEYS_PER_BLOCK keys.
+_MERGED_TAIL_CUDA = (
+    """    if (!FINAL) {
+        __shared__ bool last_block;
+        __threadfence();  // this block's share is visible to every block before its ticket is
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last_block = atomicAdd(const_cast<int*>(tickets) + group * TICKET_STRIDE, 1) == splits - 1;
+        }
+        __syncthreads();
+        if (last_block) {
+            __threadfence();
+            {"""
+    + _MERGE_BODY_CUDA.replace("@PARTIAL@", "const volatile float*")
+    + """            }
+            if (threadIdx.x == 0) const_cast<int*>(tickets)[group * TICKET_STRIDE] = 0;
+        }
+    }
+"""
+)
 
 _ATTENTION_METAL = (
     """
@@ -599,6 +637,9 @@ _HEADS_INPUTS = [
     "scale",
 ]
 
+# Each form's inputs (a form merging its shares takes ``tickets`` too).
+_FORM_INPUTS = {"read": _INPUTS, "writing": _WRITING_INPUTS, "heads": _HEADS_INPUTS}
+
 
 def decode_attention_ops(queries: mx.array, keys: mx.array, values: mx.array, count: int, scale: float) -> mx.array:
     """The reference's arithmetic for one query position: the kernel's fallback.
@@ -698,7 +739,9 @@ class DecodeAttention:
     buffers of float32 or bf16 (MLX builds a kernel per dtype; each is admitted on buffers of its own).
 
     Up to :data:`KEYS_PER_BLOCK` filled positions, one block per head computes the result (one
-    kernel); beyond, each block takes a share of the keys and a second kernel merges the shares.
+    kernel); beyond, each block takes a share of the keys and a second kernel merges the shares — or, on CUDA
+    for the forms in :attr:`merged_forms` (each admitted on this device), the head's last block to finish
+    merges them in the same launch.
     """
 
     def __init__(
@@ -727,43 +770,27 @@ class DecodeAttention:
         self._scales: dict[float, mx.array] = {}
         if keys_per_block > CHUNK_BITS:
             raise ValueError(f"{keys_per_block} keys a block do not fit the bounds' {SLOT_SHIFT} bits")
-        self._attend = custom_kernel(
-            backend,
-            "parley_decode_attention",
-            _INPUTS,
-            ["out"],
-            cuda=_attention_cuda(writing=False),
-            metal=_ATTENTION_METAL,
-            cuda_header=_BUFFER_CUDA,
-        )
-        # The form that also writes the new position into the buffers (CUDA: see attend_writing).
-        self._attend_writing = (
-            custom_kernel(
-                backend,
-                "parley_decode_attention_writing",
-                _WRITING_INPUTS,
-                ["out"],
-                cuda=_attention_cuda(True),
-                metal="",
-                cuda_header=_BUFFER_CUDA,
-            )
-            if backend == "cuda"
-            else None
-        )
-        # The writing form that also norms and rotates the query and key heads (CUDA: see attend_heads).
-        self._attend_heads = (
-            custom_kernel(
-                backend,
-                "parley_decode_attention_heads",
-                _HEADS_INPUTS,
-                ["out"],
-                cuda=_attention_cuda(True, heads=True),
-                metal="",
-                cuda_header=_BUFFER_CUDA,
-            )
-            if backend == "cuda"
-            else None
-        )
+        # The kernel's forms (reading its buffers as stored; on CUDA also writing the new position, and making the
+        # heads too), each also as the form whose blocks merge their own shares (CUDA), by (form, merged).
+        self._forms: dict[tuple[str, bool], Any] = {}
+        for form, inputs in _FORM_INPUTS.items():
+            if form != "read" and backend != "cuda":
+                continue
+            name = "parley_decode_attention" + ("" if form == "read" else f"_{form}")
+            for merged in (False, True) if backend == "cuda" else (False,):
+                self._forms[(form, merged)] = custom_kernel(
+                    backend,
+                    name + ("_merged" if merged else ""),
+                    [*inputs, "tickets"] if merged else inputs,
+                    ["out", "partials"] if merged else ["out"],
+                    cuda=_attention_cuda(form != "read", heads=form == "heads", merged=merged),
+                    metal=_ATTENTION_METAL if form == "read" and not merged else "",
+                    cuda_header=_BUFFER_CUDA,
+                )
+        # The forms whose blocks merge their shares themselves past KEYS_PER_BLOCK keys (set once admitted on this
+        # device), and their tickets (a line per (row, head) group, by the launch's groups).
+        self.merged_forms: set[str] = set()
+        self._tickets: dict[int, mx.array] = {}
         # Whether the traced backbone step lets the kernel write the new position (set once admitted on this device).
         self.writes_cache = False
         self._merge = custom_kernel(
@@ -798,10 +825,18 @@ class DecodeAttention:
         return self._bounds[key]
 
     def attend_bounded(
-        self, queries: mx.array, keys: mx.array, values: mx.array, bounds: mx.array, splits: int, scale: float
+        self,
+        queries: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        bounds: mx.array,
+        splits: int,
+        scale: float,
+        merge: bool | None = None,
     ) -> mx.array:
-        """:meth:`__call__` with the count as :meth:`bounds` made it and :meth:`splits` of that count."""
-        return self._launch(self._attend, [queries, keys, values], bounds, splits, scale)
+        """:meth:`__call__` with the count as :meth:`bounds` made it and :meth:`splits` of that count (``merge``: see
+        :meth:`_launch`)."""
+        return self._launch("read", [queries, keys, values], bounds, splits, scale, merge=merge)
 
     def attend_writing(
         self,
@@ -814,6 +849,7 @@ class DecodeAttention:
         splits: int,
         scale: float,
         position_axis: bool = False,
+        merge: bool | None = None,
     ) -> mx.array:
         """:meth:`attend_bounded` over buffers whose slot (:meth:`bounds`' ``slot``) the launch fills itself with
         ``new_keys``/``new_values`` (B, Hkv, 1, D) — in the given buffers, which MLX takes for unchanged: the
@@ -821,10 +857,9 @@ class DecodeAttention:
         no other reader may expect them unwritten. One launch where a scatter per buffer and the attention took
         three (CUDA only). The kernel reads the queries, keys and values by their memory alone, so one position's
         rows (B, 1, heads·D) may stand for its heads; ``position_axis`` returns the mixed rows as (B, 1, Hq·D)."""
-        if self._attend_writing is None:
-            raise ValueError("the writing attention kernel is CUDA's")
+        self._require("writing")
         inputs = [queries, new_keys, new_values, key_buffer, value_buffer]
-        return self._launch(self._attend_writing, inputs, bounds, splits, scale, position_axis)
+        return self._launch("writing", inputs, bounds, splits, scale, position_axis, merge)
 
     def attend_heads(
         self,
@@ -840,20 +875,36 @@ class DecodeAttention:
         bounds: mx.array,
         splits: int,
         scale: float,
+        merge: bool | None = None,
     ) -> mx.array:
         """:meth:`attend_writing` from the q and k projections' rows (B, H·D): the launch norms and rotates the query
         and key heads itself, as :class:`NormRope` would at ``position`` with its ``rope`` parameters (eps, log2 of
         the base), and writes the new key so made. One launch where the heads and the attention took two (CUDA)."""
-        if self._attend_heads is None:
-            raise ValueError("the writing attention kernel is CUDA's")
+        self._require("heads")
         inputs = [q_rows, k_rows, new_values, q_scale, k_scale, position, rope, key_buffer, value_buffer]
-        return self._launch(self._attend_heads, inputs, bounds, splits, scale)
+        return self._launch("heads", inputs, bounds, splits, scale, merge=merge)
 
     def heads_kernel(self, rope: mx.array) -> Any:
         """:meth:`heads_check` with the ``rope`` parameters, where this backend has the kernel (else ValueError)."""
-        if self._attend_heads is None:
-            raise ValueError("the writing attention kernel is CUDA's")
+        self._require("heads")
         return functools.partial(self.heads_check, rope=rope)
+
+    def merged_kernel(self, form: str, rope: mx.array | None = None) -> Any:
+        """The check of ``form`` (``"read"``, ``"writing"`` or ``"heads"``, with its ``rope`` parameters) whose blocks
+        merge their own shares, for admitting it against that form's fallback; ValueError where this backend has
+        no such kernel (CUDA only)."""
+        self._require(form, merged=True)
+        if form == "read":
+            return lambda queries, keys, values, count, scale: self.attend_bounded(
+                queries, keys, values, self.bounds(count), self.splits(count), scale, merge=True
+            )
+        if form == "writing":
+            return functools.partial(self.writing_check, merge=True)
+        return functools.partial(self.heads_check, rope=rope, merge=True)
+
+    def _require(self, form: str, merged: bool = False) -> None:
+        if (form, merged) not in self._forms:
+            raise ValueError(f"the attention kernel's {form} form{' merging its shares' if merged else ''} is CUDA's")
 
     def heads_check(
         self,
@@ -870,6 +921,7 @@ class DecodeAttention:
         scale: float,
         *,
         rope: mx.array,
+        merge: bool | None = None,
     ) -> tuple[mx.array, mx.array, mx.array]:
         """:meth:`attend_heads` on copies of the buffers, returned written: :func:`decode_attention_heads_ops`'s
         signature and results, for admitting the kernel against it."""
@@ -887,14 +939,14 @@ class DecodeAttention:
             self.bounds(count, slot),
             self.splits(count),
             scale,
+            merge,
         )
         mx.eval(mixed)  # the buffers hold the write once the launch has run
         return mixed, key_buffer, value_buffer
 
     def writing_kernel(self) -> Any:
         """:meth:`writing_check`, where this backend has the writing kernel (else ValueError)."""
-        if self._attend_writing is None:
-            raise ValueError("the writing attention kernel is CUDA's")
+        self._require("writing")
         return self.writing_check
 
     def writing_check(
@@ -907,54 +959,75 @@ class DecodeAttention:
         count: int,
         slot: int,
         scale: float,
+        merge: bool | None = None,
     ) -> tuple[mx.array, mx.array, mx.array]:
         """:meth:`attend_writing` on copies of the buffers, returned written: :func:`decode_attention_writing_ops`'s
         signature and results, for admitting the kernel against it."""
         key_buffer, value_buffer = key_buffer * 1.0, value_buffer * 1.0  # fresh buffers (× 1 keeps every bit)
+        bounds, splits = self.bounds(count, slot), self.splits(count)
         mixed = self.attend_writing(
-            queries, new_keys, new_values, key_buffer, value_buffer, self.bounds(count, slot), self.splits(count), scale
+            queries, new_keys, new_values, key_buffer, value_buffer, bounds, splits, scale, merge=merge
         )
         mx.eval(mixed)  # the buffers hold the write once the launch has run
         return mixed, key_buffer, value_buffer
 
     def _launch(
         self,
-        attend: Any,
+        form: str,
         inputs: list[mx.array],
         bounds: mx.array,
         splits: int,
         scale: float,
         position_axis: bool = False,
+        merge: bool | None = None,
     ) -> mx.array:
+        """Launch ``form`` over ``inputs``: one block per (row, head) group, or past one block's keys ``splits`` a
+        group, whose shares its last block merges (``merge``; by default where :attr:`merged_forms` has the form) or
+        a second kernel does."""
         if scale not in self._scales:
             self._scales[scale] = kernel_constants(scale)
         batch, width = inputs[0].shape[0], self.query_heads * self.head_dim
         rows = (batch, 1, width) if position_axis else (batch, width)
         groups = batch * self.query_heads
         final = splits == 1
+        merged = not final and (form in self.merged_forms if merge is None else merge)
         threads = 32 * WARPS
-        (out,) = attend(
+        template: list[tuple[str, Any]] = [
+            ("HQ", self.query_heads),
+            ("HKV", self.kv_heads),
+            ("D", self.head_dim),
+            ("WARPS", WARPS),
+            ("LANES", self.lanes_per_key),
+            ("ROUNDS", self.keys_per_step * self.lanes_per_key // 32),
+            ("FINAL", final),
+            ("CHUNK_BITS", CHUNK_BITS),
+            ("SLOT_SHIFT", SLOT_SHIFT),
+        ]
+        shares = (groups * splits, self.head_dim + 2)
+        if merged:
+            if groups not in self._tickets:
+                self._tickets[groups] = kernel_tickets(groups)  # each group's counter on a line of its own
+            out, _ = self._forms[(form, True)](
+                inputs=[*inputs, bounds, self._scales[scale], self._tickets[groups]],
+                template=[*template, ("SHARES", MERGED_SHARES), ("TICKET_STRIDE", TICKET_STRIDE)],
+                grid=(groups * splits * threads, 1, 1),
+                threadgroup=(threads, 1, 1),
+                output_shapes=[rows, shares],
+                output_dtypes=[mx.float32, mx.float32],
+            )
+            return out
+        (out,) = self._forms[(form, False)](
             inputs=[*inputs, bounds, self._scales[scale]],
-            template=[
-                ("HQ", self.query_heads),
-                ("HKV", self.kv_heads),
-                ("D", self.head_dim),
-                ("WARPS", WARPS),
-                ("LANES", self.lanes_per_key),
-                ("ROUNDS", self.keys_per_step * self.lanes_per_key // 32),
-                ("FINAL", final),
-                ("CHUNK_BITS", CHUNK_BITS),
-                ("SLOT_SHIFT", SLOT_SHIFT),
-            ],
+            template=template,
             grid=(groups * splits * threads, 1, 1),
             threadgroup=(threads, 1, 1),
-            output_shapes=[rows if final else (groups * splits, self.head_dim + 2)],
+            output_shapes=[rows if final else shares],
             output_dtypes=[mx.float32],
         )
         if final:
             return out
         merge_threads = 32 * WARPS
-        (merged,) = self._merge(
+        (merged_rows,) = self._merge(
             inputs=[out, bounds],
             template=[("D", self.head_dim), ("SHARES", MERGED_SHARES), ("CHUNK_BITS", CHUNK_BITS)],
             grid=(groups * merge_threads, 1, 1),
@@ -962,7 +1035,7 @@ class DecodeAttention:
             output_shapes=[rows],
             output_dtypes=[mx.float32],
         )
-        return merged
+        return merged_rows
 
 
 def decode_attention_samples(

@@ -475,14 +475,16 @@ class NemotronH(nn.Module):
     def _fast_parts(self) -> tuple[Any, ...]:
         """The fast parts a step's programs are traced with: the Mamba step and the quantized row products
         (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones),
-        and the last block's chained row (given to every block's last projection, or to none)."""
+        and the last block's chained row (given to every block's last projection, or to none). The attention
+        counts with the forms whose blocks merge their own shares, which change its launches."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
         attention = self._first_attention.fast_attention if self._first_attention is not None else None
+        merging = None if attention is None else frozenset(attention.merged_forms)
         projection = self._first_quantized
         if projection is None:
-            return step, attention, None, None, None
+            return step, (attention, merging), None, None, None
         chained_row = getattr(self._last_projection, "chained_row", None)
-        return step, attention, projection.fast_row, projection.fused_row, chained_row
+        return step, (attention, merging), projection.fast_row, projection.fused_row, chained_row
 
     @functools.cached_property
     def _last_projection(self) -> nn.Module:

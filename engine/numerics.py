@@ -26,7 +26,8 @@ and the log says why. The changes:
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
   computes the softmax online (running maximum and sum per run of keys that four lanes read
-  together, merged across the warp, the block and, past 2,048 keys, the blocks). Fallback: the
+  together, merged across the warp, the block and, past 2,048 keys, the blocks — on CUDA by the head's last
+  block to finish, in the same launch, where that form is admitted; else by a second kernel). Fallback: the
   reference's ``scaled_dot_product_attention``.
   On CUDA a second form of the kernel also writes the new position's key and value into the cache buffers
   (:meth:`~engine.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
@@ -540,6 +541,16 @@ def apply_numerics(
             lambda backend: DecodeAttention(backend, *heads),
             lambda: decode_attention_samples(*heads, buffers),
         )
+    # The forms of the backbone's attention kernel in use whose blocks merge their own shares (CUDA, each admitted).
+    merged_forms: dict[str, bool] = {}
+    if fast and isinstance(attention, DecodeAttention):
+        merged_forms["read"] = _merges_shares(
+            attention,
+            "read",
+            ("attention_merged", *heads, buffers),
+            decode_attention_ops,
+            lambda: decode_attention_samples(*heads, buffers),
+        )
     if fast and attentions:
         # The kernel that also writes the new position into the cache buffers, where it matches the scatters and
         # the attention it replaces (outputs and written buffers).
@@ -554,6 +565,14 @@ def apply_numerics(
                 lambda: decode_attention_writing_samples(*heads, buffers),
             )
             kernel_attention.writes_cache = writes
+            if writes:
+                merged_forms["writing"] = _merges_shares(
+                    kernel_attention,
+                    "writing",
+                    ("attention_writing_merged", *heads, buffers),
+                    decode_attention_writing_ops,
+                    lambda: decode_attention_writing_samples(*heads, buffers),
+                )
         changes["attention_writes_cache"] = writes
     for module in attentions:
         module.fast_attention = attention
@@ -575,6 +594,18 @@ def apply_numerics(
         )
         owner = getattr(writing_part, "__self__", None)  # the admitted check is a method of its DecodeAttention
         llm_attention = owner if changes["llm_attention"] and isinstance(owner, DecodeAttention) else None
+        changes["llm_attention_merges_shares"] = False
+        if llm_attention is not None:
+            llm_kernel = llm_attention
+            merges = _merges_shares(
+                llm_kernel,
+                "writing",
+                ("llm_attention_writing_merged", *llm_heads),
+                decode_attention_writing_ops,
+                lambda: decode_attention_writing_samples(*llm_heads),
+            )
+            llm_kernel.merged_forms = {"writing"} if merges else set()
+            changes["llm_attention_merges_shares"] = merges
     for llm_module in llm_attentions:
         llm_module.fast_attention = llm_attention
     if fast:
@@ -606,10 +637,25 @@ def apply_numerics(
                     functools.partial(decode_attention_heads_samples, *layout, scale_dtype, buffers),
                 )
                 changes["attention_heads"] = changes.get("attention_heads", True) and folded
+                if folded:
+                    merged_forms["heads"] = merged_forms.get("heads", True) and _merges_shares(
+                        attention,
+                        "heads",
+                        ("attention_heads_merged", *layout, eps, base, scale_dtype, buffers),
+                        functools.partial(
+                            decode_attention_heads_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base
+                        ),
+                        functools.partial(decode_attention_heads_samples, *layout, scale_dtype, buffers),
+                        rope=heads_part.params,
+                    )
             for module in attentions:
                 if module.rope.base == base:
                     module.fast_heads = heads_part
                     module.heads_in_attention = folded
+    if isinstance(attention, DecodeAttention):
+        attention.merged_forms = {form for form, merges in merged_forms.items() if merges}
+    if fast and attentions:
+        changes["attention_merges_shares"] = bool(merged_forms) and all(merged_forms.values())
 
     relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
     relative: Callable[..., Any] | None = None
@@ -908,6 +954,27 @@ def _row_product_parts(
         parts[name], used = _row_product_part(shape, weight_dtype, scale_dtype, eps[name], label)
         every = every and used
     return parts, every
+
+
+def _merges_shares(
+    attention: Any,
+    form: str,
+    key: tuple[Any, ...],
+    fallback: Callable[..., Any],
+    sample: Callable[[], list[tuple[Any, ...]]],
+    rope: mx.array | None = None,
+) -> bool:
+    """Whether ``attention``'s (an :class:`engine.decode_attention.DecodeAttention`) ``form`` may run with its blocks
+    merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
+    include one past a block's keys (CUDA only)."""
+    _, merges = _fast_part(
+        key,
+        f"single-position attention ({form} form) merging its shares",
+        fallback,
+        lambda backend: attention.merged_kernel(form, rope),
+        sample,
+    )
+    return merges
 
 
 def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:

@@ -656,7 +656,9 @@ class Backbone(nn.Module):
         # Whether each kind's attention makes its heads (admitted per RoPE base, so per kind of layer).
         folded = tuple(self.layers[self.global_layers.index(kind)].self_attn.heads_in_attention for kind in kinds)
         chains = tuple(self.row_chains.chains.values())
-        parts = (self.layers[0].rows, first.fast_attention, first.fast_heads, folded, chains)
+        attention = first.fast_attention
+        merging = frozenset(attention.merged_forms) if isinstance(attention, DecodeAttention) else None
+        parts = (self.layers[0].rows, attention, merging, first.fast_heads, folded, chains)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps
         if key not in programs:

@@ -20,6 +20,7 @@ import engine.decode_attention as decode_attention
 import engine.greedy_attempt as greedy_attempt
 import engine.row_chain as row_chain
 import engine.row_product as row_product
+from engine.numerics import TICKET_STRIDE
 from engine.random_checkpoint import random_voicechat
 
 # Just enough of CUDA for a kernel body to be C++: the names it uses, with host stand-ins.
@@ -120,24 +121,26 @@ def test_the_greedy_loop_source_compiles(tmp_path: Path) -> None:
     _compiles(tmp_path, "greedy_loop", greedy_attempt._loop_source(shape), parameters, template, instance)
 
 
+@pytest.mark.parametrize("merged", [False, True])
 @pytest.mark.parametrize("form", ["read", "writing", "heads"])
 @pytest.mark.parametrize("buffers", [mx.float32, mx.bfloat16])
-def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, tmp_path: Path) -> None:
+def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, merged: bool, tmp_path: Path) -> None:
     """Each form of the backbone's attention kernel over the cache buffers fast mode may hand it: float32 (the
-    LLM's) and bf16 (the TTS backbone's), read through the header's overloads for the buffer's type."""
+    LLM's) and bf16 (the TTS backbone's), read through the header's overloads for the buffer's type; and each with
+    its blocks merging their own shares (a ticket per group, the last block merging)."""
     stored = _TYPES[buffers]
-    inputs = {"read": decode_attention._INPUTS, "writing": decode_attention._WRITING_INPUTS}.get(
-        form, decode_attention._HEADS_INPUTS
-    )
-    kinds = {"keys": stored, "values": stored, "bounds": "int", "at_position": "int"}
-    parameters = [f"const {kinds.get(name, 'float')}* {name}" for name in inputs]
-    parameters += ["const int* keys_shape", "float* out"]
-    source = decode_attention._attention_cuda(writing=form != "read", heads=form == "heads")
+    inputs = decode_attention._FORM_INPUTS[form]
+    kinds = {"keys": stored, "values": stored, "bounds": "int", "at_position": "int", "tickets": "int"}
+    parameters = [f"const {kinds.get(name, 'float')}* {name}" for name in [*inputs, *(["tickets"] if merged else [])]]
+    parameters += ["const int* keys_shape", "float* out", *(["float* partials"] if merged else [])]
+    source = decode_attention._attention_cuda(writing=form != "read", heads=form == "heads", merged=merged)
     names = ("HQ", "HKV", "D", "WARPS", "LANES", "ROUNDS", "CHUNK_BITS", "SLOT_SHIFT")
+    names += ("SHARES", "TICKET_STRIDE") if merged else ()
     template = f"template <{', '.join(f'int {name}' for name in names)}, bool FINAL>"
     instances = []
     for final in ("true", "false"):
-        values = (16, 16, 72, decode_attention.WARPS, decode_attention.LANES_PER_KEY, 4, 4095, 12)
+        values = [16, 16, 72, decode_attention.WARPS, decode_attention.LANES_PER_KEY, 4, 4095, 12]
+        values += [decode_attention.MERGED_SHARES, TICKET_STRIDE] if merged else []
         arguments = ", ".join([*map(str, values), final])
         instances.append(f"template void attention<{arguments}>({', '.join(parameters)});")
     header = decode_attention._BUFFER_CUDA

@@ -21,7 +21,7 @@ import pytest
 
 from app.drift import measure_drift
 from engine.cache import KVCache, PositionLayout, SlidingKVCache
-from engine.decode_attention import DecodeAttention, decode_attention_ops, norm_rope_ops
+from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample, norm_rope_ops
 from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.linear import QuantizedLinear
 from engine.llm import Mamba2Mixer, MambaCache, NemotronH
@@ -122,7 +122,9 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "fused_mamba_step": False,
         "decode_attention": False,
         "attention_writes_cache": False,
+        "attention_merges_shares": False,
         "llm_attention": False,
+        "llm_attention_merges_shares": False,
         "norm_rope": False,
         "relative_attention": False,
         "relative_window": False,
@@ -585,6 +587,57 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
         DecodeAttention("cuda", 16, 16, 72, lanes_per_key=8)  # slices of 9 floats: not pairs
     with pytest.raises(ValueError, match="keys a step"):
         DecodeAttention("cuda", 16, 16, 72, keys_per_step=4)  # a warp reads 8 keys side by side
+
+
+@pytest.mark.parametrize("form", ["read", "writing", "heads"])
+def test_the_attention_merges_its_shares_in_one_launch_where_admitted(form: str) -> None:
+    """Past one block's keys a form in ``merged_forms`` runs as one launch (its merged kernel, given a ticket line a
+    (row, head) group, the shares a second output); any other form as two (the shares, then the merging kernel);
+    within one block's keys, one launch either way. The kernels here are stand-ins that record their launches (the
+    kernels themselves are admitted on the device); the merged one returns the fallback's rows."""
+    from engine.decode_attention import KEYS_PER_BLOCK, MERGED_SHARES, TICKET_STRIDE, WARPS
+
+    heads, kv_heads, head_dim = 4, 2, 8
+    attention = DecodeAttention.__new__(DecodeAttention)  # no kernels built: the CPU has none
+    attention.query_heads, attention.kv_heads, attention.head_dim = heads, kv_heads, head_dim
+    attention.keys_per_step, attention.keys_per_block, attention.lanes_per_key = 32, KEYS_PER_BLOCK, 4
+    attention._bounds, attention._scales, attention._tickets = {}, {}, {}
+    attention.merged_forms = set()
+    launches: list[tuple[str, dict[str, Any], int, list[Any]]] = []
+    queries, keys, values, _, scale = decode_attention_sample(heads, kv_heads, head_dim, 2 * KEYS_PER_BLOCK, 0)
+
+    def stand_in(name: str) -> Any:
+        def launch(**arguments: Any) -> tuple[mx.array, ...]:
+            shapes = arguments["output_shapes"]
+            launches.append((name, dict(arguments.get("template", [])), arguments["grid"][0], arguments["inputs"]))
+            if name == "merged":
+                filled = arguments["inputs"][-3].tolist()[0]  # the bounds' count: inputs end bounds, scale, tickets
+                return decode_attention_ops(queries, keys, values, filled, scale), mx.zeros(shapes[1])
+            return (mx.zeros(shapes[0]),)
+
+        return launch
+
+    attention._forms = {(form, False): stand_in("shares"), (form, True): stand_in("merged")}
+    attention._merge = stand_in("merge")
+    groups, threads = 2 * heads, 32 * WARPS
+    for filled, merging in ((KEYS_PER_BLOCK, True), (KEYS_PER_BLOCK + 1, False), (KEYS_PER_BLOCK + 1, True)):
+        launches.clear()
+        attention.merged_forms = {form} if merging else set()
+        inputs = [queries, keys, values]  # what the stand-ins read; a launch reads only the batch off the first
+        rows = attention._launch(form, inputs, attention.bounds(filled), attention.splits(filled), scale)
+        splits = attention.splits(filled)
+        if splits == 1:
+            assert [name for name, *_ in launches] == ["shares"] and launches[0][1]["FINAL"]
+        elif merging:
+            ((name, template, grid, given),) = launches
+            assert name == "merged" and not template["FINAL"] and grid == groups * splits * threads
+            assert template["SHARES"] == MERGED_SHARES and template["TICKET_STRIDE"] == TICKET_STRIDE
+            tickets = given[-1]
+            assert tickets.dtype == mx.int32 and tickets.size == groups * TICKET_STRIDE and not tickets.any().item()
+            assert mx.array_equal(rows, decode_attention_ops(queries, keys, values, filled, scale)).item()
+        else:
+            assert [name for name, *_ in launches] == ["shares", "merge"] and not launches[0][1]["FINAL"]
+            assert launches[0][2] == groups * splits * threads
 
 
 def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> None:
@@ -1299,6 +1352,7 @@ class _WritingAttentionOps(DecodeAttention):
         self.keys_per_step, self.keys_per_block, self.lanes_per_key = KEYS_PER_STEP, KEYS_PER_BLOCK, LANES_PER_KEY
         self._bounds, self._scales = {}, {}
         self.writes_cache = True
+        self.merged_forms: set[str] = set()  # the stand-in merges nothing: it returns rows
         self.bases = bases  # id of a heads part's parameters → its RoPE base
         self.calls = {"writing": 0, "heads": 0}
 

@@ -132,8 +132,9 @@ for arg in "$@"; do
     rvqroundsab) step rvqroundsab 420 python3 tests/device/rvq_rounds_ab.py ;;
     # The text conditioning read from the vocabulary's table against encoded every frame, alternating rounds.
     tableab) step tableab 420 python3 tests/device/condition_table_ab.py ;;
-    # The TTS backbone's caches in bf16 against float32, fresh and aged by 7,300 frames, alternating rounds.
-    cachedtypeab) step cachedtypeab 540 python3 tests/device/cache_dtype_ab.py ;;
+    # The long conversation's levers (bf16 caches, the attention merging its shares in one launch) against the build
+    # before, fresh and aged by 7,300 frames, alternating rounds in one process.
+    longlevers) step longlevers 560 python3 tests/device/long_levers_ab.py ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
     loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
