@@ -58,9 +58,7 @@ def main() -> None:
     for dtype in (mx.bfloat16, mx.float32):
         switch(dtype, True, 0)
         changes = voicechat.fast_changes
-        names = ("decode_attention", "attention_writes_cache", "attention_heads", "attention_merges_shares")
-        in_use = {name: changes.get(name) for name in (*names, "llm_attention", "llm_attention_merges_shares")}
-        print(f"{dtype} caches ({tts.make_cache().layers[0].dtype}): {in_use}", flush=True)
+        print(f"{dtype} caches ({tts.make_cache().layers[0].dtype}), fast changes in use: {changes}", flush=True)
         attention = tts.backbone.layers[0].self_attn
         layers = len(tts.backbone.layers)
         # A position's keys and values in a layer: the guided rows × kv heads × head size, each.
