@@ -527,20 +527,14 @@ def apply_numerics(
 
     attentions = [module for module in modules if isinstance(module, BackboneAttention)]
     attention: Callable[..., Any] | None = None
-    # The backbone's caches store keys and values in bf16 in fast mode (see the module docstring); its attention
-    # kernels are admitted on buffers of that dtype.
+    # The backbone's caches store keys and values in bf16 in fast mode (see the module docstring), where its
+    # attention kernel (if any) reads them.
     cache_dtype = BACKBONE_CACHE_DTYPE if fast else None
-    buffers = cache_dtype or mx.float32
     if fast and attentions:
         first_attention = attentions[0]
         heads = (first_attention.num_heads, first_attention.num_kv_heads, first_attention.head_dim)
-        attention, changes["decode_attention"] = _fast_part(
-            ("attention", *heads, buffers),
-            "single-position attention",
-            decode_attention_ops,
-            lambda backend: DecodeAttention(backend, *heads),
-            lambda: decode_attention_samples(*heads, buffers),
-        )
+        attention, changes["decode_attention"], cache_dtype = _backbone_attention(heads, cache_dtype)
+    buffers = cache_dtype or mx.float32
     # The forms of the backbone's attention kernel in use whose blocks merge their own shares (CUDA, each admitted).
     merged_forms: dict[str, bool] = {}
     if fast and isinstance(attention, DecodeAttention):
@@ -954,6 +948,33 @@ def _row_product_parts(
         parts[name], used = _row_product_part(shape, weight_dtype, scale_dtype, eps[name], label)
         every = every and used
     return parts, every
+
+
+def _backbone_attention(
+    heads: tuple[int, int, int], cache_dtype: mx.Dtype | None
+) -> tuple[Callable[..., Any], bool, mx.Dtype | None]:
+    """The TTS backbone's single-position attention for caches of ``cache_dtype`` (None: float32), its kernel
+    admitted on such buffers: ``(attention, kernel in use, cache dtype)``. Where a GPU's kernel reads no such
+    buffers, the caches stay float32 and the kernel is admitted on those (a slower attention would cost more than
+    the bytes saved); the CPU has no kernel and keeps the dtype."""
+    from .decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
+
+    def admitted_on(dtype: mx.Dtype) -> tuple[Callable[..., Any], bool]:
+        return _fast_part(
+            ("attention", *heads, dtype),
+            "single-position attention",
+            decode_attention_ops,
+            lambda backend: DecodeAttention(backend, *heads),
+            lambda: decode_attention_samples(*heads, dtype),
+        )
+
+    buffers = cache_dtype or mx.float32
+    attention, used = admitted_on(buffers)
+    if not used and buffers != mx.float32 and gpu_kernel_backend() is not None:
+        log.warning("the backbone's caches stay float32: its attention kernel reads no %s buffers here", buffers)
+        cache_dtype = None
+        attention, used = admitted_on(mx.float32)
+    return attention, used, cache_dtype
 
 
 def _merges_shares(

@@ -589,6 +589,34 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
         DecodeAttention("cuda", 16, 16, 72, keys_per_step=4)  # a warp reads 8 keys side by side
 
 
+@pytest.mark.parametrize("backend", [None, "cuda"])
+def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
+    backend: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fast mode's bf16 caches need the attention kernel to read bf16 buffers: where a GPU's does not (here a stand-in
+    admission that passes float32 buffers only), the caches stay float32 with the kernel admitted on those, and the
+    log says why. The CPU has no kernel either way and keeps bf16 (its fallback reads any dtype)."""
+    import engine.numerics as numerics
+
+    admitted: list[Any] = []
+
+    def fast_part(key: tuple[Any, ...], name: str, fallback: Any, make_kernel: Any, sample: Any) -> tuple[Any, bool]:
+        admitted.append(key[-1])
+        used = backend is not None and key[-1] == mx.float32
+        return ("kernel" if used else fallback), used
+
+    monkeypatch.setattr(numerics, "_fast_part", fast_part)
+    monkeypatch.setattr(numerics, "gpu_kernel_backend", lambda: backend)
+    with caplog.at_level("WARNING", logger="engine.numerics"):
+        attention, used, cache_dtype = numerics._backbone_attention((4, 2, 8), mx.bfloat16)
+    if backend is None:
+        assert (attention, used, cache_dtype, admitted) == (decode_attention_ops, False, mx.bfloat16, [mx.bfloat16])
+        assert not caplog.records
+    else:
+        assert (attention, used, cache_dtype, admitted) == ("kernel", True, None, [mx.bfloat16, mx.float32])
+        assert "caches stay float32" in caplog.text
+
+
 @pytest.mark.parametrize("form", ["read", "writing", "heads"])
 def test_the_attention_merges_its_shares_in_one_launch_where_admitted(form: str) -> None:
     """Past one block's keys a form in ``merged_forms`` runs as one launch (its merged kernel, given a ticket line a
