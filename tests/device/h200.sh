@@ -135,6 +135,7 @@ for arg in "$@"; do
     # The long conversation's levers (bf16 caches, the attention merging its shares in one launch) against the build
     # before, fresh and aged by 7,300 frames, alternating rounds in one process.
     longlevers) step longlevers 560 python3 tests/device/long_levers_ab.py ;;
+    longquick) step longquick 400 python3 tests/device/long_levers_ab.py full quick ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
     loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).

@@ -36,6 +36,9 @@ LEVERS = {"bf16 merged": (mx.bfloat16, True), "bf16": (mx.bfloat16, False), "flo
 
 def main() -> None:
     size = sys.argv[1] if len(sys.argv) > 1 else "full"  # "tiny" tries the script on the CPU
+    # "quick": this build against the build before only, two rounds (for a call with little device time left).
+    quick = sys.argv[2:] == ["quick"]
+    levers = {name: lever for name, lever in LEVERS.items() if not quick or name != "bf16"}
     voicechat = random_voicechat(size, quantize=4, numerics="fast")
     model = voicechat.model
     tts = model.tts_model.tts_model
@@ -66,10 +69,11 @@ def main() -> None:
         print(f"{dtype}: the aged backbone caches hold {held / 1e9:.2f} GB", flush=True)
     variants = {}
     for history, label in ((0, "fresh"), (AGED_BY, "aged")):
-        for name, (dtype, merged) in LEVERS.items():
+        for name, (dtype, merged) in levers.items():
             variants[f"{name} {label}"] = lambda d=dtype, m=merged, h=history: switch(d, m, h)
-    medians = warmed_alternating_rounds(voicechat, variants)  # the first two compared: "bf16 merged" and "bf16" fresh
-    for name in LEVERS:
+    # The first two variants' outputs are compared: "bf16 merged" against "bf16" (or, quick, "float32") fresh.
+    medians = warmed_alternating_rounds(voicechat, variants, rounds=2 if quick else 3)
+    for name in levers:
         fresh, aged = medians[f"{name} fresh"], medians[f"{name} aged"]
         ratios = ", ".join(f"{a / f:.3f}" for f, a in zip(fresh, aged, strict=True))
         print(f"{name}: aged / fresh p50 per round {ratios}")
