@@ -240,6 +240,37 @@ def test_a_loaded_model_switches_numerics_in_place() -> None:
     assert mx.array_equal(_llm_steps(voicechat), exact_before).item()
 
 
+def test_fast_mode_caches_the_backbone_in_bf16_and_exact_mode_as_the_reference() -> None:
+    """A session opened in fast mode stores the TTS backbone's keys and values in bf16 from its speaker prompt on,
+    and keeps them so as it runs; after a switch to exact, a new session's caches are the reference's again
+    (float32, the keys' own dtype, no stored dtype of their own). The LLM's caches are float32 either way."""
+    from engine.numerics import set_numerics
+    from engine.session import Session
+
+    voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+    audio = np.zeros(4 * INPUT_FRAME_SAMPLES, dtype=np.float32)
+
+    def dtypes() -> tuple[set[Any], set[Any], set[Any]]:
+        session = Session(voicechat, seed=0)
+        for start in range(0, audio.size, INPUT_FRAME_SAMPLES):
+            session.push(audio[start : start + INPUT_FRAME_SAMPLES])
+        tts = session.caches.tts.layers
+        stored = {layer.dtype for layer in tts}
+        buffers = {array.dtype for layer in tts for array in layer.arrays()}
+        language = {
+            array.dtype
+            for layer in session.caches.language.layers
+            if isinstance(layer, KVCache)
+            for array in layer.arrays()
+        }
+        session.close()
+        return stored, buffers, language
+
+    assert dtypes() == ({mx.bfloat16}, {mx.bfloat16}, {mx.float32})
+    set_numerics(voicechat, "exact")
+    assert dtypes() == ({None}, {mx.float32}, {mx.float32})
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_store_hands_a_kernel_what_update_hands_attention(window: int | None) -> None:
     """``store`` returns the whole buffer and its filled length; the filled part is what ``update`` returns
