@@ -6,14 +6,13 @@ the GPU"); a frame then stays several thousand operations, and on a GPU each cos
 time whatever the arithmetic. Fast mode changes the arithmetic where that buys speed, and
 nowhere else. What differs from the reference, and why it is safe:
 
-Every change but the last (the TTS backbone's caches in bf16, which rounds) is a custom kernel
-(``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``) that
+Most changes are custom kernels (``mx.fast.cuda_kernel`` / ``mx.fast.metal_kernel``), each of which
 replaces a run of MLX operations — each of which costs host time on a GPU whatever its
 arithmetic — with one launch, computing the same quantity in float32 as the reference does,
 with sums taken in another order. Each has an operations fallback that the CPU runs, and a
 kernel is used only after it matched that fallback on this device at load
 (:func:`admit_kernel`, relative L2 ≤ :data:`KERNEL_TOLERANCE`); otherwise the fallback runs
-and the log says why. The changes:
+and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The changes:
 
 * **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): one position's causal
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
