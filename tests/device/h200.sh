@@ -136,6 +136,8 @@ for arg in "$@"; do
     # before, fresh and aged by 7,300 frames, alternating rounds in one process.
     longlevers) step longlevers 560 python3 tests/device/long_levers_ab.py ;;
     longquick) step longquick 400 python3 tests/device/long_levers_ab.py full quick ;;
+    # The attention's 2026-12-07 forms (bf16 buffers, merged shares) admitted or not, and timed: no model loaded.
+    cachekernels) step cachekernels 300 python3 tests/device/cache_kernels.py ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
     loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
