@@ -789,7 +789,7 @@ class DecodeAttention:
                 )
         # The forms whose blocks merge their shares themselves past KEYS_PER_BLOCK keys (set once admitted on this
         # device), and their tickets (a line per (row, head) group, by the launch's groups).
-        self.merged_forms: set[str] = set()
+        self.merged_forms: frozenset[str] = frozenset()
         self._tickets: dict[int, mx.array] = {}
         # Whether the traced backbone step lets the kernel write the new position (set once admitted on this device).
         self.writes_cache = False

@@ -479,7 +479,7 @@ class NemotronH(nn.Module):
         counts with the forms whose blocks merge their own shares, which change its launches."""
         step = self._first_mixer.fast_step if self._first_mixer is not None else None
         attention = self._first_attention.fast_attention if self._first_attention is not None else None
-        merging = None if attention is None else frozenset(attention.merged_forms)
+        merging = None if attention is None else attention.merged_forms
         projection = self._first_quantized
         if projection is None:
             return step, (attention, merging), None, None, None

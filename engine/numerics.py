@@ -589,15 +589,14 @@ def apply_numerics(
         llm_attention = owner if changes["llm_attention"] and isinstance(owner, DecodeAttention) else None
         changes["llm_attention_merges_shares"] = False
         if llm_attention is not None:
-            llm_kernel = llm_attention
             merges = _merges_shares(
-                llm_kernel,
+                llm_attention,
                 "writing",
                 ("llm_attention_writing_merged", *llm_heads),
                 decode_attention_writing_ops,
                 lambda: decode_attention_writing_samples(*llm_heads),
             )
-            llm_kernel.merged_forms = {"writing"} if merges else set()
+            llm_attention.merged_forms = frozenset({"writing"} if merges else ())
             changes["llm_attention_merges_shares"] = merges
     for llm_module in llm_attentions:
         llm_module.fast_attention = llm_attention
@@ -646,7 +645,7 @@ def apply_numerics(
                     module.fast_heads = heads_part
                     module.heads_in_attention = folded
     if isinstance(attention, DecodeAttention):
-        attention.merged_forms = {form for form, merges in merged_forms.items() if merges}
+        attention.merged_forms = frozenset(form for form, merges in merged_forms.items() if merges)
     if fast and attentions:
         changes["attention_merges_shares"] = bool(merged_forms) and all(merged_forms.values())
 

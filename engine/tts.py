@@ -657,7 +657,7 @@ class Backbone(nn.Module):
         folded = tuple(self.layers[self.global_layers.index(kind)].self_attn.heads_in_attention for kind in kinds)
         chains = tuple(self.row_chains.chains.values())
         attention = first.fast_attention
-        merging = frozenset(attention.merged_forms) if isinstance(attention, DecodeAttention) else None
+        merging = attention.merged_forms if isinstance(attention, DecodeAttention) else None
         parts = (self.layers[0].rows, attention, merging, first.fast_heads, folded, chains)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps

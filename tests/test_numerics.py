@@ -661,7 +661,7 @@ def test_the_attention_merges_its_shares_in_one_launch_where_admitted(form: str)
     attention.query_heads, attention.kv_heads, attention.head_dim = heads, kv_heads, head_dim
     attention.keys_per_step, attention.keys_per_block, attention.lanes_per_key = 32, KEYS_PER_BLOCK, 4
     attention._bounds, attention._scales, attention._tickets = {}, {}, {}
-    attention.merged_forms = set()
+    attention.merged_forms = frozenset()
     launches: list[tuple[str, dict[str, Any], int, list[Any]]] = []
     queries, keys, values, _, scale = decode_attention_sample(heads, kv_heads, head_dim, 2 * KEYS_PER_BLOCK, 0)
 
@@ -681,7 +681,7 @@ def test_the_attention_merges_its_shares_in_one_launch_where_admitted(form: str)
     groups, threads = 2 * heads, 32 * WARPS
     for filled, merging in ((KEYS_PER_BLOCK, True), (KEYS_PER_BLOCK + 1, False), (KEYS_PER_BLOCK + 1, True)):
         launches.clear()
-        attention.merged_forms = {form} if merging else set()
+        attention.merged_forms = frozenset({form} if merging else ())
         inputs = [queries, keys, values]  # what the stand-ins read; a launch reads only the batch off the first
         rows = attention._launch(form, inputs, attention.bounds(filled), attention.splits(filled), scale)
         splits = attention.splits(filled)
@@ -1411,7 +1411,7 @@ class _WritingAttentionOps(DecodeAttention):
         self.keys_per_step, self.keys_per_block, self.lanes_per_key = KEYS_PER_STEP, KEYS_PER_BLOCK, LANES_PER_KEY
         self._bounds, self._scales = {}, {}
         self.writes_cache = True
-        self.merged_forms: set[str] = set()  # the stand-in merges nothing: it returns rows
+        self.merged_forms: frozenset[str] = frozenset()  # the stand-in merges nothing: it returns rows
         self.bases = bases  # id of a heads part's parameters → its RoPE base
         self.calls = {"writing": 0, "heads": 0}
 

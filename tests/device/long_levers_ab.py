@@ -43,7 +43,7 @@ def main() -> None:
     model = voicechat.model
     tts = model.tts_model.tts_model
     llm_attention = next(m for _, m in model.stt_model.llm.named_modules() if isinstance(m, CausalSelfAttention))
-    admitted: dict[Any, dict[int, set[str]]] = {}
+    admitted: dict[Any, dict[int, frozenset[str]]] = {}
 
     def kernels() -> list[DecodeAttention]:
         candidates = (tts.backbone.layers[0].self_attn.fast_attention, llm_attention.fast_attention)
@@ -53,9 +53,9 @@ def main() -> None:
         if dtype != numerics.BACKBONE_CACHE_DTYPE or dtype not in admitted:
             numerics.BACKBONE_CACHE_DTYPE = dtype
             set_numerics(voicechat, "fast", release=False)
-            admitted.setdefault(dtype, {id(kernel): set(kernel.merged_forms) for kernel in kernels()})
+            admitted.setdefault(dtype, {id(kernel): kernel.merged_forms for kernel in kernels()})
         for kernel in kernels():
-            kernel.merged_forms = set(admitted[dtype][id(kernel)]) if merged else set()
+            kernel.merged_forms = admitted[dtype][id(kernel)] if merged else frozenset()
         return {"history": history}
 
     for dtype in (mx.bfloat16, mx.float32):
