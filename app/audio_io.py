@@ -653,8 +653,9 @@ class AudioIO:
 
     @property
     def output_underruns(self) -> int:
-        """Times playback ran out of queued audio and had to fill with silence."""
-        return self._retired_output_underruns + self._out_ring.underruns
+        """Times the speaker ran out of the assistant's audio mid-stream and played silence: the queue ran dry,
+        or the device starved (``output_device_underflows``)."""
+        return self._retired_output_underruns + self._out_ring.underruns + self._output_device_underflows
 
     @property
     def output_skipped_s(self) -> float:
@@ -668,7 +669,7 @@ class AudioIO:
 
     @property
     def output_device_underflows(self) -> int:
-        """Blocks in which PortAudio reported the speaker starved (our callback came too late)."""
+        """Blocks in which PortAudio reported the speaker starved while it played: our callback came too late."""
         return self._output_device_underflows
 
     @property
@@ -1069,7 +1070,8 @@ class AudioIO:
 
         def callback(outdata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
             endpoint.last_callback = time.monotonic()
-            if status.output_underflow:
+            if status.output_underflow and endpoint.playing:
+                # The device starved mid-stream: the machine called back too late, and the speaker went silent.
                 self._output_device_underflows += 1
             if outdata.shape[1] == 1:
                 mono = outdata[:, 0]

@@ -146,7 +146,8 @@ def test_speaker_plays_queued_speech_and_counts_one_underrun_when_it_runs_dry(
         time.sleep(0.4)
     lag, r = xcorr_match(speech, recording.samples)
     assert r > 0.9, f"the speaker monitor does not match the queued speech (r={r:.3f}, lag={lag})"
-    assert audio.output_underruns == 1
+    # The queue ran dry once; a busy machine may also have made the device itself starve, which counts too.
+    assert audio.output_underruns == 1 + audio.output_device_underflows
     assert audio.output_peak < 0.05, "after the speech the output is silent"
 
 

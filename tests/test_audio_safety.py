@@ -87,6 +87,21 @@ def test_stop_drops_what_is_queued_until_the_user_talks_again() -> None:
     assert not io.hushed and io.output_backlog_s > 0.4
 
 
+def test_a_starved_device_counts_as_an_underrun_only_while_the_assistant_plays() -> None:
+    io = AudioIO()  # with a jitter buffer, as the app plays: an empty queue is idle, not an underrun
+    _, callback = speaker(io)
+    late = SimpleNamespace(output_underflow=True, input_overflow=False)  # PortAudio: our callback came too late
+    callback(np.zeros((BLOCK, 1), np.float32), BLOCK, None, late)  # idle: the silence it missed was silence
+    assert io.output_underruns == 0 and io.output_device_underflows == 0
+    io.play(noise(0.5, 0.2))
+    played(callback, 3)
+    callback(np.zeros((BLOCK, 1), np.float32), BLOCK, None, late)  # mid-answer: the speaker went silent
+    assert io.output_device_underflows == 1
+    assert io.output_underruns == 1, "the user heard a gap, though the queue never ran dry"
+    played(callback, 40)  # the queue runs dry once
+    assert io.output_underruns == 2
+
+
 def test_the_reply_delay_runs_from_key_release_to_the_first_audible_block() -> None:
     io = AudioIO(prefill_frames=0)
     endpoint, callback = speaker(io)

@@ -31,7 +31,7 @@ def test_a_continuous_capture_passes_and_gives_the_latency(output: np.ndarray) -
 
 def test_a_gap_passes_only_when_the_app_counted_underruns(output: np.ndarray) -> None:
     gap = RATE // 5
-    cut = int(2.1 * RATE) - LATENCY  # inside the capture's window that starts at 2.0 s
+    cut = int(2.05 * RATE) - LATENCY  # inside the capture's window from 2.01 to 2.14 s
     played = capture(output[:cut], np.zeros(gap, np.float32), output[cut:])
     with pytest.raises(AssertionError, match="is not the queued output"):
         check_played_in_order(played, output, RATE, underruns=0)
@@ -40,7 +40,7 @@ def test_a_gap_passes_only_when_the_app_counted_underruns(output: np.ndarray) ->
 
 
 def test_a_stall_between_windows_is_an_underrun_nobody_counted(output: np.ndarray) -> None:
-    cut = int(1.35 * RATE) - LATENCY  # between the capture's windows at 1.0 and 1.5 s: each still matches
+    cut = int(1.4 * RATE) - LATENCY  # between the capture's windows at 1.26 and 1.51 s: each still matches
     played = capture(output[:cut], np.zeros(RATE // 10, np.float32), output[cut:])
     with pytest.raises(AssertionError, match="stalled without an underrun"):
         check_played_in_order(played, output, RATE, underruns=0)
