@@ -138,6 +138,10 @@ for arg in "$@"; do
     longquick) step longquick 400 python3 tests/device/long_levers_ab.py full quick ;;
     # The attention's 2026-12-07 forms (bf16 buffers, merged shares) admitted or not, and timed: no model loaded.
     cachekernels) step cachekernels 300 python3 tests/device/cache_kernels.py ;;
+    # The same forms' arithmetic with no MLX at all (no stash, no setup: one short call on a fresh machine), built and
+    # run by the machine's CuPy from launches recorded here: `python tests/device/attention_recipes.py .attn-cases`,
+    # then `bash tests/device/h200.sh attentioncupy` carrying .attn-cases.
+    attentioncupy) step attentioncupy 200 python3 tests/device/attention_cupy.py .attn-cases ;;
     # Where the RN-T loop's one launch spends its time: against the attempt kernels, its barriers alone, its reads.
     loopprobe) step loopprobe 240 python3 tests/device/greedy_loop_probe.py ;;
     # Nsight Compute on one launch of the loop (stalls, occupancy, memory).
