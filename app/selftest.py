@@ -69,12 +69,17 @@ class Playback:
     device: str | None  # the speaker it went to
     skipped: str | None = None  # why it was not played
     gain: float = PLAYBACK_GAIN
+    underruns: int = 0  # times the speaker starved while it played (a busy machine fed it too late)
 
     def describe(self) -> str:
-        """``played 2.4 s on 'default' at -20 dB``, or ``skipped playback (<why>)``."""
+        """``played 2.4 s on 'default' at -20 dB`` (``, 1 underrun`` where the speaker starved), or
+        ``skipped playback (<why>)``."""
         if self.skipped is not None:
             return f"skipped playback ({self.skipped})"
-        return f"played {self.seconds:.1f} s on '{self.device}' at {20 * np.log10(self.gain):.0f} dB"
+        played = f"played {self.seconds:.1f} s on '{self.device}' at {20 * np.log10(self.gain):.0f} dB"
+        if self.underruns:
+            played += f", {self.underruns} underrun{'s' if self.underruns > 1 else ''}"
+        return played
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,7 @@ def play_answer(
                 next_poll = now + HEALTH_POLL_S
             time.sleep(0.02)
         time.sleep(DEVICE_DRAIN_S)
-        return Playback(seconds, device, gain=gain)
+        return Playback(seconds, device, gain=gain, underruns=audio.output_underruns)
     finally:
         audio.close()
 

@@ -364,6 +364,32 @@ def check_played_in_order(played: np.ndarray, output: np.ndarray, rate: int, und
     return offsets[0] / rate, offsets[-1] / rate
 
 
+def check_heard(answer: np.ndarray, recorded: np.ndarray, rate: int, underruns: int) -> int:
+    """Asserts that ``recorded`` (the speaker's capture) holds ``answer`` (a clip queued whole); returns its lag.
+
+    Whole, where the speaker never starved. Where it did (``underruns``, counted by the app), each starving put a
+    gap of silence into the clip: then each eighth of a second of ``answer`` must be found in order, at most one
+    piece per underrun excepted (the piece a gap split).
+    """
+    lag, r = heard_match(answer, recorded, rate)
+    if r > 0.9 or underruns == 0:
+        assert r > 0.9, f"the speaker did not play the answer (r={r:.3f}) and the app counted no underrun"
+        return lag
+    piece, slack = rate // 8, rate // 100
+    offsets: list[int] = []
+    unmatched: list[str] = []
+    for start in range(0, answer.size - piece + 1, piece):
+        at, r = heard_match(answer[start : start + piece], recorded, rate)
+        if r > 0.9:
+            offsets.append(at - start)
+        else:
+            unmatched.append(f"{start / rate:.2f} s (r={r:.3f})")
+    assert offsets and len(unmatched) <= underruns, f"{underruns} underruns cannot explain the unmatched {unmatched}"
+    falls = [(a, b) for a, b in pairwise(offsets) if b < a - slack]
+    assert not falls, f"parts of the answer never reached the speaker: offsets fell {falls}"
+    return offsets[0]
+
+
 @contextmanager
 def virtual_devices() -> Iterator[PulseServer]:
     """A started ``PulseServer``, closed (and the environment restored) when the block ends."""

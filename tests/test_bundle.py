@@ -38,7 +38,7 @@ import pytest
 
 from app.audio_io import NO_MICROPHONE
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, stream_test_input
-from tests.pulse import PulseServer, heard_match, virtual_devices
+from tests.pulse import PulseServer, check_heard, virtual_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.audio, pytest.mark.gui]
 
@@ -190,8 +190,8 @@ def test_bundled_self_test_plays_the_answer_on_the_virtual_speaker(
 
     checkpoint = Path(user_dirs["XDG_DATA_HOME"]) / "Parley" / "demo-checkpoint"
     expected = stream_test_input(load_voicechat(checkpoint), SELF_TEST_FRAMES).answer * PLAYBACK_GAIN
-    lag, r = heard_match(expected, recording.samples, recording.rate)
-    assert r > 0.9, f"the virtual speaker did not receive the answer (r={r:.3f})"
+    starved = re.search(r", (\d+) underruns?$", line)  # a busy machine's speaker may starve; the line says so
+    lag = check_heard(expected, recording.samples, recording.rate, int(starved[1]) if starved else 0)
     heard = recording.samples[lag : lag + expected.shape[0]]
     assert np.sqrt(np.mean(heard**2)) == pytest.approx(np.sqrt(np.mean(expected**2)), rel=0.3)
     # Nothing else on stderr (no missing library, no warning), except the line alsa-lib prints when it recovers

@@ -1,4 +1,4 @@
-"""The end-to-end test's speaker check against captures made up here: it must tell an honest
+"""The speaker checks of the end-to-end and self-tests against captures made up here: they must tell an honest
 underrun (counted, silence inserted) from a stall nobody counted and from audio that was skipped."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.pulse import check_played_in_order
+from tests.pulse import check_heard, check_played_in_order
 
 RATE = 22_050
 LATENCY = 3_000  # samples of silence before the speaker starts
@@ -57,3 +57,16 @@ def test_another_stream_fails(output: np.ndarray) -> None:
     other = np.random.default_rng(9).standard_normal(output.size).astype(np.float32) * 0.1
     with pytest.raises(AssertionError, match="reached the speaker"):
         check_played_in_order(capture(other), output, RATE, underruns=2)
+
+
+def test_a_clip_with_a_gap_is_heard_only_when_the_app_counted_an_underrun(output: np.ndarray) -> None:
+    clip = output[: int(2.4 * RATE)]
+    assert check_heard(clip, capture(clip), RATE, underruns=0) == LATENCY
+    cut = int(1.3 * RATE)
+    gapped = capture(clip[:cut], np.zeros(RATE // 50, np.float32), clip[cut:])
+    with pytest.raises(AssertionError, match="counted no underrun"):
+        check_heard(clip, gapped, RATE, underruns=0)
+    assert check_heard(clip, gapped, RATE, underruns=1) == LATENCY
+    skipped = capture(clip[:cut], clip[cut + RATE // 5 :])
+    with pytest.raises(AssertionError, match="cannot explain"):
+        check_heard(clip, skipped, RATE, underruns=1)
