@@ -18,7 +18,7 @@ import soxr
 from app import audio_io
 from app.audio_io import AudioIO, AudioState, AudioUnavailable, list_devices, refresh_devices
 from app.messages import DeviceStatus
-from tests.pulse import ALSA_MIC, PulseServer, virtual_devices, xcorr_match
+from tests.pulse import ALSA_MIC, PulseServer, check_heard, virtual_devices, xcorr_match
 
 pytestmark = pytest.mark.audio
 
@@ -144,8 +144,8 @@ def test_speaker_plays_queued_speech_and_counts_one_underrun_when_it_runs_dry(
         while audio.output_backlog_s > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.4)
-    lag, r = xcorr_match(speech, recording.samples)
-    assert r > 0.9, f"the speaker monitor does not match the queued speech (r={r:.3f}, lag={lag})"
+    # Whole, unless a busy machine made the device starve mid-speech (each such gap is counted).
+    check_heard(speech, recording.samples, recording.rate, audio.output_device_underflows)
     # The queue ran dry once; a busy machine may also have made the device itself starve, which counts too.
     assert audio.output_underruns == 1 + audio.output_device_underflows
     assert audio.output_peak < 0.05, "after the speech the output is silent"
