@@ -265,7 +265,8 @@ def play_answer(
                 next_poll = now + HEALTH_POLL_S
             time.sleep(0.02)
         time.sleep(DEVICE_DRAIN_S)
-        return Playback(seconds, device, gain=gain, underruns=audio.output_underruns)
+        # Queued whole, the clip ends where the queue runs dry; a gap inside it is the device starving.
+        return Playback(seconds, device, gain=gain, underruns=audio.output_device_underflows)
     finally:
         audio.close()
 

@@ -97,6 +97,8 @@ def test_self_test_plays_the_answer_on_the_default_speaker(pulse: PulseServer, d
     assert "\n" not in summary
     assert summary.startswith("parley self-test passed (source): 30 frames")
     assert f"realtime factor {report.realtime_factor:.2f}" in summary and "played 2.4 s on 'default'" in summary
+    print(f"\n{summary}")
+    assert summary.endswith("at -20 dB") == (report.playback.underruns == 0), "the clip's own end is no underrun"
 
 
 @pytest.mark.audio
