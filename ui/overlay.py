@@ -169,7 +169,8 @@ def figures(stats: FrameStats, latency: TurnLatency | None = None) -> list[Figur
             f"underruns {stats.output_underruns}",
             "warning" if stats.output_underruns else "text",
             "Times in this conversation the speaker ran out of the assistant's audio and played silence: the "
-            "engine was late for playback, and what followed came that much later. "
+            "engine was late for playback, or a busy computer fed the sound device too late, and what followed "
+            "came that much later. "
             f"{stats.output_skipped_s:.1f} s of silence between turns skipped since, to win the delay back.",
         ),
     ]
