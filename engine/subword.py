@@ -336,7 +336,6 @@ class CharAwareSubwordEncoder(nn.Module):
         """The conditioning (N, out_size) of tokens ``token_ids`` (N,) spelled as ``char_ids`` (N, L), of which
         ``lengths`` (N,) are their own, in the weight dtype: the pooled character encoding and the two flags."""
         # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
-        # A token that spells to nothing pools to zero, as the host form's skipped encoder leaves it.
         encoded = self.encode_characters(char_ids.astype(mx.int32), lengths.astype(mx.int32))
         encoded = encoded.astype(self.embed_tokens.weight.dtype)
         return self.bos_eos_emb(self.subword_flag_emb(encoded, token_ids), token_ids)
