@@ -332,6 +332,28 @@ def heard_match(reference: np.ndarray, recorded: np.ndarray, rate: int) -> tuple
     return xcorr_match(low_pass(reference), low_pass(recorded))
 
 
+def _latencies(
+    pieces_of: np.ndarray, found_in: np.ndarray, rate: int, starts: range, length: int, captured: bool
+) -> tuple[list[int], list[str]]:
+    """Each piece ``pieces_of[start : start + length]`` looked for in ``found_in`` (:func:`heard_match`): the
+    latencies of those found (capture position minus queued position, in samples; ``captured`` says which of the
+    two the pieces come from), and the pieces found nowhere, described."""
+    latencies: list[int] = []
+    unmatched: list[str] = []
+    for start in starts:
+        lag, r = heard_match(pieces_of[start : start + length], found_in, rate)
+        if r > 0.9:  # a clean piece reads 0.98 or more; another stream, or a skip, near 0
+            latencies.append(start - lag if captured else lag - start)
+        else:
+            unmatched.append(f"{start / rate:.2f} s (r={r:.3f})")
+    return latencies, unmatched
+
+
+def _never_falls(latencies: list[int], slack: int, what: str) -> None:
+    falls = [(a, b) for a, b in pairwise(latencies) if b < a - slack]
+    assert not falls, f"{what} never reached the speaker: offsets fell {falls}"
+
+
 def check_played_in_order(played: np.ndarray, output: np.ndarray, rate: int, underruns: int) -> tuple[float, float]:
     """Asserts that ``played`` (the speaker's capture) is ``output`` (what the app queued) in order.
 
@@ -343,23 +365,16 @@ def check_played_in_order(played: np.ndarray, output: np.ndarray, rate: int, und
     """
     # Short windows, so that the brief gaps of a busy machine's underruns spoil few of them.
     window, hop, slack = rate // 8, rate // 4, rate // 100
-    offsets: list[int] = []
-    unmatched: list[str] = []
     audible = np.flatnonzero(np.abs(played) > 0.01)
     assert audible.size, "nothing audible reached the speaker"
-    for start in range(int(audible[0]) + window, played.size - hop, hop):  # from the speaker's start
-        lag, r = heard_match(played[start : start + window], output, rate)
-        if r > 0.9:  # a clean window reads 0.98 or more; another stream, or a skip, near 0
-            offsets.append(start - lag)
-        else:
-            unmatched.append(f"{start / rate:.1f} s (r={r:.3f})")
+    starts = range(int(audible[0]) + window, played.size - hop, hop)  # from the speaker's start
+    offsets, unmatched = _latencies(played, output, rate, starts, window, captured=True)
     assert len(offsets) >= 10, f"only {played.size / rate:.1f} s reached the speaker; unmatched: {unmatched}"
     if underruns == 0:
         assert not unmatched, f"speaker audio is not the queued output at {unmatched}"
         assert max(offsets) - min(offsets) <= slack, f"playback stalled without an underrun: offsets {offsets}"
     assert len(unmatched) <= underruns, f"{underruns} underruns cannot explain the unmatched {unmatched}"
-    falls = [(a, b) for a, b in pairwise(offsets) if b < a - slack]
-    assert not falls, f"queued output never reached the speaker: offsets fell {falls}"
+    _never_falls(offsets, slack, "queued output")
     assert 0 <= offsets[0] < rate, f"output latency {offsets[0] / rate:.2f} s"
     return offsets[0] / rate, offsets[-1] / rate
 
@@ -376,17 +391,10 @@ def check_heard(answer: np.ndarray, recorded: np.ndarray, rate: int, underruns: 
         assert r > 0.9, f"the speaker did not play the answer (r={r:.3f}) and the app counted no underrun"
         return lag
     piece, slack = rate // 8, rate // 100
-    offsets: list[int] = []
-    unmatched: list[str] = []
-    for start in range(0, answer.size - piece + 1, piece):
-        at, r = heard_match(answer[start : start + piece], recorded, rate)
-        if r > 0.9:
-            offsets.append(at - start)
-        else:
-            unmatched.append(f"{start / rate:.2f} s (r={r:.3f})")
+    starts = range(0, answer.size - piece + 1, piece)
+    offsets, unmatched = _latencies(answer, recorded, rate, starts, piece, captured=False)
     assert offsets and len(unmatched) <= underruns, f"{underruns} underruns cannot explain the unmatched {unmatched}"
-    falls = [(a, b) for a, b in pairwise(offsets) if b < a - slack]
-    assert not falls, f"parts of the answer never reached the speaker: offsets fell {falls}"
+    _never_falls(offsets, slack, "parts of the answer")
     return offsets[0]
 
 
