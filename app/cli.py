@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--quantize", type=_quantize_arg, default=4, metavar="{none,4,8}")
     drift.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="weight and sampling seeds")
     drift.add_argument("--frames", type=int, default=60, help="80 ms frames per seed (speech, then silence)")
+    drift.add_argument("--system-prompt", default="", help="prefilled before the first frame in both modes")
     drift.add_argument("--json", type=Path, help="write the report as JSON")
     return parser
 
@@ -196,7 +197,13 @@ def _drift(args: argparse.Namespace) -> int:
 
     if args.frames < 8:
         raise ValueError("--frames must be at least 8")
-    report = measure_drift(size=args.random, quantize=args.quantize, seeds=args.seeds, frames=args.frames)
+    report = measure_drift(
+        size=args.random,
+        quantize=args.quantize,
+        seeds=args.seeds,
+        frames=args.frames,
+        system_prompt=args.system_prompt,
+    )
     if args.json:
         write_report(report, args.json)
         print(f"wrote {args.json}")

@@ -44,7 +44,7 @@ class Recording:
     codes: list[list[int]] = field(default_factory=list)
 
 
-def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool) -> Recording:
+def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool, system_prompt: str = "") -> Recording:
     from engine.events import AudioChunk
     from engine.session import Session
 
@@ -62,10 +62,8 @@ def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool) -> Record
             mx.eval(value)
             recording.codec_codes.append(value)
 
-    # No system prompt: its prefill runs in the constructor, before an observer could see it.
-    session = Session(voicechat, seed=seed, system_prompt="")
-    if record:
-        session.observer = observe
+    # The observer is given to the constructor, so that it sees the system prompt's prefill too.
+    session = Session(voicechat, seed=seed, system_prompt=system_prompt, observer=observe if record else None)
     for start in range(0, samples.size, INPUT_FRAME_SAMPLES):
         for event in session.push(samples[start : start + INPUT_FRAME_SAMPLES], INPUT_SAMPLE_RATE):
             if isinstance(event, AudioChunk):
@@ -136,10 +134,12 @@ def _first_difference(a: list[Any], b: list[Any]) -> int | None:
     return next((index for index, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int) -> dict[str, Any]:
+def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int, system_prompt: str = "") -> dict[str, Any]:
+    """Fast against exact on one seed's weights (loaded in both modes): teacher-forced per network, the system
+    prompt's prefill steps included, and free-running."""
     samples = bench_input(frames)
-    recorded = _run(exact, samples, seed, record=True)
-    free = _run(fast, samples, seed, record=False)
+    recorded = _run(exact, samples, seed, record=True, system_prompt=system_prompt)
+    free = _run(fast, samples, seed, record=False, system_prompt=system_prompt)
 
     exact_logits = _llm_replay(exact, recorded.llm_inputs)
     fast_logits = _llm_replay(fast, recorded.llm_inputs)
@@ -182,15 +182,17 @@ def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int) -> dict[str, A
 
 
 def measure_drift(
-    *, size: str, quantize: int | None, seeds: list[int], frames: int, out: Any = print
+    *, size: str, quantize: int | None, seeds: list[int], frames: int, system_prompt: str = "", out: Any = print
 ) -> dict[str, Any]:
-    """Per seed, load that seed's random weights in both modes and measure drift; returns the report."""
+    """Per seed, load that seed's random weights in both modes and measure drift (each session prefilled with
+    ``system_prompt``, if any); returns the report."""
     from engine.random_checkpoint import random_voicechat
 
     report: dict[str, Any] = {
         "size": size,
         "quantize": quantize,
         "frames": frames,
+        "system_prompt": system_prompt,
         "device": str(mx.default_device()),
         "seeds": [],
     }
@@ -200,7 +202,7 @@ def measure_drift(
         mx.eval(exact.model.parameters(), fast.model.parameters())
         report["fast_changes"] = fast.fast_changes
         out(f"seed {seed}: fast changes in use on {mx.default_device()}: {fast.fast_changes}")
-        result = drift_for_seed(exact, fast, frames, seed)
+        result = drift_for_seed(exact, fast, frames, seed, system_prompt)
         report["seeds"].append(result)
         out(format_seed(result))
     return report

@@ -112,6 +112,8 @@ class Session:
         sub_stages: also time sub-stages inside the networks (forces more evaluation; slower).
         census: count every frame's graph, stage by stage, before it is evaluated (slow; for
             ``parley bench --counters``); each frame's counts are in ``profiler.last_census``.
+        observer: sees each network's inputs and outputs as they are built, the system prompt's prefill
+            included (see :attr:`observer`).
     """
 
     def __init__(
@@ -124,6 +126,7 @@ class Session:
         stage_timing: bool = False,
         sub_stages: bool = False,
         census: GraphCensus | None = None,
+        observer: Callable[[str, Any], None] | None = None,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
@@ -140,7 +143,7 @@ class Session:
         # Sees each network's inputs and outputs as they are built (lazy arrays): "language.input",
         # "language.hidden", "tts.input" (previous codes, their sum, text id), "tts.output", "codec.codes",
         # "codec.samples". For measuring (app/drift.py); None in normal use.
-        self.observer: Callable[[str, Any], None] | None = None
+        self.observer: Callable[[str, Any], None] | None = observer
 
         self._pending = np.zeros(0, dtype=np.float32)
         self._closed = False
