@@ -21,8 +21,8 @@ from typing import Any
 import mlx.core as mx
 
 import engine.numerics as numerics
-from app.drift import _llm_replay, _run, drift_for_seed
 from app.bench import bench_input
+from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
 from engine.numerics import set_numerics
 from engine.random_checkpoint import random_voicechat
 
@@ -159,8 +159,8 @@ def bisect(quantize: int | None, prompt: str) -> None:
         fast_logits = _llm_replay(fast, recorded.llm_inputs)
         text, function, first, worst = _first_parting(exact_logits, fast_logits)
         free = _run(fast, samples, SEED, record=False, system_prompt=prompt)
-        free_text = next((i for i, (a, b) in enumerate(zip(recorded.text_ids, free.text_ids)) if a != b), None)
-        free_codes = next((i for i, (a, b) in enumerate(zip(recorded.codes, free.codes)) if a != b), None)
+        free_text = _first_difference(recorded.text_ids, free.text_ids)
+        free_codes = _first_difference(recorded.codes, free.codes)
         in_use = sorted(change for change, used in fast.fast_changes.items() if used)
         print(
             f"held back {name}: teacher-forced text {text:.1%}, function {function:.1%}, first parting step {first}, "
