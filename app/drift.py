@@ -42,6 +42,7 @@ class Recording:
     text_ids: list[int] = field(default_factory=list)
     function_ids: list[int] = field(default_factory=list)
     codes: list[list[int]] = field(default_factory=list)
+    prompt_steps: int = 0  # the first LLM inputs are the system prompt's prefill
 
 
 def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool, system_prompt: str = "") -> Recording:
@@ -64,6 +65,7 @@ def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool, system_pr
 
     # The observer is given to the constructor, so that it sees the system prompt's prefill too.
     session = Session(voicechat, seed=seed, system_prompt=system_prompt, observer=observe if record else None)
+    recording.prompt_steps = session.prompt_steps
     for start in range(0, samples.size, INPUT_FRAME_SAMPLES):
         for event in session.push(samples[start : start + INPUT_FRAME_SAMPLES], INPUT_SAMPLE_RATE):
             if isinstance(event, AudioChunk):
@@ -87,13 +89,18 @@ def _number(value: mx.array) -> float:
     return float(item)
 
 
-def _llm_replay(voicechat: Any, inputs: list[mx.array]) -> list[tuple[mx.array, mx.array]]:
-    """Both heads' logits for each recorded input position, through a fresh cache."""
+def _llm_replay(voicechat: Any, inputs: list[mx.array], prompt_steps: int = 0) -> list[tuple[mx.array, mx.array]]:
+    """Both heads' logits for each recorded input position after the first ``prompt_steps``, through a fresh
+    cache. The prefill steps are evaluated as the session evaluates them, the caches only (their logits are
+    never read), so that the replay runs what a session runs."""
     stt = voicechat.model.stt_model
     cache = stt.llm.make_cache()
     logits = []
-    for fused in inputs:
+    for index, fused in enumerate(inputs):
         hidden = stt.llm(fused, cache)
+        if index < prompt_steps:
+            mx.eval(cache.arrays())
+            continue
         last = hidden[:, -1]
         pair = (stt.lm_head(last), stt.function_head(last))
         mx.eval(pair, cache.arrays())
@@ -141,8 +148,8 @@ def drift_for_seed(exact: Any, fast: Any, frames: int, seed: int, system_prompt:
     recorded = _run(exact, samples, seed, record=True, system_prompt=system_prompt)
     free = _run(fast, samples, seed, record=False, system_prompt=system_prompt)
 
-    exact_logits = _llm_replay(exact, recorded.llm_inputs)
-    fast_logits = _llm_replay(fast, recorded.llm_inputs)
+    exact_logits = _llm_replay(exact, recorded.llm_inputs, recorded.prompt_steps)
+    fast_logits = _llm_replay(fast, recorded.llm_inputs, recorded.prompt_steps)
     llm: dict[str, Any] = {}
     for head, name in ((0, "text"), (1, "function")):
         pairs = [(e[head], f[head]) for e, f in zip(exact_logits, fast_logits, strict=True)]

@@ -18,6 +18,13 @@ lists what a frame's evaluation must materialise. ``store`` is ``reserve`` (room
 next position: the slot it goes to and the filled count after it), the write, and
 ``advance``; a compiled program that writes the slot itself calls the two around it.
 
+A kernel that writes the slot into the very buffers the cache holds does so as it runs, a side
+effect MLX does not see: the buffers are arrays it has already evaluated. So ``advance`` takes that
+kernel's output (``written_by``) and ``arrays()`` lists it until the next position: evaluating the
+cache runs the write, also where nothing reads the output (a system prompt's prefill discards the
+LLM's last hidden state, so the last attention block's output would otherwise never be computed,
+and its positions would stay zeros).
+
 A cache's ``dtype``, where set, is the dtype it stores keys and values in whatever they
 arrive as (fast numerics keeps the TTS backbone's in bf16: :mod:`engine.numerics`);
 ``update`` hands them back in the dtype they came in, ``store`` the buffers as stored.
@@ -102,6 +109,7 @@ class KVCache:
     values: mx.array | None = None
     offset: int = 0
     dtype: mx.Dtype | None = None  # the stored dtype, where not the first keys' (see the module docstring)
+    written_by: mx.array | None = None  # the output of the kernel that wrote the last position in place
 
     GROWTH_STEP: ClassVar[int] = GROWTH_STEP
 
@@ -136,10 +144,12 @@ class KVCache:
         self._make_room(layout.stored_as(self.dtype), 1)
         return self.offset, self.offset + 1
 
-    def advance(self, keys: mx.array, values: mx.array) -> None:
-        """Take the buffers with the reserved position written, and count it."""
+    def advance(self, keys: mx.array, values: mx.array, written_by: mx.array | None = None) -> None:
+        """Take the buffers with the reserved position written, and count it; ``written_by``: the output of the
+        kernel that writes it into them as it runs (see the module docstring)."""
         self.keys, self.values = keys, values
         self.offset += 1
+        self.written_by = written_by
 
     def _make_room(self, layout: PositionLayout, new_positions: int) -> None:
         if self.keys is None or self.values is None or self.offset + new_positions > self.keys.shape[2]:
@@ -162,7 +172,7 @@ class KVCache:
         return None if length == 1 else "causal"
 
     def arrays(self) -> list[mx.array]:
-        return [a for a in (self.keys, self.values) if a is not None]
+        return [a for a in (self.keys, self.values, self.written_by) if a is not None]
 
 
 @dataclass(eq=False)
@@ -187,6 +197,7 @@ class SlidingKVCache:
     # attention kernel may write the reserved slot into the very buffers it is given (engine.decode_attention).
     own_buffers: bool = True
     dtype: mx.Dtype | None = None  # the stored dtype, where not the keys' own (see the module docstring)
+    written_by: mx.array | None = None  # the output of the kernel that wrote the last position in place
 
     def update(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Add (B, H, L, D) keys/values; returns the keys/values attention reads (in the dtypes they came in)."""
@@ -267,11 +278,13 @@ class SlidingKVCache:
             self.write_index = 0
         return self.write_index, min(self.offset + 1, self.keys.shape[2])
 
-    def advance(self, keys: mx.array, values: mx.array) -> None:
-        """Take the buffers with the reserved slot written, and count the position."""
+    def advance(self, keys: mx.array, values: mx.array, written_by: mx.array | None = None) -> None:
+        """Take the buffers with the reserved slot written, and count the position; ``written_by``: as
+        :meth:`KVCache.advance`."""
         self.keys, self.values = keys, values
         self.offset += 1
         self.write_index += 1
+        self.written_by = written_by
 
     def attention_mask(self, length: int) -> AttentionMask:
         if length == 1:
@@ -282,4 +295,6 @@ class SlidingKVCache:
         return "causal"
 
     def arrays(self) -> list[mx.array]:
-        return [] if self.keys is None or self.values is None else [self.keys, self.values]
+        if self.keys is None or self.values is None:
+            return []
+        return [self.keys, self.values, *([] if self.written_by is None else [self.written_by])]

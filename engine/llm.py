@@ -304,7 +304,8 @@ class CausalSelfAttention(nn.Module):
                     self.scale,
                     position_axis=True,
                 )
-                cache.advance(cache.keys, cache.values)  # the kernel wrote the position into these very buffers
+                # The kernel writes the position into these very buffers as it runs (engine.cache).
+                cache.advance(cache.keys, cache.values, written_by=mixed)
                 return mixed
         heads = self._heads(q_rows, self.num_heads), self._heads(k_rows, self.num_kv_heads)
         return self._rows(self.attend(*heads, self._heads(v_rows, self.num_kv_heads), None, cache))

@@ -198,6 +198,11 @@ class Session:
         return self.config.output_sample_rate
 
     @property
+    def prompt_steps(self) -> int:
+        """LLM steps the system prompt's prefill took (its tokens, BOS and EOS; 0 without a prompt)."""
+        return self._prompt_steps
+
+    @property
     def text_ids(self) -> list[int]:
         """Text-channel ids of every audio frame (prompt steps excluded)."""
         return self._text_ids[self._prompt_steps :]

@@ -681,7 +681,7 @@ class Backbone(nn.Module):
             if by_scatter:
                 cache.advance(next(key_buffers), next(value_buffers))
             else:
-                cache.advance(cache.keys, cache.values)
+                cache.advance(cache.keys, cache.values, written_by=outputs[0])
         return outputs[0]
 
     def _step_program(self, kinds: list[bool], traced: dict[bool, BufferSlot]) -> Callable[..., tuple[mx.array, ...]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -1531,6 +1532,67 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
     assert stand_in.calls["writing"] >= len(mixers) * (frames - 2)
     assert writing[:3] == operations[:3]
     assert np.array_equal(writing[3], operations[3])
+
+
+def _primitives(*arrays: mx.array) -> set[str]:
+    """The primitives (by node) an evaluation of ``arrays`` would run: none for arrays already evaluated."""
+    graph = io.StringIO()
+    mx.export_to_dot(graph, *arrays)
+    return set(re.findall(r"^\{ (\d+) \[label", graph.getvalue(), re.MULTILINE))
+
+
+def test_a_kernel_writing_the_llm_cache_in_place_runs_when_the_cache_is_evaluated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The CUDA attention kernel writes each new position into the buffers the LLM's cache already holds, as it
+    runs: MLX sees no new array for them, so the position is written only if the kernel's output is evaluated. A
+    system prompt's prefill discards the LLM's last hidden state, and the tiny model's last block is an attention
+    block: its kernel never ran, its prompt positions stayed zeros, and on the GPU fast mode parted from exact at
+    the first frame after a prompt (issue 46). The cache lists that output (``written_by``): every prefill step's
+    evaluation of the caches reaches every writing launch of that step. The stand-in's own write is an ordinary
+    slice update, which MLX sees, so what is checked is the graph each evaluation reaches, not the numbers."""
+    from engine.llm import CausalSelfAttention
+    from engine.session import Session
+
+    monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
+    voicechat = random_voicechat("tiny", quantize=8, numerics="fast")
+    layers = voicechat.model.stt_model.llm.layers
+    assert layers[-1].kind == "*", "the tiny model ends in an attention block: the case the prefill lost"
+    mixers = [layer.mixer for layer in layers if isinstance(layer.mixer, CausalSelfAttention)]
+    stand_in = _WritingAttentionOps(mixers[0].num_heads, mixers[0].num_kv_heads, mixers[0].head_dim, {})
+    pending: list[mx.array] = []
+    writing = stand_in.attend_writing
+
+    def recorded(*args: Any, **kwargs: Any) -> mx.array:
+        mixed = writing(*args, **kwargs)
+        pending.append(mixed)
+        return mixed
+
+    stand_in.attend_writing = recorded  # type: ignore[method-assign]
+    for mixer in mixers:
+        mixer.fast_attention = stand_in
+    evaluate = mx.eval
+    reached_writes = 0
+
+    def checked_eval(*arrays: Any) -> None:
+        nonlocal reached_writes
+        flat = [a for item in arrays for a in (item if isinstance(item, list | tuple) else [item])]
+        reached = _primitives(*flat)
+        still = [mixed for mixed in pending if _primitives(mixed) and not _primitives(mixed) <= reached]
+        reached_writes += len(pending) - len(still)
+        pending[:] = still
+        evaluate(*flat)
+
+    monkeypatch.setattr(mx, "eval", checked_eval)
+    session = Session(voicechat, seed=0, system_prompt="Be concise and answer in one sentence.")
+    monkeypatch.setattr(mx, "eval", evaluate)
+    # Each prompt step's inputs are an embedding, not the step before's output: a launch no evaluation of the
+    # prefill reached is never reached later.
+    launches = stand_in.calls["writing"]
+    assert session.prompt_steps > 2 and launches >= len(mixers) * (session.prompt_steps - 1)
+    missed = len(pending)
+    assert missed == 0, f"{missed} of {launches} writing launches of the prefill never ran: the cache misses them"
+    assert reached_writes == launches
 
 
 def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch: pytest.MonkeyPatch) -> None:

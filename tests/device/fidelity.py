@@ -1,6 +1,7 @@
 """Fast numerics against exact on the GPU, on tiny random checkpoints in the published layout.
 
     python3 tests/device/fidelity.py cases [QUANT ...]          the six cases: bf16, 4-bit, 8-bit × no prompt, prompt
+    python3 tests/device/fidelity.py unlisted [QUANT ...]       the same with the caches' in-place writes unlisted
     python3 tests/device/fidelity.py bisect QUANT PROMPT        one case with each group of fast parts left out
 
 QUANT is none, 4 or 8; PROMPT is prompt or none. ``cases`` prints, per case, the teacher-forced agreement of the
@@ -9,7 +10,9 @@ and of the TTS codes, and the free-running first differences (``parley drift``'s
 issue's bound: text and function ids teacher-forced equal in at least 99 % of frames in every case; a case under
 it ends the line with PARTS. ``bisect`` reruns one case with each group of fast mode's parts held back (their
 fallbacks run, as where a kernel is not admitted), so that the group whose absence restores agreement is the one
-that parts them.
+that parts them. ``unlisted`` runs the cases as the build before issue 46's fix did: an attention kernel's write
+into its cache's buffers not listed among the cache's arrays (engine.cache), so that a system prompt's prefill,
+which reads no last hidden state, loses the last attention block's writes where that block ends the stack.
 """
 
 from __future__ import annotations
@@ -96,6 +99,19 @@ def hold(names: tuple[str, ...]) -> None:
     numerics.BACKBONE_CACHE_DTYPE = mx.float32 if "bf16_cache" in HELD else _cache_dtype
 
 
+def unlist_writes() -> None:
+    """The caches as they were before issue 46's fix: a kernel's in-place write not among their arrays."""
+    from engine.cache import KVCache, SlidingKVCache
+
+    for cache_type in (KVCache, SlidingKVCache):
+        listed = cache_type.advance
+
+        def advance(self: Any, keys: mx.array, values: mx.array, written_by: Any = None, listed: Any = listed) -> None:
+            listed(self, keys, values)
+
+        cache_type.advance = advance  # type: ignore[method-assign]
+
+
 def _quantize(value: str) -> int | None:
     return None if value in ("none", "bf16") else int(value)
 
@@ -150,13 +166,13 @@ def bisect(quantize: int | None, prompt: str) -> None:
     samples = bench_input(FRAMES)
     exact = random_voicechat("tiny", quantize=quantize, seed=SEED, numerics="exact")  # type: ignore[arg-type]
     recorded = _run(exact, samples, SEED, record=True, system_prompt=prompt)
-    exact_logits = _llm_replay(exact, recorded.llm_inputs)
+    exact_logits = _llm_replay(exact, recorded.llm_inputs, recorded.prompt_steps)
     fast = random_voicechat("tiny", quantize=quantize, seed=SEED, numerics="exact")  # type: ignore[arg-type]
     print(f"{_label(quantize, prompt)}: {len(recorded.llm_inputs)} LLM steps", flush=True)
     for name, names in (("nothing", ()), *GROUPS.items()):
         hold(names)
         set_numerics(fast, "fast")
-        fast_logits = _llm_replay(fast, recorded.llm_inputs)
+        fast_logits = _llm_replay(fast, recorded.llm_inputs, recorded.prompt_steps)
         text, function, first, worst = _first_parting(exact_logits, fast_logits)
         free = _run(fast, samples, SEED, record=False, system_prompt=prompt)
         free_text = _first_difference(recorded.text_ids, free.text_ids)
@@ -174,7 +190,9 @@ def bisect(quantize: int | None, prompt: str) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     print(f"mlx {mx.__version__} on {mx.default_device()}", flush=True)
-    if argv[:1] == ["cases"]:
+    if argv[:1] in (["cases"], ["unlisted"]):
+        if argv[0] == "unlisted":
+            unlist_writes()
         quantizations = [_quantize(value) for value in argv[1:]] or [None, 4, 8]
         return 0 if cases(quantizations) else 1
     if argv[:1] == ["bisect"] and len(argv) == 3:
