@@ -224,6 +224,10 @@ def run_command(args: argparse.Namespace) -> int:
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")
+    if args.command != "make-checkpoint":
+        from .kernels import prepare_this_device
+
+        prepare_this_device()  # before the first load compiles anything (on CUDA)
     try:
         return handler(args)
     except FileExistsError as exc:

@@ -2,7 +2,7 @@
 
 One home for every location (the README's "Where things live" lists the same):
 settings in :func:`config_dir`, downloaded and generated checkpoints under :func:`data_dir`,
-the rotating log and the crash log in :func:`log_dir`.
+the rotating log and the crash log in :func:`log_dir`, compiled GPU kernels in :func:`kernel_cache_dir`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,17 @@ def models_dir() -> Path:
 def log_dir() -> Path:
     """The rotating log and the crash log (``~/.local/state/Parley/log``, ``~/Library/Logs/Parley``)."""
     return Path(platformdirs.user_log_dir(APP_NAME, appauthor=False))
+
+
+def kernel_cache_dir(mlx_version: str) -> Path:
+    """The GPU kernels MLX compiles, kept across launches and reboots (engine.kernel_cache), per MLX version:
+    ``~/.cache/Parley/kernels/mlx-<version>``, ``~/Library/Caches/Parley/kernels/…``."""
+    return Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)) / "kernels" / f"mlx-{mlx_version}"
+
+
+def shipped_kernels_dir() -> Path:
+    """Archives of kernels compiled ahead of time, one per MLX version and GPU architecture (may be empty)."""
+    return resource_path("kernels")
 
 
 def demo_checkpoint_dir() -> Path:

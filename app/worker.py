@@ -241,6 +241,9 @@ class EngineWorker(threading.Thread):
     def run(self) -> None:
         import mlx.core as mx
 
+        from .kernels import prepare_this_device
+
+        prepare_this_device()  # before the first load compiles anything (on CUDA)
         # A stream of our own on the default device: everything MLX does happens on this thread.
         mx.set_default_stream(mx.new_stream(mx.default_device()))
         self._emit(EngineInfo(str(getattr(mx, "__version__", "unknown")), describe_device()))
