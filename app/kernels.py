@@ -40,7 +40,7 @@ def prepare_kernel_cache(mlx_version: str, architecture: str | None) -> Path | N
     shipped = shipped_kernels_dir()
     archives = sorted(shipped.glob("*.tar.gz")) if shipped.is_dir() else []
     added = seed_kernel_cache(folder, archives, mlx_version=mlx_version, architecture=architecture)
-    log.info("GPU kernels cached in %s (%d added from the kernels shipped for %s)", folder, added, architecture)
+    log.info("GPU kernels cached in %s (%d files added from the kernels shipped for %s)", folder, added, architecture)
     return folder
 
 

@@ -1,7 +1,7 @@
 """Where MLX keeps the GPU kernels it compiles, and how a shipped set of them seeds that place.
 
-On CUDA, MLX compiles each kernel with NVRTC the first time a process needs it (about 1.5 s each,
-hundreds of them for Parley's model: minutes before a fresh machine's first frame) and caches the
+On CUDA, MLX compiles each kernel with NVRTC the first time a process needs it (seconds each, about a
+hundred for Parley's model: minutes before a fresh machine's first frame) and caches the
 result as files in ``MLX_PTX_CACHE_DIR``, by default a folder under the temporary directory, which a
 reboot or a temp cleaner empties. Parley points it at a per-user cache folder instead
 (:func:`use_kernel_cache`), so only the first launch on a machine compiles, and it can seed that
@@ -50,7 +50,8 @@ def use_kernel_cache(folder: Path) -> Path:
 
 def seed_kernel_cache(cache: Path, archives: Iterable[Path], *, mlx_version: str, architecture: str) -> int:
     """Copy into ``cache`` the kernels of the archive among ``archives`` made for ``mlx_version`` on
-    ``architecture`` (by its name, :func:`archive_name`) that ``cache`` lacks; returns how many were added. A
+    ``architecture`` (by its name, :func:`archive_name`) that ``cache`` lacks; returns how many files (a kernel
+    has several: source, PTX, names) were added. A
     damaged archive adds what it can and is logged, never raised: compiling is the fallback."""
     wanted = archive_name(mlx_version, architecture)
     archive = next((path for path in archives if path.name == wanted and path.is_file()), None)
@@ -75,9 +76,9 @@ def seed_kernel_cache(cache: Path, archives: Iterable[Path], *, mlx_version: str
                 partial.replace(target)  # whole or absent: MLX may read the folder from another process
                 added += 1
     except (OSError, tarfile.TarError, EOFError) as exc:
-        log.warning("the kernel archive %s could not be read whole (%s): %d kernels taken from it", archive, exc, added)
+        log.warning("the kernel archive %s could not be read whole (%s): %d files taken from it", archive, exc, added)
         return added
-    log.info("kernel cache %s: %d kernels added from %s", cache, added, archive.name)
+    log.info("kernel cache %s: %d files added from %s", cache, added, archive.name)
     return added
 
 
