@@ -39,11 +39,12 @@ def archive_name(mlx_version: str, architecture: str) -> str:
 
 def use_kernel_cache(folder: Path) -> Path:
     """Make ``folder`` MLX's kernel cache unless :data:`KERNEL_CACHE_SETTING` already names one (a user's or a
-    benchmark's own choice wins); returns the folder in effect. Call before MLX compiles its first GPU kernel."""
+    benchmark's own choice wins); returns the folder in effect. MLX reads the setting once, the first time it
+    looks for its cache, which may be as early as its device's start: call this before anything asks MLX for a
+    device (on a GPU measured so: set after the device was queried, it was not used)."""
     chosen = os.environ.get(KERNEL_CACHE_SETTING)
     if chosen:
         return Path(chosen)
-    folder.mkdir(parents=True, exist_ok=True)
     os.environ[KERNEL_CACHE_SETTING] = str(folder)
     return folder
 

@@ -105,7 +105,8 @@ def test_the_setting_already_made_wins(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (tmp_path / "default").exists()
     monkeypatch.delenv(KERNEL_CACHE_SETTING)
     assert use_kernel_cache(tmp_path / "default") == tmp_path / "default"
-    assert os.environ[KERNEL_CACHE_SETTING] == str(tmp_path / "default") and (tmp_path / "default").is_dir()
+    assert os.environ[KERNEL_CACHE_SETTING] == str(tmp_path / "default")
+    assert not (tmp_path / "default").exists()  # only a setting: MLX makes the folder when it compiles
 
 
 def test_parley_keeps_kernels_in_the_user_cache_seeded_from_its_shipped_ones(
@@ -119,17 +120,43 @@ def test_parley_keeps_kernels_in_the_user_cache_seeded_from_its_shipped_ones(
     pack_kernel_cache(built, shipped, mlx_version=VERSION, architecture=ARCH)
     monkeypatch.setattr(kernels, "shipped_kernels_dir", lambda: shipped)
 
-    assert kernels.prepare_kernel_cache(VERSION, None) is None  # the CPU and Metal compile nothing at run time
-    assert KERNEL_CACHE_SETTING not in os.environ
-    folder = kernels.prepare_kernel_cache(VERSION, ARCH)
-    assert folder == paths.kernel_cache_dir(VERSION) == tmp_path / "xdg-cache" / "Parley" / "kernels" / "mlx-0.32.4"
-    assert os.environ[KERNEL_CACHE_SETTING] == str(folder) and cached_kernels(folder) == 2
+    folder = paths.kernel_cache_dir(VERSION)
+    assert folder == tmp_path / "xdg-cache" / "Parley" / "kernels" / "mlx-0.32.4"
+    # No CUDA GPU: the setting is made (the CPU and Metal never read it), nothing is seeded or created.
+    assert kernels.prepare_kernel_cache(VERSION, None) is None
+    assert os.environ[KERNEL_CACHE_SETTING] == str(folder) and not folder.exists()
+    assert kernels.prepare_kernel_cache(VERSION, ARCH) == folder
+    assert cached_kernels(folder) == 2
 
 
-def test_an_unwritable_cache_folder_leaves_mlx_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_entry_points_point_mlx_at_the_cache_before_asking_for_a_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLX fixes its kernel folder the first time it looks for it, which may be when its device starts: on an H100
+    a cache set after the device was queried was never read (every kernel compiled again). So the setting comes
+    before the first device query, in the CLI and the GUI alike."""
+    monkeypatch.delenv(KERNEL_CACHE_SETTING, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    order: list[str] = []
+
+    def architecture() -> None:
+        order.append(f"device asked with the setting {os.environ.get(KERNEL_CACHE_SETTING)}")
+
+    monkeypatch.setattr(kernels, "cuda_architecture", architecture)
+    kernels.prepare_this_device()
+    assert order == [f"device asked with the setting {paths.kernel_cache_dir(kernels.mlx_version())}"]
+
+
+def test_an_unwritable_cache_folder_is_logged_and_seeds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv(KERNEL_CACHE_SETTING, raising=False)
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache folder would go")
+    shipped = tmp_path / "shipped"
+    _kernel_files(tmp_path / "built", ["a"])
+    pack_kernel_cache(tmp_path / "built", shipped, mlx_version=VERSION, architecture=ARCH)
+    monkeypatch.setattr(kernels, "shipped_kernels_dir", lambda: shipped)
     monkeypatch.setattr(kernels, "kernel_cache_dir", lambda version: blocker / "kernels")
     assert kernels.prepare_kernel_cache(VERSION, ARCH) is None
-    assert KERNEL_CACHE_SETTING not in os.environ
+    assert "not kept between launches" in caplog.text

@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     from app.cli import build_parser, run_command
+    from app.kernels import point_kernel_cache
+
+    point_kernel_cache()  # before anything asks MLX for a device (app.kernels)
 
     args = build_parser().parse_args(argv)
     if args.command is not None or args.self_test:
