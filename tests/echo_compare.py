@@ -1,4 +1,4 @@
-"""Compare the two AEC3 bindings on Parley's echo path; prints the tables of tests/echo_report.md.
+"""Compare the two AEC3 bindings on Parley's echo path; prints the tables of docs/echo.md.
 
     .venv/bin/python -m pip install livekit==1.2.1 pystoi==0.4.1   # comparison only, not dependencies
     .venv/bin/python -m tests.echo_compare

@@ -8,7 +8,7 @@ at a linear gain ``G`` (0 is headphones: no echo at all). The microphone opens a
 the spoken test question is played into the microphone, over the assistant. Printed: the echo at the
 microphone and what the engine heard, per half second; then the user's level loss and correlation against
 the question as said. ``--assistant speech`` replaces the model's output (the random weights' noise) by
-espeak speech, as the real model talks. tests/echo_report.md ("In the app") has the figures.
+espeak speech, as the real model talks. docs/echo.md ("In the app") has the figures.
 """
 
 from __future__ import annotations

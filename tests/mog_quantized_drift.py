@@ -1,4 +1,4 @@
-"""Measure what quantizing the MoG head's MLP would cost (the fast-mode bytes decision; README, *Fast numerics*).
+"""Measure what quantizing the MoG head's MLP would cost (the fast-mode bytes decision; docs/numerics.md).
 
 The MLP's three layers (47.8 M weights, 96 MB in bf16) are read by each of a frame's five MaskGIT rounds: 0.48 GB
 of a 4-bit frame's weight bytes. Quantizing them to 8 bits (affine, groups of 64, as the published LLM) would read

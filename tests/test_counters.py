@@ -1,6 +1,6 @@
 """Counts that machine load cannot move: the graph census, its CI guard, and compiled-program exactness.
 
-The guard holds each frame's MLX primitives to the figures the README publishes (table
+The guard holds each frame's MLX primitives to the figures docs/performance.md publishes (section
 "Counters", row "this build", and fast numerics' row "fast numerics, this build"), within 2 %:
 a change that makes frames do more work fails here, on any machine, however busy. Timings are
 printed by ``parley bench``, never asserted.
@@ -25,16 +25,16 @@ from engine.model import load_voicechat
 from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PERFORMANCE_DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 TOLERANCE = 0.02
 COUNT_FRAMES = 80  # frames 6-70 are the early window, 71-79 steady
 
 
-def readme_counters(label: str = "this build") -> dict[str, float]:
-    """The README's counters row labelled ``label`` (exact mode's "this build", or "fast numerics, this build"),
-    as numbers."""
-    rows = [line for line in README.read_text().splitlines() if line.startswith(f"| **{label}**")]
-    assert len(rows) == 1, f"README.md must have exactly one counters row labelled **{label}**"
+def published_counters(label: str = "this build") -> dict[str, float]:
+    """The counters row of docs/performance.md labelled ``label`` (exact mode's "this build", or "fast numerics,
+    this build"), as numbers."""
+    rows = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith(f"| **{label}**")]
+    assert len(rows) == 1, f"docs/performance.md must have exactly one counters row labelled **{label}**"
     cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
     numbers = [float(value.replace(",", "")) for cell in cells[1:5] for value in re.findall(r"[\d,.]+", cell)]
     early, steady, kernels_early, kernels_steady = numbers[:4]
@@ -59,28 +59,29 @@ def fast_structure_counts() -> dict:
     return counters_report(voicechat, censuses, syncs)
 
 
-def test_fast_primitives_per_frame_stay_within_the_readme_figures(fast_structure_counts: dict) -> None:
-    """Fast numerics on the CPU (every part its operations fallback) against the README's fast row: guards the
+def test_fast_primitives_per_frame_stay_within_the_published_figures(fast_structure_counts: dict) -> None:
+    """Fast numerics on the CPU (every part its operations fallback) against docs/performance.md's fast row: guards the
     fast wiring, as the GPU's counts cannot be taken here."""
-    assert_within_readme(fast_structure_counts, readme_counters("fast numerics, this build"))
+    assert_within_published(fast_structure_counts, published_counters("fast numerics, this build"))
 
 
-def assert_within_readme(measured: dict, published: dict[str, float]) -> None:
+def assert_within_published(measured: dict, published: dict[str, float]) -> None:
     print(f"counted {measured['primitives_per_frame']} primitives, {measured['kernels_per_frame']} kernels per frame")
     for window in ("early", "steady"):
         primitives = measured["primitives_per_frame"][window]
         kernels = measured["kernels_per_frame"][window]
         assert primitives <= published[window] * (1 + TOLERANCE), (
-            f"{window} frames evaluate {primitives:,.0f} primitives, the README says {published[window]:,.0f}: "
-            "find what added work, or measure again and update the README's counters table"
+            f"{window} frames evaluate {primitives:,.0f} primitives, docs/performance.md says "
+            f"{published[window]:,.0f}: find what added work, or measure again and update the counters table in "
+            "docs/performance.md"
         )
         assert kernels <= published[f"kernels_{window}"] * (1 + TOLERANCE)
 
 
-def test_primitives_per_frame_stay_within_the_readme_figures(structure_counts: dict) -> None:
-    published = readme_counters()
+def test_primitives_per_frame_stay_within_the_published_figures(structure_counts: dict) -> None:
+    published = published_counters()
     measured = structure_counts
-    assert_within_readme(measured, published)
+    assert_within_published(measured, published)
     # The encoder runs compiled from frame 1: the first 5.6 s of a conversation are no slower path.
     early, steady = (measured["primitives_per_frame"][window] for window in ("early", "steady"))
     assert abs(early - steady) <= 0.05 * steady
@@ -191,7 +192,8 @@ def test_named_weights_include_stacked_projections() -> None:
 
 def test_compiled_programs_equal_their_op_by_op_form(tiny_q4: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """PARLEY_COMPILE=check runs each compiled program beside its op-by-op form: on this CPU every one is
-    bit-identical. (On a GPU the same check finds fused multiply-adds; see README, "Exact on the GPU".)"""
+    bit-identical. (On a GPU the same check finds fused multiply-adds; see docs/numerics.md, "Exact mode on the
+    GPU".)"""
     monkeypatch.setenv("PARLEY_COMPILE", "check")
     voicechat = load_voicechat(tiny_q4)  # programs are built lazily, so these are checked ones
     session = Session(voicechat, seed=0)

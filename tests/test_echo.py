@@ -1,6 +1,6 @@
 """Echo cancellation (app/echo.py), measured on an offline echo path with real (espeak-ng) speech.
 
-The path and the measures are in tests/echo_bench.py; tests/echo_report.md has the figures these tests
+The path and the measures are in tests/echo_bench.py; docs/echo.md has the figures these tests
 print and why the bounds are where they are. Every scenario runs the canceller the way the app will:
 the output callback feeds 512-sample playback blocks at 22.05 kHz with their DAC times, the engine
 worker cleans 80 ms microphone frames with their ADC times, in time order.

@@ -1,6 +1,6 @@
 """Fast numerics: the fused Mamba-2 step against the exact step, kernel admission, and drift bounds.
 
-The bounds are the README's ("Fast numerics"), with their reasons: fast mode only reorders
+The bounds are docs/numerics.md's ("The bounds CI checks"), with their reasons: fast mode only reorders
 float32 sums (the fused Mamba-2 step), so per-network differences stay at float32 rounding
 (relative L2 ~1e-6 measured, CPU and H200); the bounds allow a hundred times that, which a
 real change of arithmetic (a reduced-precision product, a dropped term) would exceed by
@@ -51,7 +51,7 @@ KL_MAX = 1e-5
 ARGMAX_AGREEMENT = 0.99
 WAVEFORM_SNR_DB = 40.0
 # With the backbone's caches in bf16 (fast mode as shipped): each cached key and value rounded by at most 2^-9 of
-# itself moves the TTS hidden states by 0.6-1.1e-3 here (README, "Fast numerics"); four times that catches a cache
+# itself moves the TTS hidden states by 0.6-1.1e-3 here (docs/numerics.md); four times that catches a cache
 # read wrongly (an error of the values' own size) while leaving the rounding room on other seeds and sizes.
 TTS_HIDDEN_RELATIVE_L2_BF16_CACHES = 4e-3
 # Teacher-forced, both modes drawing the same numbers, a frame's 31 codes all equal in at least this share of frames.
@@ -1835,8 +1835,8 @@ def _stand_in_chains(runs: dict[Any, Any], calls: dict[int, int]) -> dict[Any, C
 
 
 def test_the_quantized_mog_measurement_rounds_only_the_mlp_and_sees_the_change() -> None:
-    """The measurement behind declining an 8-bit MoG MLP (README, *Against the performance issue's fast-mode
-    targets*, ``tests/mog_quantized_drift.py``): it rounds the MLP's projections and nothing else, each by about a
+    """The measurement behind declining an 8-bit MoG MLP (docs/numerics.md, *Declined: the MoG head's MLP at 8
+    bits*, ``tests/mog_quantized_drift.py``): it rounds the MLP's projections and nothing else, each by about a
     quantization step of its group at most, and the head built from the rounded weights draws measurably
     differently from the stored one."""
     from tests.mog_quantized_drift import GROUP_SIZE, head_weights, measure, quantized_copy

@@ -1,6 +1,6 @@
 """A whole 10-minute conversation (7500 frames) on the tiny checkpoint: per-frame work and memory stay flat.
 
-The policy under test (README, "Long conversations"): a conversation lasts at most 10 minutes.
+The policy under test (docs/long-conversations.md): a conversation lasts at most 10 minutes.
 Inside that bound nothing is evicted (evicting attention history would change the model's
 outputs); the only state that grows is attention history, at exactly
 ``state_growth_per_frame`` bytes per frame, and everything else stays fixed. At the limit
