@@ -32,7 +32,7 @@
 #   whl/                  the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr, and for
 #                         --compare mlx-vlm 0.7.10 and mlx-audio 0.6.2), and ../shared/tools/mlx-cuda/
 #                         peer-shim-sitecustomize.py as whl/sitecustomize.py
-#   ptx.tgz               a kernel cache `ptxsave` returned (also what engine.kernel_cache seeds from)
+#   ptx.tgz               a kernel cache `ptxsave` returned
 set -uo pipefail
 export PYTHONPATH=$HOME/mlx-site:/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLX_PTX_CACHE_DIR=/tmp/ptx
 OUT=${OUT:-/tmp/out} DRY=${DRY:-}
@@ -116,7 +116,7 @@ done
 for arg in "$@"; do
   case "$arg" in
     setup) setup ;;
-    ptxsave) x tar -czf "$OUT/ptx.tgz" -C /tmp ptx && echo "saved: $(tar -tzf "$OUT/ptx.tgz" | wc -l) files" ;;
+    ptxsave) x tar -czf "$OUT/ptx.tgz" -C /tmp ptx && echo "saved: $(find /tmp/ptx -type f 2>/dev/null | wc -l)" ;;
     fidelity) fidelity ;;
     full4 | full8) run "$arg" parley bench --random full --quantize "${arg#full}" --frames 100 --rounds 3 \
       --compare mlx-vlm ;;
