@@ -82,6 +82,7 @@ a = mx.ones((64, 64)); print("check", (a @ a).sum().item())'
 # the kernel cache (MLX writes a kernel's files as it compiles them); the copies merged into /tmp/ptx after.
 fidelity() {
   local quant
+  x mkdir -p /tmp/ptx
   for quant in none 4 8; do
     x rm -rf "/tmp/ptx-$quant" && x cp -r /tmp/ptx "/tmp/ptx-$quant"
     MLX_PTX_CACHE_DIR=/tmp/ptx-$quant run "fidelity-$quant" python3 tests/device/fidelity.py cases "$quant" >&3 &
