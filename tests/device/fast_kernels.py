@@ -1,6 +1,8 @@
 """Fast numerics' kernels on this GPU: admitted or not, their difference from the fallback, and time per call.
 
-Run on the device (never in CI; the CPU has no kernels): ``python3 tests/device/fast_kernels.py``.
+    python3 tests/device/fast_kernels.py [quantized|draws|heads]   (bash tests/device/harness.sh setup fastkernels)
+
+On the device only (the CPU has no kernels); with no argument, everything below, else that part alone.
 Full-size shapes: the TTS backbone's 16 heads of 72 at batch 2 over 300, 2,000 and 7,500 cached
 positions, one residual-VQ step over 1,024 entries of 512 (float32 and bf16 codebooks), and the backbone
 layer's row products (two rows of 1,152, q/k/v 3 × 1,152, MLP 4,608) and the encoder's (one row of 1,024,
@@ -8,7 +10,9 @@ feed-forward 4,096; its six sublayers) reading bf16 weights, checked against
 the CPU's float32 operations (beside MLX's own GPU products, which take reduced-precision inputs) and
 timed against MLX's operations on the float32 copies exact mode reads. Then the LLM's quantized one-row
 products (4 and 8 bits, group 64) against MLX's ``quantized_matmul``, timed over distinct weights (more
-than the GPU's 50 MB L2 cache holds), with the bandwidth each reaches.
+than the GPU's 50 MB L2 cache holds), with the bandwidth each reaches (``quantized``). Then a step's ten random
+draws in one kernel against the library's one by one (``draws``), and the backbone's attention making its own
+query and key heads against the heads kernel and the writing attention apart (``heads``).
 """
 
 from __future__ import annotations
@@ -189,6 +193,8 @@ def main() -> None:
                 f"{synced:.1f} us with its sync, {queued:.1f} us queued"
             )
     quantized_rows(backend)
+    step_draws(backend)
+    attention_heads(backend)
 
 
 def step_draws(backend: str) -> None:

@@ -1,12 +1,12 @@
 """List the fused kernels MLX generated that add to a product: ``x * y + z`` in one kernel.
 
+    python3 tests/device/fused_products.py FOLDER [FOLDER ...]     (bash tests/device/harness.sh setup fused)
+
 A GPU compiler contracts such a pair into one fused multiply-add (one rounding instead of
 two), so a compiled program that holds one computes differently from the reference's
 separate kernels. MLX keeps the source of every kernel it generates: C++ for the CPU
 (``$TMPDIR/mlx/<version>/cpu/*.cpp``) and CUDA for NVIDIA GPUs (``*.cu`` beside each
-``.ptx`` in its PTX cache). Usage::
-
-    python tests/device/fused_products.py FOLDER [FOLDER ...]
+``.ptx`` in its PTX cache: the harness scans ``/tmp/ptx``).
 
 On the CPU, the fast kernels (rms_norm, layer_norm, rope, attention) are built from
 ordinary operations and fuse into such patterns too; on a GPU they are kernels of their

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Parley's measurements on a lent NVIDIA GPU (H100 or H200; never in CI): the numbers the README and users quote.
+# From the repository root, the device tool carrying .gpu (carry: [".gpu"]):
+#   bash tests/device/harness.sh setup STEP [STEP ...]        setup first in every call (quick once done)
+#   DRY=1 bash tests/device/harness.sh setup STEP [STEP ...]  prints what would run, runs nothing (works here)
+# Each step runs under its limit (then SIGABRT: faulthandler prints every thread) and logs to $OUT/STEP.log, a
+# `parley` step's report to $OUT/STEP.json, so that one slow step leaves the others'. A call runs at most 600 s.
+#
+# step        limit  measures ("limit": seconds each of its processes may run)
+# setup         120  MLX CUDA, the wheels and the kernel cache from .gpu/, installed; MLX's device and the GPU
+# ptxsave        60  the kernel cache as $OUT/ptx.tgz (top folder ptx/): the next machine's .gpu/ptx.tgz
+# fidelity      480  fast against exact in the six cases (bf16, 4-bit, 8-bit × prompt or not), tiny checkpoints:
+#                    three processes at once, each on its own copy of the kernel cache, merged after
+# full4         590  exact numerics, full size, 4-bit: speed, peak memory and agreement against mlx-vlm, 3 rounds
+# full8         590  the same at 8 bits
+# fast4         590  fast numerics, 4-bit, against mlx-vlm
+# fast8         590  fast numerics, 8-bit, against mlx-vlm
+# fastexact     480  fast against exact numerics: one model switched in place, alternating rounds
+# drift         300  fast numerics' drift from exact on the structure model (seeds 0 and 1, 40 frames)
+# counters      400  primitives, kernels and host syncs a frame, exact numerics (structure model)
+# fastcount     400  the same in fast numerics
+# check         300  compiled programs against their op-by-op form, bit for bit (PARLEY_COMPILE=check)
+# fastkernels   420  each fast kernel admitted against its fallback: difference and time per call
+# fused          60  which kernels MLX generated add to a product (a GPU compiler contracts them to FMA)
+# long          400  fresh against aged by 7,300 frames (ten minutes), alternating in one process, fast numerics
+# coldstart     400  process start to model ready (full 4-bit, NUMERICS=exact or fast): an empty kernel cache,
+#                    then the cache the first process left (a build shipping kernels seeds the empty one first)
+#
+# .gpu/ (git-ignored) holds data only, made here:
+#   mlx-cuda-sm90.tar.xz  `python3 tests/device/pack_mlx_cuda.py CUDA_WHEEL MLX_WHEEL .gpu/mlx-cuda-sm90.tar.xz`, the
+#                         wheels from `../shared/tools/mlx-cuda/get-wheels.sh DIR` (the CUDA one: `cat` its two parts)
+#   whl/                  the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr, and for
+#                         --compare mlx-vlm 0.7.10 and mlx-audio 0.6.2), and ../shared/tools/mlx-cuda/
+#                         peer-shim-sitecustomize.py as whl/sitecustomize.py
+#   ptx.tgz               a kernel cache `ptxsave` returned
+set -uo pipefail
+export PYTHONPATH=$HOME/mlx-site:/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 MLX_PTX_CACHE_DIR=/tmp/ptx
+OUT=${OUT:-/tmp/out} DRY=${DRY:-}
+mkdir -p "$OUT"
+if [ -n "$DRY" ]; then exec 3>&1; else exec 3>/dev/null; fi  # fd 3: what is read from a step's log instead
+failed=()
+
+# limit STEP: the step's limit in the table above (nothing for an unknown step).
+limit() { awk -v step="$1" '$1 == "#" && $2 == step && $3 ~ /^[0-9]+$/ { print $3; exit }' "$0"; }
+# x COMMAND...: run it, or with DRY print it.
+x() { if [ -n "$DRY" ]; then echo "+ $*"; else "$@"; fi; }
+# run NAME COMMAND...: under the limit of NAME's step (NAME up to a "-"), logged to $OUT/NAME.log.
+# "parley" stands for python3 -m app.cli, its report written to $OUT/NAME.json.
+run() {
+  local name=$1; shift
+  [ "$1" = parley ] && set -- python3 -m app.cli "${@:2}" --json "$OUT/$name.json"
+  echo "=== $name ($(date +%T))"
+  if [ -n "$DRY" ]; then
+    local env="MLX_PTX_CACHE_DIR=$MLX_PTX_CACHE_DIR"
+    env+="${CUDA_CACHE_PATH:+ CUDA_CACHE_PATH=$CUDA_CACHE_PATH}${PARLEY_COMPILE:+ PARLEY_COMPILE=$PARLEY_COMPILE}"
+    echo "+ $env timeout $(limit "${name%%-*}") $*"
+    return
+  fi
+  timeout -s ABRT -k 10 "$(limit "${name%%-*}")" "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=$?
+  [ "$rc" = 0 ] || { echo "=== $name failed: rc $rc"; failed+=("$name"); }
+  return "$rc"
+}
+
+setup() {
+  if [ ! -d "$HOME/mlx-site/mlx" ]; then
+    x mkdir -p "$HOME/mlx-site" && x tar -xJf .gpu/mlx-cuda-sm90.tar.xz -C "$HOME/mlx-site"
+  fi
+  if [ ! -d /tmp/site/mlx_vlm ]; then
+    x python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpu/whl/*.whl &&
+      x cp .gpu/whl/sitecustomize.py /tmp/site/
+  fi
+  [ -d /tmp/ptx ] || [ ! -f .gpu/ptx.tgz ] || x tar -xzf .gpu/ptx.tgz -C /tmp
+  x mkdir -p /tmp/ptx
+  echo "kernels cached: $(find /tmp/ptx -name '*.ptx' 2>/dev/null | wc -l)"
+  x python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.device_info())
+a = mx.ones((64, 64)); print("check", (a @ a).sum().item())'
+  x nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
+}
+
+# The six cases in three processes (each runs one quantization with and without the prompt), each on its own copy of
+# the kernel cache (MLX writes a kernel's files as it compiles them); the copies merged into /tmp/ptx after.
+fidelity() {
+  local quant
+  x mkdir -p /tmp/ptx
+  for quant in none 4 8; do
+    x rm -rf "/tmp/ptx-$quant" && x cp -r /tmp/ptx "/tmp/ptx-$quant"
+    MLX_PTX_CACHE_DIR=/tmp/ptx-$quant run "fidelity-$quant" python3 tests/device/fidelity.py cases "$quant" >&3 &
+  done
+  wait
+  for quant in none 4 8; do
+    x cp -r "/tmp/ptx-$quant/." /tmp/ptx/
+    grep -hE "^case|Error|error" "$OUT/fidelity-$quant.log" 2>/dev/null | cut -c1-400
+    grep -q "^case" "$OUT/fidelity-$quant.log" 2>/dev/null || [ -n "$DRY" ] || failed+=("fidelity-$quant")
+  done
+}
+
+# Two processes on one kernel cache (and CUDA's own, for PTX compiled to the GPU) that starts empty.
+coldstart() {
+  local pass began
+  x rm -rf /tmp/ptx-cold /tmp/cuda-cold && x mkdir -p /tmp/ptx-cold
+  for pass in cold warm; do
+    began=$(date +%s.%N)
+    MLX_PTX_CACHE_DIR=/tmp/ptx-cold CUDA_CACHE_PATH=/tmp/cuda-cold run "coldstart-$pass" parley bench --random full \
+      --quantize 4 --numerics "${NUMERICS:-exact}" --frames 10 >&3
+    echo "coldstart $pass: process $(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" \
+      "(10 frames included); $(grep -hoE 'ready in .*compiling [0-9.]+ s\)|compiled kernels cached: .*' \
+        "$OUT/coldstart-$pass.log" 2>/dev/null | tr '\n' ' ')"
+  done
+  x cp -r /tmp/ptx-cold/. /tmp/ptx/
+}
+
+for arg in "$@"; do  # every step known before any runs: a misspelt one costs no device time
+  [ -n "$(limit "$arg")" ] && continue
+  echo "unknown step $arg; the steps:" >&2; grep -E '^# [a-z0-9]+ +[0-9]+ ' "$0" >&2; exit 2
+done
+for arg in "$@"; do
+  case "$arg" in
+    setup) setup ;;
+    ptxsave) x tar -czf "$OUT/ptx.tgz" -C /tmp ptx && echo "saved: $(find /tmp/ptx -type f 2>/dev/null | wc -l)" ;;
+    fidelity) fidelity ;;
+    full4 | full8) run "$arg" parley bench --random full --quantize "${arg#full}" --frames 100 --rounds 3 \
+      --compare mlx-vlm ;;
+    fast4 | fast8) run "$arg" parley bench --random full --quantize "${arg#fast}" --numerics fast --frames 100 \
+      --rounds 3 --compare mlx-vlm ;;
+    fastexact) run fastexact parley bench --random full --quantize 4 --numerics fast --frames 100 --rounds 3 \
+      --compare exact ;;
+    drift) run drift parley drift --random structure --seeds 0 1 --frames 40 ;;
+    counters) run counters parley bench --counters --frames 90 ;;
+    fastcount) run fastcount parley bench --counters --numerics fast --frames 90 ;;
+    check) PARLEY_COMPILE=check run check parley bench --random tiny --frames 80 ;;
+    fastkernels) run fastkernels python3 tests/device/fast_kernels.py ;;
+    fused) run fused python3 tests/device/fused_products.py /tmp/ptx ;;
+    long) run long python3 tests/device/long.py fast ;;
+    coldstart) coldstart ;;
+  esac
+done
+[ ${#failed[@]} = 0 ] || { echo "failed: ${failed[*]}"; exit 1; }
