@@ -296,7 +296,7 @@ class AudioIO:
         latency: PortAudio latency, "low", "high" or seconds.
         retry_interval_s: while paused, how often ``poll_health()`` looks for a device again.
         stall_timeout_s: a running stream whose callback has not run for this long counts as lost.
-        engine_input_rate, engine_output_rate, frame_samples: the engine's contract (``engine.config``).
+        engine_input_rate, engine_output_rate, frame_samples: the engine's contract (``engine.loading.config``).
 
     Attributes set by the controller (read once per audio block, no locks):
         talking: True while the talk key is held; otherwise the engine receives silence.

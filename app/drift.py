@@ -193,7 +193,7 @@ def measure_drift(
 ) -> dict[str, Any]:
     """Per seed, load that seed's random weights in both modes and measure drift (each session prefilled with
     ``system_prompt``, if any); returns the report."""
-    from engine.random_checkpoint import random_voicechat
+    from engine.loading.random_checkpoint import random_voicechat
 
     report: dict[str, Any] = {
         "size": size,

@@ -14,14 +14,14 @@ kernel is used only after it matched that fallback on this device at load
 (:func:`admit_kernel`, relative L2 ≤ :data:`KERNEL_TOLERANCE`); otherwise the fallback runs
 and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The changes:
 
-* **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): one position's causal
+* **A fused Mamba-2 step** (:class:`engine.networks.ssm.FusedStep`): one position's causal
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
   layer, reading the whole input projection (no slices), instead of about fifty operations.
   It sums the convolution tap by tap and reads the output from the new state, where the
   reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. It also writes the sums of its gated
   readout's squares over each block of rows, which the output projection's kernel turns into the
-  mixer's norm (below). Fallback: :func:`engine.ssm.fused_step_ops`.
-* **Single-position attention for the TTS backbone** (:class:`engine.decode_attention.DecodeAttention`):
+  mixer's norm (below). Fallback: :func:`engine.networks.ssm.fused_step_ops`.
+* **Single-position attention for the TTS backbone** (:class:`engine.kernels.decode_attention.DecodeAttention`):
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
   computes the softmax online (running maximum and sum per run of keys that four lanes read
@@ -29,54 +29,54 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   block to finish, in the same launch, where that form is admitted; else by a second kernel). Fallback: the
   reference's ``scaled_dot_product_attention``.
   On CUDA a second form of the kernel also writes the new position's key and value into the cache buffers
-  (:meth:`~engine.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
+  (:meth:`~engine.kernels.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
   key and value themselves, and one block per key head stores them at the slot, where the traced step scattered
   them into each buffer first — 56 scatters a frame fewer, the same numbers. The write lands in buffers MLX
-  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.cache.SlidingKVCache`) and nothing
+  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.networks.cache.SlidingKVCache`) and nothing
   else reads them. Admitted against the scatters and the attention (outputs and written buffers).
   The LLM's four attention blocks (heads of 128, eight key heads) take the same writing form
-  (:meth:`engine.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their heads
-  and writes the mixed values as the output projection's row, where the reference's cache update writes and
+  (:meth:`engine.networks.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their
+  heads and writes the mixed values as the output projection's row, where the reference's cache update writes and
   slices its buffers around MLX's fused attention and views make the heads — eight primitives a block fewer.
   The softmax's sums run in another order than MLX's fused kernel's. Admitted against those operations.
-* **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
+* **The TTS query and key heads** (:class:`engine.kernels.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
   formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel. On CUDA,
   where the attention writes its cache, the attention kernel makes them itself from the
-  projections' rows (:meth:`~engine.decode_attention.DecodeAttention.attend_heads`: two of
+  projections' rows (:meth:`~engine.kernels.decode_attention.DecodeAttention.attend_heads`: two of
   its warps run the same lines for the block's query head and new key), bit for bit the two
   kernels' results on the H200; admitted against the operations per RoPE base.
 * **The encoder's relative-position attention for the newest frame**
-  (:class:`engine.decode_attention.RelativeDecodeAttention`): content and position scores
+  (:class:`engine.kernels.decode_attention.RelativeDecodeAttention`): content and position scores
   ``(q+u)·k + (q+v)·p`` summed together, then scaled, softmaxed and mixed in one kernel per
   layer. For one query the reference's relative shift leaves the position scores in place,
   so key j pairs with position row j (tested against a float64 computation). Fallback:
-  :func:`engine.encoder.attend_relative`, the reference's operations. Its window form reads the
+  :func:`engine.networks.encoder.attend_relative`, the reference's operations. Its window form reads the
   cached key and value rows and the newest one apart and writes the window it read (the next
   frame's cache) as it goes, where the operations would join them and slice the join: two
-  concatenations and two slices a layer fewer. Fallback: :func:`engine.encoder.attend_relative_window`.
-* **The greedy residual-VQ step** (:mod:`engine.residual_vq`): one quantizer's distance
+  concatenations and two slices a layer fewer. Fallback: :func:`engine.networks.encoder.attend_relative_window`.
+* **The greedy residual-VQ step** (:mod:`engine.kernels.residual_vq`): one quantizer's distance
   product, argmin, gather and residual and running-sum updates as one kernel on CUDA
-  (:class:`~engine.residual_vq.NearestCodeProduct`), reading the codebook as stored (bf16 in a
+  (:class:`~engine.kernels.residual_vq.NearestCodeProduct`), reading the codebook as stored (bf16 in a
   model loaded for fast); its blocks share the entries and the last to finish picks the code.
   Its dot products sum in another order than MLX's product, so a distance may differ in its
   last bits, and a near tie could go the other way; it is admitted when it picks the
   operations' codes and rows bit for bit. On Metal the product stays MLX's and the rest is one
-  kernel (:class:`~engine.residual_vq.NearestCode`), bit-identical to the operations (the same
+  kernel (:class:`~engine.kernels.residual_vq.NearestCode`), bit-identical to the operations (the same
   roundings, ties to the lowest index) and admitted only if it is. On CUDA a round's several quantizers run in
-  one launch (:class:`~engine.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
+  one launch (:class:`~engine.kernels.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
   blocks meeting at a bounded barrier between quantizers, admitted only bit for bit.
-* **Runs of row products as one launch** (:class:`engine.row_chain.RowChain`, CUDA only): where row products
+* **Runs of row products as one launch** (:class:`engine.kernels.row_chain.RowChain`, CUDA only): where row products
   follow one another with nothing else between — an encoder layer's output projection, convolution module and
   second feed-forward, then the next layer's first feed-forward and q/k/v projections (eight); a TTS backbone
   layer's output projection and MLP, then the next layer's q/k/v (four) — one launch runs them: each product's
   own source for one of its blocks is a task, taken in order by the launch's blocks, and a task waits until the
-  product before it is done (no block need be resident beside another). :class:`engine.row_chain.RowSequence`
+  product before it is done (no block need be resident beside another). :class:`engine.kernels.row_chain.RowSequence`
   gathers the calls until the attention reads them; a load finds each network's runs by one step op by op and
   admits a chain for each only bit for bit against its products one launch each (the same arithmetic in the
   same order).
   Fallback: the products one launch each (on the CPU, their operations).
-* **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
+* **Row products reading bf16 weights** (:class:`engine.kernels.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
   (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
   add, and after it the MLP's ``gelu(gate)·up``, a GLU, a SiLU or a residual add — in one kernel
@@ -84,15 +84,15 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   model switched to fast: every bf16 value is exact in float32, so nothing is lost) and sums in
   float32. Used for the TTS backbone's sublayers (q/k/v, output, gate·up, down: 4 launches a
   layer), the MoG head's MLP layers, and the encoder's streaming layer
-  (:meth:`engine.encoder.ConformerLayer.stream_rows`: six launches, the attention kernel and the
+  (:meth:`engine.networks.encoder.ConformerLayer.stream_rows`: six launches, the attention kernel and the
   output norm, where exact mode runs about thirty operations). The encoder then projects each
   frame's key and value once, as it arrives, and caches them projected, where exact mode caches
   the attention inputs and projects the whole 71-frame window every frame (on CUDA with TF32
-  inputs, being several rows). Fallback: :func:`engine.row_product.row_product_ops`, the reference's
+  inputs, being several rows). Fallback: :func:`engine.kernels.row_product.row_product_ops`, the reference's
   operations. MLX's CUDA backend multiplies several float32 rows with reduced-precision (TF32)
   inputs, so these kernels are admitted against a float32 reference computed on the CPU, and on a
   GPU they run only where every kernel of their network was admitted.
-* **The LLM's quantized projections for one row** (:class:`engine.quantized_product.QuantizedRowProduct`,
+* **The LLM's quantized projections for one row** (:class:`engine.kernels.quantized_product.QuantizedRowProduct`,
   CUDA only): ``s · Σ x·q + b · Σ x`` per group in float32, as MLX's kernels compute it, with the
   groups summed in another order. Inside each block the last projection adds the residual and the
   MLP's up projection squares its ReLU in the same launch (the same float32 operations, after the
@@ -103,17 +103,17 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   norm of its own (the same norm with its sum of squares in another order). Fallback and reference: MLX's
   norm, ``quantized_matmul`` and the add or squared ReLU (and the next norm), which Metal keeps (its
   kernel there already reads at the memory's bandwidth).
-* **Each RN-T greedy attempt as four kernels** (:mod:`engine.greedy_attempt`): an LSTM step per layer
+* **Each RN-T greedy attempt as four kernels** (:mod:`engine.kernels.greedy_attempt`): an LSTM step per layer
   (input and recurrent products, gates and cell update, a warp per unit; the first layer finishes the
   previous attempt's argmax from its partial maxima and reads its token's embedding row itself) and two
   joint rows (the prediction projection added to the encoder projection and activated; the class scores
   reduced to a (max, first index) pair per block). No attempt selects a state; the loop's end masks the
   attempts after the first blank and takes the state of the last emission. The reference's bf16 input
   product is rounded to bf16 once, as the reference rounds it, so a gate differs only where the reordered
-  float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.greedy_attempt.lstm_step_ops` and
-  :func:`engine.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
+  float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.kernels.greedy_attempt.lstm_step_ops` and
+  :func:`engine.kernels.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
   kernels only where all six were admitted (the compiled loop of operations otherwise). On CUDA a frame's
-  attempts can run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
+  attempts can run as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`): the attempt kernels' own
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
   bit against the attempt kernels (51 primitives a frame fewer; :data:`RNNT_LOOP_SETTING` ``=0`` turns it off). Its
   barrier's counters sit on a ticket line of their own (:func:`kernel_tickets`): in 8 bytes, which MLX serves
@@ -121,22 +121,24 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   attempts as one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
-  (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
+  (:class:`engine.kernels.row_product.RowProductShape` ``guided``), then
+  :class:`engine.kernels.mixture_sample.MixtureSample`:
   softmax, the top-p nucleus (each component's mass above summed directly, where the reference sorts),
   Gumbel-max from the round's uniform draw, the drawn component's low-rank mean and the latent from the
   round's normal draw. The draws stay MLX's and come in the reference's order, so the random stream is the
   same; a component whose nucleus boundary or Gumbel score lies within rounding of another's can be drawn
-  differently. Fallback: :func:`engine.mixture_sample.mixture_sample_ops`, the reference's operations.
-* **A step's random draws as one kernel** (:class:`engine.step_draws.StepDraws`, CUDA only): the ten draws of
+  differently. Fallback: :func:`engine.kernels.mixture_sample.mixture_sample_ops`, the reference's operations.
+* **A step's random draws as one kernel** (:class:`engine.kernels.step_draws.StepDraws`, CUDA only): the ten draws of
   the five rounds — each a key split, its bits and their conversion, six primitives — made at once from a key
   that the TTS cache carries (from the global generator's key at its first step: MLX's Python API cannot set
   that key), handing on the key that drawing them one by one would leave. The same hash, counters and
   conversions as MLX's, so the same bits, and admitted only so; Metal keeps the library's draws. Fallback:
-  :func:`engine.step_draws.step_draws_ops`, the library's draws from explicit key splits.
+  :func:`engine.kernels.step_draws.step_draws_ops`, the library's draws from explicit key splits.
 * **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``
   prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
   the same operations in one launch, the last layer's norm left to MLX.
-* **Each codec decoder block's streaming convolution and norm as one kernel** (:class:`engine.conv_norm.ConvNorm`):
+* **Each codec decoder block's streaming convolution and norm as one kernel**
+  (:class:`engine.kernels.conv_norm.ConvNorm`):
   the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer norm and
   its affine map, and the next history, one block of threads per position, where the operations take about nineteen
   primitives; the pointwise convolutions stay MLX's (as matrix products on rows they took another GPU kernel, and the
@@ -147,12 +149,12 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   the first that gives the operations' bits is used); only the convolution's seven-tap float32 sum may run in another
   order, so a value differs by one bf16 step where that sum lands across a rounding boundary. It is admitted bit for
   bit on inputs whose convolution sums are exact in any order; on the H200 the full-size codec teacher-forced over 100
-  frames then gave the operations' waveform exactly. Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact
+  frames then gave the operations' waveform exactly. Fallback: :func:`engine.kernels.conv_norm.conv_norm_ops`, exact
   mode's operations. The codec's dequantization, one row per quantizer summed in quantizer order, is one kernel too
-  (:class:`engine.code_sum.CodeSum`, where the operations take a gather, 31 slices and the adds): the same adds in the
-  same order, bit for bit, and admitted only so.
+  (:class:`engine.kernels.code_sum.CodeSum`, where the operations take a gather, 31 slices and the adds): the same adds
+  in the same order, bit for bit, and admitted only so.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
-  loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
+  loop on rows (:func:`engine.networks.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
   attempts run as operations. On the CPU the two are the same bits; on a GPU the fused multiply-add
   rounds once where the reference rounds twice.
@@ -160,14 +162,14 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   :meth:`engine.session.Session._tts_step_on_device`). Exact mode reads the LLM's text id back before it builds
   the TTS step, because the token's conditioning is looked up by id on the host (its spelling, a memo), so the
   device idles while the host builds the rest of the frame. Fast mode keeps the id on the device: every token's
-  spelling is a device table at the longest spelling's width (:meth:`engine.subword.CharacterTable.on_device`),
+  spelling is a device table at the longest spelling's width (:meth:`engine.networks.subword.CharacterTable.on_device`),
   the character encoder runs each step on the token's row with its padding masked, and the end-of-speech reset
   is a select; the ids are read with the samples. What differs: the encoder's attention and pooling sum over the
   padded width (the padded terms are zeros), and it runs every frame instead of once per token (about 40 MB of
   bf16 weights a frame). On the CPU the conditioning comes out exact (``tests/test_tts.py``).
 * **The text conditioning read from a table of the vocabulary** (CUDA only, no kernel of its own;
   :func:`use_condition_table`). The conditioning above depends on the token id alone, so a load runs the
-  character encoder over every token once (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`:
+  character encoder over every token once (:meth:`engine.networks.subword.CharAwareSubwordEncoder.encode_vocabulary`:
   tokens in order of length, each group at its longest spelling's width) and a frame gathers its token's row:
   about 85 primitives and the character encoder's 40 MB of weights a frame fewer, for a table of the vocabulary
   × 1,152 in bf16 (0.3 GB at full size) and a pass of the vocabulary at load. What differs: the table's rows are
@@ -212,9 +214,9 @@ component for 3 of 100 draws (``tests/mog_quantized_drift.py``), a change of the
 sum's order.
 
 Memory: a model loaded for fast numerics keeps the weights its kernels read in bf16 as stored
-(:func:`fast_bf16_weights`; :mod:`engine.precast` does not cast them): 2.4 GB less at full size
+(:func:`fast_bf16_weights`; :mod:`engine.loading.precast` does not cast them): 2.4 GB less at full size
 than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
-(:meth:`engine.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
+(:meth:`engine.networks.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
 switches back to exact, which releases them (:func:`apply_numerics`).
 
 Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
@@ -235,7 +237,7 @@ import mlx.core as mx
 import numpy as np
 
 if TYPE_CHECKING:
-    from .quantized_product import RowRole
+    from .kernels.quantized_product import RowRole
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -244,11 +246,12 @@ NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 KERNEL_TOLERANCE = 1e-5
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
-# The environment variable that can turn off fast mode's RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
-# on CUDA: "0" leaves the attempts one launch each. On by default since its barrier's counters sit on a ticket line
-# (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the loop took 20.3 ms a frame; on a line,
-# 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level with them within noise on an H100
-# (tests/device/greedy_loop_probe.py, row_chains_ab.py), for 51 primitives a frame fewer.
+# The environment variable that can turn off fast mode's RN-T loop in one launch
+# (engine.kernels.greedy_attempt.GreedyLoop) on CUDA: "0" leaves the attempts one launch each. On by default since its
+# barrier's counters sit on a ticket line (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the
+# loop took 20.3 ms a frame; on a line, 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level
+# with them within noise on an H100 (tests/device/greedy_loop_probe.py, row_chains_ab.py), for 51 primitives a frame
+# fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 # The dtype fast mode's TTS backbone caches store keys and values in (see the module docstring). float32 here
 # would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight
@@ -395,7 +398,8 @@ def _outputs(result: Any) -> tuple[mx.array, ...]:
 
 
 # Fast mode's parts, made and admitted once per process and layer shape: a model switched back and forth
-# gets the same objects again, so the programs compiled around them are reused (see engine.llm, engine.tts).
+# gets the same objects again, so the programs compiled around them are reused (see engine.networks.llm,
+# engine.networks.tts).
 _PARTS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = {}
 
 
@@ -443,7 +447,7 @@ def apply_numerics(
     launch), the codec decoder's blocks their convolution-and-norm kernel, and the codec's dequantization the
     code-sum kernel — and on CUDA the encoder's and the backbone's runs of row products one launch each: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
-    On CUDA, given the model's ``characters`` (:class:`engine.subword.CharacterTable`), fast mode also reads a
+    On CUDA, given the model's ``characters`` (:class:`engine.networks.subword.CharacterTable`), fast mode also reads a
     token's text conditioning from a table made at load (:func:`use_condition_table`).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
@@ -455,11 +459,10 @@ def apply_numerics(
 
     from mlx.utils import tree_flatten
 
-    from .code_sum import CodeSum, code_sum_ops, code_sum_samples
-    from .codec import Codec
-    from .conv_norm import ConvNorm, conv_norm_ops
-    from .conv_norm import variants_for as conv_norm_variants
-    from .decode_attention import (
+    from .kernels.code_sum import CodeSum, code_sum_ops, code_sum_samples
+    from .kernels.conv_norm import ConvNorm, conv_norm_ops
+    from .kernels.conv_norm import variants_for as conv_norm_variants
+    from .kernels.decode_attention import (
         DecodeAttention,
         NormRope,
         RelativeDecodeAttention,
@@ -474,17 +477,7 @@ def apply_numerics(
         relative_attention_samples,
         relative_window_samples,
     )
-    from .encoder import (
-        ConformerLayer,
-        ConformerRowParts,
-        FastConformer,
-        RelativePositionAttention,
-        attend_relative,
-        attend_relative_window,
-    )
-    from .linear import KeepsCopy, QuantizedLinear
-    from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
-    from .residual_vq import (
+    from .kernels.residual_vq import (
         NearestRoundProduct,
         nearest_code_ops,
         nearest_code_sample,
@@ -493,10 +486,21 @@ def apply_numerics(
         nearest_round_sample,
         reads_stored_codebook,
     )
-    from .rnnt import RNNTJoint, RNNTPredictor
-    from .ssm import FusedStep, fused_step_ops, fused_step_sample
-    from .step_draws import StepDraws, step_draws_ops, step_draws_samples
-    from .tts import (
+    from .kernels.step_draws import StepDraws, step_draws_ops, step_draws_samples
+    from .networks.codec import Codec
+    from .networks.encoder import (
+        ConformerLayer,
+        ConformerRowParts,
+        FastConformer,
+        RelativePositionAttention,
+        attend_relative,
+        attend_relative_window,
+    )
+    from .networks.linear import KeepsCopy, QuantizedLinear
+    from .networks.llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
+    from .networks.rnnt import RNNTJoint, RNNTPredictor
+    from .networks.ssm import FusedStep, fused_step_ops, fused_step_sample
+    from .networks.tts import (
         GUIDED_ROWS,
         Backbone,
         BackboneAttention,
@@ -850,7 +854,7 @@ def apply_numerics(
         uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
         if fast and blocks and uniform and len(eps) == len(taps) == 1:
             (norm_eps,), (kernel_size,) = eps, taps
-            # The first variant whose outputs are the operations' bits on this device (engine.conv_norm).
+            # The first variant whose outputs are the operations' bits on this device (engine.kernels.conv_norm).
             for variant in conv_norm_variants(gpu_kernel_backend()):
                 conv_norm, changes["codec_conv_norm"] = _fast_part(
                     ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
@@ -886,15 +890,15 @@ def apply_numerics(
 
 def _conv_norm_samples(shapes: list[tuple[int, int]], taps: int, dtype: mx.Dtype) -> list[tuple[Any, ...]]:
     """The codec kernel's admission inputs at each decoder stage's shape (see
-    :func:`engine.conv_norm.conv_norm_samples`)."""
-    from .conv_norm import conv_norm_samples
+    :func:`engine.kernels.conv_norm.conv_norm_samples`)."""
+    from .kernels.conv_norm import conv_norm_samples
 
     return [conv_norm_samples(positions, channels, taps, dtype) for positions, channels in shapes]
 
 
 def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
     """bf16 — what the row-product kernels read — on a GPU when every weight of ``linears`` is a bf16 value
-    (as stored, or a float32 copy that :mod:`engine.precast` made of one), so a bf16 copy loses nothing;
+    (as stored, or a float32 copy that :mod:`engine.loading.precast` made of one), so a bf16 copy loses nothing;
     otherwise None (the weights as they are: the CPU's fallbacks read them so)."""
     if not on_gpu:
         return None
@@ -907,11 +911,11 @@ def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
 def _row_product_part(
     shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str, guidance: float | None = None
 ) -> tuple[Callable[..., Any], bool]:
-    """The row product for ``shape`` (:class:`engine.row_product.RowProductShape`; a guided one mixes its rows
+    """The row product for ``shape`` (:class:`engine.kernels.row_product.RowProductShape`; a guided one mixes its rows
     by ``guidance``): the kernel where admitted, else the operations fallback; the flag says which."""
     import functools
 
-    from .row_product import RowProduct, row_product_ops, row_product_samples
+    from .kernels.row_product import RowProduct, row_product_ops, row_product_samples
 
     return _fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
@@ -955,7 +959,7 @@ def _backbone_attention(
     admitted on such buffers: ``(attention, kernel in use, cache dtype)``. Where a GPU's kernel reads no such
     buffers, the caches stay float32 and the kernel is admitted on those (a slower attention would cost more than
     the bytes saved); the CPU has no kernel and keeps the dtype."""
-    from .decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
+    from .kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
 
     def admitted_on(dtype: mx.Dtype) -> tuple[Callable[..., Any], bool]:
         return _fast_part(
@@ -983,8 +987,8 @@ def _merges_shares(
     sample: Callable[[], list[tuple[Any, ...]]],
     rope: mx.array | None = None,
 ) -> bool:
-    """Whether ``attention``'s (an :class:`engine.decode_attention.DecodeAttention`) ``form`` may run with its blocks
-    merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
+    """Whether ``attention``'s (an :class:`engine.kernels.decode_attention.DecodeAttention`) ``form`` may run with its
+    blocks merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
     include one past a block's keys (CUDA only)."""
     _, merges = _fast_part(
         key,
@@ -997,7 +1001,7 @@ def _merges_shares(
 
 
 def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:
-    """The attention kernel that makes its heads (:meth:`engine.decode_attention.DecodeAttention.heads_kernel`),
+    """The attention kernel that makes its heads (:meth:`engine.kernels.decode_attention.DecodeAttention.heads_kernel`),
     as :func:`_fast_part` makes kernels: by backend (the attention's is fixed already)."""
     return attention.heads_kernel(rope)
 
@@ -1008,13 +1012,13 @@ def _quantized_row_part(
     norm_dtype: mx.Dtype | None = None,
     next_dtype: mx.Dtype | None = None,
 ) -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or in
+    """The one-row product for an affine-quantized projection (:mod:`engine.kernels.quantized_product`), plain or in
     the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
     in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout
     the kernel does not read)."""
     import functools
 
-    from .quantized_product import (
+    from .kernels.quantized_product import (
         QuantizedRowProduct,
         QuantizedRowShape,
         RowRole,
@@ -1044,20 +1048,20 @@ def _quantized_row_part(
 
 
 # One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the
-# same object again and its compiled greedy loops are reused (engine.rnnt.GreedyPrograms keys them by it).
+# same object again and its compiled greedy loops are reused (engine.networks.rnnt.GreedyPrograms keys them by it).
 _ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool, bool]] = {}
 
 
 def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
-    """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
+    """One RN-T greedy attempt's parts (:mod:`engine.kernels.greedy_attempt`: each the kernel where admitted, else its
     operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
-    whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`, built
+    whether the parts run a frame's attempts as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`, built
     unless :func:`rnnt_loop_wanted` says no, admitted bit for bit against the attempt kernels, and only where all of
     them are kernels)."""
     import dataclasses
     import functools
 
-    from .greedy_attempt import (
+    from .kernels.greedy_attempt import (
         AttemptParts,
         GreedyLoop,
         GreedyLoopShape,
@@ -1141,10 +1145,10 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), the
     MoG head's mean tables (``proj_mus.weight``, ``low_mat``: the draw reads its component's rows of them,
     and the operations, gathering those rows first, widen only them), and where ``backend``'s residual-VQ
-    step forms the distance product (:func:`engine.residual_vq.reads_stored_codebook`) the codebooks. A
-    model loaded for fast numerics does not precast them (:func:`engine.precast.precast_float32`)."""
-    from .residual_vq import reads_stored_codebook
-    from .tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
+    step forms the distance product (:func:`engine.kernels.residual_vq.reads_stored_codebook`) the codebooks. A
+    model loaded for fast numerics does not precast them (:func:`engine.loading.precast.precast_float32`)."""
+    from .kernels.residual_vq import reads_stored_codebook
+    from .networks.tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     read = {id(projection) for projection in encoder_row_projections(model)}
@@ -1163,8 +1167,8 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
 
 def encoder_row_projections(model: object) -> list[Any]:
     """The encoder's projections that fast numerics' row products read (every layer's
-    :meth:`engine.encoder.ConformerLayer.projection_layers`)."""
-    from .encoder import ConformerLayer
+    :meth:`engine.networks.encoder.ConformerLayer.projection_layers`)."""
+    from .networks.encoder import ConformerLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     layers = [module for module in modules if isinstance(module, ConformerLayer)]
@@ -1174,8 +1178,8 @@ def encoder_row_projections(model: object) -> list[Any]:
 def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
     else the fallbacks); the flag says whether every one is a kernel."""
-    from .encoder import ConformerRowParts
-    from .row_product import RowProductShape
+    from .kernels.row_product import RowProductShape
+    from .networks.encoder import ConformerRowParts
 
     norm, conv = layer.norm_feed_forward1, layer.conv
     width, hidden = norm.weight.shape[0], layer.feed_forward1.linear1.weight.shape[0]
@@ -1203,7 +1207,7 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
     ``chained`` (fast numerics with the network's row parts) on CUDA (the only backend with a chain kernel: the
     runs are not even looked for elsewhere), else none; fast mode records the flag as
     ``changes[f"{network}_row_chains"]``."""
-    from .row_chain import ChainBook
+    from .kernels.row_chain import ChainBook
 
     for module in modules:
         module.row_chains = ChainBook()
@@ -1215,12 +1219,12 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
 
 def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: str) -> tuple[Any, bool]:
     """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
-    launch each on ``backend`` (:class:`engine.row_chain.RowChain`), each admitted bit for bit against its steps
+    launch each on ``backend`` (:class:`engine.kernels.row_chain.RowChain`), each admitted bit for bit against its steps
     one launch each. The flag says whether every run is a chain."""
     import functools
 
-    from .row_chain import ChainBook, RowChain, run_steps
-    from .row_product import RowProduct
+    from .kernels.row_chain import ChainBook, RowChain, run_steps
+    from .kernels.row_product import RowProduct
 
     chains: dict[tuple[Any, ...], Any] = {}
     every = bool(runs)
@@ -1249,8 +1253,8 @@ def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: s
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    from .row_product import RowProductShape
-    from .tts import LayerRowParts
+    from .kernels.row_product import RowProductShape
+    from .networks.tts import LayerRowParts
 
     attention, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
     width, eps, scale_dtype = norm.weight.shape[0], norm.eps, norm.weight.dtype
@@ -1272,8 +1276,8 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
 def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of the MoG head's MLP layers (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    from .row_product import RowProductShape
-    from .tts import MixtureRowParts
+    from .kernels.row_product import RowProductShape
+    from .networks.tts import MixtureRowParts
 
     mlp = layer.mlp
     width, eps = mlp.gate_proj.weight.shape[1], layer.pre_norm.eps
@@ -1284,21 +1288,21 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
         "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
-    # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
+    # The norms' 1 + w is formed in float32 (engine.networks.subword.FloatRMSNorm).
     parts, every = _row_product_parts("MoG", shapes, dtype, mx.float32, dict.fromkeys(shapes, eps))
     return MixtureRowParts(rows=rows, **parts), every
 
 
 def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool]:
-    """``parts`` with the MoG head's draw after its layers (:class:`engine.tts.MixtureRowParts`): the guided row
-    product of the three projections and :mod:`engine.mixture_sample`'s kernel, each the kernel where
+    """``parts`` with the MoG head's draw after its layers (:class:`engine.networks.tts.MixtureRowParts`): the guided
+    row product of the three projections and :mod:`engine.kernels.mixture_sample`'s kernel, each the kernel where
     admitted, else its operations; the flag says whether both are kernels. A config the kernel does not take
     (no guidance, or no nucleus) keeps the head's operations (False)."""
     import dataclasses
     import functools
 
-    from .mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
-    from .row_product import RowProductShape
+    from .kernels.mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
+    from .kernels.row_product import RowProductShape
 
     final_norm = head.mlp_stack[-1]
     width, eps = final_norm.weight.shape[0], final_norm.eps
@@ -1350,7 +1354,8 @@ CONDITION_TABLE_CHECKS = 13
 def use_condition_table(model: Any, characters: Any) -> bool:
     """Fast numerics' table of every token's text conditioning: a frame gathers its token's row where it
     encoded the token's spelling (about 85 primitives a frame on CUDA, and the character encoder's weights read
-    every frame). Made once per vocabulary size (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`)
+    every frame). Made once per vocabulary size
+    (:meth:`engine.networks.subword.CharAwareSubwordEncoder.encode_vocabulary`)
     and used only where its rows match the tokens encoded alone, as a frame encodes them, within
     :data:`CONDITION_TABLE_TOLERANCE` (else the log says why and frames encode the token as before). True when in
     use. The table holds the vocabulary × the TTS width in the character embedding's dtype (0.3 GB at full size

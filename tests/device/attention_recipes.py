@@ -27,8 +27,8 @@ import mlx.core as mx
 import numpy as np
 from seeded_buffers import drawn  # a sibling script, shared with attention_cupy.py (which has no MLX)
 
-import engine.decode_attention as decode_attention
-from engine.decode_attention import (
+import engine.kernels.decode_attention as decode_attention
+from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
     decode_attention_heads_ops,

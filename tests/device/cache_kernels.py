@@ -18,7 +18,7 @@ from typing import Any
 import mlx.core as mx
 from fast_kernels import outputs, queued_us, worst_l2  # a sibling script
 
-from engine.decode_attention import (
+from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
     decode_attention_heads_ops,

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from app.bench import age_conversation, bench_input
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 from engine.session import Session
 
 

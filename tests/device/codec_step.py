@@ -1,5 +1,5 @@
 """The codec's streaming step on this GPU: its norm's operations against the CPU's and against MLX's CUDA row-sum
-order, the blocks' convolution-and-norm kernel (:mod:`engine.conv_norm`) against its operations, and the step
+order, the blocks' convolution-and-norm kernel (:mod:`engine.kernels.conv_norm`) against its operations, and the step
 with fast numerics' parts against exact mode's.
 
 Run on the device (never in CI; the CPU runs the operations): ``python3 tests/device/codec_step.py [FRAMES]``.
@@ -8,14 +8,14 @@ Run on the device (never in CI; the CPU runs the operations): ``python3 tests/de
    which steps' bits differ, and which form of a bf16 ``rsqrt`` this GPU's MLX takes; then, at each decoder
    stage's full-size shape (9 × 1,536, 63 × 768, 441 × 384), the GPU's ``mx.sum`` of the norm's two rows
    (the values, their squared deviations) against MLX's CUDA order as the kernel takes it
-   (:func:`engine.conv_norm.mlx_row_sum_plan`, emulated here with bf16 adds) and against a float32 sum
+   (:func:`engine.kernels.conv_norm.mlx_row_sum_plan`, emulated here with bf16 adds) and against a float32 sum
    rounded once: how many rows differ.
 2. At the same shapes, each of the kernel's variants on the admission sample (bit for bit or not), then with the
    first that matches, random inputs: how many values differ from the operations' on this GPU, in how many
    positions, and its time per call.
 3. A full-size random 4-bit model's codec, teacher-forced: the same random codes through the compiled step
    in exact mode and with fast mode's parts (the kernel admitted, if any, and the dequantization's,
-   :mod:`engine.code_sum`): which variant was admitted, the waveform's SNR over FRAMES frames, each step's
+   :mod:`engine.kernels.code_sum`): which variant was admitted, the waveform's SNR over FRAMES frames, each step's
    primitives and kernels (``parley bench --counters``' census of one step) and time per frame, alternating
    in this process.
 """
@@ -30,10 +30,10 @@ import mlx.core as mx
 import numpy as np
 from fast_kernels import per_call_us  # a sibling script (run as tests/device/codec_step.py)
 
-from engine.conv_norm import VARIANTS, ConvNorm, RowSumPlan, conv_norm_ops, conv_norm_samples, mlx_row_sum_plan
 from engine.counters import GraphCensus, named_weights
+from engine.kernels.conv_norm import VARIANTS, ConvNorm, RowSumPlan, conv_norm_ops, conv_norm_samples, mlx_row_sum_plan
+from engine.loading.random_checkpoint import random_voicechat
 from engine.numerics import gpu_kernel_backend
-from engine.random_checkpoint import random_voicechat
 
 FRAMES = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 EPS = 1e-6

@@ -16,7 +16,7 @@ import mlx.core as mx
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
 from engine import numerics
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ issue's bound: text and function ids teacher-forced equal in at least 99 % of fr
 it ends the line with PARTS. ``bisect`` reruns one case with each group of fast mode's parts held back (their
 fallbacks run, as where a kernel is not admitted), so that the group whose absence restores agreement is the one
 that parts them. ``unlisted`` runs the cases as the build before issue 46's fix did: an attention kernel's write
-into its cache's buffers not listed among the cache's arrays (engine.cache), so that a system prompt's prefill,
+into its cache's buffers not listed among the cache's arrays (engine.networks.cache), so that a system prompt's prefill,
 which reads no last hidden state, loses the last attention block's writes where that block ends the stack.
 """
 
@@ -26,8 +26,8 @@ import mlx.core as mx
 import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
+from engine.loading.random_checkpoint import random_voicechat
 from engine.numerics import set_numerics
-from engine.random_checkpoint import random_voicechat
 
 PROMPT = "Be concise and answer in one sentence."
 FRAMES = 61
@@ -78,7 +78,7 @@ def _held_fast_part(key: tuple[Any, ...], name: str, fallback: Any, *args: Any, 
 
 def _held_row_chains(network: str, runs: Any, backend: str) -> Any:
     if "row_chains" in HELD:
-        from engine.row_chain import ChainBook
+        from engine.kernels.row_chain import ChainBook
 
         return ChainBook(), False
     return _row_chains(network, runs, backend)
@@ -101,7 +101,7 @@ def hold(names: tuple[str, ...]) -> None:
 
 def unlist_writes() -> None:
     """The caches as they were before issue 46's fix: a kernel's in-place write not among their arrays."""
-    from engine.cache import KVCache, SlidingKVCache
+    from engine.networks.cache import KVCache, SlidingKVCache
 
     for cache_type in (KVCache, SlidingKVCache):
         listed = cache_type.advance

@@ -5,7 +5,7 @@ Run on the lent GPU from the repository root, the full-size 4-bit random model l
   chained (each block's last kernel also writes the next block's norm) against unchained (MLX's RMS norm launched
   before every block);
 - ``python3 tests/device/fold_ab.py heads`` (``setup headsab``): the TTS backbone's query and key heads made by its
-  attention kernel (:meth:`engine.decode_attention.DecodeAttention.attend_heads`) against their own kernel.
+  attention kernel (:meth:`engine.kernels.decode_attention.DecodeAttention.attend_heads`) against their own kernel.
 
 Prints each round's median and mean frame and whether the two forms gave the same text ids, codes and waveform.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 
 
 def chained_toggle(voicechat: object) -> Callable[[bool], None]:
@@ -34,7 +34,7 @@ def chained_toggle(voicechat: object) -> Callable[[bool], None]:
 
 
 def heads_toggle(voicechat: object) -> Callable[[bool], None]:
-    from engine.tts import BackboneAttention
+    from engine.networks.tts import BackboneAttention
 
     attentions = [m for _, m in voicechat.model.named_modules() if isinstance(m, BackboneAttention)]  # type: ignore[attr-defined]
     admitted = [attention.heads_in_attention for attention in attentions]

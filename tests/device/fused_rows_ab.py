@@ -12,10 +12,10 @@ from __future__ import annotations
 import statistics
 
 from app.bench import bench_input, question_audio, run_ours
+from engine.loading.random_checkpoint import random_weights
+from engine.loading.tokenizer import TextTokenizer
 from engine.model import assemble_voicechat
-from engine.random_checkpoint import random_weights
 from engine.session import warm_up
-from engine.tokenizer import TextTokenizer
 
 
 def main() -> None:

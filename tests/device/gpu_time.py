@@ -29,8 +29,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from app.bench import age_conversation, bench_input, question_audio
+from engine.loading.random_checkpoint import random_voicechat
 from engine.profiler import FrameProfiler
-from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 

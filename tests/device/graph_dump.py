@@ -30,11 +30,11 @@ def dump(out_dir: Path, size: str, frame: int) -> None:
     from app.bench import bench_input
     from engine import counters
     from engine.counters import GraphCensus, _dot_name, named_weights
+    from engine.loading.random_checkpoint import random_weights
+    from engine.loading.tokenizer import TextTokenizer
     from engine.model import assemble_voicechat
-    from engine.random_checkpoint import random_weights
     from engine.session import Session
     from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
-    from engine.tokenizer import TextTokenizer
 
     _, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=4, seed=0)
     voicechat = assemble_voicechat(

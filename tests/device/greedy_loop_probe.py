@@ -3,9 +3,9 @@
 Run from the repository root: ``python3 tests/device/greedy_loop_probe.py [ncu]``. Full-size prediction network
 and joint (as ``rnnt_attempts.py`` builds them), the loop's admission inputs, ten attempts:
 
-- the loop kernel (:class:`engine.greedy_attempt.GreedyLoop`) at 1 and 10 attempts;
-- the attempt kernels one launch each (:func:`engine.greedy_attempt.greedy_loop_ops`), compiled as fast mode runs
-  them, at 1 and 10 attempts;
+- the loop kernel (:class:`engine.kernels.greedy_attempt.GreedyLoop`) at 1 and 10 attempts;
+- the attempt kernels one launch each (:func:`engine.kernels.greedy_attempt.greedy_loop_ops`), compiled as fast mode
+  runs them, at 1 and 10 attempts;
 - a kernel of the loop's grid that only meets at the loop's barrier as often as ten attempts do (the barrier's
   share), with its counters on a ticket line and in an array of 8 bytes (which MLX keeps on the host: how the
   loop kept them when it measured 20.3 ms a frame);
@@ -29,9 +29,9 @@ import mlx.core as mx
 from fast_kernels import per_call_us  # sibling scripts
 from rnnt_attempts import modules
 
-from engine import greedy_attempt
-from engine.greedy_attempt import WARPS, GreedyLoop, greedy_loop_ops, greedy_loop_samples
-from engine.kernel_source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA
+from engine.kernels import greedy_attempt
+from engine.kernels.greedy_attempt import WARPS, GreedyLoop, greedy_loop_ops, greedy_loop_samples
+from engine.kernels.source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA
 from engine.numerics import _attempt_parts, custom_kernel, gpu_kernel_backend, kernel_tickets
 
 ATTEMPTS = 10

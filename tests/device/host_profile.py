@@ -17,11 +17,11 @@ import time
 import mlx.core as mx
 
 from app.bench import bench_input, question_audio
+from engine.loading.random_checkpoint import random_weights
+from engine.loading.tokenizer import TextTokenizer
 from engine.model import assemble_voicechat
-from engine.random_checkpoint import random_weights
 from engine.session import Session, warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
-from engine.tokenizer import TextTokenizer
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ Run on the device (never in CI): ``python3 tests/device/kernel_layouts.py``.
   buffers, as the backbone's 28 layers run (a ten-minute conversation reads 7,500): the kernels' GPU time
   from CUPTI's records (PyTorch's profiler), the attention's and the merge's apart, and the host's queued
   time. ``python3 tests/device/kernel_layouts.py attention [BEFORE.py]``: this only; with another build's
-  ``engine/decode_attention.py`` (``git show REV:engine/decode_attention.py > tests/device/…``), its
+  ``engine/kernels/decode_attention.py`` (``git show REV:engine/kernels/decode_attention.py > tests/device/…``), its
   default layout first, for the same measurement.
 - The LLM's 4-bit quantized one-row products with 4, 8 or 16 columns a warp and at most 4, 8 or 16
   warps a block, over distinct weights (more than the GPU's 50 MB L2 cache holds). ``… quantized``: this only.
@@ -30,10 +30,15 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
+from engine.kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
+from engine.kernels.quantized_product import (
+    QuantizedRowProduct,
+    QuantizedRowShape,
+    quantized_row_ops,
+    quantized_row_samples,
+)
+from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops
 from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
-from engine.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_ops, quantized_row_samples
-from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops
 
 LAYERS = 28
 # (lanes a key, keys a warp reads at once, keys a block takes) for the attention.
@@ -236,7 +241,7 @@ def residual_vq_probes() -> list[tuple[str, Callable[..., Any]]]:
     """Where the product-inside kernel's time goes: its tickets as a zero-filled output instead of an input
     it resets, its blocks' products alone (no tickets, no last block), 16-byte loads of the codebook, and its
     tickets in 4 bytes (which MLX's CUDA allocator serves from unified memory on the host)."""
-    from engine.residual_vq import _NEAREST_PRODUCT_CUDA as source
+    from engine.kernels.residual_vq import _NEAREST_PRODUCT_CUDA as source
 
     inputs = ["residual", "book", "norms", "chosen_sum", "tickets"]
     outputs = ["code", "residual_out", "chosen_sum_out", "share_best", "share_index"]

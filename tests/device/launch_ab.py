@@ -17,8 +17,8 @@ import sys
 from traced_ab import alternating_rounds  # a sibling script
 
 from app.bench import question_audio
+from engine.loading.random_checkpoint import random_voicechat
 from engine.profiler import FrameProfiler
-from engine.random_checkpoint import random_voicechat
 from engine.session import warm_up
 
 EARLY = FrameProfiler.launch

@@ -25,11 +25,11 @@ from long_ab import AGED_BY  # sibling scripts
 from traced_ab import warmed_alternating_rounds
 
 import engine.numerics as numerics
-from engine.decode_attention import DecodeAttention
-from engine.llm import CausalSelfAttention
+from engine.kernels.decode_attention import DecodeAttention
+from engine.loading.random_checkpoint import random_voicechat
+from engine.networks.llm import CausalSelfAttention
+from engine.networks.tts import GUIDED_ROWS
 from engine.numerics import set_numerics
-from engine.random_checkpoint import random_voicechat
-from engine.tts import GUIDED_ROWS
 
 LEVERS = {"bf16 merged": (mx.bfloat16, True), "bf16": (mx.bfloat16, False), "float32": (mx.float32, False)}
 

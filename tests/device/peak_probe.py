@@ -14,7 +14,7 @@ import sys
 import mlx.core as mx
 
 from app.bench import FRAME, INPUT_SAMPLE_RATE, bench_input, question_audio
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 
 GB = 1e9

@@ -2,7 +2,7 @@
 
 Run on the device (never in CI), with the other build's module beside this one::
 
-    git show REV:engine/quantized_product.py > tests/device/quantized_product_before.py   # here, untracked
+    git show REV:engine/kernels/quantized_product.py > tests/device/quantized_product_before.py   # here, untracked
     python3 tests/device/quantized_ab.py tests/device/quantized_product_before.py          # there
 
 For the LLM's projections at 4 bits and two at 8, in every role they run in (plain, residual, squared
@@ -19,14 +19,14 @@ import sys
 import mlx.core as mx
 from kernel_layouts import load_before, queued_us  # a sibling script (run as tests/device/quantized_ab.py)
 
-from engine.numerics import gpu_kernel_backend, relative_l2
-from engine.quantized_product import (
+from engine.kernels.quantized_product import (
     QuantizedRowProduct,
     QuantizedRowShape,
     RowRole,
     quantized_row_ops,
     quantized_row_samples,
 )
+from engine.numerics import gpu_kernel_backend, relative_l2
 
 # (width, outputs, bits, role): the Mamba mixer's in and out, the MLP's up and down, as the LLM runs them.
 CASES = (

@@ -24,8 +24,7 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from engine.config import JointConfig, PredictorConfig
-from engine.greedy_attempt import (
+from engine.kernels.greedy_attempt import (
     JointRowShape,
     LSTMStep,
     LSTMStepShape,
@@ -34,8 +33,9 @@ from engine.greedy_attempt import (
     lstm_step_ops,
     lstm_step_samples,
 )
+from engine.loading.config import JointConfig, PredictorConfig
+from engine.networks.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_propose
 from engine.numerics import _attempt_parts, gpu_kernel_backend, relative_l2
-from engine.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_propose
 
 ATTEMPTS = 10
 BLANK = 1024
@@ -58,7 +58,7 @@ def modules() -> tuple[RNNTPredictor, RNNTJoint]:
 
 def kernel_drift() -> None:
     """Each kernel on ordinary (not grid) inputs against its operations computed on the CPU."""
-    from engine.greedy_attempt import JointRow
+    from engine.kernels.greedy_attempt import JointRow
 
     backend = gpu_kernel_backend()
     if backend is None:

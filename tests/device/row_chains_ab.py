@@ -2,9 +2,10 @@
 
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup rowchainsab``): the full-size 4-bit
 random model, loaded for fast numerics. "joined" is fast mode where the load admitted them: the encoder's and the
-TTS backbone's runs of row products as one launch each (:class:`engine.row_chain.RowChain`: from a layer's output
+TTS backbone's runs of row products as one launch each (:class:`engine.kernels.row_chain.RowChain`: from a layer's
+output
 projection to the next layer's q/k/v projections, its blocks meeting at a barrier between products) and the RN-T
-loop's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`); "apart" is the same products and
+loop's attempts as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`); "apart" is the same products and
 attempts one launch each; "chains" and "loop" join only the one or the other, so that each lever's share of the
 difference shows. Prints what the load admitted, each round's median and mean frame, and whether "joined" and
 "apart" produced the same text ids, codes and waveforms (they should be equal: the same arithmetic in the same
@@ -18,8 +19,8 @@ import functools
 
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from engine.random_checkpoint import random_voicechat
-from engine.row_chain import ChainBook
+from engine.kernels.row_chain import ChainBook
+from engine.loading.random_checkpoint import random_voicechat
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
         print(f"{type(network).__name__} chains admitted, by steps:", sorted(len(key) for key in chains), flush=True)
     loops = [predictor.attempt_parts for predictor in predictors]
     print("RN-T loop in one launch:", [parts is not None and parts.loop is not None for parts in loops])
-    # Made once, so that each way keeps its compiled loops (engine.rnnt.GreedyPrograms keys them by the parts).
+    # Made once, so that each way keeps its compiled loops (engine.networks.rnnt.GreedyPrograms keys them by the parts).
     apart = [parts and dataclasses.replace(parts, loop=None) for parts in loops]
     joined_books = [ChainBook(chains=chains) for chains in books]
     apart_books = [ChainBook() for _ in books]

@@ -2,8 +2,8 @@
 
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup rvqroundsab``): the full-size 4-bit
 random model, loaded for fast numerics. "rounds" is fast mode where the round kernels were admitted
-(:class:`engine.residual_vq.NearestRoundProduct`: a round's steps in one launch, its blocks meeting at a barrier
-between quantizers); "steps" is :class:`engine.residual_vq.NearestCodeProduct` once a quantizer. Prints what the
+(:class:`engine.kernels.residual_vq.NearestRoundProduct`: a round's steps in one launch, its blocks meeting at a barrier
+between quantizers); "steps" is :class:`engine.kernels.residual_vq.NearestCodeProduct` once a quantizer. Prints what the
 load admitted, each round's median and mean frame, and whether the two produced the same text ids, codes and
 waveforms (they should be equal: the same arithmetic in the same order).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 
 
 def main() -> None:

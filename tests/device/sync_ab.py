@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 from engine.session import Session
 
 ON_DEVICE = Session._tts_spells_on_device

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from app.bench import RunRecord, bench_input, question_audio, run_ours
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 from engine.session import warm_up
 
 RunOutputs = tuple[list[int], list[list[int]], np.ndarray]

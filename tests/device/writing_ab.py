@@ -2,7 +2,7 @@
 
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup writingab``): the full-size 4-bit
 random model, loaded for fast numerics. "kernel writes" is fast mode where the writing kernel was admitted
-(:meth:`engine.decode_attention.DecodeAttention.attend_writing`: no scatter, the attention launch stores the key
+(:meth:`engine.kernels.decode_attention.DecodeAttention.attend_writing`: no scatter, the attention launch stores the key
 and value); "scatters" is the traced step's two ``put_along_axis`` a layer before the attention. Prints what the
 load admitted, each round's median and mean frame, and whether the two produced the same text ids, codes and
 waveforms (they should be equal: the same numbers land in the same buffers).
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from traced_ab import warmed_alternating_rounds  # a sibling script
 
-from engine.decode_attention import DecodeAttention
-from engine.random_checkpoint import random_voicechat
-from engine.tts import BackboneAttention
+from engine.kernels.decode_attention import DecodeAttention
+from engine.loading.random_checkpoint import random_voicechat
+from engine.networks.tts import BackboneAttention
 
 
 def main() -> None:

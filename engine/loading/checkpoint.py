@@ -3,7 +3,7 @@
 A folder holds ``config.json`` (runtime schema), the weights as
 ``model.safetensors.index.json`` plus shards or a single ``model.safetensors``, and
 the tokenizer files. Shard headers are checked against the layout of
-:mod:`engine.layout` before MLX reads a byte, so a truncated download, a missing
+:mod:`engine.loading.layout` before MLX reads a byte, so a truncated download, a missing
 shard or a checkpoint of another model fails with a message that names the file
 and the tensor. Tensor data is memory-mapped lazily by ``mx.load``; nothing is read
 twice or held twice.
@@ -22,14 +22,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import CheckpointNotFoundError, ConfigError, ShardError, TensorMismatchError, TokenizerError
 from .config import MODEL_TYPE, VoiceChatConfig
-from .errors import (
-    CheckpointNotFoundError,
-    ConfigError,
-    ShardError,
-    TensorMismatchError,
-    TokenizerError,
-)
 from .layout import TensorSpec, checkpoint_tensors
 
 CONFIG_FILE = "config.json"

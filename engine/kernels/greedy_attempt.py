@@ -1,6 +1,6 @@
 """One RN-T greedy attempt in four launches (fast numerics).
 
-Each attempt of the streaming greedy loop (:func:`engine.rnnt._greedy_rows`) embeds the last
+Each attempt of the streaming greedy loop (:func:`engine.networks.rnnt._greedy_rows`) embeds the last
 token, steps the prediction network's LSTM layers, adds the joint's prediction projection to the
 frame's encoder projection, applies the activation, scores every class and takes the argmax,
 then selects the state to carry: about 28 primitives an attempt, and random weights reach the
@@ -23,7 +23,7 @@ same order; :func:`greedy_loop_ops`, the parts one attempt at a time, is its fal
 
 An attempt after one that emitted starts from that attempt's state; one after a blank is
 masked out by the loop's end, whatever it computed, so no attempt selects a state: the loop's
-end picks the state of the last emission once (:func:`engine.rnnt._greedy_rows_by_attempt`).
+end picks the state of the last emission once (:func:`engine.networks.rnnt._greedy_rows_by_attempt`).
 
 Arithmetic: float32 like the reference, each sum in another order. The reference multiplies the
 bf16 embedding row by the bf16 input weights in bf16 (the sum rounded to bf16 once, with the
@@ -43,8 +43,8 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .kernel_source import CUDA, GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, METAL, Dialect, block_turns
-from .numerics import custom_kernel, kernel_tickets
+from ..numerics import custom_kernel, kernel_tickets
+from .source import CUDA, GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, METAL, Dialect, block_turns
 
 # Warps (simdgroups) per block; one LSTM unit or one output column each.
 WARPS = 8
@@ -112,7 +112,7 @@ def lstm_step_ops(*inputs: mx.array, shape: LSTMStepShape) -> tuple[mx.array, mx
     named = dict(zip(shape.inputs, inputs, strict=True))
     wx, bias = named["wx"], named["bias"]
     if shape.input == "embedding":
-        # The table as given, or viewed as one (1, width) row per token (engine.rnnt's embedding_table).
+        # The table as given, or viewed as one (1, width) row per token (engine.networks.rnnt's embedding_table).
         x = named["table"].reshape(-1, shape.width)[chosen_token(named["values"], named["indices"])]
         state: tuple[mx.array | None, mx.array | None] = (named["hidden"], named["cell"])
     elif shape.input == "row":
@@ -665,7 +665,7 @@ def greedy_loop_samples(shape: GreedyLoopShape, *dtypes: mx.Dtype) -> list[tuple
 @dataclass(frozen=True)
 class AttemptParts:
     """One attempt's parts (each the kernel where admitted, else its operations fallback), made by
-    :func:`engine.numerics.apply_numerics`; :func:`engine.rnnt._greedy_rows_by_attempt` runs them."""
+    :func:`engine.numerics.apply_numerics`; :func:`engine.networks.rnnt._greedy_rows_by_attempt` runs them."""
 
     start: Callable[..., tuple[mx.array, mx.array]]  # the first layer from the start symbol ("zero")
     resume: Callable[..., tuple[mx.array, mx.array]]  # the first layer from the frame's incoming token (one pair)

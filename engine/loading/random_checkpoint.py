@@ -667,7 +667,7 @@ def random_voicechat(
     size: Size = "tiny", *, quantize: int | None = None, seed: int = 0, numerics: str = "exact"
 ) -> Any:
     """A :class:`engine.model.VoiceChat` with seeded random weights made in memory (nothing written)."""
-    from .model import assemble_voicechat
+    from ..model import assemble_voicechat
     from .tokenizer import TextTokenizer
 
     _, config, weights, quantized, tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)

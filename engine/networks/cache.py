@@ -13,7 +13,7 @@ read in):
 Both have the same contract: ``update(keys, values)`` stores ``(B, heads, L, D)``
 arrays and returns the keys and values attention must read, ``store(keys, values)``
 (one position) returns the whole buffers and how many leading positions are filled,
-for a kernel that reads them unsliced (:mod:`engine.decode_attention`), and ``arrays()``
+for a kernel that reads them unsliced (:mod:`engine.kernels.decode_attention`), and ``arrays()``
 lists what a frame's evaluation must materialise. ``store`` is ``reserve`` (room for the
 next position: the slot it goes to and the filled count after it), the write, and
 ``advance``; a compiled program that writes the slot itself calls the two around it.
@@ -194,7 +194,7 @@ class SlidingKVCache:
     write_index: int = 0  # next slot of the ring buffer
     # Whether keys and values are buffers of their own. A first block append keeps the block's arrays and a cut
     # to the window keeps a slice, either perhaps a strided view; reserve() copies those once, since fast mode's
-    # attention kernel may write the reserved slot into the very buffers it is given (engine.decode_attention).
+    # attention kernel may write the reserved slot into the very buffers it is given (engine.kernels.decode_attention).
     own_buffers: bool = True
     dtype: mx.Dtype | None = None  # the stored dtype, where not the keys' own (see the module docstring)
     written_by: mx.array | None = None  # the output of the kernel that wrote the last position in place

@@ -25,10 +25,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .config import CharEncoderConfig
-from .errors import TokenizerError
+from ..errors import TokenizerError
+from ..loading.config import CharEncoderConfig
+from ..loading.layout import SUBWORD_TABLE_SIZE
 from .fused import Stacked, stack_projections
-from .layout import SUBWORD_TABLE_SIZE
 from .linear import Linear
 
 # Score given to padded character keys; finite, so a row with no character still softmaxes.

@@ -48,8 +48,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from .cache import stored
-from .numerics import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
+from ..networks.cache import stored
+from ..numerics import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.
 WARPS = 8
@@ -1264,7 +1264,7 @@ class RelativeDecodeAttention:
     rows; the biases float32 or bf16). Each head's block scores every key with ``(q+u)·k + (q+v)·p`` (the
     content and position terms summed together, then scaled), softmaxes online and mixes the values.
 
-    Inputs as :func:`engine.encoder.attend_relative`, its fallback: one query row (1, H·hd), key and value
+    Inputs as :func:`engine.networks.encoder.attend_relative`, its fallback: one query row (1, H·hd), key and value
     rows (T, H·hd), the projected relative-position rows (2T−1, H·hd) of which row j belongs to key j for
     the newest query (the relative shift leaves a single query's scores in place), the biases (H, hd)."""
 
@@ -1324,7 +1324,7 @@ class RelativeDecodeAttention:
         scale: float,
         drop: int,
     ) -> tuple[mx.array, mx.array, mx.array]:
-        """:func:`engine.encoder.attend_relative_window`'s result: the attention over the cached rows from
+        """:func:`engine.networks.encoder.attend_relative_window`'s result: the attention over the cached rows from
         ``drop`` on and the newest row, and that window of keys and values (written as they are read)."""
         threads = 32 * self.warps
         count = key_history.shape[0] - drop + 1

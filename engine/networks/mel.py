@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .config import PreprocessorConfig
+from ..loading.config import PreprocessorConfig
 
 _HANN_NAMES = frozenset({"hann", "hanning"})
 

@@ -4,7 +4,7 @@ A streaming step runs row products back to back with nothing else between them: 
 projection, convolution module and second feed-forward, then the next layer's first feed-forward and its
 query, key and value projections — eight kernels, until the attention reads them. Each is a launch, and on a
 GPU a launch costs the host more than a one-row product costs the GPU. :class:`RowChain` runs such a run in
-one launch: each step's own source (:meth:`engine.row_product.RowProduct.chained_source`) for one of the step's
+one launch: each step's own source (:meth:`engine.kernels.row_product.RowProduct.chained_source`) for one of the step's
 blocks is a task, which the launch's blocks take in order from a counter, and a task waits until the step
 before it is done, since a step reads what the steps before it wrote — no block need be resident beside
 another for that to finish (:func:`_chain_source`). The same arithmetic in the same order as the steps one
@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from .numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
+from ..numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
 from .row_product import RowProduct, RowProductShape
 
 RowPart = Callable[..., tuple[mx.array, ...]]

@@ -1,7 +1,7 @@
 """The codec's dequantization as one kernel (fast numerics): each frame's codebook rows summed in quantizer order.
 
 The decoder's input is the sum of one row per quantizer, added one quantizer at a time in the codebooks'
-dtype, as the reference adds them (:meth:`engine.codec.ResidualQuantizer.decode`). As operations that is a
+dtype, as the reference adds them (:meth:`engine.networks.codec.ResidualQuantizer.decode`). As operations that is a
 gather, a slice per quantizer and the adds: about 34 primitives for 31 quantizers. :class:`CodeSum` reads
 each row from the stacked table itself and adds them in the same order, rounding to the table's dtype after
 each add as the operations do (two values of that dtype added in float32 and rounded once give the correctly
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .kernel_source import CUDA, METAL, Dialect
-from .numerics import custom_kernel
+from ..numerics import custom_kernel
+from .source import CUDA, METAL, Dialect
 
 THREADS = 256
 

@@ -45,12 +45,12 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .code_sum import code_sum_ops
-from .config import CodecConfig
-from .conv_norm import channel_layer_norm
-from .counters import COPY_MARK
-from .jit import jit
-from .profiler import Probe
+from ..counters import COPY_MARK
+from ..jit import jit
+from ..kernels.code_sum import code_sum_ops
+from ..kernels.conv_norm import channel_layer_norm
+from ..loading.config import CodecConfig
+from ..profiler import Probe
 
 CODEC_PREFIX = "tts_model.audio_codec."
 """Where the codec's weights live in the runtime checkpoint."""
@@ -104,7 +104,7 @@ class ChannelLayerNorm(nn.Module):
     """LayerNorm over the channel axis with the biased variance, written out op by op.
 
     ``mx.fast.layer_norm`` rounds differently, so the reference's explicit form is kept
-    (:func:`engine.conv_norm.channel_layer_norm`): ``mx.mean`` and ``mx.var`` (which MLX computes
+    (:func:`engine.kernels.conv_norm.channel_layer_norm`): ``mx.mean`` and ``mx.var`` (which MLX computes
     as a sum times ``1/n``, the variance as the mean of the squared deviations from that mean),
     then the affine map, each product that is then added to stored first, as the reference's
     separate kernels store it (see :func:`engine.jit.materialize`).
@@ -124,7 +124,7 @@ class ConvNeXtBlock(nn.Module):
     """Residual block: causal depthwise conv -> LayerNorm -> 4x pointwise MLP (exact GELU)."""
 
     # Fast numerics (an instance attribute once set, outside the parameters): the streaming convolution and
-    # norm as one kernel (engine.conv_norm) or its operations.
+    # norm as one kernel (engine.kernels.conv_norm) or its operations.
     fast_conv_norm: Callable[..., tuple[mx.array, mx.array]] | None = None
 
     def __init__(self, channels: int, kernel_size: int) -> None:
@@ -281,7 +281,7 @@ class ResidualQuantizer(nn.Module):
     """Probabilistic residual VQ: ``mus_list[q]`` is codebook ``q`` (``codebook_size x latent_dim``)."""
 
     # Fast numerics (an instance attribute once set, outside the parameters): the sum as one kernel
-    # (engine.code_sum), bit for bit the operations'.
+    # (engine.kernels.code_sum), bit for bit the operations'.
     fast_sum: Callable[[mx.array, mx.array, mx.array], mx.array] | None = None
 
     def __init__(self, config: CodecConfig) -> None:

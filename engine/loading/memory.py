@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ..errors import CheckpointMemoryError
 from .config import VoiceChatConfig
-from .errors import CheckpointMemoryError
 
 if TYPE_CHECKING:
     from .checkpoint import CheckpointFiles

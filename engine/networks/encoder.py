@@ -33,14 +33,14 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import EncoderConfig, PerceptionConfig
+from ..jit import compile_enabled, jit, materialize
+from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
+from ..kernels.row_product import RowProductShape
+from ..loading.config import EncoderConfig, PerceptionConfig
+from ..profiler import Probe
 from .fused import Stacked, stack_projections
-from .jit import compile_enabled, jit, materialize
 from .linear import KeepsCopy, Linear
 from .mel import MelCache, make_mel_cache, mel_step
-from .profiler import Probe
-from .row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
-from .row_product import RowProductShape
 
 # Additive mask value for attention the chunked_limited context forbids.
 _BLOCKED = -1e30
@@ -184,7 +184,7 @@ class RelativePositionAttention(nn.Module):
         self.pos_bias_u = mx.zeros((heads, self.head_dim))
         self.pos_bias_v = mx.zeros((heads, self.head_dim))
         self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
-        # Fast numerics: one query row's attention as one kernel (engine.decode_attention), or its fallback;
+        # Fast numerics: one query row's attention as one kernel (engine.kernels.decode_attention), or its fallback;
         # the same over a cached window and the newest row, writing the next window (attend_relative_window).
         self.fast_attention: Callable[..., mx.array] | None = None
         self.fast_window: Callable[..., tuple[mx.array, mx.array, mx.array]] | None = None
@@ -292,7 +292,7 @@ def attend_relative(
 
 class PointwiseConv(KeepsCopy, nn.Conv1d):
     """A kernel-size-1 ``nn.Conv1d`` (same parameters and arithmetic) whose weight fast numerics may read
-    in bf16 (:class:`engine.linear.KeepsCopy`)."""
+    in bf16 (:class:`engine.networks.linear.KeepsCopy`)."""
 
     def weight_views(self) -> dict[str, mx.array]:
         return self.copy_views()
@@ -333,8 +333,8 @@ RowPart = Callable[..., tuple[mx.array, ...]]
 
 @dataclass(frozen=True)
 class ConformerRowParts:
-    """A Conformer layer's sublayers for a stream's newest frame, as :class:`engine.row_product.RowProduct`
-    kernels or :func:`engine.row_product.row_product_ops` (same call signature); fast numerics only."""
+    """A Conformer layer's sublayers for a stream's newest frame, as :class:`engine.kernels.row_product.RowProduct`
+    kernels or :func:`engine.kernels.row_product.row_product_ops` (same call signature); fast numerics only."""
 
     feed_forward_up: RowPart  # layer norm, linear1, SiLU
     feed_forward_down: RowPart  # linear2, then x + ½·y
@@ -344,7 +344,7 @@ class ConformerRowParts:
     convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
     # The previous layer's output norm, then feed_forward_up's (None: each layer applies its own output norm).
     feed_forward_up_twice: RowPart | None = None
-    # Each part's name and shape (what a chain of them is built from, engine.row_chain).
+    # Each part's name and shape (what a chain of them is built from, engine.kernels.row_chain).
     shapes: tuple[tuple[str, RowProductShape], ...] = ()
 
 
@@ -399,7 +399,7 @@ class ConformerLayer(nn.Module):
 
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> ConformerRowWeights:
         """The weights :meth:`stream_rows` reads, as ``weight_dtype`` copies when given (made once and kept,
-        see :class:`engine.linear.KeepsCopy`)."""
+        see :class:`engine.networks.linear.KeepsCopy`)."""
         up1, down1, q, k, v, output, pointwise1, pointwise2, up2, down2 = (
             module.weight_in(weight_dtype) for module in self.projection_layers()
         )
@@ -498,7 +498,7 @@ class ConformerLayer(nn.Module):
         ``[conv_cache ‖ gate(x)]`` (rows). Six row products, the attention kernel and the output norm, where
         :meth:`_stream_ops` runs about thirty operations; keys and values are projected once per frame
         (cached projected) instead of for the whole window every frame. The row products are gathered in
-        ``sequence`` (:class:`engine.row_chain.RowSequence`), which runs them when the attention reads its
+        ``sequence`` (:class:`engine.kernels.row_chain.RowSequence`), which runs them when the attention reads its
         inputs: on a GPU those from this layer's output projection to the next layer's query, key and value
         projections as one launch where that chain was admitted.
 
@@ -631,7 +631,7 @@ class FastConformer(nn.Module):
         self.config = config
         self.pre_encode = CausalStridingSubsampling(config)
         self.layers = [ConformerLayer(config) for _ in range(config.n_layers)]
-        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.row_chain).
+        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.kernels.row_chain).
         self.row_chains = ChainBook()
 
     def __call__(self, mel: mx.array, lengths: mx.array | None = None) -> tuple[mx.array, mx.array]:
@@ -818,8 +818,8 @@ class FastConformer(nn.Module):
         return (x.reshape(shape), *next_keys, *next_values, *convolution_states)
 
     def row_runs(self) -> dict[tuple[Any, ...], list[RowCall]]:
-        """The runs of row products a stream step gathers (:class:`engine.row_chain.RowSequence`), one of each
-        structure (:func:`engine.row_chain.run_key`) with more than one step, as their calls on the layers' own
+        """The runs of row products a stream step gathers (:class:`engine.kernels.row_chain.RowSequence`), one of each
+        structure (:func:`engine.kernels.row_chain.run_key`) with more than one step, as their calls on the layers' own
         weights and a random first frame: what the chains are built and admitted for. Runs one step op by op."""
         config, layers = self.config, len(self.layers)
         keys = mx.random.split(mx.random.key(89), 2)

@@ -23,13 +23,13 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..jit import jit
+from ..kernels.decode_attention import DecodeAttention
+from ..kernels.quantized_product import RowRole, grouped_rms_norm
+from ..loading.config import LLMConfig
+from ..numerics import kernel_constants
 from .cache import AttentionMask, KVCache, PositionLayout
-from .config import LLMConfig
-from .decode_attention import DecodeAttention
-from .jit import jit
 from .linear import Linear, QuantizedLinear
-from .numerics import kernel_constants
-from .quantized_product import RowRole, grouped_rms_norm
 from .ssm import block_rows, silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
@@ -127,11 +127,12 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
         # Fast numerics: one position's step from its input projection (convolution included) as one kernel, or
         # its operations fallback; returns the gated readout, both new states and the readout's partial sums
-        # of squares (engine.ssm.fused_step_ops).
+        # of squares (engine.networks.ssm.fused_step_ops).
         self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None = None
 
     def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None) -> None:
-        """Run single-position steps through ``step`` (:class:`engine.ssm.FusedStep` or its fallback), or not."""
+        """Run single-position steps through ``step`` (:class:`engine.networks.ssm.FusedStep` or its fallback), or
+        not."""
         self.fast_step = step
         self._step_limits = kernel_constants(self.dt_min, self.dt_max)
         self._norm_params = kernel_constants(self.norm.eps)  # what a kernel finishing the norm reads
@@ -304,7 +305,7 @@ class CausalSelfAttention(nn.Module):
                     self.scale,
                     position_axis=True,
                 )
-                # The kernel writes the position into these very buffers as it runs (engine.cache).
+                # The kernel writes the position into these very buffers as it runs (engine.networks.cache).
                 cache.advance(cache.keys, cache.values, written_by=mixed)
                 return mixed
         heads = self._heads(q_rows, self.num_heads), self._heads(k_rows, self.num_kv_heads)
@@ -374,7 +375,7 @@ class HybridBlock(nn.Module):
 
     def fused_projections(self) -> list[tuple[nn.Module, RowRole]]:
         """The projections that fold the block's arithmetic around them into their kernels, each with its
-        role (:mod:`engine.quantized_product`): the last adds the residual (Mamba's also finishes the gated
+        role (:mod:`engine.kernels.quantized_product`): the last adds the residual (Mamba's also finishes the gated
         norm), the MLP's up projection squares its ReLU."""
         mixer = self.mixer
         if isinstance(mixer, Mamba2Mixer):

@@ -33,7 +33,7 @@ class Stacked:
     weight: mx.array  # (sum of output sizes, input size)
     splits: tuple[int, ...]  # cumulative output sizes, without the last
     members: tuple[str, ...]  # the stacked projections' attribute names, in order
-    transposed: mx.array  # weight.T, a view made once (see engine.linear)
+    transposed: mx.array  # weight.T, a view made once (see engine.networks.linear)
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         return mx.split(x @ self.transposed, list(self.splits), axis=-1)

@@ -5,7 +5,7 @@ this order: one uniform tensor over the mixture components for a Gumbel-max choi
 (after a top-p mask), then one standard-normal latent for the Gaussian sample.
 Both come from MLX's global generator (no explicit key), so a session that seeds
 it with ``mx.random.seed`` reproduces the reference draw for draw. Fast numerics may make a
-step's draws at once from an explicit key (:mod:`engine.step_draws`): the same draws, carried
+step's draws at once from an explicit key (:mod:`engine.kernels.step_draws`): the same draws, carried
 in the TTS cache from the generator's key at the cache's first step (``TTSCache.draw_key``).
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .jit import materialize
+from ..jit import materialize
 
-# Guards both logarithms of the Gumbel transform against log(0) (engine.mixture_sample's kernel uses it too).
+# Guards both logarithms of the Gumbel transform against log(0) (engine.kernels.mixture_sample's kernel uses it too).
 GUMBEL_EPS = 1e-8
 
 

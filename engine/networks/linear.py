@@ -11,7 +11,7 @@ The view is remembered together with the weight it was made from: when a weight 
 (a precast, a reload), the stale view is ignored and the projection transposes per call
 until :func:`prepare_transposed_weights` runs again. Correctness never depends on it.
 
-Fast numerics' row-product kernels (:mod:`engine.row_product`) read some weights in bf16: a module
+Fast numerics' row-product kernels (:mod:`engine.kernels.row_product`) read some weights in bf16: a module
 whose weight was precast to float32 then keeps a bf16 copy (:meth:`KeepsCopy.weight_in`, made once
 and kept like the view; the census names it ``<parameter>%``).
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .counters import COPY_MARK, TRANSPOSE_MARK
+from ..counters import COPY_MARK, TRANSPOSE_MARK
 
 TRANSPOSED = f"weight{TRANSPOSE_MARK}"  # the view's name in engine.counters: the whole weight, read transposed
 COPIED = f"weight{COPY_MARK}"  # the copy's name there: the whole weight, in the copy's dtype
@@ -112,7 +112,7 @@ class Linear(KeepsCopy, nn.Linear):
 
 class QuantizedLinear(nn.QuantizedLinear):
     """``nn.QuantizedLinear`` (same parameters, same arithmetic); fast numerics may give it a kernel for a
-    single float32 row (:mod:`engine.quantized_product`), called with the row in its own shape (no views:
+    single float32 row (:mod:`engine.kernels.quantized_product`), called with the row in its own shape (no views:
     each costs host time) and the packed weight, scales and biases.
 
     Inside one of the LLM's blocks fast numerics also gives it ``fused_row``: the same product with the

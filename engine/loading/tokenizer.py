@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders
 
-from .errors import TokenizerError
+from ..errors import TokenizerError
 
 
 class TextTokenizer:

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from .jit import materialize
-from .numerics import custom_kernel, kernel_constants
+from ..jit import materialize
+from ..numerics import custom_kernel, kernel_constants
 
 if TYPE_CHECKING:
     from .llm import Mamba2Mixer

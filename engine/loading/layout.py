@@ -402,7 +402,7 @@ def _codec(config: VoiceChatConfig) -> Iterator[TensorSpec]:
 SUBWORD_TABLE_SIZE = 131_072
 RandomSize = Literal["tiny", "structure", "full"]
 RANDOM_SIZES: tuple[RandomSize, ...] = ("tiny", "structure", "full")
-"""Sizes of the random-weight checkpoints in this layout (see engine.random_checkpoint)."""
+"""Sizes of the random-weight checkpoints in this layout (see engine.loading.random_checkpoint)."""
 PROMPT_FRAMES = 37  # the Aria speaker latent covers 3 s at 12.5 frames/s, plus the BOS frame
 
 

@@ -2,11 +2,11 @@
 
 Each MaskGIT round draws a component from the guided row's mixture logits (top-p, then Gumbel-max
 with one uniform draw), projects the row to that component's low-rank mean, lifts it by the
-component's basis and draws the latent around it with one normal draw (:mod:`engine.sampling`).
+component's basis and draws the latent around it with one normal draw (:mod:`engine.networks.sampling`).
 As operations that is a softmax, a sort, a cumulative sum, a scatter, a second softmax, the Gumbel
 transform, an argmax, two gathers and two products with their views, and the Gaussian's scale and
 noise: about forty primitives a round, five rounds a frame. :class:`MixtureSample` does it in one
-launch of one block; the two draws stay MLX's (:func:`engine.sampling.draw_latent_noise` and
+launch of one block; the two draws stay MLX's (:func:`engine.networks.sampling.draw_latent_noise` and
 ``mx.random.uniform``, in the reference's order), made before the launch.
 
 The guided row itself comes from the row product before it (``RowProductShape.guided``), which
@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .jit import materialize
-from .kernel_source import CUDA, METAL, Dialect
-from .numerics import custom_kernel, kernel_constants
-from .sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
+from ..jit import materialize
+from ..networks.sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
+from ..numerics import custom_kernel, kernel_constants
+from .source import CUDA, METAL, Dialect
 
 THREADS = 256  # one block of 8 warps (1,024 threads need more registers than an H200 block has)
 INPUTS = ("logits", "residual", "log_std", "hidden", "final_scale", "uniform", "noise", "mus", "low_mat", "params")

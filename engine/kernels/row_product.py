@@ -5,7 +5,7 @@ A streaming step multiplies one or two rows (the encoder's newest frame; the two
 TTS backbone and the MoG head) by each dense weight. MLX runs such a sublayer as an RMS norm, one
 product per weight, and the residual adds and activation between them: half a dozen primitives, each
 costing host time on a GPU whatever its arithmetic, and each product reads the float32 copy of a bf16 weight
-(:mod:`engine.precast`). :class:`RowProduct` does a whole run in one launch:
+(:mod:`engine.loading.precast`). :class:`RowProduct` does a whole run in one launch:
 
 * **prologue** — ``"none"``: the rows as given; ``"norm"``: ``rms_norm(x) · s`` (a Gemma norm's
   ``1 + w`` as ``s``); ``"residual_norm"``: first ``h = x + rms_norm(r) · s_r`` (the previous
@@ -45,8 +45,8 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from .numerics import custom_kernel, kernel_constants
-from .sampling import guide
+from ..networks.sampling import guide
+from ..numerics import custom_kernel, kernel_constants
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm")
@@ -607,7 +607,7 @@ def _source(
     chained: bool = False,
 ) -> str:
     """The kernel source for ``shape``: unused weights and outputs point at the first ones (never reached).
-    ``chained`` (CUDA): the body of one step of a chain (:mod:`engine.row_chain`), which runs it for each
+    ``chained`` (CUDA): the body of one step of a chain (:mod:`engine.kernels.row_chain`), which runs it for each
     ``block`` in turn and keeps the normed rows in one array of its own."""
     weights = len(shape.outputs)
     shared = "threadgroup" if metal else "__shared__ __align__(16)"
@@ -719,7 +719,7 @@ class RowProduct:
         return list(self._outputs)
 
     def chained_source(self) -> str:
-        """The CUDA body a chain's step runs (:mod:`engine.row_chain`)."""
+        """The CUDA body a chain's step runs (:mod:`engine.kernels.row_chain`)."""
         return _source(_CUDA_BODY, _CUDA_PROLOGUES, self.shape, self._weight_dtype, metal=False, chained=True)
 
     def launch(self, named: dict[str, Any], *, eps: float, guidance: float | None) -> RowLaunch:

@@ -1,13 +1,13 @@
 """A TTS step's random draws as one kernel (fast numerics).
 
 Each MaskGIT round draws a uniform tensor (the component's Gumbel-max) and a standard-normal one (the latent's
-noise) from MLX's global generator (:mod:`engine.sampling`). As operations each draw is a key split (MLX's
+noise) from MLX's global generator (:mod:`engine.networks.sampling`). As operations each draw is a key split (MLX's
 ``RandomBits`` on the key, a ``Split`` and two ``Reshape`` views), its bits (a second ``RandomBits``) and their
 conversion (one fused kernel when compiled): six primitives a draw, ten draws a step at full size. The draws
 depend on nothing but the generator's key, so :class:`StepDraws` makes them all in one launch: the chain of
 splits, every draw's bits by the same threefry-2x32 hash and counter layout as ``RandomBits``, the conversions
 as MLX's ``uniform`` and ``normal`` form them, and the key the last split leaves, which the next step starts from
-(the TTS cache carries it, ``engine.tts.TTSCache.draw_key``: MLX's Python API cannot set the global generator's
+(the TTS cache carries it, ``engine.networks.tts.TTSCache.draw_key``: MLX's Python API cannot set the global generator's
 key). Its results are the operations' bit for bit (the divisions are by a power of two, the normal's
 product with the range is exact, and ``erfinvf`` is the library's own), and it is used only where the
 admission sees that. CUDA only: MLX's Metal backend has its own ``erfinv``, which no Mac here could check a
@@ -26,7 +26,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from .numerics import custom_kernel
+from ..numerics import custom_kernel
 
 THREADS = 256
 

@@ -2,7 +2,7 @@
 
 Per step the previous frame's codes are embedded (sum of their RVQ codebook
 vectors, then ``embed_code``), the current text token is embedded by the
-character-aware subword encoder (:mod:`engine.subword`), and both are fused by a
+character-aware subword encoder (:mod:`engine.networks.subword`), and both are fused by a
 gated projection. A Gemma-3 decoder runs that one position at batch 2 for
 classifier-free guidance (row 0 conditioned on the text, row 1 on ``null_emb``),
 and a MaskGIT-style loop fills the 31 codes in five rounds: a mixture-of-Gaussians
@@ -24,20 +24,20 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
+from ..jit import compile_enabled, jit
+from ..kernels.decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
+from ..kernels.mixture_sample import gaussian_of, low_rank_mean
+from ..kernels.residual_vq import nearest_code_ops
+from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
+from ..kernels.row_product import RowProductShape
+from ..kernels.step_draws import Draw
+from ..loading.config import MoGConfig, TTSConfig
+from ..profiler import Probe
 from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
-from .config import MoGConfig, TTSConfig
-from .counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
-from .decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
 from .fused import Stacked, stack_projections
-from .jit import compile_enabled, jit
 from .linear import Linear
-from .mixture_sample import gaussian_of, low_rank_mean
-from .profiler import Probe
-from .residual_vq import nearest_code_ops
-from .row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
-from .row_product import RowProductShape
 from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
-from .step_draws import Draw
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
@@ -107,7 +107,7 @@ class BackboneAttention(nn.Module):
         self.rope = nn.RoPE(head_dim, traditional=False, base=base)
         self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
         # Fast numerics: one position's attention over the cache buffer as one kernel, and the query and key
-        # heads normed and rotated as one kernel (engine.decode_attention), or their fallbacks.
+        # heads normed and rotated as one kernel (engine.kernels.decode_attention), or their fallbacks.
         self.fast_attention: Callable[..., mx.array] | None = None
         self.fast_heads: Callable[..., tuple[mx.array, mx.array]] | None = None
         # Where the attention kernel writes the cache, it may also norm and rotate the heads itself (CUDA, fast
@@ -208,7 +208,7 @@ class BackboneAttention(nn.Module):
 
     def attend_rows(self, queries: mx.array, keys: mx.array, values: mx.array, cache: LayerCache) -> mx.array:
         """Fast numerics' single-position attention: store the new keys/values and return the mixed values
-        as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.decode_attention`)."""
+        as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.kernels.decode_attention`)."""
         assert self.fast_attention is not None
         key_buffer, value_buffer, filled = cache.store(keys, values)
         attention = self._attention_by_count(key_buffer.dtype, value_buffer.dtype)
@@ -299,8 +299,8 @@ class BackboneAttention(nn.Module):
 
 @dataclass(frozen=True)
 class LayerRowParts:
-    """A backbone layer's dense sublayers for ``rows`` rows, as :class:`engine.row_product.RowProduct` kernels
-    or :func:`engine.row_product.row_product_ops` (same call signature)."""
+    """A backbone layer's dense sublayers for ``rows`` rows, as :class:`engine.kernels.row_product.RowProduct` kernels
+    or :func:`engine.kernels.row_product.row_product_ops` (same call signature)."""
 
     rows: int
     first_qkv: Callable[..., tuple[mx.array, ...]]  # input norm, q/k/v (the first layer; v split into heads)
@@ -308,7 +308,7 @@ class LayerRowParts:
     output: Callable[..., tuple[mx.array, ...]]  # o_proj
     gate_up: Callable[..., tuple[mx.array, ...]]  # post-attention norm and add, pre-MLP norm, gelu(gate)·up
     down: Callable[..., tuple[mx.array, ...]]  # down_proj
-    # Each part's name and shape (what a chain of them is built from, engine.row_chain).
+    # Each part's name and shape (what a chain of them is built from, engine.kernels.row_chain).
     shapes: tuple[tuple[str, RowProductShape], ...] = ()
 
 
@@ -347,7 +347,9 @@ class BufferSlot:
     # position's keys shape (batch, heads, 1, head size) for the layers' writes (BackboneAttention.attend_slot);
     # None where the attention kernel writes the position itself (the slot is then in ``bounds``).
     index: mx.array | None
-    bounds: mx.array | None  # the attention kernel's view of the filled count (engine.decode_attention), or None
+    bounds: (
+        mx.array | None
+    )  # the attention kernel's view of the filled count (engine.kernels.decode_attention), or None
     splits: int  # the kernel's blocks per head for that count: the launch's shape, part of the trace's key
     count: int | None  # the filled count where the fallback reads it (slicing, so part of the key), else None
 
@@ -363,7 +365,7 @@ class BufferSlot:
 @dataclass(frozen=True)
 class LayerRowsPending:
     """A layer's last sublayer output, not yet post-normed (``scale`` is that norm's ``1 + w``) and added; the
-    output as a link into the step's :class:`engine.row_chain.RowSequence`."""
+    output as a link into the step's :class:`engine.kernels.row_chain.RowSequence`."""
 
     output: mx.array | Link
     scale: mx.array
@@ -401,7 +403,7 @@ class BackboneLayer(nn.Module):
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> LayerRowWeights:
         """The weights :meth:`step_rows` reads: the projections (as ``weight_dtype`` copies when given,
         which fast mode's kernels read instead of the float32 copies; made once, see
-        :meth:`engine.linear.KeepsCopy.weight_in`) and the norms' ``1 + w``."""
+        :meth:`engine.networks.linear.KeepsCopy.weight_in`) and the norms' ``1 + w``."""
         q, k, v, o, gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = LayerRowWeights(
             qkv=(q, k, v),
@@ -451,7 +453,7 @@ class BackboneLayer(nn.Module):
         position: mx.array,
     ) -> tuple[mx.array | Link, LayerRowsPending]:
         """Fast numerics' layer step on rows through :attr:`rows` (row-product kernels, or their fallbacks),
-        gathered in ``sequence`` (:class:`engine.row_chain.RowSequence`), which runs them when the attention
+        gathered in ``sequence`` (:class:`engine.kernels.row_chain.RowSequence`), which runs them when the attention
         reads its inputs: on a GPU those from this layer's output projection to the next layer's q/k/v
         projections as one launch where that chain was admitted.
 
@@ -524,7 +526,7 @@ class Backbone(nn.Module):
         self.layers = [BackboneLayer(config, is_global) for is_global in self.global_layers]
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.trace_rows: bool | None = None  # see traces_rows
-        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.row_chain).
+        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.kernels.row_chain).
         self.row_chains = ChainBook()
 
     def _masks(self, length: int, caches: list[LayerCache] | None) -> tuple[AttentionMask, AttentionMask]:
@@ -594,7 +596,8 @@ class Backbone(nn.Module):
     def row_runs(self) -> dict[tuple[Any, ...], list[RowCall]]:
         """The runs of row products a step gathers, one of each structure with more than one step, as their
         calls on the layers' own weights, random rows and random mixed values (the attention's): what the chains
-        are built and admitted for (see :meth:`engine.encoder.FastConformer.row_runs`). Runs one step op by op."""
+        are built and admitted for (see :meth:`engine.networks.encoder.FastConformer.row_runs`). Runs one step op by
+        op."""
         parts = self.layers[0].rows
         assert parts is not None
         attention = self.layers[0].self_attn
@@ -627,7 +630,7 @@ class Backbone(nn.Module):
         The caches' bookkeeping (growth, slot, filled count) stays here; the program writes the new
         position into each buffer at the slot it is given as an array and returns the written buffers.
         A trace holds the buffers' capacity and the attention kernel's blocks per head, which change
-        every :data:`engine.cache.GROWTH_STEP` positions, so a conversation retraces once per 256 frames.
+        every :data:`engine.networks.cache.GROWTH_STEP` positions, so a conversation retraces once per 256 frames.
         """
         first = self.layers[0].self_attn
         layout = PositionLayout(
@@ -750,8 +753,8 @@ class GatedFusion(nn.Module):
 
 @dataclass(frozen=True)
 class MixtureRowParts:
-    """The MoG head's MLP layers for ``rows`` rows as :class:`engine.row_product.RowProduct` kernels or
-    :func:`engine.row_product.row_product_ops` (same call signature)."""
+    """The MoG head's MLP layers for ``rows`` rows as :class:`engine.kernels.row_product.RowProduct` kernels or
+    :func:`engine.kernels.row_product.row_product_ops` (same call signature)."""
 
     rows: int
     first_gate_up: Callable[..., tuple[mx.array, ...]]  # pre-norm, gelu(gate)·up (the first layer)
@@ -759,7 +762,7 @@ class MixtureRowParts:
     down: Callable[..., tuple[mx.array, ...]]  # down_proj
     # The draw after the layers, for the model's sampling constants (guidance, top-p, noise scale); None keeps
     # the head's operations: the last post-norm and add, the final norm, the guidance and the three
-    # projections as one guided row product, then engine.mixture_sample's kernel.
+    # projections as one guided row product, then engine.kernels.mixture_sample's kernel.
     sampling: tuple[float, float, float] | None = None
     projections: Callable[..., tuple[mx.array, ...]] | None = None
     sample: Callable[..., mx.array] | None = None
@@ -801,7 +804,7 @@ class MixtureLayer(nn.Module):
 
     def make_row_weights(self, weight_dtype: mx.Dtype | None) -> MixtureRowWeights:
         """The weights the row parts read: the projections (as ``weight_dtype`` copies when given, made
-        once, see :meth:`engine.linear.KeepsCopy.weight_in`) and the norms' float32 ``1 + w``."""
+        once, see :meth:`engine.networks.linear.KeepsCopy.weight_in`) and the norms' float32 ``1 + w``."""
         gate, up, down = (linear.weight_in(weight_dtype) for linear in self.projection_layers())
         made = MixtureRowWeights(
             gate_up=(gate, up),
@@ -871,7 +874,7 @@ class MixtureHead(nn.Module):
         draws: tuple[mx.array, mx.array] | None = None,
     ) -> mx.array:
         """The latent a MaskGIT round draws from guided features ``x``: :meth:`sample_gaussian`, then the latent
-        noise (engine.sampling's two draws, in order; ``draws``, when given, are those two made already).
+        noise (engine.networks.sampling's two draws, in order; ``draws``, when given, are those two made already).
         Fast numerics' rows run the layers and the draw as kernels where the head's parts are the kernels'
         (:class:`MixtureRowParts`)."""
         rows, weights = self.rows, self.sample_weights
@@ -914,7 +917,7 @@ class MixtureHead(nn.Module):
         (N, latent) and (N, 1) of one drawn component.
 
         The first half (rows [0, B) or [0, N)) is conditional, the second unconditional; guidance
-        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.sampling,
+        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.networks.sampling,
         unless ``uniform`` is that draw made already).
         """
         *layers, final_norm = self.mlp_stack
@@ -1067,7 +1070,7 @@ class EarTTS(nn.Module):
         # Fast numerics on CUDA: a round's quantizers in one launch, by the round's count (rounds of one quantizer
         # and counts not admitted take nearest_code quantizer by quantizer).
         self.nearest_rounds: dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]] = {}
-        # Fast numerics: a step's draws made at once from the generator's key (engine.step_draws), or None (one
+        # Fast numerics: a step's draws made at once from the generator's key (engine.kernels.step_draws), or None (one
         # by one, as each round needs them).
         self.step_draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
 
@@ -1175,7 +1178,8 @@ class EarTTS(nn.Module):
 
     @functools.cached_property
     def _device_condition(self) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
-        # The character encoder's weights are bf16 in either numerics mode (engine.precast), so one trace serves.
+        # The character encoder's weights are bf16 in either numerics mode (engine.loading.precast), so one trace
+        # serves.
         def condition(text_token: mx.array, char_ids: mx.array, lengths: mx.array) -> mx.array:
             spelling = DeviceSpelling(char_ids=char_ids, lengths=lengths)
             return self._guided(self.embed_subword.encode_on_device(text_token, spelling))
@@ -1227,7 +1231,7 @@ class EarTTS(nn.Module):
         ``condition``, when given, is the token's guided conditioning already built
         (:meth:`condition_on_device`), and ``text_token`` is not read. ``launch``, when given, is called with
         the backbone's output before the MaskGIT rounds are built (:meth:`engine.profiler.FrameProfiler.launch_part`).
-        With neither, reads the token id on the host (see :func:`engine.subword.spell_tokens`). Draws
+        With neither, reads the token id on the host (see :func:`engine.networks.subword.spell_tokens`). Draws
         one uniform and one normal tensor per refinement round from the global RNG — or, with
         :attr:`step_draws`, the same draws at once from ``cache.draw_key``, which then moves on.
         """
@@ -1283,7 +1287,7 @@ class EarTTS(nn.Module):
 
     @property
     def codebooks_transposed(self) -> list[mx.array]:
-        """``rvq_embs[q].T`` for each quantizer: views too, made once (see :mod:`engine.linear`)."""
+        """``rvq_embs[q].T`` for each quantizer: views too, made once (see :mod:`engine.networks.linear`)."""
         return self._codebook_views()[1]
 
     def _codebook_views(self) -> tuple[list[mx.array], list[mx.array]]:
@@ -1385,7 +1389,7 @@ class EarTTS(nn.Module):
             )
             if probe is not None:
                 probe(f"tts.mog.{number}", latent)
-            # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.residual_vq).
+            # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.kernels.residual_vq).
             quantizers = slice(round_.start, round_.start + round_.count)
             round_kernel = nearest_rounds.get(round_.count)
             if round_kernel is not None:  # the round's codes as one block of columns, in its first column's place

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import JointConfig, PredictorConfig
-from .counters import GATHER_MARK
-from .greedy_attempt import AttemptParts, greedy_loop_ops, lstm_cell
-from .jit import jit, materialize
+from ..counters import GATHER_MARK
+from ..jit import jit, materialize
+from ..kernels.greedy_attempt import AttemptParts, greedy_loop_ops, lstm_cell
+from ..loading.config import JointConfig, PredictorConfig
+from ..loading.tokenizer import RNNTVocabulary
 from .linear import Linear
-from .tokenizer import RNNTVocabulary
 
 LSTMState = tuple[mx.array, mx.array]
 
@@ -420,7 +420,7 @@ def _greedy_rows_by_attempt(
     blank_id: int,
     max_symbols: int,
 ) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """:func:`_greedy_rows` with each attempt as ``parts`` (:mod:`engine.greedy_attempt`): one launch per LSTM
+    """:func:`_greedy_rows` with each attempt as ``parts`` (:mod:`engine.kernels.greedy_attempt`): one launch per LSTM
     layer and two for the joint, where that runs about 28 operations an attempt — or, where the parts have
     the loop's kernel, every attempt in one launch.
 

@@ -30,13 +30,13 @@ Inside one of the LLM's residual blocks the last projection also adds the block'
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
 block and no activation between the MLP's products, about 80 primitives fewer, and those kernels take no
 longer than the plain one. The Mamba mixer's output projection also finishes the mixer's gated group norm
-(prologue ``"group_norm"``): the fused step (:class:`engine.ssm.FusedStep`) sums the squares of its readout
+(prologue ``"group_norm"``): the fused step (:class:`engine.networks.ssm.FusedStep`) sums the squares of its readout
 per block as it writes it, so each block of this kernel adds a few hundred partial sums per group instead
 of reading the whole row, and scales its chunks of the row as it reads them (six primitives fewer per
 Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
 normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
 call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``). What does pay is
-the other end: in the LLM's chained step (:meth:`engine.llm.NemotronH._step`, chained) each block's last
+the other end: in the LLM's chained step (:meth:`engine.networks.llm.NemotronH._step`, chained) each block's last
 projection has the epilogue ``"residual_norm"``, and the last of its blocks to finish (a ticket counter)
 reads the whole output row back from L2 into registers and writes it through the next block's RMS norm —
 one block doing what MLX's norm kernel did, with no serial prologue in the kernels that read it. On the
@@ -64,7 +64,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .numerics import custom_kernel, kernel_constants, kernel_tickets
+from ..numerics import custom_kernel, kernel_constants, kernel_tickets
 
 Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2", "residual_norm")
@@ -91,7 +91,7 @@ class RowRole:
     ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` ``max(y, 0)²``. ``prologue``
     ``"group_norm"`` takes the row before its norm (:func:`grouped_rms_norm`, ``norm_groups`` slices, eps
     ``norm_eps``) with the sums of its squares over ``norm_partials`` equal runs, which the kernel that
-    wrote the row summed as it went (:class:`engine.ssm.FusedStep`). ``"residual_norm"`` writes
+    wrote the row summed as it went (:class:`engine.networks.ssm.FusedStep`). ``"residual_norm"`` writes
     ``base + y`` and also that row through the next block's RMS norm (eps ``next_eps``): the block's output
     and the next block's input in one launch."""
 
@@ -165,7 +165,7 @@ class QuantizedRowShape:
 
 def grouped_rms_norm(x: mx.array, weight: mx.array, *, groups: int, eps: float) -> mx.array:
     """``weight · x / rms`` with each of ``groups`` equal slices of ``x`` normed apart (MLX's RMS norm kernel):
-    the Mamba mixer's norm (:class:`engine.llm.GroupedGatedRMSNorm`), and the fallback of the prologue that
+    the Mamba mixer's norm (:class:`engine.networks.llm.GroupedGatedRMSNorm`), and the fallback of the prologue that
     finishes it from partial sums."""
     grouped = mx.unflatten(x, axis=-1, shape=(groups, -1))
     return weight * mx.fast.rms_norm(grouped, weight=None, eps=eps).flatten(-2)
@@ -188,7 +188,7 @@ def quantized_row_ops(
 ) -> mx.array | tuple[mx.array, mx.array]:
     """The reference's operations (the kernel's fallback): the ``role``'s prologue (the norm itself, from the row:
     the partial sums are the kernel's shortcut), ``x @ dequantize(weight).T``, then its epilogue (``base +``
-    it, or ``relu2``) — as a block of :mod:`engine.llm` computes them. ``"residual_norm"`` returns the sum and
+    it, or ``relu2``) — as a block of :mod:`engine.networks.llm` computes them. ``"residual_norm"`` returns the sum and
     the next block's norm of it (weight ``next_weight``), as the next block computes it."""
     if role.prologue == "group_norm":
         assert norm_weight is not None
