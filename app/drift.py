@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.numerics import relative_l2
+from engine.kernels.admission import relative_l2
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .bench import bench_input

@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from .errors import CheckpointMemoryError, TokenizerError
 from .jit import jit
+from .kernels.admission import gpu_kernel_backend
 from .loading import memory
 from .loading.checkpoint import load_arrays, load_into, open_checkpoint, sanitize, verify_layout
 from .loading.config import VoiceChatConfig
@@ -33,7 +34,7 @@ from .networks.llm import NemotronH
 from .networks.rnnt import RNNTJoint, RNNTPredictor
 from .networks.subword import CharacterTable
 from .networks.tts import EarTTS
-from .numerics import Numerics, apply_numerics, fast_bf16_weights, gpu_kernel_backend
+from .numerics import Numerics, apply_numerics, fast_bf16_weights
 
 
 class DuplexSTT(nn.Module):

@@ -11,8 +11,9 @@ replaces a run of MLX operations — each of which costs host time on a GPU what
 arithmetic — with one launch, computing the same quantity in float32 as the reference does,
 with sums taken in another order. Each has an operations fallback that the CPU runs, and a
 kernel is used only after it matched that fallback on this device at load
-(:func:`admit_kernel`, relative L2 ≤ :data:`KERNEL_TOLERANCE`); otherwise the fallback runs
-and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The changes:
+(:func:`engine.kernels.admission.admit_kernel`, relative L2 ≤ :data:`engine.kernels.admission.KERNEL_TOLERANCE`);
+otherwise the fallback runs and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The
+changes:
 
 * **A fused Mamba-2 step** (:class:`engine.networks.ssm.FusedStep`): one position's causal
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
@@ -116,9 +117,9 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   attempts can run as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`): the attempt kernels' own
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
   bit against the attempt kernels (51 primitives a frame fewer; :data:`RNNT_LOOP_SETTING` ``=0`` turns it off). Its
-  barrier's counters sit on a ticket line of their own (:func:`kernel_tickets`): in 8 bytes, which MLX serves
-  from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (README, *A frame's RN-T
-  attempts as one launch*).
+  barrier's counters sit on a ticket line of their own (:func:`engine.kernels.admission.kernel_tickets`): in 8 bytes,
+  which MLX serves from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (README, *A frame's
+  RN-T attempts as one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
   (:class:`engine.kernels.row_product.RowProductShape` ``guided``), then
@@ -201,7 +202,7 @@ other on the CPU. The MoG head samples codes from the TTS hidden state, and the 
 from logits that random weights make nearly flat, so free-running runs part from exact mode's
 after some frames, like two machines' would (README, "Fast numerics").
 
-The kernels' names carry a hash of their source (:func:`custom_kernel`): MLX keeps compiled
+The kernels' names carry a hash of their source (:func:`engine.kernels.admission.custom_kernel`): MLX keeps compiled
 kernels by name across processes, and an updated kernel must not meet its old build.
 
 Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
@@ -227,7 +228,6 @@ figure.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -236,14 +236,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 import numpy as np
 
+from .kernels.admission import admit_kernel, fast_part, gpu_kernel_backend
+
 if TYPE_CHECKING:
     from .kernels.quantized_product import RowRole
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 
-# A kernel's outputs may differ from its fallback's by float32 reordering only.
-KERNEL_TOLERANCE = 1e-5
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
 # The environment variable that can turn off fast mode's RN-T loop in one launch
@@ -270,167 +270,6 @@ def check_numerics(value: str) -> Numerics:
 def rnnt_loop_wanted() -> bool:
     """Whether fast mode builds the RN-T loop in one launch: unless :data:`RNNT_LOOP_SETTING` turns it off."""
     return os.environ.get(RNNT_LOOP_SETTING, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def gpu_kernel_backend() -> str | None:
-    """``"cuda"`` or ``"metal"`` when custom kernels can run on the default device, else None."""
-    if mx.default_device().type != mx.gpu:
-        return None
-    if mx.cuda.is_available():
-        return "cuda"
-    if mx.metal.is_available():
-        return "metal"
-    return None
-
-
-# MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of host memory, so a kernel reading one waits on
-# PCIe (about a microsecond a read). The constants kernels read are padded past that size.
-KERNEL_CONSTANT_BYTES = 16
-
-
-# A kernel's ticket counters (int32 zeros that it keeps on from launch to launch) take a 128-byte line each. That
-# also keeps the workspace over 8 bytes, out of the host pool above, where every block's atomic add and every poll
-# of a counter would cross PCIe (measured: 35 µs more a launch for the residual-VQ step's one counter).
-TICKET_STRIDE = 32
-
-
-def kernel_tickets(lines: int = 1) -> mx.array:
-    """A kernel's workspace of ``lines`` ticket lines (:data:`TICKET_STRIDE` int32 zeros each), evaluated."""
-    tickets = mx.zeros((lines * TICKET_STRIDE,), dtype=mx.int32)
-    mx.eval(tickets)
-    return tickets
-
-
-def kernel_constants(*values: float) -> mx.array:
-    """``values`` as a float32 kernel input kept out of that host pool: zeros follow them up to
-    :data:`KERNEL_CONSTANT_BYTES` (kernels and fallbacks read the leading entries only)."""
-    padding = max(0, KERNEL_CONSTANT_BYTES // 4 - len(values))
-    return mx.array([*values, *[0.0] * padding], dtype=mx.float32)
-
-
-def custom_kernel(
-    backend: str,
-    name: str,
-    inputs: list[str],
-    outputs: list[str],
-    *,
-    cuda: str,
-    metal: str,
-    cuda_header: str = "",
-) -> Callable[..., Any]:
-    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
-    (on CUDA after ``cuda_header``: functions the body calls).
-
-    The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
-    folder that outlives the process), so a kernel whose source changed with an update of Parley must
-    not meet the old build under the same name."""
-    source = {"cuda": cuda, "metal": metal}.get(backend)
-    if source is None:
-        raise ValueError(f"no {name} kernel for {backend!r}")
-    header = cuda_header if backend == "cuda" else ""
-    versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
-    if backend == "cuda":
-        return mx.fast.cuda_kernel(
-            name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
-        )
-    return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
-
-
-def relative_l2(actual: mx.array, expected: mx.array) -> float:
-    """``‖actual − expected‖ / ‖expected‖`` in float32 (0 when both are zero)."""
-    difference = mx.sqrt(mx.sum(mx.square(actual.astype(mx.float32) - expected.astype(mx.float32))))
-    scale = mx.sqrt(mx.sum(mx.square(expected.astype(mx.float32))))
-    difference_value, scale_value = difference.item(), scale.item()
-    return difference_value / scale_value if scale_value else difference_value
-
-
-def admit_kernel(
-    name: str,
-    kernel: Callable[..., Any],
-    fallback: Callable[..., Any],
-    inputs: tuple[Any, ...],
-    tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
-) -> bool:
-    """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
-    (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
-    (and the log says why). Either may return one array or a tuple of them. ``reference_device`` runs
-    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision)."""
-    try:
-        got = _outputs(kernel(*inputs))
-        if reference_device is None:
-            want = _outputs(fallback(*inputs))
-        else:
-            with mx.stream(reference_device):
-                want = _outputs(fallback(*inputs))
-                mx.eval(want)
-        mx.eval(got, want)
-        if tolerance == 0:
-            # Unequal outputs count as their relative L2 (so that the log tells reordering from a wrong result),
-            # and as infinite where that rounds to 0.
-            errors = [
-                0.0 if mx.array_equal(a, b).item() else relative_l2(a, b) or float("inf")
-                for a, b in zip(got, want, strict=True)
-            ]
-        else:
-            errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
-    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run on this device is simply not used
-        log.warning("the %s kernel is not used: it failed on this device (%s)", name, exc)
-        return False
-    worst = max(errors)
-    if not worst <= tolerance:
-        differing = [index for index, error in enumerate(errors) if not error <= tolerance]
-        log.warning(
-            "the %s kernel is not used: it differs from its fallback by %.3g (bound %g; outputs %s of %d)",
-            name,
-            worst,
-            tolerance,
-            differing,
-            len(errors),
-        )
-        return False
-    log.info("the %s kernel matches its fallback on this device (relative L2 %.2g)", name, worst)
-    return True
-
-
-def _outputs(result: Any) -> tuple[mx.array, ...]:
-    return (result,) if isinstance(result, mx.array) else tuple(result)
-
-
-# Fast mode's parts, made and admitted once per process and layer shape: a model switched back and forth
-# gets the same objects again, so the programs compiled around them are reused (see engine.networks.llm,
-# engine.networks.tts).
-_PARTS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = {}
-
-
-def _fast_part(
-    key: tuple[Any, ...],
-    name: str,
-    fallback: Callable[..., Any],
-    make_kernel: Callable[[str], Callable[..., Any]],
-    sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
-    tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
-) -> tuple[Callable[..., Any], bool]:
-    """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
-    ``sample``: one tuple of inputs, or a list of them; the fallback run on ``reference_device`` if
-    given), else the fallback."""
-    backend = gpu_kernel_backend()
-    full_key = (*key, backend)
-    if full_key not in _PARTS:
-        part, used = fallback, False
-        if backend is not None:
-            try:
-                kernel = make_kernel(backend)
-            except ValueError as exc:
-                log.info("no %s kernel for this shape (%s)", name, exc)
-            else:
-                samples = sample()
-                cases = samples if isinstance(samples, list) else [samples]
-                if all(admit_kernel(name, kernel, fallback, inputs, tolerance, reference_device) for inputs in cases):
-                    part, used = kernel, True
-        _PARTS[full_key] = (part, used)
-    return _PARTS[full_key]
 
 
 def apply_numerics(
@@ -518,7 +357,7 @@ def apply_numerics(
     step: Callable[..., Any] | None = None
     if fast and mixers:
         first = mixers[0]
-        step, changes["fused_mamba_step"] = _fast_part(
+        step, changes["fused_mamba_step"] = fast_part(
             ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size, first.conv1d.weight.dtype),
             "Mamba-2 step",
             functools.partial(fused_step_ops, groups=first.n_groups),
@@ -554,7 +393,7 @@ def apply_numerics(
         writes = False
         if isinstance(attention, DecodeAttention):
             kernel_attention = attention
-            _, writes = _fast_part(
+            _, writes = fast_part(
                 ("attention_writing", *heads, buffers),
                 "single-position attention writing its cache",
                 decode_attention_writing_ops,
@@ -582,7 +421,7 @@ def apply_numerics(
     llm_attention: DecodeAttention | None = None
     if fast and llm_attentions:
         llm_heads = (llm_attentions[0].num_heads, llm_attentions[0].num_kv_heads, llm_attentions[0].head_dim)
-        writing_part, changes["llm_attention"] = _fast_part(
+        writing_part, changes["llm_attention"] = fast_part(
             ("llm_attention_writing", *llm_heads),
             "the LLM's single-position attention writing its cache",
             decode_attention_writing_ops,
@@ -610,7 +449,7 @@ def apply_numerics(
             first_base = next(module for module in attentions if module.rope.base == base)
             layout = (first_base.num_heads, first_base.num_kv_heads, first_base.head_dim)
             eps, scale_dtype = first_base.q_norm.eps, first_base.q_norm.weight.dtype
-            heads_part, used = _fast_part(
+            heads_part, used = fast_part(
                 ("norm_rope", *layout, eps, base, scale_dtype),
                 "query and key heads",
                 functools.partial(norm_rope_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base),
@@ -623,7 +462,7 @@ def apply_numerics(
             # Where the attention writes the cache, it may make the heads too (per base: its parameters differ).
             folded = False
             if writes and isinstance(heads_part, NormRope) and isinstance(attention, DecodeAttention):
-                _, folded = _fast_part(
+                _, folded = fast_part(
                     ("attention_heads", *layout, eps, base, scale_dtype, buffers),
                     "single-position attention making its heads and writing its cache",
                     functools.partial(
@@ -658,7 +497,7 @@ def apply_numerics(
     if fast and relatives:
         first_relative = relatives[0]
         shape = (first_relative.heads, first_relative.head_dim)
-        relative, changes["relative_attention"] = _fast_part(
+        relative, changes["relative_attention"] = fast_part(
             ("relative", *shape, first_relative.pos_bias_u.dtype),
             "encoder attention",
             attend_relative,
@@ -667,7 +506,7 @@ def apply_numerics(
         )
     window: Callable[..., Any] | None = None
     if fast and relatives:
-        window, changes["relative_window"] = _fast_part(
+        window, changes["relative_window"] = fast_part(
             ("relative_window", *shape, first_relative.pos_bias_u.dtype),
             "encoder attention window",
             attend_relative_window,
@@ -800,7 +639,7 @@ def apply_numerics(
         if fast:
             shape = (tts.config.codebook_size, tts.config.latent_size)
             types = (tts.rvq_embs.dtype, tts.codebook_norms[0].dtype)  # precast codebooks keep bf16 norms
-            nearest, changes["residual_vq"] = _fast_part(
+            nearest, changes["residual_vq"] = fast_part(
                 ("residual_vq", *shape, *types),
                 "residual-VQ step",
                 nearest_code_ops,
@@ -814,7 +653,7 @@ def apply_numerics(
         if fast and changes.get("residual_vq") and reads_stored_codebook(gpu_kernel_backend()):
             every_round = True
             for count in sorted({round_.count for round_ in tts.plan if round_.count > 1}):
-                part, used = _fast_part(
+                part, used = fast_part(
                     ("residual_vq_round", count, *shape, *types),
                     f"residual-VQ round of {count} quantizers",
                     nearest_codes_ops,
@@ -832,7 +671,7 @@ def apply_numerics(
         draws: Callable[..., Any] | None = None
         if fast:
             plan = tts.draw_plan()
-            draws, changes["step_draws"] = _fast_part(
+            draws, changes["step_draws"] = fast_part(
                 ("step_draws", plan),
                 "step's random draws",
                 functools.partial(step_draws_ops, plan=plan),
@@ -856,7 +695,7 @@ def apply_numerics(
             (norm_eps,), (kernel_size,) = eps, taps
             # The first variant whose outputs are the operations' bits on this device (engine.kernels.conv_norm).
             for variant in conv_norm_variants(gpu_kernel_backend()):
-                conv_norm, changes["codec_conv_norm"] = _fast_part(
+                conv_norm, changes["codec_conv_norm"] = fast_part(
                     ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
                     f"codec convolution and norm ({variant.label})",
                     functools.partial(conv_norm_ops, eps=norm_eps),
@@ -874,7 +713,7 @@ def apply_numerics(
         if fast:
             quantizers, table_dtype = len(codec.prvq.mus_list), codec.prvq.mus_list[0].dtype
             size, width = codec.prvq.mus_list[0].shape
-            code_sum, changes["codec_code_sum"] = _fast_part(
+            code_sum, changes["codec_code_sum"] = fast_part(
                 ("codec_code_sum", table_dtype),
                 "codec dequantization",
                 code_sum_ops,
@@ -917,7 +756,7 @@ def _row_product_part(
 
     from .kernels.row_product import RowProduct, row_product_ops, row_product_samples
 
-    return _fast_part(
+    return fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
         name,
         functools.partial(
@@ -962,7 +801,7 @@ def _backbone_attention(
     from .kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
 
     def admitted_on(dtype: mx.Dtype) -> tuple[Callable[..., Any], bool]:
-        return _fast_part(
+        return fast_part(
             ("attention", *heads, dtype),
             "single-position attention",
             decode_attention_ops,
@@ -990,7 +829,7 @@ def _merges_shares(
     """Whether ``attention``'s (an :class:`engine.kernels.decode_attention.DecodeAttention`) ``form`` may run with its
     blocks merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
     include one past a block's keys (CUDA only)."""
-    _, merges = _fast_part(
+    _, merges = fast_part(
         key,
         f"single-position attention ({form} form) merging its shares",
         fallback,
@@ -1002,7 +841,7 @@ def _merges_shares(
 
 def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:
     """The attention kernel that makes its heads (:meth:`engine.kernels.decode_attention.DecodeAttention.heads_kernel`),
-    as :func:`_fast_part` makes kernels: by backend (the attention's is fixed already)."""
+    as :func:`engine.kernels.admission.fast_part` makes kernels: by backend (the attention's is fixed already)."""
     return attention.heads_kernel(rope)
 
 
@@ -1036,7 +875,7 @@ def _quantized_row_part(
         return None, False
     scale_dtype = module.scales.dtype
     parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
-    return _fast_part(
+    return fast_part(
         ("quantized_row", shape, scale_dtype, norm_dtype, next_dtype),
         f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
         functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
@@ -1103,7 +942,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
         made: dict[str, Callable[..., Any]] = {}
         every = True
         for name, step in steps.items():
-            made[name], used = _fast_part(
+            made[name], used = fast_part(
                 ("lstm_step", step, table.shape[0], types[:3]),
                 f"RN-T {name} LSTM step",
                 functools.partial(lstm_step_ops, shape=step),
@@ -1113,7 +952,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
             )
             every = every and used
         for name, shape, weight in (("joint_hidden", hidden, joint.pred), ("joint_partials", scores, output)):
-            made[name], used = _fast_part(
+            made[name], used = fast_part(
                 ("joint_row", shape, weight.weight.dtype, weight.bias.dtype),
                 f"RN-T {name.replace('_', ' ')} row",
                 functools.partial(joint_row_ops, shape=shape),
@@ -1126,7 +965,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
         looped = False
         if every and looping:  # the loop in one launch, against the attempt kernels it runs in turn
             projections = (joint.pred.weight, joint.pred.bias, output.weight, output.bias)
-            loop, looped = _fast_part(
+            loop, looped = fast_part(
                 ("greedy_loop", layout, types, *(array.dtype for array in projections)),
                 "RN-T greedy loop",
                 functools.partial(greedy_loop_ops, parts, shape=layout),
@@ -1330,7 +1169,7 @@ def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool
         product, weight_dtype, mx.float32, eps, "MoG guided projections row product", config.guidance_scale
     )
     means_dtype = head.proj_mus.weight.dtype
-    sample, sampled = _fast_part(
+    sample, sampled = fast_part(
         ("mixture_sample", shape, means_dtype),
         "MoG draw",
         functools.partial(mixture_sample_ops, shape=shape),

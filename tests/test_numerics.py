@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from app.drift import measure_drift
+from engine.kernels.admission import admit_kernel, custom_kernel, kernel_constants, relative_l2
 from engine.kernels.decode_attention import (
     DecodeAttention,
     decode_attention_ops,
@@ -38,16 +39,7 @@ from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.networks.rnnt import RNNTPredictor
 from engine.networks.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
-from engine.numerics import (
-    admit_kernel,
-    apply_numerics,
-    check_numerics,
-    custom_kernel,
-    encoder_row_projections,
-    fast_bf16_weights,
-    kernel_constants,
-    relative_l2,
-)
+from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.timeline import INPUT_FRAME_SAMPLES
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -217,7 +209,7 @@ def test_the_tickets_kernels_keep_stay_out_of_the_host_pool(monkeypatch: pytest.
     they would live in MLX's host pool, every block's atomic add and poll crossing PCIe. The RN-T loop's barrier
     kept its two counters in one such array."""
     from engine.kernels import greedy_attempt
-    from engine.numerics import TICKET_STRIDE, kernel_tickets
+    from engine.kernels.admission import TICKET_STRIDE, kernel_tickets
 
     tickets = kernel_tickets(3)
     assert tickets.nbytes == 3 * TICKET_STRIDE * 4 > 8 and tickets.dtype == mx.int32 and not tickets.any().item()
@@ -649,7 +641,7 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
         used = backend is not None and key[-1] == mx.float32
         return ("kernel" if used else fallback), used
 
-    monkeypatch.setattr(numerics, "_fast_part", fast_part)
+    monkeypatch.setattr(numerics, "fast_part", fast_part)
     monkeypatch.setattr(numerics, "gpu_kernel_backend", lambda: backend)
     with caplog.at_level("WARNING", logger="engine.numerics"):
         attention, used, cache_dtype = numerics._backbone_attention((4, 2, 8), mx.bfloat16)
@@ -1734,7 +1726,7 @@ def test_the_rnnt_loop_in_one_launch_is_built_unless_turned_off(
         asked.append(name)
         return fallback, True
 
-    monkeypatch.setattr(numerics, "_fast_part", every_part_admitted)
+    monkeypatch.setattr(numerics, "fast_part", every_part_admitted)
     monkeypatch.setattr(numerics, "_ATTEMPT_PARTS", {})
     if setting is None:
         monkeypatch.delenv(numerics.RNNT_LOOP_SETTING, raising=False)

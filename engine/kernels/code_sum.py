@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..numerics import custom_kernel
+from .admission import custom_kernel
 from .source import CUDA, METAL, Dialect
 
 THREADS = 256

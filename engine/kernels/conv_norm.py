@@ -33,7 +33,7 @@ from typing import Literal
 import mlx.core as mx
 
 from ..jit import materialize
-from ..numerics import custom_kernel
+from .admission import custom_kernel
 from .source import CUDA, METAL, Dialect
 
 THREADS = 256

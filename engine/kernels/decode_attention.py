@@ -38,7 +38,7 @@ blocks) — the same quantity as the reference's ``softmax(q·Kᵀ·scale)·V``,
 order. Keys are read in buffer order; a sliding-window ring buffer that has wrapped is therefore
 read rotated, as the reference also reads it. :func:`decode_attention_ops` is the operations fallback (the
 reference's own arithmetic, which the CPU runs) and what the kernel is admitted against
-(:func:`engine.numerics.admit_kernel`).
+(:func:`engine.kernels.admission.admit_kernel`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..networks.cache import stored
-from ..numerics import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
+from .admission import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.
 WARPS = 8

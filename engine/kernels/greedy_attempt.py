@@ -43,7 +43,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..numerics import custom_kernel, kernel_tickets
+from .admission import custom_kernel, kernel_tickets
 from .source import CUDA, GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA, METAL, Dialect, block_turns
 
 # Warps (simdgroups) per block; one LSTM unit or one output column each.

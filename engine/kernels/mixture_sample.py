@@ -32,7 +32,7 @@ import mlx.core as mx
 
 from ..jit import materialize
 from ..networks.sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
-from ..numerics import custom_kernel, kernel_constants
+from .admission import custom_kernel, kernel_constants
 from .source import CUDA, METAL, Dialect
 
 THREADS = 256  # one block of 8 warps (1,024 threads need more registers than an H200 block has)

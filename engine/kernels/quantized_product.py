@@ -64,7 +64,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..numerics import custom_kernel, kernel_constants, kernel_tickets
+from .admission import custom_kernel, kernel_constants, kernel_tickets
 
 Epilogue = Literal["none", "residual", "relu2", "residual_norm"]
 EPILOGUES: tuple[Epilogue, ...] = ("none", "residual", "relu2", "residual_norm")

@@ -31,7 +31,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
+from .admission import TICKET_STRIDE, custom_kernel, kernel_tickets
 
 THREADS = 256
 

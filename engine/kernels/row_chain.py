@@ -25,7 +25,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..numerics import TICKET_STRIDE, custom_kernel, kernel_tickets
+from .admission import TICKET_STRIDE, custom_kernel, kernel_tickets
 from .row_product import RowProduct, RowProductShape
 
 RowPart = Callable[..., tuple[mx.array, ...]]

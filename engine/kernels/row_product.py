@@ -31,7 +31,7 @@ repeats the cheap norm of its input rows in threadgroup memory.
 Arithmetic: float32 throughout like the reference, each sum in another order (relative L2 about
 1e-7 against a float32 computation). :func:`row_product_ops` is the operations fallback — exactly
 the reference's operations — that the CPU runs. The kernel is admitted against it computed on the
-CPU (:func:`engine.numerics.admit_kernel`): MLX's CUDA backend multiplies several float32 rows with
+CPU (:func:`engine.kernels.admission.admit_kernel`): MLX's CUDA backend multiplies several float32 rows with
 reduced-precision (TF32) inputs, about 2e-4 from float32, so that the kernel is closer to the
 reference's float32 arithmetic than exact mode on the same GPU is.
 """
@@ -46,7 +46,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..networks.sampling import guide
-from ..numerics import custom_kernel, kernel_constants
+from .admission import custom_kernel, kernel_constants
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]
 PROLOGUES: tuple[Prologue, ...] = ("none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm")

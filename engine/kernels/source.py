@@ -3,7 +3,7 @@
 A kernel body is written once as a Python f-string over a :class:`Dialect`: the thread and block indices
 (``local``, ``block``, ``warp``, ``lane``; a warp is 32 lanes on both), shared memory, barriers, warp sums,
 math functions and conversions. :data:`CUDA` fills it for ``mx.fast.cuda_kernel``, :data:`METAL` for
-``mx.fast.metal_kernel`` (:func:`engine.numerics.custom_kernel` takes both sources).
+``mx.fast.metal_kernel`` (:func:`engine.kernels.admission.custom_kernel` takes both sources).
 """
 
 from __future__ import annotations
@@ -97,8 +97,8 @@ METAL = Dialect(
 
 # A barrier of every block of a launch (CUDA), for kernels whose persistent blocks run several steps in turn, each
 # step reading what the one before wrote: a counter and a generation on a ticket line (an int32 input ``tickets``
-# from :func:`engine.numerics.kernel_tickets`, zero at first, which the kernel keeps on from launch to launch), the
-# last block to arrive putting the counter back to zero and moving the generation on, the others waiting for it to
+# from :func:`engine.kernels.admission.kernel_tickets`, zero at first, which the kernel keeps on from launch to launch),
+# the last block to arrive putting the counter back to zero and moving the generation on, the others waiting for it to
 # move. A launch has few blocks, all resident together on any GPU; a wait is bounded all the same (about a second),
 # so that a device that could not run them together returns wrong values, which admission refuses, instead of
 # hanging. The fences on both sides make every block's writes before the barrier visible to every block's reads

@@ -26,7 +26,7 @@ from typing import Literal
 
 import mlx.core as mx
 
-from ..numerics import custom_kernel
+from .admission import custom_kernel
 
 THREADS = 256
 

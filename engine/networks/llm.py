@@ -24,10 +24,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..jit import jit
+from ..kernels.admission import kernel_constants
 from ..kernels.decode_attention import DecodeAttention
 from ..kernels.quantized_product import RowRole, grouped_rms_norm
 from ..loading.config import LLMConfig
-from ..numerics import kernel_constants
 from .cache import AttentionMask, KVCache, PositionLayout
 from .linear import Linear, QuantizedLinear
 from .ssm import block_rows, silu_gate, ssm_scan

@@ -33,7 +33,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..jit import materialize
-from ..numerics import custom_kernel, kernel_constants
+from ..kernels.admission import custom_kernel, kernel_constants
 
 if TYPE_CHECKING:
     from .llm import Mamba2Mixer

@@ -28,6 +28,7 @@ import numpy as np
 from seeded_buffers import drawn  # a sibling script, shared with attention_cupy.py (which has no MLX)
 
 import engine.kernels.decode_attention as decode_attention
+from engine.kernels.admission import KERNEL_TOLERANCE
 from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
@@ -38,7 +39,6 @@ from engine.kernels.decode_attention import (
     decode_attention_writing_ops,
     decode_attention_writing_samples,
 )
-from engine.numerics import KERNEL_TOLERANCE
 
 BASE, EPS = 1_000_000.0, 1e-6
 LARGE = 1 << 20  # bytes: arrays this large travel as seeds

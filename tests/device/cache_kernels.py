@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 from fast_kernels import outputs, queued_us, worst_l2  # a sibling script
 
+from engine.kernels.admission import admit_kernel, gpu_kernel_backend
 from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
@@ -29,7 +30,6 @@ from engine.kernels.decode_attention import (
     decode_attention_writing_ops,
     decode_attention_writing_samples,
 )
-from engine.numerics import admit_kernel, gpu_kernel_backend
 
 BASE, EPS = 1_000_000.0, 1e-6
 

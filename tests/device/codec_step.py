@@ -31,9 +31,9 @@ import numpy as np
 from fast_kernels import per_call_us  # a sibling script (run as tests/device/codec_step.py)
 
 from engine.counters import GraphCensus, named_weights
+from engine.kernels.admission import gpu_kernel_backend
 from engine.kernels.conv_norm import VARIANTS, ConvNorm, RowSumPlan, conv_norm_ops, conv_norm_samples, mlx_row_sum_plan
 from engine.loading.random_checkpoint import random_voicechat
-from engine.numerics import gpu_kernel_backend
 
 FRAMES = int(sys.argv[1]) if len(sys.argv) > 1 else 100
 EPS = 1e-6

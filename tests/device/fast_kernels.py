@@ -23,6 +23,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.kernels.admission import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
@@ -44,7 +45,6 @@ from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_
 from engine.kernels.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
 from engine.loading.random_checkpoint import random_voicechat
-from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 
 
 def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:

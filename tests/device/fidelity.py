@@ -26,6 +26,7 @@ import mlx.core as mx
 import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
+from engine.kernels.admission import relative_l2
 from engine.loading.random_checkpoint import random_voicechat
 from engine.numerics import set_numerics
 
@@ -34,7 +35,7 @@ FRAMES = 61
 SEED = 0
 BOUND = 0.99
 
-# Groups of fast parts, by the first entry of their key in engine.numerics._fast_part (and three changes made
+# Groups of fast parts, by the first entry of their key in engine.kernels.admission.fast_part (and three changes made
 # outside it: the row chains, the condition table, the backbone caches' dtype).
 GROUPS: dict[str, tuple[str, ...]] = {
     "quantized rows": ("quantized_row",),
@@ -64,7 +65,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 HELD: set[str] = set()
-_fast_part = numerics._fast_part
+_fast_part = numerics.fast_part
 _row_chains = numerics._row_chains
 _use_condition_table = numerics.use_condition_table
 _cache_dtype = numerics.BACKBONE_CACHE_DTYPE
@@ -88,7 +89,7 @@ def _held_condition_table(model: Any, characters: Any) -> bool:
     return False if "condition_table" in HELD else _use_condition_table(model, characters)
 
 
-numerics._fast_part = _held_fast_part
+numerics.fast_part = _held_fast_part
 numerics._row_chains = _held_row_chains
 numerics.use_condition_table = _held_condition_table
 
@@ -133,7 +134,7 @@ def _first_parting(exact_logits: list[Any], fast_logits: list[Any]) -> tuple[flo
         function += same_function
         if first is None and not (same_text and same_function):
             first = step
-        worst = max(worst, numerics.relative_l2(f[0], e[0]))
+        worst = max(worst, relative_l2(f[0], e[0]))
     steps = max(len(exact_logits), 1)
     return text / steps, function / steps, first, worst
 

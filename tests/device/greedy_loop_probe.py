@@ -30,9 +30,10 @@ from fast_kernels import per_call_us  # sibling scripts
 from rnnt_attempts import modules
 
 from engine.kernels import greedy_attempt
+from engine.kernels.admission import custom_kernel, gpu_kernel_backend, kernel_tickets
 from engine.kernels.greedy_attempt import WARPS, GreedyLoop, greedy_loop_ops, greedy_loop_samples
 from engine.kernels.source import GRID_BARRIER_CUDA, GRID_BARRIER_STATE_CUDA
-from engine.numerics import _attempt_parts, custom_kernel, gpu_kernel_backend, kernel_tickets
+from engine.numerics import _attempt_parts
 
 ATTEMPTS = 10
 CALLS = 50

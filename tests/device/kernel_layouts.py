@@ -30,6 +30,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine.kernels.admission import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 from engine.kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
 from engine.kernels.quantized_product import (
     QuantizedRowProduct,
@@ -38,7 +39,6 @@ from engine.kernels.quantized_product import (
     quantized_row_samples,
 )
 from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops
-from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 
 LAYERS = 28
 # (lanes a key, keys a warp reads at once, keys a block takes) for the attention.

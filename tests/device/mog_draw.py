@@ -15,10 +15,10 @@ import sys
 import mlx.core as mx
 from fast_kernels import per_call_us  # a sibling script (run as tests/device/mog_draw.py)
 
+from engine.kernels.admission import gpu_kernel_backend, relative_l2
 from engine.kernels.mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
 from engine.kernels.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 from engine.loading.config import MoGConfig, TTSConfig
-from engine.numerics import gpu_kernel_backend, relative_l2
 
 DRAWS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 

@@ -10,8 +10,8 @@ import sys
 
 import mlx.core as mx
 
+from engine.kernels.admission import gpu_kernel_backend
 from engine.kernels.quantized_product import QuantizedRowProduct, QuantizedRowShape, quantized_row_samples
-from engine.numerics import gpu_kernel_backend
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import sys
 import mlx.core as mx
 from kernel_layouts import load_before, queued_us  # a sibling script (run as tests/device/quantized_ab.py)
 
+from engine.kernels.admission import gpu_kernel_backend, relative_l2
 from engine.kernels.quantized_product import (
     QuantizedRowProduct,
     QuantizedRowShape,
@@ -26,7 +27,6 @@ from engine.kernels.quantized_product import (
     quantized_row_ops,
     quantized_row_samples,
 )
-from engine.numerics import gpu_kernel_backend, relative_l2
 
 # (width, outputs, bits, role): the Mamba mixer's in and out, the MLP's up and down, as the LLM runs them.
 CASES = (

@@ -18,10 +18,10 @@ import mlx.core as mx
 from fast_kernels import per_call_us, queued_us  # sibling scripts
 from traced_ab import warmed_alternating_rounds
 
+from engine.kernels.admission import admit_kernel, gpu_kernel_backend, relative_l2
 from engine.kernels.decode_attention import RelativeDecodeAttention, relative_window_samples
 from engine.loading.random_checkpoint import random_voicechat
 from engine.networks.encoder import RelativePositionAttention, attend_relative_window
-from engine.numerics import admit_kernel, gpu_kernel_backend, relative_l2
 
 HEADS, HEAD_DIM = 8, 128
 WARPS = (4, 8, 16, 32)

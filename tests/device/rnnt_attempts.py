@@ -24,6 +24,7 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_map
 
+from engine.kernels.admission import gpu_kernel_backend, relative_l2
 from engine.kernels.greedy_attempt import (
     JointRowShape,
     LSTMStep,
@@ -35,7 +36,7 @@ from engine.kernels.greedy_attempt import (
 )
 from engine.loading.config import JointConfig, PredictorConfig
 from engine.networks.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_propose
-from engine.numerics import _attempt_parts, gpu_kernel_backend, relative_l2
+from engine.numerics import _attempt_parts
 
 ATTEMPTS = 10
 BLANK = 1024
