@@ -15,13 +15,13 @@ kernel is used only after it matched that fallback on this device at load
 otherwise the fallback runs and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The
 changes:
 
-* **A fused Mamba-2 step** (:class:`engine.networks.ssm.FusedStep`): one position's causal
+* **A fused Mamba-2 step** (:class:`engine.kernels.fused_step.FusedStep`): one position's causal
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
   layer, reading the whole input projection (no slices), instead of about fifty operations.
   It sums the convolution tap by tap and reads the output from the new state, where the
   reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. It also writes the sums of its gated
   readout's squares over each block of rows, which the output projection's kernel turns into the
-  mixer's norm (below). Fallback: :func:`engine.networks.ssm.fused_step_ops`.
+  mixer's norm (below). Fallback: :func:`engine.kernels.fused_step.fused_step_ops`.
 * **Single-position attention for the TTS backbone** (:class:`engine.kernels.decode_attention.DecodeAttention`):
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
@@ -316,6 +316,7 @@ def apply_numerics(
         relative_attention_samples,
         relative_window_samples,
     )
+    from .kernels.fused_step import FusedStep, fused_step_ops, fused_step_sample
     from .kernels.residual_vq import (
         NearestRoundProduct,
         nearest_code_ops,
@@ -338,7 +339,6 @@ def apply_numerics(
     from .networks.linear import KeepsCopy, QuantizedLinear
     from .networks.llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
     from .networks.rnnt import RNNTJoint, RNNTPredictor
-    from .networks.ssm import FusedStep, fused_step_ops, fused_step_sample
     from .networks.tts import (
         GUIDED_ROWS,
         Backbone,

@@ -28,6 +28,7 @@ from engine.kernels.decode_attention import (
     decode_attention_sample,
     norm_rope_ops,
 )
+from engine.kernels.fused_step import block_rows, fused_step_ops, fused_step_sample
 from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
@@ -37,7 +38,7 @@ from engine.networks.encoder import ConformerLayer, RelativePositionAttention, a
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.networks.rnnt import RNNTPredictor
-from engine.networks.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
+from engine.networks.ssm import silu_gate, ssm_scan
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.timeline import INPUT_FRAME_SAMPLES
@@ -858,7 +859,7 @@ def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
 
 def test_the_fused_step_s_blocks_tile_the_norm_groups() -> None:
     """Each block of the fused Mamba step sums the squares of rows of one norm group only."""
-    from engine.networks.ssm import block_rows
+    from engine.kernels.fused_step import block_rows
 
     for heads, head_dim, groups in ((128, 80, 8), (8, 16, 2), (6, 10, 3), (1, 7, 1)):
         rows = block_rows(heads, head_dim, groups)

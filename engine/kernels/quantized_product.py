@@ -30,8 +30,8 @@ Inside one of the LLM's residual blocks the last projection also adds the block'
 ``"residual"``) and the MLP's up projection squares its ReLU (``"relu2"``): a frame runs no separate add per
 block and no activation between the MLP's products, about 80 primitives fewer, and those kernels take no
 longer than the plain one. The Mamba mixer's output projection also finishes the mixer's gated group norm
-(prologue ``"group_norm"``): the fused step (:class:`engine.networks.ssm.FusedStep`) sums the squares of its readout
-per block as it writes it, so each block of this kernel adds a few hundred partial sums per group instead
+(prologue ``"group_norm"``): the fused step (:class:`engine.kernels.fused_step.FusedStep`) sums the squares of its
+readout per block as it writes it, so each block of this kernel adds a few hundred partial sums per group instead
 of reading the whole row, and scales its chunks of the row as it reads them (six primitives fewer per
 Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
 normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
@@ -91,7 +91,7 @@ class RowRole:
     ``epilogue`` ``"residual"`` writes ``base + y`` and ``"relu2"`` ``max(y, 0)²``. ``prologue``
     ``"group_norm"`` takes the row before its norm (:func:`grouped_rms_norm`, ``norm_groups`` slices, eps
     ``norm_eps``) with the sums of its squares over ``norm_partials`` equal runs, which the kernel that
-    wrote the row summed as it went (:class:`engine.networks.ssm.FusedStep`). ``"residual_norm"`` writes
+    wrote the row summed as it went (:class:`engine.kernels.fused_step.FusedStep`). ``"residual_norm"`` writes
     ``base + y`` and also that row through the next block's RMS norm (eps ``next_eps``): the block's output
     and the next block's input in one launch."""
 

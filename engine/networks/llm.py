@@ -26,11 +26,12 @@ import mlx.nn as nn
 from ..jit import jit
 from ..kernels.admission import kernel_constants
 from ..kernels.decode_attention import DecodeAttention
+from ..kernels.fused_step import block_rows
 from ..kernels.quantized_product import RowRole, grouped_rms_norm
 from ..loading.config import LLMConfig
 from .cache import AttentionMask, KVCache, PositionLayout
 from .linear import Linear, QuantizedLinear
-from .ssm import block_rows, silu_gate, ssm_scan
+from .ssm import silu_gate, ssm_scan
 
 MAMBA: Literal["M"] = "M"
 ATTENTION: Literal["*"] = "*"
@@ -127,11 +128,11 @@ class Mamba2Mixer(nn.Module):
         self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
         # Fast numerics: one position's step from its input projection (convolution included) as one kernel, or
         # its operations fallback; returns the gated readout, both new states and the readout's partial sums
-        # of squares (engine.networks.ssm.fused_step_ops).
+        # of squares (engine.kernels.fused_step.fused_step_ops).
         self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None = None
 
     def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None) -> None:
-        """Run single-position steps through ``step`` (:class:`engine.networks.ssm.FusedStep` or its fallback), or
+        """Run single-position steps through ``step`` (:class:`engine.kernels.fused_step.FusedStep` or its fallback), or
         not."""
         self.fast_step = step
         self._step_limits = kernel_constants(self.dt_min, self.dt_max)
