@@ -3,8 +3,7 @@
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup llmattnab``): the full-size 4-bit
 random model, loaded for fast numerics. "kernel" is fast mode where the LLM's writing attention kernel was admitted
 (:meth:`engine.networks.llm.CausalSelfAttention.attend_rows`: one launch reads the projections' rows as heads and writes
-the
-new position into the cache's buffers); "operations" is the cache update, its slices and MLX's fused attention
+the new position into the cache's buffers); "operations" is the cache update, its slices and MLX's fused attention
 between views. Prints what the load admitted, each round's median and mean frame, and whether the two produced the
 same text ids, codes and waveforms (the softmax's sums run in another order, so the waveforms may differ a little;
 random weights' flat logits make a changed id possible, which the drift bounds judge, not this comparison).

@@ -3,8 +3,7 @@
 Run on the lent GPU from the repository root (``bash tests/device/h200.sh setup rowchainsab``): the full-size 4-bit
 random model, loaded for fast numerics. "joined" is fast mode where the load admitted them: the encoder's and the
 TTS backbone's runs of row products as one launch each (:class:`engine.kernels.row_chain.RowChain`: from a layer's
-output
-projection to the next layer's q/k/v projections, its blocks meeting at a barrier between products) and the RN-T
+output projection to the next layer's q/k/v projections, its blocks meeting at a barrier between products) and the RN-T
 loop's attempts as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`); "apart" is the same products and
 attempts one launch each; "chains" and "loop" join only the one or the other, so that each lever's share of the
 difference shows. Prints what the load admitted, each round's median and mean frame, and whether "joined" and
