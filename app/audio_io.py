@@ -100,7 +100,7 @@ NO_SPEAKER = "No speaker or headphones found. Connect them or check the sound se
 
 USER_VOICE_RMS: Final = 10.0 ** (-42.0 / 20.0)
 """Hands-free: a cleaned microphone frame this loud (RMS) is the user speaking (AEC3's residual stays near
--65 dBFS once converged and under -50 dBFS before: tests/echo_report.md)."""
+-65 dBFS once converged and under -50 dBFS before: docs/echo.md)."""
 USER_VOICE_HOLD_S: Final = 0.5  # ducking holds this long after the user's last loud frame
 REPLAY_AHEAD_S: Final = 1.0  # a replay keeps this much queued ahead of the speaker
 
@@ -296,7 +296,7 @@ class AudioIO:
         latency: PortAudio latency, "low", "high" or seconds.
         retry_interval_s: while paused, how often ``poll_health()`` looks for a device again.
         stall_timeout_s: a running stream whose callback has not run for this long counts as lost.
-        engine_input_rate, engine_output_rate, frame_samples: the engine's contract (``engine.config``).
+        engine_input_rate, engine_output_rate, frame_samples: the engine's contract (``engine.loading.config``).
 
     Attributes set by the controller (read once per audio block, no locks):
         talking: True while the talk key is held; otherwise the engine receives silence.

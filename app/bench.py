@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.layout import RANDOM_SIZES
+from engine.loading.layout import RANDOM_SIZES
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, STAGES
 
 from .paths import resource_path
@@ -162,7 +162,7 @@ def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
     """
     import mlx.core as mx
 
-    from engine.cache import KVCache, SlidingKVCache
+    from engine.networks.cache import KVCache, SlidingKVCache
 
     key = mx.random.key(seed)
 
@@ -365,7 +365,7 @@ class Reference:
         from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
         from mlx_vlm.models.nemotron_voicechat.session import VoiceChatSession
 
-        from engine.checkpoint import load_into
+        from engine.loading.checkpoint import load_into
 
         self.model = Model(ModelConfig.from_dict(raw_config))
         load_into(self.model, weights, quantized)
@@ -514,9 +514,9 @@ def bench(
     started = time.perf_counter()
     kernels_before = compiled_kernels()
     if model is not None:
-        from engine.checkpoint import read_runtime_weights
+        from engine.loading.checkpoint import read_runtime_weights
+        from engine.loading.tokenizer import TextTokenizer
         from engine.model import assemble_voicechat
-        from engine.tokenizer import TextTokenizer
 
         files, weights, quantized = read_runtime_weights(model)
         raw = files.raw_config
@@ -532,9 +532,9 @@ def bench(
             numerics=load_numerics,
         )
     else:
+        from engine.loading.random_checkpoint import random_weights
+        from engine.loading.tokenizer import TextTokenizer
         from engine.model import assemble_voicechat
-        from engine.random_checkpoint import random_weights
-        from engine.tokenizer import TextTokenizer
 
         size = random_size or "tiny"
         if size not in RANDOM_SIZES:

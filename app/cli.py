@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench import COMPARISONS
-from engine.layout import RANDOM_SIZES
+from engine.loading.layout import RANDOM_SIZES
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
 NUMERICS_HELP = (
     "exact: the reference's arithmetic, bit for bit (default); fast: fused GPU kernels reading bf16 weights, "
-    "slightly different rounding (README, 'Fast numerics')"
+    "slightly different rounding (docs/numerics.md)"
 )
 
 
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _make_checkpoint(args: argparse.Namespace) -> int:
-    from engine.random_checkpoint import make_checkpoint
+    from engine.loading.random_checkpoint import make_checkpoint
 
     path = make_checkpoint(
         args.out,

@@ -491,8 +491,8 @@ class AppController:
 
     def use_checkpoint(self, path: Path) -> None:
         """Adopt a local checkpoint folder, stored as the variant its quantization makes it."""
-        from engine.checkpoint import read_config
         from engine.errors import CheckpointError
+        from engine.loading.checkpoint import read_config
 
         path = Path(path)
         try:

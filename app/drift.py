@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.numerics import relative_l2
+from engine.kernels.admission import relative_l2
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .bench import bench_input
@@ -193,7 +193,7 @@ def measure_drift(
 ) -> dict[str, Any]:
     """Per seed, load that seed's random weights in both modes and measure drift (each session prefilled with
     ``system_prompt``, if any); returns the report."""
-    from engine.random_checkpoint import random_voicechat
+    from engine.loading.random_checkpoint import random_voicechat
 
     report: dict[str, Any] = {
         "size": size,

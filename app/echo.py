@@ -57,7 +57,7 @@ Where it runs, and what it costs
     machine AEC3 alone takes 120–135 µs per 10 ms block and the whole ``clean_capture`` 130–240 µs per
     block (reference resampling and alignment included): 1.0–1.9 ms per 80 ms frame, about 2 % of one
     core. It would fit a callback's 10 ms budget too, but Python in a callback risks GIL stalls.
-    ``tests/echo_report.md`` has the figures and the commands.
+    ``docs/echo.md`` has the figures and the commands.
 
 Timing: delay and drift
     Both streams are placed on one 16 kHz timeline of ``clock`` time: each playback chunk at its DAC
@@ -81,7 +81,7 @@ Timing: delay and drift
     follows what remains (a few ms, changing slowly). Playback that was never fed for a capture block
     counts as silence (``stats.reference_missing_blocks``).
 
-Why pywebrtc-audio and not livekit's AudioProcessingModule (both are AEC3; ``tests/echo_report.md``
+Why pywebrtc-audio and not livekit's AudioProcessingModule (both are AEC3; ``docs/echo.md``
 has the numbers and the commands)
     - Size: a 0.4 MB wheel (0.9 MB installed, numpy only) against 9–12 MB wheels (30 MB installed: the
       whole LiveKit client FFI library, plus protobuf and aiofiles) of which we would use one class, and
@@ -131,7 +131,7 @@ DRIFT_DEADBAND_S: Final = 0.02
 """A stream's position may lag or lead its timestamps by this much before it is corrected.
 
 Timestamps are not exact: through PulseAudio's ALSA plugin the capture's ADC times wandered by up to 36 ms
-against its sample count within seconds (tests/echo_report.md). Chasing that wander moved the alignment
+against its sample count within seconds (docs/echo.md). Chasing that wander moved the alignment
 all the time and cost AEC3 its convergence; a sample count is exact as long as no audio is dropped."""
 MAX_CORRECTION: Final = 16
 """At most this many samples (1 ms) are inserted or dropped per chunk: a gentle pull, not a jump."""
@@ -459,7 +459,7 @@ class EchoCanceller:
                 resampler = self._resamplers.get(rate)
                 if resampler is None:
                     # Soxr's "quick" quality has no look-ahead (HQ holds back 40 ms, which could make the
-                    # reference late) and AEC3's ERLE was the same with it (tests/echo_report.md).
+                    # reference late) and AEC3's ERLE was the same with it (docs/echo.md).
                     resampler = soxr.ResampleStream(rate, CANCELLER_RATE, 1, dtype="float32", quality="QQ")
                     self._resamplers[rate] = resampler
                 resampled = np.asarray(resampler.resample_chunk(data), dtype=np.float32)

@@ -1,6 +1,6 @@
 """Where Parley finds its resources and keeps its files, the same way from source and from a bundle.
 
-One home for every location (the README's "Where things live" lists the same):
+One home for every location (the README's "Files: where things live" lists the same):
 settings in :func:`config_dir`, downloaded and generated checkpoints under :func:`data_dir`,
 the rotating log and the crash log in :func:`log_dir`, compiled GPU kernels in :func:`kernel_cache_dir`.
 """

@@ -50,10 +50,10 @@ VIEW_PRIMITIVES = frozenset(
     }
 )
 VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
-TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.linear)
-COPY_MARK = "%"  # "<parameter>%": the whole parameter in another dtype, copied once and kept (engine.linear)
+TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.networks.linear)
+COPY_MARK = "%"  # "<parameter>%": the whole parameter in another dtype, copied once and kept (engine.networks.linear)
 # "<parameter>[]": the parameter viewed as a table whose rows a kernel picks itself (a drawn component's): each
-# read is one row of the view, whatever primitive reads it (engine.mixture_sample).
+# read is one row of the view, whatever primitive reads it (engine.kernels.mixture_sample).
 GATHER_MARK = "[]"
 
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
@@ -111,11 +111,11 @@ class FrameCensus:
 def named_weights(model: object) -> dict[str, mx.array]:
     """Every array a frame may read as a weight, by parameter name.
 
-    Besides the parameters, projections stacked into one matrix (:mod:`engine.fused`) are
+    Besides the parameters, projections stacked into one matrix (:mod:`engine.networks.fused`) are
     named ``<module>.stacked``: the stacked matrix is what the product reads. Views of a
     parameter that a module keeps ready (``weight_views()``) are named after it: a slice
     (the TTS codebooks) ``<parameter>#<index>``, priced as one slice of it, a transposed
-    weight (:mod:`engine.linear`) ``<parameter>@T``, priced as all of it, a copy in another
+    weight (:mod:`engine.networks.linear`) ``<parameter>@T``, priced as all of it, a copy in another
     dtype (fast numerics' bf16 copies) ``<parameter>%``, priced as all of it in the copy's dtype,
     and a table a kernel gathers rows of ``<parameter>[]``, priced as one row of the table per read
     (the module's ``table_rows()`` say how many rows each table has).
@@ -296,10 +296,10 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from .config import VoiceChatConfig
-    from .layout import quantized_modules
+    from .loading.config import VoiceChatConfig
+    from .loading.layout import quantized_modules
+    from .loading.random_checkpoint import GROUP_SIZE, base_config
     from .model import VoiceChatModel
-    from .random_checkpoint import GROUP_SIZE, base_config
 
     config = VoiceChatConfig.from_dict(base_config("full"))
     skeleton = VoiceChatModel(config)

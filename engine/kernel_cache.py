@@ -9,7 +9,7 @@ folder from an archive of kernels compiled elsewhere for the same MLX version an
 (:func:`seed_kernel_cache`; :func:`pack_kernel_cache` makes one), so that not even the first does.
 
 A kernel's cache name is MLX's name for it, which for Parley's own kernels ends in a hash of their
-source (:func:`engine.numerics.custom_kernel`), so a cached file never stands for another source.
+source (:func:`engine.kernels.admission.custom_kernel`), so a cached file never stands for another source.
 Only file names are taken from an archive, never its paths, and existing files are kept.
 No MLX import here: the setting must be in place before MLX's first compile.
 """

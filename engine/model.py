@@ -16,24 +16,25 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import memory
-from .checkpoint import load_arrays, load_into, open_checkpoint, sanitize, verify_layout
-from .codec import Codec
-from .config import VoiceChatConfig
-from .encoder import Perception
 from .errors import CheckpointMemoryError, TokenizerError
-from .fused import fuse_projections
 from .jit import jit
-from .layout import PROMPT_FRAMES
-from .linear import Linear, prepare_transposed_weights
-from .llm import NemotronH
-from .memory import check_fits, format_bytes, precast_budget
-from .numerics import Numerics, apply_numerics, fast_bf16_weights, gpu_kernel_backend
-from .precast import precast_float32
-from .rnnt import RNNTJoint, RNNTPredictor
-from .subword import CharacterTable
-from .tokenizer import RNNTVocabulary, TextTokenizer
-from .tts import EarTTS
+from .kernels.admission import gpu_kernel_backend
+from .loading import memory
+from .loading.checkpoint import load_arrays, load_into, open_checkpoint, sanitize, verify_layout
+from .loading.config import VoiceChatConfig
+from .loading.layout import PROMPT_FRAMES
+from .loading.memory import check_fits, format_bytes, precast_budget
+from .loading.precast import precast_float32
+from .loading.tokenizer import RNNTVocabulary, TextTokenizer
+from .networks.codec import Codec
+from .networks.encoder import Perception
+from .networks.fused import fuse_projections
+from .networks.linear import Linear, prepare_transposed_weights
+from .networks.llm import NemotronH
+from .networks.rnnt import RNNTJoint, RNNTPredictor
+from .networks.subword import CharacterTable
+from .networks.tts import EarTTS
+from .numerics import Numerics, apply_numerics, fast_bf16_weights
 
 
 class DuplexSTT(nn.Module):
@@ -181,7 +182,7 @@ def assemble_voicechat(
     """Build the module tree, load runtime-layout ``weights`` into it strictly, and wrap it up.
 
     With ``precast`` the weights that only meet float32 activations are converted once
-    (see :mod:`engine.precast`; exact, faster, more memory), unless the copies would take
+    (see :mod:`engine.loading.precast`; exact, faster, more memory), unless the copies would take
     more than ``precast_budget`` bytes; the rest stays lazy. ``numerics`` picks exact or fast
     arithmetic (see :mod:`engine.numerics`); for fast, the weights its row products read stay bf16.
     """

@@ -1,7 +1,7 @@
 """Numerics modes: ``exact`` (the reference's arithmetic, bit for bit) and ``fast`` (a written decision).
 
 Exact mode keeps the reference port's decomposition of every network into MLX operations,
-so outputs equal mlx-vlm 0.7.10's bit for bit on the CPU and the GPU (README, "Exact on
+so outputs equal mlx-vlm 0.7.10's bit for bit on the CPU and the GPU (docs/numerics.md, "Exact on
 the GPU"); a frame then stays several thousand operations, and on a GPU each costs host
 time whatever the arithmetic. Fast mode changes the arithmetic where that buys speed, and
 nowhere else. What differs from the reference, and why it is safe:
@@ -11,17 +11,18 @@ replaces a run of MLX operations — each of which costs host time on a GPU what
 arithmetic — with one launch, computing the same quantity in float32 as the reference does,
 with sums taken in another order. Each has an operations fallback that the CPU runs, and a
 kernel is used only after it matched that fallback on this device at load
-(:func:`admit_kernel`, relative L2 ≤ :data:`KERNEL_TOLERANCE`); otherwise the fallback runs
-and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The changes:
+(:func:`engine.kernels.admission.admit_kernel`, relative L2 ≤ :data:`engine.kernels.admission.KERNEL_TOLERANCE`);
+otherwise the fallback runs and the log says why. One change rounds: the last, the TTS backbone's caches in bf16. The
+changes:
 
-* **A fused Mamba-2 step** (:class:`engine.ssm.FusedStep`): one position's causal
+* **A fused Mamba-2 step** (:class:`engine.kernels.fused_step.FusedStep`): one position's causal
   convolution, state update, readout ``C·S``, skip term and output gate as one kernel per
   layer, reading the whole input projection (no slices), instead of about fifty operations.
   It sums the convolution tap by tap and reads the output from the new state, where the
   reference sums ``(C·B)·dt·x`` and ``C·S_old`` apart. It also writes the sums of its gated
   readout's squares over each block of rows, which the output projection's kernel turns into the
-  mixer's norm (below). Fallback: :func:`engine.ssm.fused_step_ops`.
-* **Single-position attention for the TTS backbone** (:class:`engine.decode_attention.DecodeAttention`):
+  mixer's norm (below). Fallback: :func:`engine.kernels.fused_step.fused_step_ops`.
+* **Single-position attention for the TTS backbone** (:class:`engine.kernels.decode_attention.DecodeAttention`):
   heads of 72 fall outside MLX's fused attention, whose fallback is a scale, a transpose, two
   products and a softmax over a sliced cache. The kernel reads the cache buffer unsliced and
   computes the softmax online (running maximum and sum per run of keys that four lanes read
@@ -29,54 +30,54 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   block to finish, in the same launch, where that form is admitted; else by a second kernel). Fallback: the
   reference's ``scaled_dot_product_attention``.
   On CUDA a second form of the kernel also writes the new position's key and value into the cache buffers
-  (:meth:`~engine.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
+  (:meth:`~engine.kernels.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
   key and value themselves, and one block per key head stores them at the slot, where the traced step scattered
   them into each buffer first — 56 scatters a frame fewer, the same numbers. The write lands in buffers MLX
-  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.cache.SlidingKVCache`) and nothing
+  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.networks.cache.SlidingKVCache`) and nothing
   else reads them. Admitted against the scatters and the attention (outputs and written buffers).
   The LLM's four attention blocks (heads of 128, eight key heads) take the same writing form
-  (:meth:`engine.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their heads
-  and writes the mixed values as the output projection's row, where the reference's cache update writes and
+  (:meth:`engine.networks.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their
+  heads and writes the mixed values as the output projection's row, where the reference's cache update writes and
   slices its buffers around MLX's fused attention and views make the heads — eight primitives a block fewer.
   The softmax's sums run in another order than MLX's fused kernel's. Admitted against those operations.
-* **The TTS query and key heads** (:class:`engine.decode_attention.NormRope`): the head
+* **The TTS query and key heads** (:class:`engine.kernels.decode_attention.NormRope`): the head
   split, the Gemma RMS norms and RoPE of q and k as one kernel, with MLX's own angle
   formula ``offset · 2^(−i/(D/2)·log2 base)`` so the angles match its RoPE kernel. On CUDA,
   where the attention writes its cache, the attention kernel makes them itself from the
-  projections' rows (:meth:`~engine.decode_attention.DecodeAttention.attend_heads`: two of
+  projections' rows (:meth:`~engine.kernels.decode_attention.DecodeAttention.attend_heads`: two of
   its warps run the same lines for the block's query head and new key), bit for bit the two
   kernels' results on the H200; admitted against the operations per RoPE base.
 * **The encoder's relative-position attention for the newest frame**
-  (:class:`engine.decode_attention.RelativeDecodeAttention`): content and position scores
+  (:class:`engine.kernels.decode_attention.RelativeDecodeAttention`): content and position scores
   ``(q+u)·k + (q+v)·p`` summed together, then scaled, softmaxed and mixed in one kernel per
   layer. For one query the reference's relative shift leaves the position scores in place,
   so key j pairs with position row j (tested against a float64 computation). Fallback:
-  :func:`engine.encoder.attend_relative`, the reference's operations. Its window form reads the
+  :func:`engine.networks.encoder.attend_relative`, the reference's operations. Its window form reads the
   cached key and value rows and the newest one apart and writes the window it read (the next
   frame's cache) as it goes, where the operations would join them and slice the join: two
-  concatenations and two slices a layer fewer. Fallback: :func:`engine.encoder.attend_relative_window`.
-* **The greedy residual-VQ step** (:mod:`engine.residual_vq`): one quantizer's distance
+  concatenations and two slices a layer fewer. Fallback: :func:`engine.networks.encoder.attend_relative_window`.
+* **The greedy residual-VQ step** (:mod:`engine.kernels.residual_vq`): one quantizer's distance
   product, argmin, gather and residual and running-sum updates as one kernel on CUDA
-  (:class:`~engine.residual_vq.NearestCodeProduct`), reading the codebook as stored (bf16 in a
+  (:class:`~engine.kernels.residual_vq.NearestCodeProduct`), reading the codebook as stored (bf16 in a
   model loaded for fast); its blocks share the entries and the last to finish picks the code.
   Its dot products sum in another order than MLX's product, so a distance may differ in its
   last bits, and a near tie could go the other way; it is admitted when it picks the
   operations' codes and rows bit for bit. On Metal the product stays MLX's and the rest is one
-  kernel (:class:`~engine.residual_vq.NearestCode`), bit-identical to the operations (the same
+  kernel (:class:`~engine.kernels.residual_vq.NearestCode`), bit-identical to the operations (the same
   roundings, ties to the lowest index) and admitted only if it is. On CUDA a round's several quantizers run in
-  one launch (:class:`~engine.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
+  one launch (:class:`~engine.kernels.residual_vq.NearestRoundProduct`): the same arithmetic in the same order, its
   blocks meeting at a bounded barrier between quantizers, admitted only bit for bit.
-* **Runs of row products as one launch** (:class:`engine.row_chain.RowChain`, CUDA only): where row products
+* **Runs of row products as one launch** (:class:`engine.kernels.row_chain.RowChain`, CUDA only): where row products
   follow one another with nothing else between — an encoder layer's output projection, convolution module and
   second feed-forward, then the next layer's first feed-forward and q/k/v projections (eight); a TTS backbone
   layer's output projection and MLP, then the next layer's q/k/v (four) — one launch runs them: each product's
   own source for one of its blocks is a task, taken in order by the launch's blocks, and a task waits until the
-  product before it is done (no block need be resident beside another). :class:`engine.row_chain.RowSequence`
+  product before it is done (no block need be resident beside another). :class:`engine.kernels.row_chain.RowSequence`
   gathers the calls until the attention reads them; a load finds each network's runs by one step op by op and
   admits a chain for each only bit for bit against its products one launch each (the same arithmetic in the
   same order).
   Fallback: the products one launch each (on the CPU, their operations).
-* **Row products reading bf16 weights** (:class:`engine.row_product.RowProduct`): a stream's one
+* **Row products reading bf16 weights** (:class:`engine.kernels.row_product.RowProduct`): a stream's one
   or two rows through a dense projection, with what surrounds it — an RMS or layer norm before it
   (or a depthwise convolution, layer norm and SiLU), the previous sublayer's post-norm and residual
   add, and after it the MLP's ``gelu(gate)·up``, a GLU, a SiLU or a residual add — in one kernel
@@ -84,15 +85,15 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   model switched to fast: every bf16 value is exact in float32, so nothing is lost) and sums in
   float32. Used for the TTS backbone's sublayers (q/k/v, output, gate·up, down: 4 launches a
   layer), the MoG head's MLP layers, and the encoder's streaming layer
-  (:meth:`engine.encoder.ConformerLayer.stream_rows`: six launches, the attention kernel and the
+  (:meth:`engine.networks.encoder.ConformerLayer.stream_rows`: six launches, the attention kernel and the
   output norm, where exact mode runs about thirty operations). The encoder then projects each
   frame's key and value once, as it arrives, and caches them projected, where exact mode caches
   the attention inputs and projects the whole 71-frame window every frame (on CUDA with TF32
-  inputs, being several rows). Fallback: :func:`engine.row_product.row_product_ops`, the reference's
+  inputs, being several rows). Fallback: :func:`engine.kernels.row_product.row_product_ops`, the reference's
   operations. MLX's CUDA backend multiplies several float32 rows with reduced-precision (TF32)
   inputs, so these kernels are admitted against a float32 reference computed on the CPU, and on a
   GPU they run only where every kernel of their network was admitted.
-* **The LLM's quantized projections for one row** (:class:`engine.quantized_product.QuantizedRowProduct`,
+* **The LLM's quantized projections for one row** (:class:`engine.kernels.quantized_product.QuantizedRowProduct`,
   CUDA only): ``s · Σ x·q + b · Σ x`` per group in float32, as MLX's kernels compute it, with the
   groups summed in another order. Inside each block the last projection adds the residual and the
   MLP's up projection squares its ReLU in the same launch (the same float32 operations, after the
@@ -103,40 +104,42 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   norm of its own (the same norm with its sum of squares in another order). Fallback and reference: MLX's
   norm, ``quantized_matmul`` and the add or squared ReLU (and the next norm), which Metal keeps (its
   kernel there already reads at the memory's bandwidth).
-* **Each RN-T greedy attempt as four kernels** (:mod:`engine.greedy_attempt`): an LSTM step per layer
+* **Each RN-T greedy attempt as four kernels** (:mod:`engine.kernels.greedy_attempt`): an LSTM step per layer
   (input and recurrent products, gates and cell update, a warp per unit; the first layer finishes the
   previous attempt's argmax from its partial maxima and reads its token's embedding row itself) and two
   joint rows (the prediction projection added to the encoder projection and activated; the class scores
   reduced to a (max, first index) pair per block). No attempt selects a state; the loop's end masks the
   attempts after the first blank and takes the state of the last emission. The reference's bf16 input
   product is rounded to bf16 once, as the reference rounds it, so a gate differs only where the reordered
-  float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.greedy_attempt.lstm_step_ops` and
-  :func:`engine.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
+  float32 sum crosses a rounding boundary. Fallbacks: :func:`engine.kernels.greedy_attempt.lstm_step_ops` and
+  :func:`engine.kernels.greedy_attempt.joint_row_ops`, the reference's operations; on a GPU the attempts run as
   kernels only where all six were admitted (the compiled loop of operations otherwise). On CUDA a frame's
-  attempts can run as one launch (:class:`engine.greedy_attempt.GreedyLoop`): the attempt kernels' own
+  attempts can run as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`): the attempt kernels' own
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
   bit against the attempt kernels (51 primitives a frame fewer; :data:`RNNT_LOOP_SETTING` ``=0`` turns it off). Its
-  barrier's counters sit on a ticket line of their own (:func:`kernel_tickets`): in 8 bytes, which MLX serves
-  from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (README, *A frame's RN-T
-  attempts as one launch*).
+  barrier's counters sit on a ticket line of their own (:func:`engine.kernels.admission.kernel_tickets`): in 8 bytes,
+  which MLX serves from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (docs/numerics.md, *A frame's
+  RN-T attempts as one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
-  (:class:`engine.row_product.RowProductShape` ``guided``), then :class:`engine.mixture_sample.MixtureSample`:
+  (:class:`engine.kernels.row_product.RowProductShape` ``guided``), then
+  :class:`engine.kernels.mixture_sample.MixtureSample`:
   softmax, the top-p nucleus (each component's mass above summed directly, where the reference sorts),
   Gumbel-max from the round's uniform draw, the drawn component's low-rank mean and the latent from the
   round's normal draw. The draws stay MLX's and come in the reference's order, so the random stream is the
   same; a component whose nucleus boundary or Gumbel score lies within rounding of another's can be drawn
-  differently. Fallback: :func:`engine.mixture_sample.mixture_sample_ops`, the reference's operations.
-* **A step's random draws as one kernel** (:class:`engine.step_draws.StepDraws`, CUDA only): the ten draws of
+  differently. Fallback: :func:`engine.kernels.mixture_sample.mixture_sample_ops`, the reference's operations.
+* **A step's random draws as one kernel** (:class:`engine.kernels.step_draws.StepDraws`, CUDA only): the ten draws of
   the five rounds — each a key split, its bits and their conversion, six primitives — made at once from a key
   that the TTS cache carries (from the global generator's key at its first step: MLX's Python API cannot set
   that key), handing on the key that drawing them one by one would leave. The same hash, counters and
   conversions as MLX's, so the same bits, and admitted only so; Metal keeps the library's draws. Fallback:
-  :func:`engine.step_draws.step_draws_ops`, the library's draws from explicit key splits.
+  :func:`engine.kernels.step_draws.step_draws_ops`, the library's draws from explicit key splits.
 * **Each encoder layer's output norm inside the next layer's first row product** (the ``"layer_norm_twice"``
   prologue: the previous layer's norm, written out as the residual stream, then the feed-forward's norm):
   the same operations in one launch, the last layer's norm left to MLX.
-* **Each codec decoder block's streaming convolution and norm as one kernel** (:class:`engine.conv_norm.ConvNorm`):
+* **Each codec decoder block's streaming convolution and norm as one kernel**
+  (:class:`engine.kernels.conv_norm.ConvNorm`):
   the join of the carried inputs to the frame's, the depthwise convolution and its bias, the channel layer norm and
   its affine map, and the next history, one block of threads per position, where the operations take about nineteen
   primitives; the pointwise convolutions stay MLX's (as matrix products on rows they took another GPU kernel, and the
@@ -147,12 +150,12 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   the first that gives the operations' bits is used); only the convolution's seven-tap float32 sum may run in another
   order, so a value differs by one bf16 step where that sum lands across a rounding boundary. It is admitted bit for
   bit on inputs whose convolution sums are exact in any order; on the H200 the full-size codec teacher-forced over 100
-  frames then gave the operations' waveform exactly. Fallback: :func:`engine.conv_norm.conv_norm_ops`, exact
+  frames then gave the operations' waveform exactly. Fallback: :func:`engine.kernels.conv_norm.conv_norm_ops`, exact
   mode's operations. The codec's dequantization, one row per quantizer summed in quantizer order, is one kernel too
-  (:class:`engine.code_sum.CodeSum`, where the operations take a gather, 31 slices and the adds): the same adds in the
-  same order, bit for bit, and admitted only so.
+  (:class:`engine.kernels.code_sum.CodeSum`, where the operations take a gather, 31 slices and the adds): the same adds
+  in the same order, bit for bit, and admitted only so.
 * **The RN-T greedy loop's cell update left to fuse** (no kernel of its own): both modes unroll the
-  loop on rows (:func:`engine.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
+  loop on rows (:func:`engine.networks.rnnt._greedy_rows`); exact mode stores the LSTM cell update's two
   products before they are added (:func:`engine.jit.materialize`), fast mode lets them fuse where its
   attempts run as operations. On the CPU the two are the same bits; on a GPU the fused multiply-add
   rounds once where the reference rounds twice.
@@ -160,14 +163,14 @@ and the log says why. One change rounds: the last, the TTS backbone's caches in 
   :meth:`engine.session.Session._tts_step_on_device`). Exact mode reads the LLM's text id back before it builds
   the TTS step, because the token's conditioning is looked up by id on the host (its spelling, a memo), so the
   device idles while the host builds the rest of the frame. Fast mode keeps the id on the device: every token's
-  spelling is a device table at the longest spelling's width (:meth:`engine.subword.CharacterTable.on_device`),
+  spelling is a device table at the longest spelling's width (:meth:`engine.networks.subword.CharacterTable.on_device`),
   the character encoder runs each step on the token's row with its padding masked, and the end-of-speech reset
   is a select; the ids are read with the samples. What differs: the encoder's attention and pooling sum over the
   padded width (the padded terms are zeros), and it runs every frame instead of once per token (about 40 MB of
   bf16 weights a frame). On the CPU the conditioning comes out exact (``tests/test_tts.py``).
 * **The text conditioning read from a table of the vocabulary** (CUDA only, no kernel of its own;
   :func:`use_condition_table`). The conditioning above depends on the token id alone, so a load runs the
-  character encoder over every token once (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`:
+  character encoder over every token once (:meth:`engine.networks.subword.CharAwareSubwordEncoder.encode_vocabulary`:
   tokens in order of length, each group at its longest spelling's width) and a frame gathers its token's row:
   about 85 primitives and the character encoder's 40 MB of weights a frame fewer, for a table of the vocabulary
   × 1,152 in bf16 (0.3 GB at full size) and a pass of the vocabulary at load. What differs: the table's rows are
@@ -197,35 +200,34 @@ exact mode's own multi-row products carry TF32 rounding, so fast mode's TTS hidd
 about 7e-4 (relative L2) from exact mode's there while both are within float32 rounding of each
 other on the CPU. The MoG head samples codes from the TTS hidden state, and the LLM's greedy ids
 from logits that random weights make nearly flat, so free-running runs part from exact mode's
-after some frames, like two machines' would (README, "Fast numerics").
+after some frames, like two machines' would (docs/numerics.md).
 
-The kernels' names carry a hash of their source (:func:`custom_kernel`): MLX keeps compiled
+The kernels' names carry a hash of their source (:func:`engine.kernels.admission.custom_kernel`): MLX keeps compiled
 kernels by name across processes, and an updated kernel must not meet its old build.
 
 Tried and rejected: stacking the projections that share an input on the GPU too (exact mode
 stacks them on the CPU only). On CUDA the taller products take another library path with
 reduced-precision inputs — the TTS hidden states moved by 6e-4 (relative L2) and free-running
 codes parted from exact within 24–36 frames — and the speaking phase got slower, not faster
-(README, "Fast numerics"). And quantizing the MoG head's MLP to 8 bits, which its five reads a frame would make
+(docs/numerics.md). And quantizing the MoG head's MLP to 8 bits, which its five reads a frame would make
 0.23 GB fewer bytes: on random weights it moved the head's guided features by 1.9e-2 (relative L2) and drew another
 component for 3 of 100 draws (``tests/mog_quantized_drift.py``), a change of the voice's distribution, not of a
 sum's order.
 
 Memory: a model loaded for fast numerics keeps the weights its kernels read in bf16 as stored
-(:func:`fast_bf16_weights`; :mod:`engine.precast` does not cast them): 2.4 GB less at full size
+(:func:`fast_bf16_weights`; :mod:`engine.loading.precast` does not cast them): 2.4 GB less at full size
 than exact mode's float32 copies. A model switched to fast in place makes bf16 copies
-(:meth:`engine.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
+(:meth:`engine.networks.linear.KeepsCopy.weight_in`) and holds them beside its float32 weights until it
 switches back to exact, which releases them (:func:`apply_numerics`).
 
-Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in the README's
-"Fast numerics" section, with the drift each change causes. Random weights make the
+Bounds, measured and guarded in CI (``tests/test_numerics.py``), are in docs/numerics.md
+("The bounds CI checks"), with the drift each change causes. Random weights make the
 logits flatter than real ones, so the argmax agreement measured on them is a pessimistic
 figure.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -234,21 +236,22 @@ from typing import TYPE_CHECKING, Any, Literal
 import mlx.core as mx
 import numpy as np
 
+from .kernels.admission import admit_kernel, fast_part, gpu_kernel_backend
+
 if TYPE_CHECKING:
-    from .quantized_product import RowRole
+    from .kernels.quantized_product import RowRole
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 
-# A kernel's outputs may differ from its fallback's by float32 reordering only.
-KERNEL_TOLERANCE = 1e-5
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
-# The environment variable that can turn off fast mode's RN-T loop in one launch (engine.greedy_attempt.GreedyLoop)
-# on CUDA: "0" leaves the attempts one launch each. On by default since its barrier's counters sit on a ticket line
-# (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the loop took 20.3 ms a frame; on a line,
-# 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level with them within noise on an H100
-# (tests/device/greedy_loop_probe.py, row_chains_ab.py), for 51 primitives a frame fewer.
+# The environment variable that can turn off fast mode's RN-T loop in one launch
+# (engine.kernels.greedy_attempt.GreedyLoop) on CUDA: "0" leaves the attempts one launch each. On by default since its
+# barrier's counters sit on a ticket line (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the
+# loop took 20.3 ms a frame; on a line, 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level
+# with them within noise on an H100 (tests/device/greedy_loop_probe.py and row_chains_ab.py, in git history), for 51 primitives a frame
+# fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 # The dtype fast mode's TTS backbone caches store keys and values in (see the module docstring). float32 here
 # would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight
@@ -269,166 +272,6 @@ def rnnt_loop_wanted() -> bool:
     return os.environ.get(RNNT_LOOP_SETTING, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def gpu_kernel_backend() -> str | None:
-    """``"cuda"`` or ``"metal"`` when custom kernels can run on the default device, else None."""
-    if mx.default_device().type != mx.gpu:
-        return None
-    if mx.cuda.is_available():
-        return "cuda"
-    if mx.metal.is_available():
-        return "metal"
-    return None
-
-
-# MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of host memory, so a kernel reading one waits on
-# PCIe (about a microsecond a read). The constants kernels read are padded past that size.
-KERNEL_CONSTANT_BYTES = 16
-
-
-# A kernel's ticket counters (int32 zeros that it keeps on from launch to launch) take a 128-byte line each. That
-# also keeps the workspace over 8 bytes, out of the host pool above, where every block's atomic add and every poll
-# of a counter would cross PCIe (measured: 35 µs more a launch for the residual-VQ step's one counter).
-TICKET_STRIDE = 32
-
-
-def kernel_tickets(lines: int = 1) -> mx.array:
-    """A kernel's workspace of ``lines`` ticket lines (:data:`TICKET_STRIDE` int32 zeros each), evaluated."""
-    tickets = mx.zeros((lines * TICKET_STRIDE,), dtype=mx.int32)
-    mx.eval(tickets)
-    return tickets
-
-
-def kernel_constants(*values: float) -> mx.array:
-    """``values`` as a float32 kernel input kept out of that host pool: zeros follow them up to
-    :data:`KERNEL_CONSTANT_BYTES` (kernels and fallbacks read the leading entries only)."""
-    padding = max(0, KERNEL_CONSTANT_BYTES // 4 - len(values))
-    return mx.array([*values, *[0.0] * padding], dtype=mx.float32)
-
-
-def custom_kernel(
-    backend: str,
-    name: str,
-    inputs: list[str],
-    outputs: list[str],
-    *,
-    cuda: str,
-    metal: str,
-    cuda_header: str = "",
-) -> Callable[..., Any]:
-    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
-    (on CUDA after ``cuda_header``: functions the body calls).
-
-    The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
-    folder that outlives the process), so a kernel whose source changed with an update of Parley must
-    not meet the old build under the same name."""
-    source = {"cuda": cuda, "metal": metal}.get(backend)
-    if source is None:
-        raise ValueError(f"no {name} kernel for {backend!r}")
-    header = cuda_header if backend == "cuda" else ""
-    versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
-    if backend == "cuda":
-        return mx.fast.cuda_kernel(
-            name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
-        )
-    return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
-
-
-def relative_l2(actual: mx.array, expected: mx.array) -> float:
-    """``‖actual − expected‖ / ‖expected‖`` in float32 (0 when both are zero)."""
-    difference = mx.sqrt(mx.sum(mx.square(actual.astype(mx.float32) - expected.astype(mx.float32))))
-    scale = mx.sqrt(mx.sum(mx.square(expected.astype(mx.float32))))
-    difference_value, scale_value = difference.item(), scale.item()
-    return difference_value / scale_value if scale_value else difference_value
-
-
-def admit_kernel(
-    name: str,
-    kernel: Callable[..., Any],
-    fallback: Callable[..., Any],
-    inputs: tuple[Any, ...],
-    tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
-) -> bool:
-    """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
-    (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
-    (and the log says why). Either may return one array or a tuple of them. ``reference_device`` runs
-    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision)."""
-    try:
-        got = _outputs(kernel(*inputs))
-        if reference_device is None:
-            want = _outputs(fallback(*inputs))
-        else:
-            with mx.stream(reference_device):
-                want = _outputs(fallback(*inputs))
-                mx.eval(want)
-        mx.eval(got, want)
-        if tolerance == 0:
-            # Unequal outputs count as their relative L2 (so that the log tells reordering from a wrong result),
-            # and as infinite where that rounds to 0.
-            errors = [
-                0.0 if mx.array_equal(a, b).item() else relative_l2(a, b) or float("inf")
-                for a, b in zip(got, want, strict=True)
-            ]
-        else:
-            errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
-    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run on this device is simply not used
-        log.warning("the %s kernel is not used: it failed on this device (%s)", name, exc)
-        return False
-    worst = max(errors)
-    if not worst <= tolerance:
-        differing = [index for index, error in enumerate(errors) if not error <= tolerance]
-        log.warning(
-            "the %s kernel is not used: it differs from its fallback by %.3g (bound %g; outputs %s of %d)",
-            name,
-            worst,
-            tolerance,
-            differing,
-            len(errors),
-        )
-        return False
-    log.info("the %s kernel matches its fallback on this device (relative L2 %.2g)", name, worst)
-    return True
-
-
-def _outputs(result: Any) -> tuple[mx.array, ...]:
-    return (result,) if isinstance(result, mx.array) else tuple(result)
-
-
-# Fast mode's parts, made and admitted once per process and layer shape: a model switched back and forth
-# gets the same objects again, so the programs compiled around them are reused (see engine.llm, engine.tts).
-_PARTS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = {}
-
-
-def _fast_part(
-    key: tuple[Any, ...],
-    name: str,
-    fallback: Callable[..., Any],
-    make_kernel: Callable[[str], Callable[..., Any]],
-    sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
-    tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
-) -> tuple[Callable[..., Any], bool]:
-    """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
-    ``sample``: one tuple of inputs, or a list of them; the fallback run on ``reference_device`` if
-    given), else the fallback."""
-    backend = gpu_kernel_backend()
-    full_key = (*key, backend)
-    if full_key not in _PARTS:
-        part, used = fallback, False
-        if backend is not None:
-            try:
-                kernel = make_kernel(backend)
-            except ValueError as exc:
-                log.info("no %s kernel for this shape (%s)", name, exc)
-            else:
-                samples = sample()
-                cases = samples if isinstance(samples, list) else [samples]
-                if all(admit_kernel(name, kernel, fallback, inputs, tolerance, reference_device) for inputs in cases):
-                    part, used = kernel, True
-        _PARTS[full_key] = (part, used)
-    return _PARTS[full_key]
-
-
 def apply_numerics(
     model: object, numerics: Numerics, *, release: bool = True, characters: Any = None
 ) -> dict[str, bool]:
@@ -443,7 +286,7 @@ def apply_numerics(
     launch), the codec decoder's blocks their convolution-and-norm kernel, and the codec's dequantization the
     code-sum kernel — and on CUDA the encoder's and the backbone's runs of row products one launch each: each the kernel
     where it matched its fallback on this device, else the fallback (operations; always so on the CPU).
-    On CUDA, given the model's ``characters`` (:class:`engine.subword.CharacterTable`), fast mode also reads a
+    On CUDA, given the model's ``characters`` (:class:`engine.networks.subword.CharacterTable`), fast mode also reads a
     token's text conditioning from a table made at load (:func:`use_condition_table`).
     Either way the weights are untouched, so a loaded model switches in place. Fast mode on
     precast weights makes bf16 copies of those its row products read; exact mode, with
@@ -455,11 +298,10 @@ def apply_numerics(
 
     from mlx.utils import tree_flatten
 
-    from .code_sum import CodeSum, code_sum_ops, code_sum_samples
-    from .codec import Codec
-    from .conv_norm import ConvNorm, conv_norm_ops
-    from .conv_norm import variants_for as conv_norm_variants
-    from .decode_attention import (
+    from .kernels.code_sum import CodeSum, code_sum_ops, code_sum_samples
+    from .kernels.conv_norm import ConvNorm, conv_norm_ops
+    from .kernels.conv_norm import variants_for as conv_norm_variants
+    from .kernels.decode_attention import (
         DecodeAttention,
         NormRope,
         RelativeDecodeAttention,
@@ -474,17 +316,8 @@ def apply_numerics(
         relative_attention_samples,
         relative_window_samples,
     )
-    from .encoder import (
-        ConformerLayer,
-        ConformerRowParts,
-        FastConformer,
-        RelativePositionAttention,
-        attend_relative,
-        attend_relative_window,
-    )
-    from .linear import KeepsCopy, QuantizedLinear
-    from .llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
-    from .residual_vq import (
+    from .kernels.fused_step import FusedStep, fused_step_ops, fused_step_sample
+    from .kernels.residual_vq import (
         NearestRoundProduct,
         nearest_code_ops,
         nearest_code_sample,
@@ -493,10 +326,20 @@ def apply_numerics(
         nearest_round_sample,
         reads_stored_codebook,
     )
-    from .rnnt import RNNTJoint, RNNTPredictor
-    from .ssm import FusedStep, fused_step_ops, fused_step_sample
-    from .step_draws import StepDraws, step_draws_ops, step_draws_samples
-    from .tts import (
+    from .kernels.step_draws import StepDraws, step_draws_ops, step_draws_samples
+    from .networks.codec import Codec
+    from .networks.encoder import (
+        ConformerLayer,
+        ConformerRowParts,
+        FastConformer,
+        RelativePositionAttention,
+        attend_relative,
+        attend_relative_window,
+    )
+    from .networks.linear import KeepsCopy, QuantizedLinear
+    from .networks.llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
+    from .networks.rnnt import RNNTJoint, RNNTPredictor
+    from .networks.tts import (
         GUIDED_ROWS,
         Backbone,
         BackboneAttention,
@@ -514,7 +357,7 @@ def apply_numerics(
     step: Callable[..., Any] | None = None
     if fast and mixers:
         first = mixers[0]
-        step, changes["fused_mamba_step"] = _fast_part(
+        step, changes["fused_mamba_step"] = fast_part(
             ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size, first.conv1d.weight.dtype),
             "Mamba-2 step",
             functools.partial(fused_step_ops, groups=first.n_groups),
@@ -550,7 +393,7 @@ def apply_numerics(
         writes = False
         if isinstance(attention, DecodeAttention):
             kernel_attention = attention
-            _, writes = _fast_part(
+            _, writes = fast_part(
                 ("attention_writing", *heads, buffers),
                 "single-position attention writing its cache",
                 decode_attention_writing_ops,
@@ -578,7 +421,7 @@ def apply_numerics(
     llm_attention: DecodeAttention | None = None
     if fast and llm_attentions:
         llm_heads = (llm_attentions[0].num_heads, llm_attentions[0].num_kv_heads, llm_attentions[0].head_dim)
-        writing_part, changes["llm_attention"] = _fast_part(
+        writing_part, changes["llm_attention"] = fast_part(
             ("llm_attention_writing", *llm_heads),
             "the LLM's single-position attention writing its cache",
             decode_attention_writing_ops,
@@ -606,7 +449,7 @@ def apply_numerics(
             first_base = next(module for module in attentions if module.rope.base == base)
             layout = (first_base.num_heads, first_base.num_kv_heads, first_base.head_dim)
             eps, scale_dtype = first_base.q_norm.eps, first_base.q_norm.weight.dtype
-            heads_part, used = _fast_part(
+            heads_part, used = fast_part(
                 ("norm_rope", *layout, eps, base, scale_dtype),
                 "query and key heads",
                 functools.partial(norm_rope_ops, query_heads=layout[0], kv_heads=layout[1], eps=eps, base=base),
@@ -619,7 +462,7 @@ def apply_numerics(
             # Where the attention writes the cache, it may make the heads too (per base: its parameters differ).
             folded = False
             if writes and isinstance(heads_part, NormRope) and isinstance(attention, DecodeAttention):
-                _, folded = _fast_part(
+                _, folded = fast_part(
                     ("attention_heads", *layout, eps, base, scale_dtype, buffers),
                     "single-position attention making its heads and writing its cache",
                     functools.partial(
@@ -654,7 +497,7 @@ def apply_numerics(
     if fast and relatives:
         first_relative = relatives[0]
         shape = (first_relative.heads, first_relative.head_dim)
-        relative, changes["relative_attention"] = _fast_part(
+        relative, changes["relative_attention"] = fast_part(
             ("relative", *shape, first_relative.pos_bias_u.dtype),
             "encoder attention",
             attend_relative,
@@ -663,7 +506,7 @@ def apply_numerics(
         )
     window: Callable[..., Any] | None = None
     if fast and relatives:
-        window, changes["relative_window"] = _fast_part(
+        window, changes["relative_window"] = fast_part(
             ("relative_window", *shape, first_relative.pos_bias_u.dtype),
             "encoder attention window",
             attend_relative_window,
@@ -796,7 +639,7 @@ def apply_numerics(
         if fast:
             shape = (tts.config.codebook_size, tts.config.latent_size)
             types = (tts.rvq_embs.dtype, tts.codebook_norms[0].dtype)  # precast codebooks keep bf16 norms
-            nearest, changes["residual_vq"] = _fast_part(
+            nearest, changes["residual_vq"] = fast_part(
                 ("residual_vq", *shape, *types),
                 "residual-VQ step",
                 nearest_code_ops,
@@ -810,7 +653,7 @@ def apply_numerics(
         if fast and changes.get("residual_vq") and reads_stored_codebook(gpu_kernel_backend()):
             every_round = True
             for count in sorted({round_.count for round_ in tts.plan if round_.count > 1}):
-                part, used = _fast_part(
+                part, used = fast_part(
                     ("residual_vq_round", count, *shape, *types),
                     f"residual-VQ round of {count} quantizers",
                     nearest_codes_ops,
@@ -828,7 +671,7 @@ def apply_numerics(
         draws: Callable[..., Any] | None = None
         if fast:
             plan = tts.draw_plan()
-            draws, changes["step_draws"] = _fast_part(
+            draws, changes["step_draws"] = fast_part(
                 ("step_draws", plan),
                 "step's random draws",
                 functools.partial(step_draws_ops, plan=plan),
@@ -850,9 +693,9 @@ def apply_numerics(
         uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
         if fast and blocks and uniform and len(eps) == len(taps) == 1:
             (norm_eps,), (kernel_size,) = eps, taps
-            # The first variant whose outputs are the operations' bits on this device (engine.conv_norm).
+            # The first variant whose outputs are the operations' bits on this device (engine.kernels.conv_norm).
             for variant in conv_norm_variants(gpu_kernel_backend()):
-                conv_norm, changes["codec_conv_norm"] = _fast_part(
+                conv_norm, changes["codec_conv_norm"] = fast_part(
                     ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
                     f"codec convolution and norm ({variant.label})",
                     functools.partial(conv_norm_ops, eps=norm_eps),
@@ -870,7 +713,7 @@ def apply_numerics(
         if fast:
             quantizers, table_dtype = len(codec.prvq.mus_list), codec.prvq.mus_list[0].dtype
             size, width = codec.prvq.mus_list[0].shape
-            code_sum, changes["codec_code_sum"] = _fast_part(
+            code_sum, changes["codec_code_sum"] = fast_part(
                 ("codec_code_sum", table_dtype),
                 "codec dequantization",
                 code_sum_ops,
@@ -886,15 +729,15 @@ def apply_numerics(
 
 def _conv_norm_samples(shapes: list[tuple[int, int]], taps: int, dtype: mx.Dtype) -> list[tuple[Any, ...]]:
     """The codec kernel's admission inputs at each decoder stage's shape (see
-    :func:`engine.conv_norm.conv_norm_samples`)."""
-    from .conv_norm import conv_norm_samples
+    :func:`engine.kernels.conv_norm.conv_norm_samples`)."""
+    from .kernels.conv_norm import conv_norm_samples
 
     return [conv_norm_samples(positions, channels, taps, dtype) for positions, channels in shapes]
 
 
 def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
     """bf16 — what the row-product kernels read — on a GPU when every weight of ``linears`` is a bf16 value
-    (as stored, or a float32 copy that :mod:`engine.precast` made of one), so a bf16 copy loses nothing;
+    (as stored, or a float32 copy that :mod:`engine.loading.precast` made of one), so a bf16 copy loses nothing;
     otherwise None (the weights as they are: the CPU's fallbacks read them so)."""
     if not on_gpu:
         return None
@@ -907,13 +750,13 @@ def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
 def _row_product_part(
     shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str, guidance: float | None = None
 ) -> tuple[Callable[..., Any], bool]:
-    """The row product for ``shape`` (:class:`engine.row_product.RowProductShape`; a guided one mixes its rows
+    """The row product for ``shape`` (:class:`engine.kernels.row_product.RowProductShape`; a guided one mixes its rows
     by ``guidance``): the kernel where admitted, else the operations fallback; the flag says which."""
     import functools
 
-    from .row_product import RowProduct, row_product_ops, row_product_samples
+    from .kernels.row_product import RowProduct, row_product_ops, row_product_samples
 
-    return _fast_part(
+    return fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
         name,
         functools.partial(
@@ -955,10 +798,10 @@ def _backbone_attention(
     admitted on such buffers: ``(attention, kernel in use, cache dtype)``. Where a GPU's kernel reads no such
     buffers, the caches stay float32 and the kernel is admitted on those (a slower attention would cost more than
     the bytes saved); the CPU has no kernel and keeps the dtype."""
-    from .decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
+    from .kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_samples
 
     def admitted_on(dtype: mx.Dtype) -> tuple[Callable[..., Any], bool]:
-        return _fast_part(
+        return fast_part(
             ("attention", *heads, dtype),
             "single-position attention",
             decode_attention_ops,
@@ -983,10 +826,10 @@ def _merges_shares(
     sample: Callable[[], list[tuple[Any, ...]]],
     rope: mx.array | None = None,
 ) -> bool:
-    """Whether ``attention``'s (an :class:`engine.decode_attention.DecodeAttention`) ``form`` may run with its blocks
-    merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
+    """Whether ``attention``'s (an :class:`engine.kernels.decode_attention.DecodeAttention`) ``form`` may run with its
+    blocks merging their own shares: that kernel admitted against the form's ``fallback`` on ``sample``, whose inputs
     include one past a block's keys (CUDA only)."""
-    _, merges = _fast_part(
+    _, merges = fast_part(
         key,
         f"single-position attention ({form} form) merging its shares",
         fallback,
@@ -997,8 +840,8 @@ def _merges_shares(
 
 
 def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:
-    """The attention kernel that makes its heads (:meth:`engine.decode_attention.DecodeAttention.heads_kernel`),
-    as :func:`_fast_part` makes kernels: by backend (the attention's is fixed already)."""
+    """The attention kernel that makes its heads (:meth:`engine.kernels.decode_attention.DecodeAttention.heads_kernel`),
+    as :func:`engine.kernels.admission.fast_part` makes kernels: by backend (the attention's is fixed already)."""
     return attention.heads_kernel(rope)
 
 
@@ -1008,13 +851,13 @@ def _quantized_row_part(
     norm_dtype: mx.Dtype | None = None,
     next_dtype: mx.Dtype | None = None,
 ) -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.quantized_product`), plain or in
+    """The one-row product for an affine-quantized projection (:mod:`engine.kernels.quantized_product`), plain or in
     the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
     in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout
     the kernel does not read)."""
     import functools
 
-    from .quantized_product import (
+    from .kernels.quantized_product import (
         QuantizedRowProduct,
         QuantizedRowShape,
         RowRole,
@@ -1032,7 +875,7 @@ def _quantized_row_part(
         return None, False
     scale_dtype = module.scales.dtype
     parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
-    return _fast_part(
+    return fast_part(
         ("quantized_row", shape, scale_dtype, norm_dtype, next_dtype),
         f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
         functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
@@ -1044,20 +887,20 @@ def _quantized_row_part(
 
 
 # One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the
-# same object again and its compiled greedy loops are reused (engine.rnnt.GreedyPrograms keys them by it).
+# same object again and its compiled greedy loops are reused (engine.networks.rnnt.GreedyPrograms keys them by it).
 _ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool, bool]] = {}
 
 
 def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
-    """One RN-T greedy attempt's parts (:mod:`engine.greedy_attempt`: each the kernel where admitted, else its
+    """One RN-T greedy attempt's parts (:mod:`engine.kernels.greedy_attempt`: each the kernel where admitted, else its
     operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
-    whether the parts run a frame's attempts as one launch (:class:`engine.greedy_attempt.GreedyLoop`, built
+    whether the parts run a frame's attempts as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`, built
     unless :func:`rnnt_loop_wanted` says no, admitted bit for bit against the attempt kernels, and only where all of
     them are kernels)."""
     import dataclasses
     import functools
 
-    from .greedy_attempt import (
+    from .kernels.greedy_attempt import (
         AttemptParts,
         GreedyLoop,
         GreedyLoopShape,
@@ -1099,7 +942,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
         made: dict[str, Callable[..., Any]] = {}
         every = True
         for name, step in steps.items():
-            made[name], used = _fast_part(
+            made[name], used = fast_part(
                 ("lstm_step", step, table.shape[0], types[:3]),
                 f"RN-T {name} LSTM step",
                 functools.partial(lstm_step_ops, shape=step),
@@ -1109,7 +952,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
             )
             every = every and used
         for name, shape, weight in (("joint_hidden", hidden, joint.pred), ("joint_partials", scores, output)):
-            made[name], used = _fast_part(
+            made[name], used = fast_part(
                 ("joint_row", shape, weight.weight.dtype, weight.bias.dtype),
                 f"RN-T {name.replace('_', ' ')} row",
                 functools.partial(joint_row_ops, shape=shape),
@@ -1122,7 +965,7 @@ def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
         looped = False
         if every and looping:  # the loop in one launch, against the attempt kernels it runs in turn
             projections = (joint.pred.weight, joint.pred.bias, output.weight, output.bias)
-            loop, looped = _fast_part(
+            loop, looped = fast_part(
                 ("greedy_loop", layout, types, *(array.dtype for array in projections)),
                 "RN-T greedy loop",
                 functools.partial(greedy_loop_ops, parts, shape=layout),
@@ -1141,10 +984,10 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), the
     MoG head's mean tables (``proj_mus.weight``, ``low_mat``: the draw reads its component's rows of them,
     and the operations, gathering those rows first, widen only them), and where ``backend``'s residual-VQ
-    step forms the distance product (:func:`engine.residual_vq.reads_stored_codebook`) the codebooks. A
-    model loaded for fast numerics does not precast them (:func:`engine.precast.precast_float32`)."""
-    from .residual_vq import reads_stored_codebook
-    from .tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
+    step forms the distance product (:func:`engine.kernels.residual_vq.reads_stored_codebook`) the codebooks. A
+    model loaded for fast numerics does not precast them (:func:`engine.loading.precast.precast_float32`)."""
+    from .kernels.residual_vq import reads_stored_codebook
+    from .networks.tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     read = {id(projection) for projection in encoder_row_projections(model)}
@@ -1163,8 +1006,8 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
 
 def encoder_row_projections(model: object) -> list[Any]:
     """The encoder's projections that fast numerics' row products read (every layer's
-    :meth:`engine.encoder.ConformerLayer.projection_layers`)."""
-    from .encoder import ConformerLayer
+    :meth:`engine.networks.encoder.ConformerLayer.projection_layers`)."""
+    from .networks.encoder import ConformerLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     layers = [module for module in modules if isinstance(module, ConformerLayer)]
@@ -1174,8 +1017,8 @@ def encoder_row_projections(model: object) -> list[Any]:
 def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
     else the fallbacks); the flag says whether every one is a kernel."""
-    from .encoder import ConformerRowParts
-    from .row_product import RowProductShape
+    from .kernels.row_product import RowProductShape
+    from .networks.encoder import ConformerRowParts
 
     norm, conv = layer.norm_feed_forward1, layer.conv
     width, hidden = norm.weight.shape[0], layer.feed_forward1.linear1.weight.shape[0]
@@ -1203,7 +1046,7 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
     ``chained`` (fast numerics with the network's row parts) on CUDA (the only backend with a chain kernel: the
     runs are not even looked for elsewhere), else none; fast mode records the flag as
     ``changes[f"{network}_row_chains"]``."""
-    from .row_chain import ChainBook
+    from .kernels.row_chain import ChainBook
 
     for module in modules:
         module.row_chains = ChainBook()
@@ -1215,12 +1058,12 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
 
 def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: str) -> tuple[Any, bool]:
     """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
-    launch each on ``backend`` (:class:`engine.row_chain.RowChain`), each admitted bit for bit against its steps
+    launch each on ``backend`` (:class:`engine.kernels.row_chain.RowChain`), each admitted bit for bit against its steps
     one launch each. The flag says whether every run is a chain."""
     import functools
 
-    from .row_chain import ChainBook, RowChain, run_steps
-    from .row_product import RowProduct
+    from .kernels.row_chain import ChainBook, RowChain, run_steps
+    from .kernels.row_product import RowProduct
 
     chains: dict[tuple[Any, ...], Any] = {}
     every = bool(runs)
@@ -1249,8 +1092,8 @@ def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: s
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of a TTS backbone layer (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    from .row_product import RowProductShape
-    from .tts import LayerRowParts
+    from .kernels.row_product import RowProductShape
+    from .networks.tts import LayerRowParts
 
     attention, mlp, norm = layer.self_attn, layer.mlp, layer.input_layernorm
     width, eps, scale_dtype = norm.weight.shape[0], norm.eps, norm.weight.dtype
@@ -1272,8 +1115,8 @@ def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) ->
 def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
     """The row-product parts of the MoG head's MLP layers (the kernels where admitted, else the fallbacks);
     the flag says whether every one is a kernel."""
-    from .row_product import RowProductShape
-    from .tts import MixtureRowParts
+    from .kernels.row_product import RowProductShape
+    from .networks.tts import MixtureRowParts
 
     mlp = layer.mlp
     width, eps = mlp.gate_proj.weight.shape[1], layer.pre_norm.eps
@@ -1284,21 +1127,21 @@ def _mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> 
         "gate_up": RowProductShape(rows, width, (inner, inner), "residual_norm", "gelu_gate"),
         "down": RowProductShape(rows, inner, (width,), "none"),
     }
-    # The norms' 1 + w is formed in float32 (engine.subword.FloatRMSNorm).
+    # The norms' 1 + w is formed in float32 (engine.networks.subword.FloatRMSNorm).
     parts, every = _row_product_parts("MoG", shapes, dtype, mx.float32, dict.fromkeys(shapes, eps))
     return MixtureRowParts(rows=rows, **parts), every
 
 
 def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool]:
-    """``parts`` with the MoG head's draw after its layers (:class:`engine.tts.MixtureRowParts`): the guided row
-    product of the three projections and :mod:`engine.mixture_sample`'s kernel, each the kernel where
+    """``parts`` with the MoG head's draw after its layers (:class:`engine.networks.tts.MixtureRowParts`): the guided
+    row product of the three projections and :mod:`engine.kernels.mixture_sample`'s kernel, each the kernel where
     admitted, else its operations; the flag says whether both are kernels. A config the kernel does not take
     (no guidance, or no nucleus) keeps the head's operations (False)."""
     import dataclasses
     import functools
 
-    from .mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
-    from .row_product import RowProductShape
+    from .kernels.mixture_sample import MixtureSample, MixtureSampleShape, mixture_sample_ops, mixture_sample_samples
+    from .kernels.row_product import RowProductShape
 
     final_norm = head.mlp_stack[-1]
     width, eps = final_norm.weight.shape[0], final_norm.eps
@@ -1326,7 +1169,7 @@ def _mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool
         product, weight_dtype, mx.float32, eps, "MoG guided projections row product", config.guidance_scale
     )
     means_dtype = head.proj_mus.weight.dtype
-    sample, sampled = _fast_part(
+    sample, sampled = fast_part(
         ("mixture_sample", shape, means_dtype),
         "MoG draw",
         functools.partial(mixture_sample_ops, shape=shape),
@@ -1350,7 +1193,8 @@ CONDITION_TABLE_CHECKS = 13
 def use_condition_table(model: Any, characters: Any) -> bool:
     """Fast numerics' table of every token's text conditioning: a frame gathers its token's row where it
     encoded the token's spelling (about 85 primitives a frame on CUDA, and the character encoder's weights read
-    every frame). Made once per vocabulary size (:meth:`engine.subword.CharAwareSubwordEncoder.encode_vocabulary`)
+    every frame). Made once per vocabulary size
+    (:meth:`engine.networks.subword.CharAwareSubwordEncoder.encode_vocabulary`)
     and used only where its rows match the tokens encoded alone, as a frame encodes them, within
     :data:`CONDITION_TABLE_TOLERANCE` (else the log says why and frames encode the token as before). True when in
     use. The table holds the vocabulary × the TTS width in the character embedding's dtype (0.3 GB at full size

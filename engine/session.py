@@ -28,9 +28,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .codec import CodecCache, replace_control_codes
 from .counters import GraphCensus
-from .encoder import PerceptionCache
 from .errors import AudioInputError, ContextLimitError, SessionClosedError
 from .events import (
     AssistantTextDelta,
@@ -41,10 +39,12 @@ from .events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
-from .llm import LLMCache
+from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
-from .profiler import FrameProfiler, Probe
-from .rnnt import (
+from .networks.codec import CodecCache, replace_control_codes
+from .networks.encoder import PerceptionCache
+from .networks.llm import LLMCache
+from .networks.rnnt import (
     RNNTProposal,
     RNNTState,
     first_pass_attempts,
@@ -53,9 +53,9 @@ from .rnnt import (
     rnnt_commit,
     rnnt_propose,
 )
-from .tokenizer import StreamingDetokenizer
+from .networks.tts import SpeakerPrompt, TTSCache, build_speaker_prompt
+from .profiler import FrameProfiler, Probe
 from .tools import ToolCallParser
-from .tts import SpeakerPrompt, TTSCache, build_speaker_prompt
 
 
 @dataclass
@@ -82,7 +82,7 @@ def speaker_prompt(voicechat: VoiceChat) -> SpeakerPrompt:
     """The Aria warm-up prompt of the TTS: codec codes of silence plus the stored speaker latent.
 
     Made once per loaded model and numerics mode, then kept (a few kilobytes): encoding the silence holds about
-    0.9 GB of the codec encoder's activations at full size while it runs (H200, ``tests/device/peak_probe.py``),
+    0.9 GB of the codec encoder's activations at full size while it runs (H200, ``tests/device/peak_probe.py`` (in git history)),
     which every conversation's start would otherwise add to its peak memory, for the same codes each time."""
     prompts = voicechat.speaker_prompts
     if voicechat.numerics not in prompts:
@@ -186,7 +186,8 @@ class Session:
 
     @property
     def state_nbytes(self) -> int:
-        """Bytes held by this conversation's caches; grows by :func:`engine.memory.state_growth_per_frame` per frame."""
+        """Bytes held by this conversation's caches; grows by :func:`engine.loading.memory.state_growth_per_frame` per
+        frame."""
         return sum(array.nbytes for array in self.caches.arrays())
 
     @property
@@ -289,7 +290,7 @@ class Session:
 
     def _tts_step_on_device(self, text_array: mx.array) -> mx.array:
         """:meth:`_tts_step` for a text id (1,) still on the device: the end-of-speech rule as a select and the
-        token's conditioning spelled on the device (:meth:`engine.tts.EarTTS.condition_on_device`)."""
+        token's conditioning spelled on the device (:meth:`engine.networks.tts.EarTTS.condition_on_device`)."""
         if self._timeline_index == 0:
             return self._silence_codes
         caches, tts = self.caches, self._speech.tts_model

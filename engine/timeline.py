@@ -17,7 +17,7 @@ FRAME_SECONDS: Final = 0.08
 FRAME_MS: Final = 80.0
 INPUT_FRAME_SAMPLES: Final = 1280  # 80 ms at 16 kHz
 OUTPUT_FRAME_SAMPLES: Final = 1764  # 80 ms at 22.05 kHz
-CONVERSATION_FRAMES: Final = 7500  # 10 minutes (see README, "Long conversations")
+CONVERSATION_FRAMES: Final = 7500  # 10 minutes (see docs/long-conversations.md)
 
 STAGES: Final = ("perception", "rnnt", "language", "tts", "codec")
 """A frame's stages, in the order they run."""

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from .events import ToolCall
-from .tokenizer import TextTokenizer
+from .loading.tokenizer import TextTokenizer
 
 CALL_START = "<SPECIAL_20>"
 CALL_END = "<SPECIAL_21>"

@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 from app.settings import Settings
-from engine.random_checkpoint import make_checkpoint
+from engine.loading.random_checkpoint import make_checkpoint
 
 if TYPE_CHECKING:
     from app.controller import AppController

@@ -28,7 +28,7 @@ from app.controller import AppController
 from app.echo import EchoCanceller
 from app.messages import ModelLoaded
 from app.settings import Settings
-from engine.random_checkpoint import make_checkpoint
+from engine.loading.random_checkpoint import make_checkpoint
 from tests.conftest import QUESTION, synthesize_speech
 from tests.echo_bench import assistant_voice
 from tests.pulse import MIC_FEED, SPEAKER, virtual_devices, xcorr_match

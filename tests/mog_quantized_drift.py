@@ -3,7 +3,7 @@
 The MLP's three layers (47.8 M weights, 96 MB in bf16) are read by each of a frame's five MaskGIT rounds: 0.48 GB
 of a 4-bit frame's weight bytes. Quantizing them to 8 bits (affine, groups of 64, as the published LLM) would read
 0.25 GB. This script measures what that does to the head's draw, on the full-size head with the random checkpoint's
-seeded weights (``engine.random_checkpoint``) and unit-normal hidden rows, the same uniform draw for both:
+seeded weights (``engine.loading.random_checkpoint``) and unit-normal hidden rows, the same uniform draw for both:
 
     .venv/bin/python tests/mog_quantized_drift.py [--bits 8] [--rows 200] [--size full]
 
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine.config import VoiceChatConfig
-from engine.layout import checkpoint_tensors
-from engine.numerics import relative_l2
-from engine.random_checkpoint import GROUP_SIZE, Size, _WeightFactory, base_config, build_tokenizer
-from engine.sampling import draw_component, guide
-from engine.tts import MixtureHead
+from engine.kernels.admission import relative_l2
+from engine.loading.config import VoiceChatConfig
+from engine.loading.layout import checkpoint_tensors
+from engine.loading.random_checkpoint import GROUP_SIZE, Size, _WeightFactory, base_config, build_tokenizer
+from engine.networks.sampling import draw_component, guide
+from engine.networks.tts import MixtureHead
 
 HEAD_PREFIX = "mog_head."
 

@@ -24,7 +24,6 @@ import soundfile
 
 from app.audio_files import AudioFileError, read_audio
 from app.cli import main as parley
-from engine import memory as engine_memory
 from engine import model as engine_model
 from engine.errors import (
     CheckpointMemoryError,
@@ -34,8 +33,9 @@ from engine.errors import (
     TensorMismatchError,
     TokenizerError,
 )
+from engine.loading import memory as engine_memory
+from engine.loading.random_checkpoint import build_tokenizer
 from engine.model import load_voicechat
-from engine.random_checkpoint import build_tokenizer
 
 # --------------------------------------------------------------------------- checkpoint helpers
 

@@ -117,8 +117,8 @@ def test_bad_options_exit_2_with_the_reason(
 def test_an_aged_conversation_holds_the_state_of_a_long_one() -> None:
     """``--history N`` stands in for N frames: every growing attention cache gains N positions and the
     state matches what N real frames would have added (within the caches' 256-position blocks)."""
-    from engine.memory import state_growth_per_frame
-    from engine.random_checkpoint import random_voicechat
+    from engine.loading.memory import state_growth_per_frame
+    from engine.loading.random_checkpoint import random_voicechat
     from engine.session import Session
 
     voicechat = random_voicechat("tiny", quantize=4, seed=0)

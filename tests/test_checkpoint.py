@@ -9,11 +9,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.checkpoint import open_checkpoint, read_runtime_weights, sanitize, verify_layout
-from engine.config import VoiceChatConfig
-from engine.layout import checkpoint_tensors, runtime_tensors
-from engine.random_checkpoint import base_config, build_tokenizer, checkpoint_nbytes, make_checkpoint
-from engine.tokenizer import TextTokenizer
+from engine.loading.checkpoint import open_checkpoint, read_runtime_weights, sanitize, verify_layout
+from engine.loading.config import VoiceChatConfig
+from engine.loading.layout import checkpoint_tensors, runtime_tensors
+from engine.loading.random_checkpoint import base_config, build_tokenizer, checkpoint_nbytes, make_checkpoint
+from engine.loading.tokenizer import TextTokenizer
 
 # --------------------------------------------------------------------------- generation
 
@@ -138,9 +138,9 @@ def test_precast_copies_are_made_only_when_they_fit_and_change_nothing(
 ) -> None:
     """The float32 copies are skipped when the weights, a 10-minute conversation and the copies would not
     fit in memory together; the conversation is then slower but says exactly the same."""
-    import engine.memory as engine_memory
+    import engine.loading.memory as engine_memory
     from app.bench import FRAME, bench_input
-    from engine.memory import state_growth_per_frame
+    from engine.loading.memory import state_growth_per_frame
     from engine.model import load_voicechat
     from engine.session import Session
 

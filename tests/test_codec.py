@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.codec import CODEC_PREFIX, Codec, CodecCache, _overlap_norm, replace_control_codes
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.networks.codec import CODEC_PREFIX, Codec, CodecCache, _overlap_norm, replace_control_codes
 
 SAMPLES = 1764
 
@@ -134,7 +134,7 @@ def test_encode_shapes(codec: Codec) -> None:
 
 
 def test_construction_draws_no_random_numbers() -> None:
-    from engine.config import CodecConfig
+    from engine.loading.config import CodecConfig
 
     mx.random.seed(123)
     expected = mx.random.uniform(shape=(4,))
@@ -176,7 +176,7 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
     operations fallback, exact mode's own operations), then their own pointwise convolutions, and the
     dequantization through its code-sum part: the same waveform bit for bit, and switching back to exact keeps
     both compiled steps apart."""
-    from engine.code_sum import code_sum_ops
+    from engine.kernels.code_sum import code_sum_ops
     from engine.numerics import apply_numerics
 
     codes = _random_codes(codec, 1, 5, seed=7)
@@ -195,11 +195,11 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
 
 
 def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:
-    """The kernel is admitted against its operations bit for bit on these inputs (engine.conv_norm): each
+    """The kernel is admitted against its operations bit for bit on these inputs (engine.kernels.conv_norm): each
     position's convolution plus bias is a sixteenth of at most 15/16 and the channels cancel in pairs, so
     any order of summing in float32 gives the same mean (zero) and the same sum of squares (in bf16, the
     squares' partial sums round: there the sample checks the order of MLX's row sum too)."""
-    from engine.conv_norm import conv_norm_samples
+    from engine.kernels.conv_norm import conv_norm_samples
 
     for positions, channels in ((9, 32), (63, 16)):
         rows, history, weight, bias, _, _ = conv_norm_samples(positions, channels, 7, mx.bfloat16)
@@ -213,11 +213,11 @@ def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:
 
 
 def test_conv_norm_sums_as_mlx_cuda_row_sum_launches_and_tries_its_variant_first() -> None:
-    """The kernel's channel sums follow MLX 0.32's CUDA ``row_reduce_simple`` launch (engine.conv_norm): 16 bytes a
-    lane a pass (eight bf16 values, four float32), ``ceil(ceil(C / reads) / 32) / 4`` warps clamped to 1..32, so
+    """The kernel's channel sums follow MLX 0.32's CUDA ``row_reduce_simple`` launch (engine.kernels.conv_norm): 16
+    bytes a lane a pass (eight bf16 values, four float32), ``ceil(ceil(C / reads) / 32) / 4`` warps clamped to 1..32, so
     one warp for the codec's bf16 widths; and admission tries MLX's CUDA source's variant first (bf16 adds,
     float rsqrt), every variant on CUDA, the distinct Metal sources on Metal, one where no kernel runs."""
-    from engine.conv_norm import VARIANTS, ConvNormVariant, mlx_row_sum_plan, variants_for
+    from engine.kernels.conv_norm import VARIANTS, ConvNormVariant, mlx_row_sum_plan, variants_for
 
     plans = {channels: mlx_row_sum_plan(channels, mx.bfloat16) for channels in (384, 768, 1536, 1792, 1800, 4096)}
     assert {channels: (plan.reads, plan.warps, plan.full, plan.tail) for channels, plan in plans.items()} == {
@@ -242,8 +242,8 @@ def test_conv_norm_sums_as_mlx_cuda_row_sum_launches_and_tries_its_variant_first
 def test_conv_norm_cuda_source_adds_in_the_variants_accumulator() -> None:
     """The CUDA source's row sums add in the activations' type for the "dtype" accumulator (bf16 adds, as MLX's
     ``Sum`` with ``U = T``) and in float32 for the other; the Metal source's sums do not depend on it."""
-    from engine.conv_norm import VARIANTS, _source
-    from engine.kernel_source import CUDA, METAL
+    from engine.kernels.conv_norm import VARIANTS, _source
+    from engine.kernels.source import CUDA, METAL
 
     for variant in VARIANTS:
         source = _source(CUDA, 1e-6, mx.bfloat16, variant)
@@ -256,10 +256,10 @@ def test_conv_norm_cuda_source_adds_in_the_variants_accumulator() -> None:
 
 
 def test_code_sum_operations_add_each_codebooks_row_in_quantizer_order() -> None:
-    """The kernel's fallback on its admission inputs (engine.code_sum): one frame's codes within each
+    """The kernel's fallback on its admission inputs (engine.kernels.code_sum): one frame's codes within each
     codebook, the stacked table and each codebook's first row; the operations sum exactly those rows in
     quantizer order."""
-    from engine.code_sum import code_sum_ops, code_sum_samples
+    from engine.kernels.code_sum import code_sum_ops, code_sum_samples
 
     codes, table, offsets = code_sum_samples(4, 16, 8, mx.bfloat16)
     assert codes.shape == (1, 4, 1) and table.shape == (64, 8) and offsets.reshape(-1).tolist() == [0, 16, 32, 48]

@@ -16,9 +16,9 @@ from app.bench import bench_input
 from engine import numerics
 from engine.counters import GraphCensus, named_weights
 from engine.events import AudioChunk
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
+from engine.networks.subword import CharAwareSubwordEncoder
 from engine.session import Session
-from engine.subword import CharAwareSubwordEncoder
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 FRAMES = 24

@@ -21,8 +21,8 @@ from mlx.utils import tree_flatten
 from app.bench import bench_input, count_frames, counters_report
 from engine.counters import GraphCensus, WeightUse, full_size_prices, named_weights, weight_bytes
 from engine.jit import check_report
+from engine.loading.random_checkpoint import random_voicechat
 from engine.model import load_voicechat
-from engine.random_checkpoint import random_voicechat
 from engine.session import Session, warm_up
 
 PERFORMANCE_DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
@@ -229,7 +229,7 @@ def test_materialize_keeps_values_and_splits_fusion() -> None:
 
 
 def test_layer_norm_written_out_equals_mlx_mean_and_var() -> None:
-    from engine.codec import ChannelLayerNorm
+    from engine.networks.codec import ChannelLayerNorm
 
     norm = ChannelLayerNorm(48)
     norm.weight = mx.array(np.random.default_rng(1).standard_normal(48).astype(np.float32)).astype(mx.bfloat16)

@@ -8,10 +8,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import PerceptionConfig
-from engine.encoder import Perception, PerceptionCache, chunked_limited_mask, relative_positions
-from engine.mel import log_mel_spectrogram, make_mel_cache
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import PerceptionConfig
+from engine.networks.encoder import Perception, PerceptionCache, chunked_limited_mask, relative_positions
+from engine.networks.mel import log_mel_spectrogram, make_mel_cache
 
 FRAME = 1280
 

@@ -1,8 +1,8 @@
 """CUDA sources that only a GPU builds, compiled here as C++ with CUDA's names stubbed (``g++ -fsyntax-only``):
-the encoder's and the TTS backbone's chains of row products (:mod:`engine.row_chain`), the RN-T loop
-(:class:`engine.greedy_attempt.GreedyLoop`) and the single-position attention's three forms over float32 and bf16
-buffers (:class:`engine.decode_attention.DecodeAttention`), each with the parameters MLX declares for it. This
-catches what a compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a
+the encoder's and the TTS backbone's chains of row products (:mod:`engine.kernels.row_chain`), the RN-T loop
+(:class:`engine.kernels.greedy_attempt.GreedyLoop`) and the single-position attention's three forms over float32 and
+bf16 buffers (:class:`engine.kernels.decode_attention.DecodeAttention`), each with the parameters MLX declares for it.
+This catches what a compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a
 device run does; what the kernels compute is checked on the device, where a load admits each against the kernels
 or operations it replaces."""
 
@@ -16,12 +16,12 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-import engine.decode_attention as decode_attention
-import engine.greedy_attempt as greedy_attempt
-import engine.row_chain as row_chain
-import engine.row_product as row_product
-from engine.numerics import TICKET_STRIDE
-from engine.random_checkpoint import random_voicechat
+import engine.kernels.decode_attention as decode_attention
+import engine.kernels.greedy_attempt as greedy_attempt
+import engine.kernels.row_chain as row_chain
+import engine.kernels.row_product as row_product
+from engine.kernels.admission import TICKET_STRIDE
+from engine.loading.random_checkpoint import random_voicechat
 
 # Just enough of CUDA for a kernel body to be C++: the names it uses, with host stand-ins.
 _CUDA_STUBS = r"""

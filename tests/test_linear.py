@@ -1,4 +1,4 @@
-"""engine.linear: a transposed weight made once gives nn.Linear's bits with one primitive fewer per call."""
+"""engine.networks.linear: a transposed weight made once gives nn.Linear's bits with one primitive fewer per call."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.counters import GraphCensus, named_weights
-from engine.linear import TRANSPOSED, Linear, prepare_transposed_weights
+from engine.networks.linear import TRANSPOSED, Linear, prepare_transposed_weights
 
 
 def primitives(array: mx.array, *inputs: mx.array) -> list[str]:

@@ -1,4 +1,4 @@
-"""Unit tests of the Nemotron-H LLM (:mod:`engine.llm`) and the Mamba-2 scan (:mod:`engine.ssm`).
+"""Unit tests of the Nemotron-H LLM (:mod:`engine.networks.llm`) and the Mamba-2 scan (:mod:`engine.networks.ssm`).
 
 Tolerances: the chunked scan and a step-by-step run are different float32 summation
 orders of the same recurrence; on the tiny checkpoint they agree to about 1e-6 (values
@@ -14,19 +14,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from engine.cache import KVCache
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import LLMConfig
-from engine.llm import (
-    CausalSelfAttention,
-    HybridBlock,
-    LLMCache,
-    Mamba2Mixer,
-    MambaCache,
-    NemotronH,
-    ReLU2MLP,
-)
-from engine.ssm import ssm_scan
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import LLMConfig
+from engine.networks.cache import KVCache
+from engine.networks.llm import CausalSelfAttention, HybridBlock, LLMCache, Mamba2Mixer, MambaCache, NemotronH, ReLU2MLP
+from engine.networks.ssm import ssm_scan
 
 BF16, F32 = mx.bfloat16, mx.float32
 
@@ -323,7 +315,7 @@ def test_unknown_block_type_is_rejected(llm: NemotronH) -> None:
 
 def test_single_position_scan_equals_the_general_chunk() -> None:
     """The one-position fast path leaves out only identities: same values as the chunked form."""
-    from engine.ssm import _scan_chunk, _scan_single
+    from engine.networks.ssm import _scan_chunk, _scan_single
 
     batch, heads, head_dim, groups, state_size = 1, 8, 16, 2, 16
     dt_x = mx.random.normal((batch, 1, heads, head_dim))

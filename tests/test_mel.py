@@ -8,8 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.config import PreprocessorConfig
-from engine.mel import hann_window, log_mel_spectrogram, make_mel_cache, mel_filterbank, mel_step
+from engine.loading.config import PreprocessorConfig
+from engine.networks.mel import hann_window, log_mel_spectrogram, make_mel_cache, mel_filterbank, mel_step
 
 CONFIG = PreprocessorConfig()
 FRAME = 1280  # one 80 ms frame at 16 kHz

@@ -21,29 +21,27 @@ import numpy as np
 import pytest
 
 from app.drift import measure_drift
-from engine.cache import KVCache, PositionLayout, SlidingKVCache
-from engine.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample, norm_rope_ops
-from engine.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
-from engine.linear import QuantizedLinear
-from engine.llm import Mamba2Mixer, MambaCache, NemotronH
-from engine.numerics import (
-    admit_kernel,
-    apply_numerics,
-    check_numerics,
-    custom_kernel,
-    encoder_row_projections,
-    fast_bf16_weights,
-    kernel_constants,
-    relative_l2,
+from engine.kernels.admission import admit_kernel, custom_kernel, kernel_constants, relative_l2
+from engine.kernels.decode_attention import (
+    DecodeAttention,
+    decode_attention_ops,
+    decode_attention_sample,
+    norm_rope_ops,
 )
-from engine.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
-from engine.random_checkpoint import random_voicechat
-from engine.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
-from engine.rnnt import RNNTPredictor
-from engine.ssm import block_rows, fused_step_ops, fused_step_sample, silu_gate, ssm_scan
-from engine.step_draws import Draw, StepDraws, step_draws_ops
+from engine.kernels.fused_step import block_rows, fused_step_ops, fused_step_sample
+from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
+from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
+from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
+from engine.loading.random_checkpoint import random_voicechat
+from engine.networks.cache import KVCache, PositionLayout, SlidingKVCache
+from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
+from engine.networks.linear import QuantizedLinear
+from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
+from engine.networks.rnnt import RNNTPredictor
+from engine.networks.ssm import silu_gate, ssm_scan
+from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
+from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.timeline import INPUT_FRAME_SAMPLES
-from engine.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 
 LOGITS_RELATIVE_L2 = 1e-4
 TTS_HIDDEN_RELATIVE_L2 = 1e-4
@@ -59,8 +57,8 @@ CODES_AGREEMENT_BF16_CACHES = 0.9
 
 
 def _exact_step(mixer: Mamba2Mixer, *inputs: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """The exact mode's operations for the same step (engine.llm.Mamba2Mixer.__call__ after its projection), and
-    the sums of the gated readout's squares over the fused step's runs of rows."""
+    """The exact mode's operations for the same step (engine.networks.llm.Mamba2Mixer.__call__ after its projection),
+    and the sums of the gated readout's squares over the fused step's runs of rows."""
     projected, conv_state, _, _, dt_bias, a_log, skip, state, limits = inputs
     inner, conv_dim, width = mixer.inner_size, mixer.conv_dim, mixer.n_groups * mixer.state_size
     rows = projected.reshape(1, 1, -1)
@@ -211,8 +209,8 @@ def test_the_tickets_kernels_keep_stay_out_of_the_host_pool(monkeypatch: pytest.
     """A kernel's ticket counters take a 128-byte line each (``kernel_tickets``): as an array of 8 bytes or less
     they would live in MLX's host pool, every block's atomic add and poll crossing PCIe. The RN-T loop's barrier
     kept its two counters in one such array."""
-    from engine import greedy_attempt
-    from engine.numerics import TICKET_STRIDE, kernel_tickets
+    from engine.kernels import greedy_attempt
+    from engine.kernels.admission import TICKET_STRIDE, kernel_tickets
 
     tickets = kernel_tickets(3)
     assert tickets.nbytes == 3 * TICKET_STRIDE * 4 > 8 and tickets.dtype == mx.int32 and not tickets.any().item()
@@ -502,7 +500,14 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
 def test_every_row_product_source_is_complete() -> None:
     """Each shape fast mode builds gets a CUDA and a Metal source with every placeholder filled (the kernels
     only compile on a GPU; this catches a template slip here), and shapes the kernel cannot do are refused."""
-    from engine.row_product import _CUDA_BODY, _CUDA_PROLOGUES, _METAL_BODY, _METAL_PROLOGUES, RowProductShape, _source
+    from engine.kernels.row_product import (
+        _CUDA_BODY,
+        _CUDA_PROLOGUES,
+        _METAL_BODY,
+        _METAL_PROLOGUES,
+        RowProductShape,
+        _source,
+    )
 
     shapes = [
         RowProductShape(2, 64, (64, 64, 64), "residual_norm"),
@@ -537,10 +542,10 @@ def test_every_row_product_source_is_complete() -> None:
 
 def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
     """The RN-T attempt's, the MoG draw's and the codec's kernels are written once for CUDA and Metal
-    (engine.kernel_source); they compile only on a GPU, so here: each backend's source uses only its own
+    (engine.kernels.source); they compile only on a GPU, so here: each backend's source uses only its own
     spelling, balances its braces, reads every input it declares and writes every output."""
-    from engine import code_sum, conv_norm, greedy_attempt, mixture_sample
-    from engine.kernel_source import CUDA, METAL
+    from engine.kernels import code_sum, conv_norm, greedy_attempt, mixture_sample
+    from engine.kernels.source import CUDA, METAL
 
     cuda_only = ("__syncthreads", "__shfl_xor_sync", "threadIdx", "blockIdx", "__shared__", "__float2bfloat16")
     metal_only = ("threadgroup", "metal::", "simd_", "device ", "bfloat16_t")
@@ -583,7 +588,7 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
 def test_the_relative_attention_sources_are_complete() -> None:
     """Both forms of the encoder's attention kernel, on both backends, with every placeholder filled; the window
     form reads the cached rows and the newest apart and writes both windows (it compiles only on a GPU)."""
-    from engine import decode_attention
+    from engine.kernels import decode_attention
 
     plain = (decode_attention._RELATIVE_CUDA, decode_attention._RELATIVE_METAL)
     window = (decode_attention._RELATIVE_WINDOW_CUDA, decode_attention._RELATIVE_WINDOW_METAL)
@@ -599,9 +604,9 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
     has keys, the kernels' own count of blocks (from the keys a block) is the launch's, and the launch changes
     shape only where a cache buffer grows (a traced step holds it for a buffer's capacity); layouts that do not
     tile a warp or a head are refused."""
-    from engine import decode_attention
-    from engine.cache import GROWTH_STEP
-    from engine.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
+    from engine.kernels import decode_attention
+    from engine.kernels.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
+    from engine.networks.cache import GROWTH_STEP
 
     sources = [decode_attention._ATTENTION_METAL, decode_attention._MERGE_CUDA, decode_attention._MERGE_METAL]
     sources += [decode_attention._attention_cuda(writing) for writing in (False, True)]
@@ -637,7 +642,7 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
         used = backend is not None and key[-1] == mx.float32
         return ("kernel" if used else fallback), used
 
-    monkeypatch.setattr(numerics, "_fast_part", fast_part)
+    monkeypatch.setattr(numerics, "fast_part", fast_part)
     monkeypatch.setattr(numerics, "gpu_kernel_backend", lambda: backend)
     with caplog.at_level("WARNING", logger="engine.numerics"):
         attention, used, cache_dtype = numerics._backbone_attention((4, 2, 8), mx.bfloat16)
@@ -655,7 +660,7 @@ def test_the_attention_merges_its_shares_in_one_launch_where_admitted(form: str)
     (row, head) group, the shares a second output); any other form as two (the shares, then the merging kernel);
     within one block's keys, one launch either way. The kernels here are stand-ins that record their launches (the
     kernels themselves are admitted on the device); the merged one returns the fallback's rows."""
-    from engine.decode_attention import KEYS_PER_BLOCK, MERGED_SHARES, TICKET_STRIDE, WARPS
+    from engine.kernels.decode_attention import KEYS_PER_BLOCK, MERGED_SHARES, TICKET_STRIDE, WARPS
 
     heads, kv_heads, head_dim = 4, 2, 8
     attention = DecodeAttention.__new__(DecodeAttention)  # no kernels built: the CPU has none
@@ -705,8 +710,8 @@ def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> N
     and value from their own inputs at the slot and nowhere else, one block per key head stores them into the
     buffers, and the plain form has none of it. The bounds' two words carry the count, the keys a block and the
     slot, unpacked as the kernels unpack them."""
-    from engine import decode_attention
-    from engine.decode_attention import CHUNK_BITS, KEYS_PER_BLOCK, MAX_SLOT, SLOT_SHIFT, bounds_words
+    from engine.kernels import decode_attention
+    from engine.kernels.decode_attention import CHUNK_BITS, KEYS_PER_BLOCK, MAX_SLOT, SLOT_SHIFT, bounds_words
 
     plain, writing = decode_attention._attention_cuda(False), decode_attention._attention_cuda(True)
     assert not any(name in plain for name in ("new_keys", "new_values", "parley_store", "written"))
@@ -733,8 +738,8 @@ def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_att
     and the new key from what they made and stores that key, and reads every input; its fallback, against which it
     is admitted, is the heads' operations and then the writing attention's, bit for bit here; the CPU keeps the
     heads apart (no such kernel)."""
-    from engine import decode_attention
-    from engine.decode_attention import (
+    from engine.kernels import decode_attention
+    from engine.kernels.decode_attention import (
         decode_attention_heads_ops,
         decode_attention_heads_samples,
         decode_attention_writing_ops,
@@ -783,7 +788,7 @@ def test_a_sliding_cache_reserves_into_buffers_of_its_own() -> None:
 def test_a_row_product_hands_its_values_over_in_heads() -> None:
     """The TTS backbone's q/k/v product writes the values as the cache stores one position's heads, (rows, heads, 1,
     head size): the same numbers as the plain product's last output, and the other outputs untouched."""
-    from engine.row_product import RowProductShape, row_product_ops, row_product_samples
+    from engine.kernels.row_product import RowProductShape, row_product_ops, row_product_samples
 
     shape = RowProductShape(2, 64, (96, 32, 32), "norm", value_heads=4)
     inputs = row_product_samples(shape, mx.float32, mx.float32)
@@ -797,7 +802,7 @@ def test_a_row_product_hands_its_values_over_in_heads() -> None:
 def test_every_quantized_row_source_is_complete() -> None:
     """Each role of the quantized row kernel fills every placeholder and reads its own inputs (it compiles only on
     a GPU), and an unknown part or a norm that does not tile the row is refused."""
-    from engine.quantized_product import EPILOGUES, PROLOGUES, QuantizedRowShape, RowRole, cuda_source
+    from engine.kernels.quantized_product import EPILOGUES, PROLOGUES, QuantizedRowShape, RowRole, cuda_source
 
     for epilogue in EPILOGUES:
         for prologue in PROLOGUES:
@@ -819,7 +824,7 @@ def test_the_quantized_row_kernel_dequantizes_exactly() -> None:
     as a float (a subnormal), times its input scaled by 2^(INPUT_SHIFT − bits·k), times the output's power of two,
     is the input times the value exactly; and the shift keeps the float32 inputs of any activation (up to 2^40)
     finite and their partial sums normal down to 2^-40."""
-    from engine.quantized_product import INPUT_SHIFT
+    from engine.kernels.quantized_product import INPUT_SHIFT
 
     x = np.float32(1.2345678)
     undo = 2.0 ** (149 - INPUT_SHIFT)
@@ -838,7 +843,7 @@ def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
     """The kernel's lanes read whole chunks in even passes (one memory latency each): for the LLM's shapes at 4 and
     8 bits, every chunk has a lane, a block holds at most MAX_WARPS warps (more ran slower on the H200), and the
     lanes of a row are at least 85 % busy, in as few passes as that allows."""
-    from engine.quantized_product import MAX_WARPS, QuantizedRowShape
+    from engine.kernels.quantized_product import MAX_WARPS, QuantizedRowShape
 
     for bits in (4, 8):
         for width, outputs in ((4480, 22656), (10240, 4480), (4480, 15680), (15680, 4480), (4480, 131072), (64, 128)):
@@ -854,7 +859,7 @@ def test_the_quantized_row_layout_keeps_every_lane_reading() -> None:
 
 def test_the_fused_step_s_blocks_tile_the_norm_groups() -> None:
     """Each block of the fused Mamba step sums the squares of rows of one norm group only."""
-    from engine.ssm import block_rows
+    from engine.kernels.fused_step import block_rows
 
     for heads, head_dim, groups in ((128, 80, 8), (8, 16, 2), (6, 10, 3), (1, 7, 1)):
         rows = block_rows(heads, head_dim, groups)
@@ -864,7 +869,7 @@ def test_the_fused_step_s_blocks_tile_the_norm_groups() -> None:
 
 def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
     """Fast numerics' Mamba block on a GPU: the output projection's kernel finishes the gated norm from the step's
-    partial sums of squares, summed per group, as ``rsqrt(sum / width + eps)`` (engine.quantized_product). That
+    partial sums of squares, summed per group, as ``rsqrt(sum / width + eps)`` (engine.kernels.quantized_product). That
     arithmetic, here in operations, is the mixer's own norm to float32 rounding; sums of another row are not."""
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
@@ -1105,7 +1110,12 @@ def test_a_round_of_quantizers_is_their_steps_in_order() -> None:
     """The round kernel's fallback (its admission reference, bit for bit) is the steps one after another, each
     on the residual and running sum the one before left; the CUDA source gathers every codebook and norm input
     the round names, and the kernel refuses Metal and rounds of one quantizer."""
-    from engine.residual_vq import NearestRoundProduct, nearest_codes_ops, nearest_round_sample, round_product_source
+    from engine.kernels.residual_vq import (
+        NearestRoundProduct,
+        nearest_codes_ops,
+        nearest_round_sample,
+        round_product_source,
+    )
 
     residual, books, transposed, norms, chosen_sum = nearest_round_sample(3, 64, 32)
     codes, final_residual, final_sum = nearest_codes_ops(residual, books, transposed, norms, chosen_sum)
@@ -1131,7 +1141,7 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     """A fast TTS whose rounds of several quantizers each run as one part (here their fallback, where CUDA runs
     the round kernel) gives the quantizer-by-quantizer codes and samples bit for bit: each round's block of codes
     lands in its quantizers' columns, and the residual and running sum carry on to the next round."""
-    from engine.residual_vq import nearest_codes_ops
+    from engine.kernels.residual_vq import nearest_codes_ops
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     tts = voicechat.model.tts_model.tts_model
@@ -1203,7 +1213,7 @@ def test_one_query_reads_position_row_j_for_key_j(count: int) -> None:
     computation of softmax(scale·((q+u)·k_j + (q+v)·p_j))·V, head by head."""
     import numpy as np
 
-    from engine.decode_attention import relative_attention_samples
+    from engine.kernels.decode_attention import relative_attention_samples
 
     heads, head_dim = 2, 8
     samples = relative_attention_samples(heads, head_dim)
@@ -1232,8 +1242,8 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     import numpy as np
 
     from app.bench import question_audio
+    from engine.networks.tts import EarTTS
     from engine.session import Session
-    from engine.tts import EarTTS
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op: every frame calls the parts (a trace calls them once)
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
@@ -1349,7 +1359,7 @@ def _one_by_one(plan: tuple[Draw, ...]) -> list[mx.array]:
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_step_s_draws_at_once_are_the_generator_s_one_by_one(compiled: bool) -> None:
-    """engine.step_draws' fallback (and inside a compiled program, as the MaskGIT rounds run it): from the
+    """engine.kernels.step_draws' fallback (and inside a compiled program, as the MaskGIT rounds run it): from the
     generator's key, the same bits as drawing one by one, and the key it hands on gives the next step's draws
     too (odd and even sizes: the bits' counters pair elements differently)."""
     from engine.jit import jit
@@ -1393,7 +1403,7 @@ def test_fast_tts_steps_carry_their_draws_key_and_draw_what_exact_steps_draw() -
 def test_the_step_draws_kernel_is_cuda_s_and_its_source_complete() -> None:
     """The kernel compiles only on a GPU; here: it refuses Metal and an empty plan, and its source declares a
     loop for every draw, with the odd size's lone element, and writes the key and every draw."""
-    from engine import step_draws
+    from engine.kernels import step_draws
 
     with pytest.raises(ValueError, match="library's on 'metal'"):
         StepDraws("metal", _PLAN)
@@ -1416,7 +1426,7 @@ class _WritingAttentionOps(DecodeAttention):
     writes them, so that the traced step's wiring of those forms runs on the CPU (op by op: it reads its bounds)."""
 
     def __init__(self, query_heads: int, kv_heads: int, head_dim: int, bases: dict[int, float]) -> None:
-        from engine.decode_attention import KEYS_PER_BLOCK, KEYS_PER_STEP, LANES_PER_KEY
+        from engine.kernels.decode_attention import KEYS_PER_BLOCK, KEYS_PER_STEP, LANES_PER_KEY
 
         self.query_heads, self.kv_heads, self.head_dim = query_heads, kv_heads, head_dim
         self.keys_per_step, self.keys_per_block, self.lanes_per_key = KEYS_PER_STEP, KEYS_PER_BLOCK, LANES_PER_KEY
@@ -1457,7 +1467,7 @@ class _WritingAttentionOps(DecodeAttention):
         bounds: mx.array,
         scale: float,
     ) -> mx.array:
-        from engine.decode_attention import SLOT_SHIFT
+        from engine.kernels.decode_attention import SLOT_SHIFT
 
         count, word = bounds.tolist()
         slot = word >> SLOT_SHIFT
@@ -1518,7 +1528,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
     fallback's operations and writing the buffers in place as the kernel does: the projections' rows read as
     heads, the position written into the buffers the cache keeps (across their growth), the mixed values in the
     output projection's row — text ids, function ids, codes and samples bit for bit those of the operations."""
-    from engine.llm import CausalSelfAttention
+    from engine.networks.llm import CausalSelfAttention
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
     monkeypatch.setattr(KVCache, "GROWTH_STEP", 8)  # the buffers grow every 8 positions: several times here
@@ -1561,7 +1571,7 @@ def test_a_kernel_writing_the_llm_cache_in_place_runs_when_the_cache_is_evaluate
     the first frame after a prompt (issue 46). The cache lists that output (``written_by``): every prefill step's
     evaluation of the caches reaches every writing launch of that step. The stand-in's own write is an ordinary
     slice update, which MLX sees, so what is checked is the graph each evaluation reaches, not the numbers."""
-    from engine.llm import CausalSelfAttention
+    from engine.networks.llm import CausalSelfAttention
     from engine.session import Session
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
@@ -1610,7 +1620,7 @@ def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch:
     run here through a stand-in computing their fallbacks' operations and writing the buffers in place, as the
     kernels do: the step's wiring (the arguments each form takes, the buffers the caches keep) gives the scatter
     form's text ids, codes and samples bit for bit, over frames past the sliding window's wrap."""
-    from engine.decode_attention import NormRope
+    from engine.kernels.decode_attention import NormRope
     from engine.session import Session
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds
@@ -1669,8 +1679,8 @@ def test_the_greedy_loop_in_one_launch_is_wired_as_its_attempts() -> None:
     outputs are read as the attempts' states, scores and indices. The kernel runs the one-attempt kernels'
     sources: each appears in it as it is."""
     from engine.events import UserTranscriptDelta
-    from engine.greedy_attempt import _joint_body, _loop_source, _lstm_body, greedy_loop_ops
-    from engine.kernel_source import CUDA
+    from engine.kernels.greedy_attempt import _joint_body, _loop_source, _lstm_body, greedy_loop_ops
+    from engine.kernels.source import CUDA
     from engine.session import Session
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
@@ -1716,8 +1726,8 @@ def test_the_rnnt_loop_in_one_launch_is_built_unless_turned_off(
     the RN-T loop in one launch by default and under ``PARLEY_RNNT_LOOP=1``; ``PARLEY_RNNT_LOOP=0`` leaves the
     attempts one launch each (the device's A/B of the two, and a way out should a GPU run it slower)."""
     from engine import numerics
-    from engine.config import JointConfig, PredictorConfig
-    from engine.rnnt import RNNTJoint
+    from engine.loading.config import JointConfig, PredictorConfig
+    from engine.networks.rnnt import RNNTJoint
 
     asked: list[str] = []
 
@@ -1727,7 +1737,7 @@ def test_the_rnnt_loop_in_one_launch_is_built_unless_turned_off(
         asked.append(name)
         return fallback, True
 
-    monkeypatch.setattr(numerics, "_fast_part", every_part_admitted)
+    monkeypatch.setattr(numerics, "fast_part", every_part_admitted)
     monkeypatch.setattr(numerics, "_ATTEMPT_PARTS", {})
     if setting is None:
         monkeypatch.delenv(numerics.RNNT_LOOP_SETTING, raising=False)
@@ -1745,7 +1755,7 @@ def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
     CUDA launches the chain kernel) gives the product-by-product outputs bit for bit: the runs are a layer's
     first feed-forward and projections, then from each layer's output projection to the next layer's q/k/v
     projections, then the last layer's tail, each step reading the outputs of the steps before it."""
-    from engine.row_chain import ChainBook
+    from engine.kernels.row_chain import ChainBook
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     encoder = voicechat.model.stt_model.perception.encoder
@@ -1770,7 +1780,7 @@ def test_the_tts_backbone_s_runs_of_row_products_are_wired_as_their_steps() -> N
     """The TTS backbone's runs — the first layer's q/k/v, then from each layer's output projection to the next
     layer's q/k/v, then the last layer's tail — each as one chain (a stand-in running the steps) give the
     product-by-product codes and samples bit for bit."""
-    from engine.row_chain import ChainBook
+    from engine.kernels.row_chain import ChainBook
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     backbone = voicechat.model.tts_model.tts_model.backbone
@@ -1796,8 +1806,8 @@ def test_a_chain_s_source_runs_each_step_s_body_on_the_outputs_it_links() -> Non
     numbered step by step, and each step after the first waiting for the blocks of the step before it."""
     import types
 
-    from engine.row_chain import _chain_source
-    from engine.row_product import RowProductShape
+    from engine.kernels.row_chain import _chain_source
+    from engine.kernels.row_product import RowProductShape
 
     def step(body: str, blocks: int, inputs: list[str]) -> Any:
         shape = RowProductShape(1, 8, (8,), "layer_norm", "silu")
@@ -1822,7 +1832,7 @@ def test_a_chain_s_source_runs_each_step_s_body_on_the_outputs_it_links() -> Non
 def _stand_in_chains(runs: dict[Any, Any], calls: dict[int, int]) -> dict[Any, Callable[..., Any]]:
     """For each run, a stand-in chain running its steps (as the CUDA chain kernel computes them) and counting its
     calls in ``calls`` by the run's number of steps."""
-    from engine.row_chain import RowCall, run_steps
+    from engine.kernels.row_chain import RowCall, run_steps
 
     def stand_in(steps: int) -> Callable[[list[RowCall]], list[tuple[mx.array, ...]]]:
         def chain(run: list[RowCall]) -> list[tuple[mx.array, ...]]:

@@ -10,15 +10,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import JointConfig, PredictorConfig
-from engine.greedy_attempt import (
-    JointRowShape,
-    LSTMStepShape,
-    joint_row_ops,
-)
-from engine.numerics import _attempt_parts
-from engine.rnnt import (
+from engine.kernels.greedy_attempt import JointRowShape, LSTMStepShape, joint_row_ops
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import JointConfig, PredictorConfig
+from engine.loading.tokenizer import RNNTVocabulary
+from engine.networks.rnnt import (
     UNROLLED_ATTEMPTS,
     LSTMState,
     RNNTJoint,
@@ -32,7 +28,7 @@ from engine.rnnt import (
     rnnt_propose,
     rnnt_step,
 )
-from engine.tokenizer import RNNTVocabulary
+from engine.numerics import _attempt_parts
 
 PIECES = ["<unk>", "\u2581a", "b", "c", "\u2581d", "<en-US>"]
 BLANK = len(PIECES)
@@ -348,7 +344,7 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
 @pytest.mark.parametrize("by_attempt", [False, True], ids=["rows", "by_attempt"])
 def test_fast_loop_keeps_the_state_of_the_last_emission(by_attempt: bool, lstm_dtype: mx.Dtype) -> None:
     """Fast numerics' greedy loop (the cell update left to fuse; with ``by_attempt``, each attempt as the
-    parts of engine.greedy_attempt, their operations on the CPU) against exact mode's, on a joint that the
+    parts of engine.kernels.greedy_attempt, their operations on the CPU) against exact mode's, on a joint that the
     prediction network steers (so frames also stop after one to four emissions, with the state of the last
     emission kept, not the blank attempt's): the same symbols and LSTM states, bit for bit, on the CPU. The
     bf16 case stores the embedding and LSTM weights as the checkpoints do (a bf16 input product)."""

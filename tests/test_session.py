@@ -251,9 +251,9 @@ def test_a_model_encodes_its_speaker_prompt_once(monkeypatch: pytest.MonkeyPatch
     """The TTS's speaker prompt (the codec's codes of silence) is encoded by a model's first session and kept per
     numerics mode: later sessions encode nothing (at full size the encoding holds about 0.9 GB while it runs), and
     the kept prompt is the one a fresh encoding makes."""
-    from engine.codec import Codec
+    from engine.loading.random_checkpoint import random_voicechat
+    from engine.networks.codec import Codec
     from engine.numerics import set_numerics
-    from engine.random_checkpoint import random_voicechat
     from engine.session import speaker_prompt
 
     voicechat = random_voicechat("tiny", quantize=4)

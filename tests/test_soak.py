@@ -30,10 +30,10 @@ import pytest
 
 from app.bench import bench_input
 from app.worker import DEFAULT_MAX_CONVERSATION_S
-from engine.config import VoiceChatConfig
 from engine.counters import GraphCensus, named_weights
 from engine.errors import ContextLimitError
-from engine.memory import state_growth_per_frame
+from engine.loading.config import VoiceChatConfig
+from engine.loading.memory import state_growth_per_frame
 from engine.model import load_voicechat
 from engine.session import Session
 from tests.test_rnnt import force_symbol

@@ -7,8 +7,8 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models
 
-from engine.random_checkpoint import build_tokenizer
-from engine.tokenizer import StreamingDetokenizer, TextTokenizer
+from engine.loading.random_checkpoint import build_tokenizer
+from engine.loading.tokenizer import StreamingDetokenizer, TextTokenizer
 
 SKIPPED = (0, 1, 2, 12)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer import TextTokenizer
+from engine.loading.tokenizer import TextTokenizer
 from engine.tools import CALL_END, CALL_START, ToolCallParser, parse_tool_calls
 
 

@@ -9,20 +9,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.cache import KVCache, PositionLayout, SlidingKVCache
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import TTSConfig, VoiceChatConfig
 from engine.errors import TokenizerError
-from engine.sampling import draw_component, top_p_mask
-from engine.subword import CharacterTable, spell_tokens
-from engine.tokenizer import TextTokenizer
-from engine.tts import (
-    EarTTS,
-    RefinementRound,
-    SpeakerPrompt,
-    build_speaker_prompt,
-    refinement_plan,
-)
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import TTSConfig, VoiceChatConfig
+from engine.loading.tokenizer import TextTokenizer
+from engine.networks.cache import KVCache, PositionLayout, SlidingKVCache
+from engine.networks.sampling import draw_component, top_p_mask
+from engine.networks.subword import CharacterTable, spell_tokens
+from engine.networks.tts import EarTTS, RefinementRound, SpeakerPrompt, build_speaker_prompt, refinement_plan
 from tests.conftest import CheckpointFactory
 
 

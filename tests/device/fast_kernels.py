@@ -27,7 +27,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine.decode_attention import (
+from engine.kernels.admission import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
+from engine.kernels.decode_attention import (
     DecodeAttention,
     NormRope,
     decode_attention_heads_ops,
@@ -37,18 +38,17 @@ from engine.decode_attention import (
     norm_rope_ops,
     norm_rope_samples,
 )
-from engine.numerics import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
-from engine.quantized_product import (
+from engine.kernels.quantized_product import (
     QuantizedRowProduct,
     QuantizedRowShape,
     RowRole,
     quantized_row_ops,
     quantized_row_samples,
 )
-from engine.random_checkpoint import random_voicechat
-from engine.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
-from engine.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
-from engine.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
+from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
+from engine.kernels.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
+from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
+from engine.loading.random_checkpoint import random_voicechat
 
 
 def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:

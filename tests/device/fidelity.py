@@ -11,7 +11,7 @@ issue's bound: text and function ids teacher-forced equal in at least 99 % of fr
 it ends the line with PARTS. ``bisect`` reruns one case with each group of fast mode's parts held back (their
 fallbacks run, as where a kernel is not admitted), so that the group whose absence restores agreement is the one
 that parts them. ``unlisted`` runs the cases as the build before issue 46's fix did: an attention kernel's write
-into its cache's buffers not listed among the cache's arrays (engine.cache), so that a system prompt's prefill,
+into its cache's buffers not listed among the cache's arrays (engine.networks.cache), so that a system prompt's prefill,
 which reads no last hidden state, loses the last attention block's writes where that block ends the stack.
 """
 
@@ -26,15 +26,16 @@ import mlx.core as mx
 import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
+from engine.kernels.admission import relative_l2
+from engine.loading.random_checkpoint import random_voicechat
 from engine.numerics import set_numerics
-from engine.random_checkpoint import random_voicechat
 
 PROMPT = "Be concise and answer in one sentence."
 FRAMES = 61
 SEED = 0
 BOUND = 0.99
 
-# Groups of fast parts, by the first entry of their key in engine.numerics._fast_part (and three changes made
+# Groups of fast parts, by the first entry of their key in engine.kernels.admission.fast_part (and three changes made
 # outside it: the row chains, the condition table, the backbone caches' dtype).
 GROUPS: dict[str, tuple[str, ...]] = {
     "quantized rows": ("quantized_row",),
@@ -64,7 +65,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 HELD: set[str] = set()
-_fast_part = numerics._fast_part
+_fast_part = numerics.fast_part
 _row_chains = numerics._row_chains
 _use_condition_table = numerics.use_condition_table
 _cache_dtype = numerics.BACKBONE_CACHE_DTYPE
@@ -78,7 +79,7 @@ def _held_fast_part(key: tuple[Any, ...], name: str, fallback: Any, *args: Any, 
 
 def _held_row_chains(network: str, runs: Any, backend: str) -> Any:
     if "row_chains" in HELD:
-        from engine.row_chain import ChainBook
+        from engine.kernels.row_chain import ChainBook
 
         return ChainBook(), False
     return _row_chains(network, runs, backend)
@@ -88,7 +89,7 @@ def _held_condition_table(model: Any, characters: Any) -> bool:
     return False if "condition_table" in HELD else _use_condition_table(model, characters)
 
 
-numerics._fast_part = _held_fast_part
+numerics.fast_part = _held_fast_part
 numerics._row_chains = _held_row_chains
 numerics.use_condition_table = _held_condition_table
 
@@ -101,7 +102,7 @@ def hold(names: tuple[str, ...]) -> None:
 
 def unlist_writes() -> None:
     """The caches as they were before issue 46's fix: a kernel's in-place write not among their arrays."""
-    from engine.cache import KVCache, SlidingKVCache
+    from engine.networks.cache import KVCache, SlidingKVCache
 
     for cache_type in (KVCache, SlidingKVCache):
         listed = cache_type.advance
@@ -133,7 +134,7 @@ def _first_parting(exact_logits: list[Any], fast_logits: list[Any]) -> tuple[flo
         function += same_function
         if first is None and not (same_text and same_function):
             first = step
-        worst = max(worst, numerics.relative_l2(f[0], e[0]))
+        worst = max(worst, relative_l2(f[0], e[0]))
     steps = max(len(exact_logits), 1)
     return text / steps, function / steps, first, worst
 

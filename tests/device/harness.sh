@@ -23,8 +23,10 @@
 # fastkernels   420  each fast kernel admitted against its fallback: difference and time per call
 # fused          60  which kernels MLX generated add to a product (a GPU compiler contracts them to FMA)
 # long          400  fresh against aged by 7,300 frames (ten minutes), alternating in one process, fast numerics
-# coldstart     400  process start to model ready (full 4-bit, NUMERICS=exact or fast): an empty kernel cache,
-#                    then the cache the first process left (a build shipping kernels seeds the empty one first)
+# coldstart     400  process start to model ready (structure model, 4-bit: the full size's layers and kernels with
+#                    little weight to make; NUMERICS=exact or fast): an empty kernel cache,
+#                    then the cache the first process left, then a new user seeded from those kernels shipped in
+#                    assets/kernels (the app's own cache setting, no MLX_PTX_CACHE_DIR)
 #
 # .gpu/ (git-ignored) holds data only, made here:
 #   mlx-cuda-sm90.tar.xz  `python3 tests/device/pack_mlx_cuda.py CUDA_WHEEL MLX_WHEEL .gpu/mlx-cuda-sm90.tar.xz`, the
@@ -51,7 +53,7 @@ run() {
   [ "$1" = parley ] && set -- python3 -m app.cli "${@:2}" --json "$OUT/$name.json"
   echo "=== $name ($(date +%T))"
   if [ -n "$DRY" ]; then
-    local env="MLX_PTX_CACHE_DIR=$MLX_PTX_CACHE_DIR"
+    local env="MLX_PTX_CACHE_DIR=${MLX_PTX_CACHE_DIR:-(unset)}"
     env+="${CUDA_CACHE_PATH:+ CUDA_CACHE_PATH=$CUDA_CACHE_PATH}${PARLEY_COMPILE:+ PARLEY_COMPILE=$PARLEY_COMPILE}"
     echo "+ $env timeout $(limit "${name%%-*}") $*"
     return
@@ -101,12 +103,25 @@ coldstart() {
   x rm -rf /tmp/ptx-cold /tmp/cuda-cold && x mkdir -p /tmp/ptx-cold
   for pass in cold warm; do
     began=$(date +%s.%N)
-    MLX_PTX_CACHE_DIR=/tmp/ptx-cold CUDA_CACHE_PATH=/tmp/cuda-cold run "coldstart-$pass" parley bench --random full \
+    MLX_PTX_CACHE_DIR=/tmp/ptx-cold CUDA_CACHE_PATH=/tmp/cuda-cold run "coldstart-$pass" parley bench --random structure \
       --quantize 4 --numerics "${NUMERICS:-exact}" --frames 10 >&3
     echo "coldstart $pass: process $(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" \
       "(10 frames included); $(grep -hoE 'ready in .*compiling [0-9.]+ s\)|compiled kernels cached: .*' \
         "$OUT/coldstart-$pass.log" 2>/dev/null | tr '\n' ' ')"
   done
+  # A new user whose Parley ships the kernels the cold pass compiled: no MLX_PTX_CACHE_DIR, an empty home, the
+  # archive in assets/kernels (what a release would carry): the app's own setting and seeding, measured.
+  x python3 -c "import sys, mlx.core as mx; from pathlib import Path; from engine.kernel_cache import pack_kernel_cache
+print(pack_kernel_cache(Path(sys.argv[1]), Path('assets/kernels'), mlx_version=mx.__version__,
+      architecture=mx.device_info()['architecture']))" /tmp/ptx-cold
+  began=$(date +%s.%N)
+  (unset MLX_PTX_CACHE_DIR; HOME=/tmp/home-shipped XDG_CACHE_HOME=/tmp/home-shipped/.cache \
+    CUDA_CACHE_PATH=/tmp/cuda-shipped run coldstart-shipped parley bench --random structure --quantize 4 \
+    --numerics "${NUMERICS:-exact}" --frames 10 >&3)
+  echo "coldstart shipped: process $(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s" \
+    "$(grep -hoE 'ready in .*compiling [0-9.]+ s\)|compiled kernels cached: .*' "$OUT/coldstart-shipped.log" \
+      2>/dev/null | tr '\n' ' ')"
+  x rm -rf assets/kernels
   x cp -r /tmp/ptx-cold/. /tmp/ptx/
 }
 

@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from app.bench import bench_input, question_audio, run_ours
-from engine.random_checkpoint import random_voicechat
+from engine.loading.random_checkpoint import random_voicechat
 from engine.session import warm_up
 
 AGED_BY = 7300  # frames of history: with the bench's 100 frames, just short of the 7,500-frame conversation

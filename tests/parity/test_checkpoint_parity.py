@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.checkpoint import read_runtime_weights
+from engine.loading.checkpoint import read_runtime_weights
 from tests.conftest import PARITY_CHECKPOINTS, parity_id
 from tests.reference import load_reference
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import soxr
 
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.codec import CODEC_PREFIX, Codec, replace_control_codes
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.networks.codec import CODEC_PREFIX, Codec, replace_control_codes
 from tests.conftest import parity_id
 from tests.reference import load_reference, reference_session
 
@@ -150,7 +150,7 @@ def test_replace_control_codes_matches_reference(pair: Pair) -> None:
 def test_istft_constants_match_reference() -> None:
     from mlx_audio.dsp import ISTFTCache, hanning
 
-    from engine.codec import _overlap_norm, _periodic_hann
+    from engine.networks.codec import _overlap_norm, _periodic_hann
 
     window = hanning(16, periodic=True).astype(mx.float32)
     assert np.array_equal(_periodic_hann(16), np.asarray(window))

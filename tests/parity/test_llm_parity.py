@@ -1,4 +1,4 @@
-"""Parity of :class:`engine.llm.NemotronH` with the reference ``model.stt_model.llm`` (mlx-vlm 0.7.10).
+"""Parity of :class:`engine.networks.llm.NemotronH` with the reference ``model.stt_model.llm`` (mlx-vlm 0.7.10).
 
 Both models are loaded from the same tiny seeded checkpoint and driven with the same
 input embeddings and their own caches. Hidden states must be bit-identical at every
@@ -20,9 +20,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.cache import KVCache
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.llm import LLMCache, MambaCache, NemotronH
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.networks.cache import KVCache
+from engine.networks.llm import LLMCache, MambaCache, NemotronH
 from tests.conftest import PARITY_CHECKPOINTS, CheckpointFactory, parity_id
 from tests.reference import load_reference
 

@@ -24,12 +24,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import VoiceChatConfig
-from engine.encoder import Perception
-from engine.mel import log_mel_spectrogram, make_mel_cache, mel_step
-from engine.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_decode, rnnt_step
-from engine.tokenizer import RNNTVocabulary
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import VoiceChatConfig
+from engine.loading.tokenizer import RNNTVocabulary
+from engine.networks.encoder import Perception
+from engine.networks.mel import log_mel_spectrogram, make_mel_cache, mel_step
+from engine.networks.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_decode, rnnt_step
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
 

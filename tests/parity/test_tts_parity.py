@@ -18,12 +18,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.cache import KVCache, SlidingKVCache
-from engine.checkpoint import load_into, read_runtime_weights
-from engine.config import VoiceChatConfig
-from engine.subword import CharacterTable
-from engine.tokenizer import TextTokenizer
-from engine.tts import EarTTS, SpeakerPrompt, TTSCache, build_speaker_prompt
+from engine.loading.checkpoint import load_into, read_runtime_weights
+from engine.loading.config import VoiceChatConfig
+from engine.loading.tokenizer import TextTokenizer
+from engine.networks.cache import KVCache, SlidingKVCache
+from engine.networks.subword import CharacterTable
+from engine.networks.tts import EarTTS, SpeakerPrompt, TTSCache, build_speaker_prompt
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
 

@@ -1,0 +1,184 @@
+"""Building fast mode's custom kernels, and admitting each only where it matches its fallback on this device.
+
+:func:`custom_kernel` builds a kernel from its CUDA or Metal source, under a name that changes with the source;
+:func:`kernel_constants` and :func:`kernel_tickets` make the small inputs kernels read, kept out of the pool of host
+memory that MLX's CUDA allocator keeps small arrays in; :func:`admit_kernel` runs a kernel and its operations
+fallback on the same inputs and says whether they agree (relative L2 ≤ :data:`KERNEL_TOLERANCE`); :func:`fast_part`
+makes and admits a kernel once per process and key, and gives the fallback where no kernel can run here or the kernel
+did not match. Which parts fast mode asks for, and why each is safe, is :mod:`engine.numerics`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+# A kernel's outputs may differ from its fallback's by float32 reordering only.
+KERNEL_TOLERANCE = 1e-5
+
+log = logging.getLogger(__name__)
+
+
+def gpu_kernel_backend() -> str | None:
+    """``"cuda"`` or ``"metal"`` when custom kernels can run on the default device, else None."""
+    if mx.default_device().type != mx.gpu:
+        return None
+    if mx.cuda.is_available():
+        return "cuda"
+    if mx.metal.is_available():
+        return "metal"
+    return None
+
+
+# MLX's CUDA allocator keeps arrays of 8 bytes or less in a pool of host memory, so a kernel reading one waits on
+# PCIe (about a microsecond a read). The constants kernels read are padded past that size.
+KERNEL_CONSTANT_BYTES = 16
+
+
+# A kernel's ticket counters (int32 zeros that it keeps on from launch to launch) take a 128-byte line each. That
+# also keeps the workspace over 8 bytes, out of the host pool above, where every block's atomic add and every poll
+# of a counter would cross PCIe (measured: 35 µs more a launch for the residual-VQ step's one counter).
+TICKET_STRIDE = 32
+
+
+def kernel_tickets(lines: int = 1) -> mx.array:
+    """A kernel's workspace of ``lines`` ticket lines (:data:`TICKET_STRIDE` int32 zeros each), evaluated."""
+    tickets = mx.zeros((lines * TICKET_STRIDE,), dtype=mx.int32)
+    mx.eval(tickets)
+    return tickets
+
+
+def kernel_constants(*values: float) -> mx.array:
+    """``values`` as a float32 kernel input kept out of that host pool: zeros follow them up to
+    :data:`KERNEL_CONSTANT_BYTES` (kernels and fallbacks read the leading entries only)."""
+    padding = max(0, KERNEL_CONSTANT_BYTES // 4 - len(values))
+    return mx.array([*values, *[0.0] * padding], dtype=mx.float32)
+
+
+def custom_kernel(
+    backend: str,
+    name: str,
+    inputs: list[str],
+    outputs: list[str],
+    *,
+    cuda: str,
+    metal: str,
+    cuda_header: str = "",
+) -> Callable[..., Any]:
+    """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
+    (on CUDA after ``cuda_header``: functions the body calls).
+
+    The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
+    folder that outlives the process), so a kernel whose source changed with an update of Parley must
+    not meet the old build under the same name."""
+    source = {"cuda": cuda, "metal": metal}.get(backend)
+    if source is None:
+        raise ValueError(f"no {name} kernel for {backend!r}")
+    header = cuda_header if backend == "cuda" else ""
+    versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
+    if backend == "cuda":
+        return mx.fast.cuda_kernel(
+            name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
+        )
+    return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
+
+
+def relative_l2(actual: mx.array, expected: mx.array) -> float:
+    """``‖actual − expected‖ / ‖expected‖`` in float32 (0 when both are zero)."""
+    difference = mx.sqrt(mx.sum(mx.square(actual.astype(mx.float32) - expected.astype(mx.float32))))
+    scale = mx.sqrt(mx.sum(mx.square(expected.astype(mx.float32))))
+    difference_value, scale_value = difference.item(), scale.item()
+    return difference_value / scale_value if scale_value else difference_value
+
+
+def admit_kernel(
+    name: str,
+    kernel: Callable[..., Any],
+    fallback: Callable[..., Any],
+    inputs: tuple[Any, ...],
+    tolerance: float = KERNEL_TOLERANCE,
+    reference_device: mx.Device | None = None,
+) -> bool:
+    """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
+    (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
+    (and the log says why). Either may return one array or a tuple of them. ``reference_device`` runs
+    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision)."""
+    try:
+        got = _outputs(kernel(*inputs))
+        if reference_device is None:
+            want = _outputs(fallback(*inputs))
+        else:
+            with mx.stream(reference_device):
+                want = _outputs(fallback(*inputs))
+                mx.eval(want)
+        mx.eval(got, want)
+        if tolerance == 0:
+            # Unequal outputs count as their relative L2 (so that the log tells reordering from a wrong result),
+            # and as infinite where that rounds to 0.
+            errors = [
+                0.0 if mx.array_equal(a, b).item() else relative_l2(a, b) or float("inf")
+                for a, b in zip(got, want, strict=True)
+            ]
+        else:
+            errors = [relative_l2(a, b) for a, b in zip(got, want, strict=True)]
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot run on this device is simply not used
+        log.warning("the %s kernel is not used: it failed on this device (%s)", name, exc)
+        return False
+    worst = max(errors)
+    if not worst <= tolerance:
+        differing = [index for index, error in enumerate(errors) if not error <= tolerance]
+        log.warning(
+            "the %s kernel is not used: it differs from its fallback by %.3g (bound %g; outputs %s of %d)",
+            name,
+            worst,
+            tolerance,
+            differing,
+            len(errors),
+        )
+        return False
+    log.info("the %s kernel matches its fallback on this device (relative L2 %.2g)", name, worst)
+    return True
+
+
+def _outputs(result: Any) -> tuple[mx.array, ...]:
+    return (result,) if isinstance(result, mx.array) else tuple(result)
+
+
+# Fast mode's parts, made and admitted once per process and layer shape: a model switched back and forth
+# gets the same objects again, so the programs compiled around them are reused (see engine.networks.llm,
+# engine.networks.tts).
+_PARTS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = {}
+
+
+def fast_part(
+    key: tuple[Any, ...],
+    name: str,
+    fallback: Callable[..., Any],
+    make_kernel: Callable[[str], Callable[..., Any]],
+    sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
+    tolerance: float = KERNEL_TOLERANCE,
+    reference_device: mx.Device | None = None,
+) -> tuple[Callable[..., Any], bool]:
+    """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
+    ``sample``: one tuple of inputs, or a list of them; the fallback run on ``reference_device`` if
+    given), else the fallback."""
+    backend = gpu_kernel_backend()
+    full_key = (*key, backend)
+    if full_key not in _PARTS:
+        part, used = fallback, False
+        if backend is not None:
+            try:
+                kernel = make_kernel(backend)
+            except ValueError as exc:
+                log.info("no %s kernel for this shape (%s)", name, exc)
+            else:
+                samples = sample()
+                cases = samples if isinstance(samples, list) else [samples]
+                if all(admit_kernel(name, kernel, fallback, inputs, tolerance, reference_device) for inputs in cases):
+                    part, used = kernel, True
+        _PARTS[full_key] = (part, used)
+    return _PARTS[full_key]
