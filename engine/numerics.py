@@ -118,8 +118,8 @@ changes:
   sources run in turn by persistent blocks meeting at a bounded barrier after each step, admitted only bit for
   bit against the attempt kernels (51 primitives a frame fewer; :data:`RNNT_LOOP_SETTING` ``=0`` turns it off). Its
   barrier's counters sit on a ticket line of their own (:func:`engine.kernels.admission.kernel_tickets`): in 8 bytes,
-  which MLX serves from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame (docs/numerics.md, *A frame's
-  RN-T attempts as one launch*).
+  which MLX serves from a pool on the host, each poll crossed PCIe and the loop took 20.3 ms a frame
+  (docs/numerics.md, *A frame's RN-T attempts as one launch*).
 * **Each MaskGIT round's draw as two kernels**: the last MLP layer's post-norm and residual add, the final
   norm, the guidance mix and the three projections as one guided row product
   (:class:`engine.kernels.row_product.RowProductShape` ``guided``), then
@@ -250,8 +250,8 @@ ENCODER_ROWS = 1
 # (engine.kernels.greedy_attempt.GreedyLoop) on CUDA: "0" leaves the attempts one launch each. On by default since its
 # barrier's counters sit on a ticket line (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the
 # loop took 20.3 ms a frame; on a line, 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level
-# with them within noise on an H100 (tests/device/greedy_loop_probe.py and row_chains_ab.py, in git history), for 51 primitives a frame
-# fewer.
+# with them within noise on an H100 (tests/device/greedy_loop_probe.py and row_chains_ab.py, in git history), for 51
+# primitives a frame fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 # The dtype fast mode's TTS backbone caches store keys and values in (see the module docstring). float32 here
 # would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight

@@ -82,7 +82,8 @@ def speaker_prompt(voicechat: VoiceChat) -> SpeakerPrompt:
     """The Aria warm-up prompt of the TTS: codec codes of silence plus the stored speaker latent.
 
     Made once per loaded model and numerics mode, then kept (a few kilobytes): encoding the silence holds about
-    0.9 GB of the codec encoder's activations at full size while it runs (H200, ``tests/device/peak_probe.py`` (in git history)),
+    0.9 GB of the codec encoder's activations at full size while it runs (H200,
+    ``tests/device/peak_probe.py``, in git history),
     which every conversation's start would otherwise add to its peak memory, for the same codes each time."""
     prompts = voicechat.speaker_prompts
     if voicechat.numerics not in prompts:

@@ -13,8 +13,8 @@ using the first, so a pass costs one memory latency: on the H200 this layout rea
 where the one before it, whose lanes waited on each column's load in turn and shared rows unevenly, read
 0.60-0.91 (same process, interleaved; the LLM's projections 5-31 % faster per call at 4 bits, up to 21 % at 8).
 
-Three changes since keep every output bit (``tests/device/quantized_ab.py`` (in git history) against the build before, all
-roles, 4 and 8 bits: every row equal): a warp reads its 32 chunks of the row together and stages them in
+Three changes since keep every output bit (``tests/device/quantized_ab.py``, in git history, against the build
+before, all roles, 4 and 8 bits: every row equal): a warp reads its 32 chunks of the row together and stages them in
 shared memory (read chunk by chunk, each of a lane's 16-byte reads touched its own 128-byte line: eight
 times the cache traffic of the weights); a value is dequantized by one AND into a subnormal float (the
 MLP's up projection compiled to 1,640 instructions, 1,144 without the subtractions, 1,368 with the
@@ -35,9 +35,9 @@ readout per block as it writes it, so each block of this kernel adds a few hundr
 of reading the whole row, and scales its chunks of the row as it reads them (six primitives fewer per
 Mamba block: the norm and the views around it). The blocks' own pre-norms stay MLX's kernel: folded in by
 normalizing the whole row into shared memory in every block, they made the products 26-55 µs slower per
-call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py`` (in git history)). What does pay is
-the other end: in the LLM's chained step (:meth:`engine.networks.llm.NemotronH._step`, chained) each block's last
-projection has the epilogue ``"residual_norm"``, and the last of its blocks to finish (a ticket counter)
+call on the H200, more than the primitives they saved (``tests/device/fused_rows_ab.py``, in git history). What
+does pay is the other end: in the LLM's chained step (:meth:`engine.networks.llm.NemotronH._step`, chained) each
+block's last projection has the epilogue ``"residual_norm"``, and the last of its blocks to finish (a ticket counter)
 reads the whole output row back from L2 into registers and writes it through the next block's RMS norm —
 one block doing what MLX's norm kernel did, with no serial prologue in the kernels that read it. On the
 H200 (2026-12-04) the three shapes cost 3-7 µs more a call than the plain residual (Mamba out 63.1 → 66.2,
