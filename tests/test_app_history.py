@@ -212,14 +212,9 @@ def test_replay_without_a_speaker_says_so(make, tmp_path: Path) -> None:
     history = ConversationHistory(tmp_path / "history")
     entry = history.save(ConversationRecord(datetime.now(UTC), [], np.zeros(160, np.float32), np.zeros(0, np.float32)))
     assert entry is not None
-    controller = AppController(
-        Settings(), settings_path=tmp_path / "s.json", auto_demo=False, log_folder=tmp_path / "logs",
-        history_folder=tmp_path / "history", audio_factory=no_audio,
-    )  # fmt: skip
-    try:
-        controller.start()
-        with pytest.raises(RuntimeError, match="no speaker"):
-            controller.replay_history(entry.id)
-    finally:
-        controller.shutdown()
+    controller = make(Settings(), audio_factory=no_audio)  # the history folder above is the controller's
+    controller.start()
+    with pytest.raises(RuntimeError, match="no speaker"):
+        controller.replay_history(entry.id)
+    controller.shutdown()
     assert not any(isinstance(m, FrameStats) for m in controller.poll())

@@ -34,6 +34,7 @@ from app.worker import EngineWorker
 from engine.events import AssistantTextDelta
 from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES
+from tests.realtime import frame_count
 
 
 def wait_for(controller: AppController, predicate, timeout: float = 60.0) -> list:
@@ -65,10 +66,6 @@ def _snapshots(messages) -> list[StateChanged]:
 def q4(path: Path, **changes) -> Settings:
     """Settings with ``path`` as the 4-bit checkpoint, chosen; idle pause off unless asked."""
     return Settings(checkpoints={"4bit": path}, active_variant="4bit", **{"idle_pause": False, **changes})
-
-
-def frame_count(messages) -> int:
-    return sum(isinstance(m, FrameStats) for m in messages)
 
 
 def test_a_loaded_model_waits_for_the_talk_key_then_hears_the_microphone_and_silence_otherwise(
