@@ -472,13 +472,14 @@ def compiled_kernels() -> int | None:
 
     import mlx.core as mx
 
+    from engine.kernel_cache import KERNEL_CACHE_SETTING, cached_kernels
+
     kind = "ptx" if mx.default_device().type == mx.gpu else "cpu"
-    folder = os.environ.get("MLX_PTX_CACHE_DIR") if kind == "ptx" else None
+    folder = os.environ.get(KERNEL_CACHE_SETTING) if kind == "ptx" else None
     root = Path(folder) if folder else Path(tempfile.gettempdir()) / "mlx" / mlx_version() / kind
     if not root.is_dir():
         return None
-    suffixes = {".ptx", ".cubin"} if kind == "ptx" else {".so"}
-    return sum(1 for path in root.rglob("*") if path.suffix in suffixes)
+    return cached_kernels(root) if kind == "ptx" else cached_kernels(root, frozenset({".so"}))
 
 
 def bench(

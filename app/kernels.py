@@ -48,10 +48,14 @@ def point_kernel_cache(version: str | None = None) -> Path:
 
 
 def prepare_kernel_cache(version: str, architecture: str | None) -> Path | None:
-    """:func:`point_kernel_cache`, then on a CUDA GPU (``architecture`` given) add the shipped kernels for this MLX
-    version and architecture that the folder lacks; returns the folder (None where kernels are not kept: no
-    CUDA GPU, or a folder that cannot be written, where MLX keeps its own)."""
-    folder = point_kernel_cache(version)
+    """:func:`point_kernel_cache`, then :func:`seed_shipped_kernels`."""
+    return seed_shipped_kernels(point_kernel_cache(version), version, architecture)
+
+
+def seed_shipped_kernels(folder: Path, version: str, architecture: str | None) -> Path | None:
+    """On a CUDA GPU (``architecture`` given), add to ``folder`` the shipped kernels for this MLX version and
+    architecture that it lacks; returns the folder (None where kernels are not kept: no CUDA GPU, or a folder that
+    cannot be written, where MLX keeps its own)."""
     if architecture is None:
         return None
     shipped = shipped_kernels_dir()
@@ -66,7 +70,7 @@ def prepare_kernel_cache(version: str, architecture: str | None) -> Path | None:
 
 
 def prepare_this_device() -> Path | None:
-    """:func:`prepare_kernel_cache` for the device MLX computes on (the setting made first)."""
+    """:func:`prepare_kernel_cache` for the device MLX computes on: the setting made before the device is asked."""
     version = mlx_version()
-    point_kernel_cache(version)
-    return prepare_kernel_cache(version, cuda_architecture())
+    folder = point_kernel_cache(version)
+    return seed_shipped_kernels(folder, version, cuda_architecture())

@@ -94,8 +94,9 @@ def pack_kernel_cache(cache: Path, out_folder: Path, *, mlx_version: str, archit
     return archive
 
 
-def cached_kernels(cache: Path) -> int:
-    """Kernels in ``cache`` (their PTX or cubin files)."""
+def cached_kernels(cache: Path, suffixes: frozenset[str] = frozenset({".ptx", ".cubin"})) -> int:
+    """Kernels in ``cache`` and below: their files with one of ``suffixes`` (on CUDA a kernel's PTX or cubin; the
+    CPU's fused kernels are ``.so`` files)."""
     if not cache.is_dir():
         return 0
-    return sum(1 for path in cache.iterdir() if path.suffix in (".ptx", ".cubin"))
+    return sum(1 for path in cache.rglob("*") if path.suffix in suffixes)
