@@ -162,7 +162,7 @@ def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
     """
     import mlx.core as mx
 
-    from engine.networks.cache import KVCache, SlidingKVCache
+    from engine.ops.cache import KVCache, SlidingKVCache
 
     key = mx.random.key(seed)
 

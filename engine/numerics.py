@@ -33,7 +33,7 @@ changes:
   (:meth:`~engine.kernels.decode_attention.DecodeAttention.attend_writing`): its blocks read that position from the new
   key and value themselves, and one block per key head stores them at the slot, where the traced step scattered
   them into each buffer first — 56 scatters a frame fewer, the same numbers. The write lands in buffers MLX
-  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.networks.cache.SlidingKVCache`) and nothing
+  takes for unchanged: the cache keeps them (contiguous, see :class:`engine.ops.cache.SlidingKVCache`) and nothing
   else reads them. Admitted against the scatters and the attention (outputs and written buffers).
   The LLM's four attention blocks (heads of 128, eight key heads) take the same writing form
   (:meth:`engine.networks.llm.CausalSelfAttention.attend_rows`): it reads the q, k and v projections' rows as their

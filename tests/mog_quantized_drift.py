@@ -23,8 +23,8 @@ from engine.kernels.admission import relative_l2
 from engine.loading.config import VoiceChatConfig
 from engine.loading.layout import checkpoint_tensors
 from engine.loading.random_checkpoint import GROUP_SIZE, Size, _WeightFactory, base_config, build_tokenizer
-from engine.networks.sampling import draw_component, guide
 from engine.networks.tts import MixtureHead
+from engine.ops.sampling import draw_component, guide
 
 HEAD_PREFIX = "mog_head."
 

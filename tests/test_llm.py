@@ -16,9 +16,9 @@ import pytest
 
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import LLMConfig
-from engine.networks.cache import KVCache
 from engine.networks.llm import CausalSelfAttention, HybridBlock, LLMCache, Mamba2Mixer, MambaCache, NemotronH, ReLU2MLP
 from engine.networks.ssm import ssm_scan
+from engine.ops.cache import KVCache
 
 BF16, F32 = mx.bfloat16, mx.float32
 

@@ -33,7 +33,6 @@ from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantiz
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
 from engine.loading.random_checkpoint import random_voicechat
-from engine.networks.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
@@ -41,6 +40,7 @@ from engine.networks.rnnt import RNNTPredictor
 from engine.networks.ssm import silu_gate, ssm_scan
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
+from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.timeline import INPUT_FRAME_SAMPLES
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -606,7 +606,7 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
     tile a warp or a head are refused."""
     from engine.kernels import decode_attention
     from engine.kernels.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
-    from engine.networks.cache import GROWTH_STEP
+    from engine.ops.cache import GROWTH_STEP
 
     sources = [decode_attention._ATTENTION_METAL, decode_attention._MERGE_CUDA, decode_attention._MERGE_METAL]
     sources += [decode_attention._attention_cuda(writing) for writing in (False, True)]

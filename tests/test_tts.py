@@ -13,10 +13,10 @@ from engine.errors import TokenizerError
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import TTSConfig, VoiceChatConfig
 from engine.loading.tokenizer import TextTokenizer
-from engine.networks.cache import KVCache, PositionLayout, SlidingKVCache
-from engine.networks.sampling import draw_component, top_p_mask
 from engine.networks.subword import CharacterTable, spell_tokens
 from engine.networks.tts import EarTTS, RefinementRound, SpeakerPrompt, build_speaker_prompt, refinement_plan
+from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
+from engine.ops.sampling import draw_component, top_p_mask
 from tests.conftest import CheckpointFactory
 
 

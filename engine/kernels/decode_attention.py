@@ -48,7 +48,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..networks.cache import stored
+from ..ops.cache import stored
 from .admission import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
 
 # Warps (simdgroups) per block: each reads its own run of the block's share of keys, then they merge.

@@ -2,11 +2,11 @@
 
 Each MaskGIT round draws a component from the guided row's mixture logits (top-p, then Gumbel-max
 with one uniform draw), projects the row to that component's low-rank mean, lifts it by the
-component's basis and draws the latent around it with one normal draw (:mod:`engine.networks.sampling`).
+component's basis and draws the latent around it with one normal draw (:mod:`engine.ops.sampling`).
 As operations that is a softmax, a sort, a cumulative sum, a scatter, a second softmax, the Gumbel
 transform, an argmax, two gathers and two products with their views, and the Gaussian's scale and
 noise: about forty primitives a round, five rounds a frame. :class:`MixtureSample` does it in one
-launch of one block; the two draws stay MLX's (:func:`engine.networks.sampling.draw_latent_noise` and
+launch of one block; the two draws stay MLX's (:func:`engine.ops.sampling.draw_latent_noise` and
 ``mx.random.uniform``, in the reference's order), made before the launch.
 
 The guided row itself comes from the row product before it (``RowProductShape.guided``), which
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..jit import materialize
-from ..networks.sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
+from ..ops.sampling import GUMBEL_EPS, gaussian_latent, guide, gumbel_choice, top_p_mask
 from .admission import custom_kernel, kernel_constants
 from .source import CUDA, METAL, Dialect
 

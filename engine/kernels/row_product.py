@@ -45,7 +45,7 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..networks.sampling import guide
+from ..ops.sampling import guide
 from .admission import custom_kernel, kernel_constants
 
 Prologue = Literal["none", "norm", "residual_norm", "layer_norm", "layer_norm_twice", "conv_norm"]

@@ -1,7 +1,7 @@
 """A TTS step's random draws as one kernel (fast numerics).
 
 Each MaskGIT round draws a uniform tensor (the component's Gumbel-max) and a standard-normal one (the latent's
-noise) from MLX's global generator (:mod:`engine.networks.sampling`). As operations each draw is a key split (MLX's
+noise) from MLX's global generator (:mod:`engine.ops.sampling`). As operations each draw is a key split (MLX's
 ``RandomBits`` on the key, a ``Split`` and two ``Reshape`` views), its bits (a second ``RandomBits``) and their
 conversion (one fused kernel when compiled): six primitives a draw, ten draws a step at full size. The draws
 depend on nothing but the generator's key, so :class:`StepDraws` makes them all in one launch: the chain of

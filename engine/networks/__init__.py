@@ -3,9 +3,9 @@
 * :mod:`.mel` and :mod:`.encoder`: perception — streaming log-mel features and the cache-aware FastConformer.
 * :mod:`.rnnt`: the RN-T predictor and joint (the user's transcript).
 * :mod:`.llm` and :mod:`.ssm`: Nemotron-H, its attention blocks and its Mamba-2 mixers.
-* :mod:`.tts`, :mod:`.subword` and :mod:`.sampling`: EAR-TTS — the Gemma-3 backbone, the character-aware
-  subword encoder, the MoG head and the MaskGIT rounds' draws.
+* :mod:`.tts` and :mod:`.subword`: EAR-TTS — the Gemma-3 backbone, the character-aware subword encoder and the
+  MoG head (their draws are :mod:`engine.ops.sampling`).
 * :mod:`.codec`: the codec decoder (residual-VQ codes to samples).
-* :mod:`.linear`, :mod:`.cache` and :mod:`.fused`: the projections, the attention caches and the stacked
-  projections the networks above are built from.
+* :mod:`.linear` and :mod:`.fused`: the projections and the stacked projections the networks above are built
+  from (the attention caches are :mod:`engine.ops.cache`).
 """

@@ -29,7 +29,7 @@ from ..kernels.decode_attention import DecodeAttention
 from ..kernels.fused_step import block_rows
 from ..kernels.quantized_product import RowRole, grouped_rms_norm
 from ..loading.config import LLMConfig
-from .cache import AttentionMask, KVCache, PositionLayout
+from ..ops.cache import AttentionMask, KVCache, PositionLayout
 from .linear import Linear, QuantizedLinear
 from .ssm import silu_gate, ssm_scan
 
@@ -306,7 +306,7 @@ class CausalSelfAttention(nn.Module):
                     self.scale,
                     position_axis=True,
                 )
-                # The kernel writes the position into these very buffers as it runs (engine.networks.cache).
+                # The kernel writes the position into these very buffers as it runs (engine.ops.cache).
                 cache.advance(cache.keys, cache.values, written_by=mixed)
                 return mixed
         heads = self._heads(q_rows, self.num_heads), self._heads(k_rows, self.num_kv_heads)

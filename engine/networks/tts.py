@@ -33,11 +33,11 @@ from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
 from ..kernels.row_product import RowProductShape
 from ..kernels.step_draws import Draw
 from ..loading.config import MoGConfig, TTSConfig
+from ..ops.cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
+from ..ops.sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from ..profiler import Probe
-from .cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
 from .fused import Stacked, stack_projections
 from .linear import Linear
-from .sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
@@ -630,7 +630,7 @@ class Backbone(nn.Module):
         The caches' bookkeeping (growth, slot, filled count) stays here; the program writes the new
         position into each buffer at the slot it is given as an array and returns the written buffers.
         A trace holds the buffers' capacity and the attention kernel's blocks per head, which change
-        every :data:`engine.networks.cache.GROWTH_STEP` positions, so a conversation retraces once per 256 frames.
+        every :data:`engine.ops.cache.GROWTH_STEP` positions, so a conversation retraces once per 256 frames.
         """
         first = self.layers[0].self_attn
         layout = PositionLayout(
@@ -874,7 +874,7 @@ class MixtureHead(nn.Module):
         draws: tuple[mx.array, mx.array] | None = None,
     ) -> mx.array:
         """The latent a MaskGIT round draws from guided features ``x``: :meth:`sample_gaussian`, then the latent
-        noise (engine.networks.sampling's two draws, in order; ``draws``, when given, are those two made already).
+        noise (engine.ops.sampling's two draws, in order; ``draws``, when given, are those two made already).
         Fast numerics' rows run the layers and the draw as kernels where the head's parts are the kernels'
         (:class:`MixtureRowParts`)."""
         rows, weights = self.rows, self.sample_weights
@@ -917,7 +917,7 @@ class MixtureHead(nn.Module):
         (N, latent) and (N, 1) of one drawn component.
 
         The first half (rows [0, B) or [0, N)) is conditional, the second unconditional; guidance
-        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.networks.sampling,
+        mixes them after the MLP stack. Draws the component (one uniform tensor, see engine.ops.sampling,
         unless ``uniform`` is that draw made already).
         """
         *layers, final_norm = self.mlp_stack

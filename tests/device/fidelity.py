@@ -11,7 +11,7 @@ issue's bound: text and function ids teacher-forced equal in at least 99 % of fr
 it ends the line with PARTS. ``bisect`` reruns one case with each group of fast mode's parts held back (their
 fallbacks run, as where a kernel is not admitted), so that the group whose absence restores agreement is the one
 that parts them. ``unlisted`` runs the cases as the build before issue 46's fix did: an attention kernel's write
-into its cache's buffers not listed among the cache's arrays (engine.networks.cache), so that a system prompt's prefill,
+into its cache's buffers not listed among the cache's arrays (engine.ops.cache), so that a system prompt's prefill,
 which reads no last hidden state, loses the last attention block's writes where that block ends the stack.
 """
 
@@ -102,7 +102,7 @@ def hold(names: tuple[str, ...]) -> None:
 
 def unlist_writes() -> None:
     """The caches as they were before issue 46's fix: a kernel's in-place write not among their arrays."""
-    from engine.networks.cache import KVCache, SlidingKVCache
+    from engine.ops.cache import KVCache, SlidingKVCache
 
     for cache_type in (KVCache, SlidingKVCache):
         listed = cache_type.advance

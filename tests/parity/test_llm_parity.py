@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from engine.loading.checkpoint import load_into, read_runtime_weights
-from engine.networks.cache import KVCache
 from engine.networks.llm import LLMCache, MambaCache, NemotronH
+from engine.ops.cache import KVCache
 from tests.conftest import PARITY_CHECKPOINTS, CheckpointFactory, parity_id
 from tests.reference import load_reference
 

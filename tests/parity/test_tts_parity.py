@@ -21,9 +21,9 @@ import pytest
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import VoiceChatConfig
 from engine.loading.tokenizer import TextTokenizer
-from engine.networks.cache import KVCache, SlidingKVCache
 from engine.networks.subword import CharacterTable
 from engine.networks.tts import EarTTS, SpeakerPrompt, TTSCache, build_speaker_prompt
+from engine.ops.cache import KVCache, SlidingKVCache
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
 
