@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from .weight_names import COPY_MARK, GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
+
 # Primitives that only re-describe memory (or do nothing) and launch no kernel of their own. A reshape of a
 # non-contiguous array copies; it is still counted here, as a view, because the copy depends on the layout.
 VIEW_PRIMITIVES = frozenset(
@@ -49,12 +51,6 @@ VIEW_PRIMITIVES = frozenset(
         "Unflatten",
     }
 )
-VIEW_MARK = "#"  # "<parameter>#<index>": a slice of the parameter kept as its own array
-TRANSPOSE_MARK = "@T"  # "<parameter>@T": the whole parameter, transposed once and kept (engine.networks.linear)
-COPY_MARK = "%"  # "<parameter>%": the whole parameter in another dtype, copied once and kept (engine.networks.linear)
-# "<parameter>[]": the parameter viewed as a table whose rows a kernel picks itself (a drawn component's): each
-# read is one row of the view, whatever primitive reads it (engine.kernels.mixture_sample).
-GATHER_MARK = "[]"
 
 # Primitives that read only some rows of their first input (an embedding or codebook lookup).
 GATHER_PRIMITIVES = frozenset({"Gather", "GatherAxis", "GatherQMM", "GatherMM"})

@@ -156,7 +156,7 @@ def test_gathered_tables_are_priced_by_the_row_whatever_reads_them() -> None:
     """Fast numerics' MoG draw reads one drawn component's rows of two tables inside a kernel (on the CPU its
     operations gather them): the census prices each read as one row of the table, at full size one of 1,024
     components, not as the whole table."""
-    from engine.counters import GATHER_MARK
+    from engine.weight_names import GATHER_MARK
 
     structure = random_voicechat("structure", quantize=4, numerics="fast")
     mx.eval(structure.model.parameters())

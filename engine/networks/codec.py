@@ -45,12 +45,12 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..counters import COPY_MARK
 from ..jit import jit
 from ..kernels.code_sum import code_sum_ops
 from ..kernels.conv_norm import channel_layer_norm
 from ..loading.config import CodecConfig
 from ..profiler import Probe
+from ..weight_names import COPY_MARK
 
 CODEC_PREFIX = "tts_model.audio_codec."
 """Where the codec's weights live in the runtime checkpoint."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..counters import COPY_MARK, TRANSPOSE_MARK
+from ..weight_names import COPY_MARK, TRANSPOSE_MARK
 
 TRANSPOSED = f"weight{TRANSPOSE_MARK}"  # the view's name in engine.counters: the whole weight, read transposed
 COPIED = f"weight{COPY_MARK}"  # the copy's name there: the whole weight, in the copy's dtype

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..counters import GATHER_MARK
 from ..jit import jit, materialize
 from ..kernels.greedy_attempt import AttemptParts, greedy_loop_ops, lstm_cell
 from ..loading.config import JointConfig, PredictorConfig
 from ..loading.tokenizer import RNNTVocabulary
+from ..weight_names import GATHER_MARK
 from .linear import Linear
 
 LSTMState = tuple[mx.array, mx.array]

@@ -24,7 +24,6 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..counters import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 from ..jit import compile_enabled, jit
 from ..kernels.decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
 from ..kernels.mixture_sample import gaussian_of, low_rank_mean
@@ -36,6 +35,7 @@ from ..loading.config import MoGConfig, TTSConfig
 from ..ops.cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
 from ..ops.sampling import draw_component, draw_latent_noise, gaussian_latent, guide
 from ..profiler import Probe
+from ..weight_names import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 from .fused import Stacked, stack_projections
 from .linear import Linear
 from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
