@@ -303,20 +303,16 @@ def apply_numerics(
     from .kernels.conv_norm import variants_for as conv_norm_variants
     from .kernels.decode_attention import (
         DecodeAttention,
-        NormRope,
-        RelativeDecodeAttention,
         decode_attention_heads_ops,
         decode_attention_heads_samples,
         decode_attention_ops,
         decode_attention_samples,
         decode_attention_writing_ops,
         decode_attention_writing_samples,
-        norm_rope_ops,
-        norm_rope_samples,
-        relative_attention_samples,
-        relative_window_samples,
     )
     from .kernels.fused_step import FusedStep, fused_step_ops, fused_step_sample
+    from .kernels.norm_rope import NormRope, norm_rope_ops, norm_rope_samples
+    from .kernels.relative_attention import RelativeDecodeAttention, relative_attention_samples, relative_window_samples
     from .kernels.residual_vq import (
         NearestRoundProduct,
         nearest_code_ops,

@@ -1,10 +1,11 @@
 """CUDA sources that only a GPU builds, compiled here as C++ with CUDA's names stubbed (``g++ -fsyntax-only``):
 the encoder's and the TTS backbone's chains of row products (:mod:`engine.kernels.row_chain`), the RN-T loop
 (:class:`engine.kernels.greedy_attempt.GreedyLoop`) and the single-position attention's three forms over float32 and
-bf16 buffers (:class:`engine.kernels.decode_attention.DecodeAttention`), each with the parameters MLX declares for it.
-This catches what a compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a
-device run does; what the kernels compute is checked on the device, where a load admits each against the kernels
-or operations it replaces."""
+bf16 buffers (:class:`engine.kernels.decode_attention.DecodeAttention`, its text in
+:mod:`engine.kernels.decode_attention_source`), each with the parameters MLX declares for it. This catches what a
+compiler catches — names, types, ``const`` and ``volatile``, a template's instantiation — before a device run does;
+what the kernels compute is checked on the device, where a load admits each against the kernels or operations it
+replaces."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import mlx.core as mx
 import pytest
 
 import engine.kernels.decode_attention as decode_attention
+import engine.kernels.decode_attention_source as decode_attention_source
 import engine.kernels.greedy_attempt as greedy_attempt
 import engine.kernels.row_chain as row_chain
 import engine.kernels.row_product as row_product
@@ -129,11 +131,11 @@ def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, merged: boo
     LLM's) and bf16 (the TTS backbone's), read through the header's overloads for the buffer's type; and each with
     its blocks merging their own shares (a ticket per group, the last block merging)."""
     stored = _TYPES[buffers]
-    inputs = decode_attention._FORM_INPUTS[form]
+    inputs = decode_attention_source.FORM_INPUTS[form]
     kinds = {"keys": stored, "values": stored, "bounds": "int", "at_position": "int", "tickets": "int"}
     parameters = [f"const {kinds.get(name, 'float')}* {name}" for name in [*inputs, *(["tickets"] if merged else [])]]
     parameters += ["const int* keys_shape", "float* out", *(["float* partials"] if merged else [])]
-    source = decode_attention._attention_cuda(writing=form != "read", heads=form == "heads", merged=merged)
+    source = decode_attention_source.attention_cuda(writing=form != "read", heads=form == "heads", merged=merged)
     names = ("HQ", "HKV", "D", "WARPS", "LANES", "ROUNDS", "CHUNK_BITS", "SLOT_SHIFT")
     names += ("SHARES", "TICKET_STRIDE") if merged else ()
     template = f"template <{', '.join(f'int {name}' for name in names)}, bool FINAL>"
@@ -143,5 +145,5 @@ def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, merged: boo
         values += [decode_attention.MERGED_SHARES, TICKET_STRIDE] if merged else []
         arguments = ", ".join([*map(str, values), final])
         instances.append(f"template void attention<{arguments}>({', '.join(parameters)});")
-    header = decode_attention._BUFFER_CUDA
+    header = decode_attention_source.BUFFER_CUDA
     _compiles(tmp_path, "attention", source, parameters, f"{header}\n{template}", "\n".join(instances))

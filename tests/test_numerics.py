@@ -22,13 +22,9 @@ import pytest
 
 from app.drift import measure_drift
 from engine.kernels.admission import admit_kernel, custom_kernel, kernel_constants, relative_l2
-from engine.kernels.decode_attention import (
-    DecodeAttention,
-    decode_attention_ops,
-    decode_attention_sample,
-    norm_rope_ops,
-)
+from engine.kernels.decode_attention import DecodeAttention, decode_attention_ops, decode_attention_sample
 from engine.kernels.fused_step import block_rows, fused_step_ops, fused_step_sample
+from engine.kernels.norm_rope import norm_rope_ops
 from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
@@ -589,10 +585,10 @@ def test_the_attempt_and_draw_sources_speak_their_backends() -> None:
 def test_the_relative_attention_sources_are_complete() -> None:
     """Both forms of the encoder's attention kernel, on both backends, with every placeholder filled; the window
     form reads the cached rows and the newest apart and writes both windows (it compiles only on a GPU)."""
-    from engine.kernels import decode_attention
+    from engine.kernels import relative_attention
 
-    plain = (decode_attention._RELATIVE_CUDA, decode_attention._RELATIVE_METAL)
-    window = (decode_attention._RELATIVE_WINDOW_CUDA, decode_attention._RELATIVE_WINDOW_METAL)
+    plain = (relative_attention._RELATIVE_CUDA, relative_attention._RELATIVE_METAL)
+    window = (relative_attention._RELATIVE_WINDOW_CUDA, relative_attention._RELATIVE_WINDOW_METAL)
     for source in (*plain, *window):
         assert "@" not in source
     for source in window:
@@ -605,13 +601,13 @@ def test_the_backbone_attention_shares_keys_as_its_kernels_count_them() -> None:
     has keys, the kernels' own count of blocks (from the keys a block) is the launch's, and the launch changes
     shape only where a cache buffer grows (a traced step holds it for a buffer's capacity); layouts that do not
     tile a warp or a head are refused."""
-    from engine.kernels import decode_attention
     from engine.kernels.decode_attention import KEYS_PER_BLOCK, DecodeAttention, key_shares
+    from engine.kernels.decode_attention_source import ATTENTION_METAL, MERGE_CUDA, MERGE_METAL, attention_cuda
     from engine.ops.cache import GROWTH_STEP
 
-    sources = [decode_attention._ATTENTION_METAL, decode_attention._MERGE_CUDA, decode_attention._MERGE_METAL]
-    sources += [decode_attention._attention_cuda(writing) for writing in (False, True)]
-    sources.append(decode_attention._attention_cuda(True, heads=True))
+    sources = [ATTENTION_METAL, MERGE_CUDA, MERGE_METAL]
+    sources += [attention_cuda(writing) for writing in (False, True)]
+    sources.append(attention_cuda(True, heads=True))
     assert not any("@" in source for source in sources)  # every width and form filled in
     for per_block in (GROWTH_STEP, 2 * GROWTH_STEP, KEYS_PER_BLOCK):
         shapes = set()
@@ -711,10 +707,10 @@ def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> N
     and value from their own inputs at the slot and nowhere else, one block per key head stores them into the
     buffers, and the plain form has none of it. The bounds' two words carry the count, the keys a block and the
     slot, unpacked as the kernels unpack them."""
-    from engine.kernels import decode_attention
+    from engine.kernels import decode_attention_source
     from engine.kernels.decode_attention import CHUNK_BITS, KEYS_PER_BLOCK, MAX_SLOT, SLOT_SHIFT, bounds_words
 
-    plain, writing = decode_attention._attention_cuda(False), decode_attention._attention_cuda(True)
+    plain, writing = decode_attention_source.attention_cuda(False), decode_attention_source.attention_cuda(True)
     assert not any(name in plain for name in ("new_keys", "new_values", "parley_store", "written"))
     assert "else if (position == written)" in writing
     assert "parley_as_stored(reinterpret_cast<const float2*>(new_keys + fresh)[j * LANES], keys)" in writing
@@ -722,7 +718,7 @@ def test_the_writing_attention_reads_the_new_position_apart_and_stores_it() -> N
     assert writing.count("parley_store(keys + at + d") == writing.count("parley_store(values + at + d") == 1
     assert "if (split == 0 && head % (HQ / HKV) == 0)" in writing
     assert all(source.count("{") == source.count("}") for source in (plain, writing))
-    assert all(f"{name}[" in writing or f"{name} +" in writing for name in decode_attention._WRITING_INPUTS)
+    assert all(f"{name}[" in writing or f"{name} +" in writing for name in decode_attention_source._WRITING_INPUTS)
     for count, chunk, slot in ((1, 1, 0), (300, 300, 299), (9000, 1800, 4321), (2**30, KEYS_PER_BLOCK, MAX_SLOT)):
         first, second = bounds_words(count, chunk, slot)
         assert first == count and second & CHUNK_BITS == chunk and second >> SLOT_SHIFT == slot
@@ -739,23 +735,22 @@ def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_att
     and the new key from what they made and stores that key, and reads every input; its fallback, against which it
     is admitted, is the heads' operations and then the writing attention's, bit for bit here; the CPU keeps the
     heads apart (no such kernel)."""
-    from engine.kernels import decode_attention
+    from engine.kernels import decode_attention_source, norm_rope
     from engine.kernels.decode_attention import (
         decode_attention_heads_ops,
         decode_attention_heads_samples,
         decode_attention_writing_ops,
-        norm_rope_ops,
     )
 
-    source = decode_attention._attention_cuda(True, heads=True)
-    norm_rope = decode_attention._NORM_ROPE_CUDA
+    source = decode_attention_source.attention_cuda(True, heads=True)
+    norm_rope_source = norm_rope._NORM_ROPE_CUDA
     for line in ("const float normalizer = rsqrtf(squares / D + params[0]);", "const float cosine = cosf(theta);"):
-        assert line in source and line in norm_rope
+        assert line in source and line in norm_rope_source
     assert "rotated[0]) + part" in source
     assert "parley_as_stored(reinterpret_cast<const float2*>(rotated[1] + 2 * part)[j * LANES], keys)" in source
     assert "parley_store(keys + at + d, rotated[1][d]);" in source and "new_keys" not in source
     assert source.count("{") == source.count("}")
-    assert all(f"{name}[" in source or f"{name} +" in source for name in decode_attention._HEADS_INPUTS)
+    assert all(f"{name}[" in source or f"{name} +" in source for name in decode_attention_source._HEADS_INPUTS)
     layout = dict(query_heads=4, kv_heads=2, eps=1e-6, base=10_000.0)
     samples = decode_attention_heads_samples(4, 2, 16, mx.bfloat16)
     assert len({sample[5].item() for sample in samples}) == 2, "an early and a late position"
@@ -1214,7 +1209,7 @@ def test_one_query_reads_position_row_j_for_key_j(count: int) -> None:
     computation of softmax(scale·((q+u)·k_j + (q+v)·p_j))·V, head by head."""
     import numpy as np
 
-    from engine.kernels.decode_attention import relative_attention_samples
+    from engine.kernels.relative_attention import relative_attention_samples
 
     heads, head_dim = 2, 8
     samples = relative_attention_samples(heads, head_dim)
@@ -1621,7 +1616,7 @@ def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch:
     run here through a stand-in computing their fallbacks' operations and writing the buffers in place, as the
     kernels do: the step's wiring (the arguments each form takes, the buffers the caches keep) gives the scatter
     form's text ids, codes and samples bit for bit, over frames past the sliding window's wrap."""
-    from engine.kernels.decode_attention import NormRope
+    from engine.kernels.norm_rope import NormRope
     from engine.session import Session
 
     monkeypatch.setenv("PARLEY_COMPILE", "0")  # op by op, so that the stand-in can read its bounds

@@ -25,8 +25,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..jit import compile_enabled, jit
-from ..kernels.decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
+from ..kernels.decode_attention import DecodeAttention, decode_attention_ops
 from ..kernels.mixture_sample import gaussian_of, low_rank_mean
+from ..kernels.norm_rope import NormRope, norm_rope_ops
 from ..kernels.residual_vq import nearest_code_ops
 from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
 from ..kernels.row_product import RowProductShape

@@ -30,14 +30,12 @@ import mlx.core as mx
 from engine.kernels.admission import admit_kernel, custom_kernel, gpu_kernel_backend, relative_l2
 from engine.kernels.decode_attention import (
     DecodeAttention,
-    NormRope,
     decode_attention_heads_ops,
     decode_attention_heads_samples,
     decode_attention_ops,
     decode_attention_sample,
-    norm_rope_ops,
-    norm_rope_samples,
 )
+from engine.kernels.norm_rope import NormRope, norm_rope_ops, norm_rope_samples
 from engine.kernels.quantized_product import (
     QuantizedRowProduct,
     QuantizedRowShape,
