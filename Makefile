@@ -1,6 +1,6 @@
 # Parley — developer entry points. Each target creates .venv on first use.
 #   make run    set up and start the app (a demo checkpoint is generated when no real one is configured)
-#   make test   set up everything the tests need and run them: ruff, mypy (app/ and ui/), pytest (what CI runs)
+#   make test   set up everything the tests need and run them: ruff, mypy (strict: app/, engine/ and ui/), pytest (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv

@@ -25,7 +25,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
 
@@ -109,7 +109,7 @@ def _checked(function: F, compiled: Callable[..., Any], draws_random: bool) -> F
         worst = 0.0
         for want, got in zip(_leaves(expected), _leaves(result), strict=True):
             if not mx.array_equal(want, got, equal_nan=True).item():
-                difference = mx.abs(want.astype(mx.float32) - got.astype(mx.float32)).max().item()
+                difference = cast(float, mx.abs(want.astype(mx.float32) - got.astype(mx.float32)).max().item())
                 worst = max(worst, float("inf") if difference != difference else difference)
         if worst > 0.0:
             check.mismatches += 1

@@ -147,3 +147,14 @@ def test_the_attention_sources_compile(form: str, buffers: mx.Dtype, merged: boo
         instances.append(f"template void attention<{arguments}>({', '.join(parameters)});")
     header = decode_attention_source.BUFFER_CUDA
     _compiles(tmp_path, "attention", source, parameters, f"{header}\n{template}", "\n".join(instances))
+
+
+def test_the_merged_heads_check_needs_its_rope_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The merged heads form's check norms and rotates with the rope parameters it is given: without them it is
+    refused where it is asked for, not when the kernel first reads them; the other forms need none."""
+    monkeypatch.setattr(decode_attention, "custom_kernel", _no_kernel)
+    attention = decode_attention.DecodeAttention("cuda", 16, 16, 72)
+    with pytest.raises(ValueError, match="rope parameters"):
+        attention.merged_kernel("heads")
+    assert callable(attention.merged_kernel("heads", rope=mx.zeros((2,))))
+    assert callable(attention.merged_kernel("writing")) and callable(attention.merged_kernel("read"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -59,6 +59,11 @@ def kernel_constants(*values: float) -> mx.array:
     return mx.array([*values, *[0.0] * padding], dtype=mx.float32)
 
 
+# A custom kernel as MLX builds it: called with ``inputs``, ``template``, ``grid``, ``threadgroup``,
+# ``output_shapes`` and ``output_dtypes``, it returns its outputs.
+Kernel = Callable[..., list[mx.array]]
+
+
 def custom_kernel(
     backend: str,
     name: str,
@@ -68,7 +73,7 @@ def custom_kernel(
     cuda: str,
     metal: str,
     cuda_header: str = "",
-) -> Callable[..., Any]:
+) -> Kernel:
     """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
     (on CUDA after ``cuda_header``: functions the body calls).
 
@@ -81,17 +86,19 @@ def custom_kernel(
     header = cuda_header if backend == "cuda" else ""
     versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
     if backend == "cuda":
-        return mx.fast.cuda_kernel(
+        kernel = mx.fast.cuda_kernel(
             name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
         )
-    return mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
+    else:
+        kernel = mx.fast.metal_kernel(name=versioned, input_names=inputs, output_names=outputs, source=source)
+    return cast(Kernel, kernel)  # MLX's stubs call the kernel object an ``object``
 
 
 def relative_l2(actual: mx.array, expected: mx.array) -> float:
     """``‖actual − expected‖ / ‖expected‖`` in float32 (0 when both are zero)."""
     difference = mx.sqrt(mx.sum(mx.square(actual.astype(mx.float32) - expected.astype(mx.float32))))
     scale = mx.sqrt(mx.sum(mx.square(expected.astype(mx.float32))))
-    difference_value, scale_value = difference.item(), scale.item()
+    difference_value, scale_value = cast(float, difference.item()), cast(float, scale.item())  # float32 scalars
     return difference_value / scale_value if scale_value else difference_value
 
 

@@ -52,7 +52,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..ops.cache import stored
-from .admission import TICKET_STRIDE, custom_kernel, kernel_constants, kernel_tickets
+from .admission import TICKET_STRIDE, Kernel, custom_kernel, kernel_constants, kernel_tickets
 from .decode_attention_source import ATTENTION_METAL, BUFFER_CUDA, FORM_INPUTS, MERGE_CUDA, MERGE_METAL, attention_cuda
 from .norm_rope import norm_rope_ops, norm_rope_samples
 
@@ -207,7 +207,7 @@ class DecodeAttention:
             raise ValueError(f"{keys_per_block} keys a block do not fit the bounds' {SLOT_SHIFT} bits")
         # The kernel's forms (reading its buffers as stored; on CUDA also writing the new position, and making the
         # heads too), each also as the form whose blocks merge their own shares (CUDA), by (form, merged).
-        self._forms: dict[tuple[str, bool], Any] = {}
+        self._forms: dict[tuple[str, bool], Kernel] = {}
         for form, inputs in FORM_INPUTS.items():
             if form != "read" and backend != "cuda":
                 continue
@@ -335,6 +335,8 @@ class DecodeAttention:
             )
         if form == "writing":
             return functools.partial(self.writing_check, merge=True)
+        if rope is None:
+            raise ValueError("the heads form's check needs its rope parameters (eps, log2 of the base)")
         return functools.partial(self.heads_check, rope=rope, merge=True)
 
     def _require(self, form: str, merged: bool = False) -> None:

@@ -122,7 +122,9 @@ class RowSequence:
         self._calls: list[RowCall] = []
         self._results: list[list[tuple[mx.array, ...]]] = []
 
-    def add(self, name: str, part: RowPart, x: mx.array | Link, weights: tuple[mx.array, ...], **inputs: Any) -> tuple:
+    def add(
+        self, name: str, part: RowPart, x: mx.array | Link, weights: tuple[mx.array, ...], **inputs: Any
+    ) -> tuple[Link, ...]:
         """Gather ``part(x, weights, **inputs)`` (``name``: the part's name in its parts); returns links to its
         outputs. Inputs may link to any earlier call, and ``None`` inputs are left out."""
         run = len(self._results)

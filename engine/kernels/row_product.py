@@ -212,7 +212,8 @@ def row_product_ops(
 
 
 def _gelu_tanh_ops(x: mx.array) -> mx.array:
-    return nn.gelu_approx(x)
+    gelu: mx.array = nn.gelu_approx(x)  # MLX leaves its activations unannotated
+    return gelu
 
 
 # --------------------------------------------------------------------------- CUDA

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -257,7 +257,7 @@ def verify_layout(files: CheckpointFiles) -> dict[str, tuple[int, int]]:
     for spec in checkpoint_tensors(config):
         for name, shape in _expected_source(spec, quantized).items():
             quantized_part = spec.module in quantized and spec.name.endswith(".weight")
-            role = "packed" if quantized_part and name == spec.source_name else spec.role
+            role: str = "packed" if quantized_part and name == spec.source_name else spec.role
             if name.endswith((".scales", ".biases")) and quantized_part:
                 role = "quant"
             # The runtime name and shape, if a converted folder stores the tensor that way.
@@ -319,7 +319,7 @@ def load_arrays(files: CheckpointFiles) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for shard in files.shards:
         try:
-            weights.update(mx.load(str(shard)))
+            weights.update(cast(dict[str, mx.array], mx.load(str(shard))))  # a safetensors shard: a dict
         except (RuntimeError, ValueError, OSError) as exc:
             raise ShardError(f"{shard}: cannot be read ({exc})") from exc
     return weights

@@ -22,6 +22,7 @@ exact mode's operations, and fast mode would need a bf16 copy of it back.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -56,15 +57,15 @@ def _eligible(name: str, llm_is_float32: bool) -> bool:
 
 def llm_runs_float32(model: nn.Module) -> bool:
     """True when the token embedding yields float32 (a quantized checkpoint with float32 scales)."""
-    embed = model.stt_model.embed_tokens  # type: ignore[attr-defined]
-    probe = embed(mx.array([[0]], dtype=mx.int32))
+    embed = model.stt_model.embed_tokens
+    probe: mx.array = embed(mx.array([[0]], dtype=mx.int32))
     return probe.dtype == mx.float32
 
 
 def precast_targets(model: nn.Module, keep: frozenset[str] = frozenset()) -> Iterator[tuple[str, mx.array]]:
     """The bf16 parameters :func:`precast_float32` would cast (none named in ``keep``)."""
     float32_llm = llm_runs_float32(model)
-    for name, value in tree_flatten(model.parameters()):
+    for name, value in cast(list[tuple[str, mx.array]], tree_flatten(model.parameters())):  # a list without destination
         if value.dtype == mx.bfloat16 and _eligible(name, float32_llm) and name not in keep:
             yield name, value
 
@@ -81,7 +82,7 @@ def precast_float32(model: nn.Module, budget: int | None = None, keep: frozenset
         return 0
     updates = [(name, value.astype(mx.float32)) for name, value in targets]
     # ``rvq_embs`` also feeds the codebook norms, which sum in bf16: the TTS derives them before the cast.
-    tts = model.tts_model.tts_model  # type: ignore[attr-defined]
+    tts = model.tts_model.tts_model
     _ = tts.codebook_norms
     model.load_weights(updates, strict=False)
     mx.eval([value for _, value in updates])

@@ -63,7 +63,7 @@ def _nemotron_pattern_full() -> str:
 def base_config(size: Size) -> dict[str, Any]:
     """The runtime ``config.json`` (without quantization) for a model size."""
     if size == "full":
-        text = {
+        text: dict[str, Any] = {
             "vocab_size": 131_072,
             "hidden_size": 4480,
             "intermediate_size": 15_680,
@@ -627,7 +627,7 @@ def checkpoint_nbytes(size: Size, quantize: int | None) -> int:
             total += 8 * count
         elif spec.role == "buffer":
             total += 4 * count
-        elif spec.module in quantized and spec.name.endswith(".weight"):
+        elif quantize and spec.module in quantized and spec.name.endswith(".weight"):  # quantized: empty without
             out_dim, in_dim = spec.shape
             total += out_dim * in_dim * quantize // 8 + 2 * 4 * out_dim * (in_dim // GROUP_SIZE)
         else:
