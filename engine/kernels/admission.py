@@ -108,7 +108,7 @@ def admit_kernel(
     fallback: Callable[..., Any],
     inputs: tuple[Any, ...],
     tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
+    reference_device: mx.Device | mx.DeviceType | None = None,
 ) -> bool:
     """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
     (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
@@ -168,7 +168,7 @@ def fast_part(
     make_kernel: Callable[[str], Callable[..., Any]],
     sample: Callable[[], tuple[Any, ...] | list[tuple[Any, ...]]],
     tolerance: float = KERNEL_TOLERANCE,
-    reference_device: mx.Device | None = None,
+    reference_device: mx.Device | mx.DeviceType | None = None,
 ) -> tuple[Callable[..., Any], bool]:
     """The kernel for ``key`` on this device if it was admitted against ``fallback`` (on every input of
     ``sample``: one tuple of inputs, or a list of them; the fallback run on ``reference_device`` if
