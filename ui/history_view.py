@@ -62,8 +62,17 @@ def format_size(size: int) -> str:
     return f"{max(1, round(size / 1024))} KB"
 
 
+def model_words(entry: HistoryEntry) -> str:
+    """``"tiny4 · 4-bit · exact numerics"``: what is known of the model (entries kept before it was recorded
+    have neither, or only one)."""
+    parts = [entry.model] if entry.model else []
+    if entry.numerics:
+        parts.append(f"{entry.numerics} numerics")
+    return " · ".join(parts)
+
+
 def entry_label(entry: HistoryEntry) -> str:
-    """Two lines: ``"Mon 30 Nov 2026, 23:15 · 2:41 · 8.5 MB"`` (local time), then the first words."""
+    """``"Mon 30 Nov 2026, 23:15 · 2:41 · 8.5 MB"`` (local time), the model and numerics, then the first words."""
     started = entry.started.astimezone().strftime("%a %d %b %Y, %H:%M")
     words = (
         entry.first_words
@@ -71,7 +80,9 @@ def entry_label(entry: HistoryEntry) -> str:
         else entry.first_words[:FIRST_WORDS_SHOWN] + "…"
     )
     first = f"“{words}”" if words else "(no words, audio only)"
-    return f"{started} · {format_duration(entry.duration_s)} · {format_size(entry.size_bytes)}\n{first}"
+    model = model_words(entry)
+    lines = [f"{started} · {format_duration(entry.duration_s)} · {format_size(entry.size_bytes)}"]
+    return "\n".join([*lines, model, first] if model else [*lines, first])
 
 
 class HistoryWindow(QDialog):
@@ -159,7 +170,9 @@ class HistoryWindow(QDialog):
         for entry in listing.entries:
             item = QListWidgetItem(entry_label(entry))
             item.setData(ENTRY_ROLE, entry.id)
-            item.setToolTip(f"{entry.path}\n{format_size(entry.size_bytes)}")
+            item.setToolTip(
+                f"{entry.path}\n{format_size(entry.size_bytes)}\n{model_words(entry) or 'Model not recorded'}"
+            )
             self.list.addItem(item)
         for damaged in listing.damaged:
             self.list.addItem(self._damaged_item(damaged))
