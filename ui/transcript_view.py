@@ -22,10 +22,9 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
+from engine.events import SPECIAL_MARKER, AssistantTextDelta, ToolCall, UserTranscriptDelta
 
 _BUBBLE_WIDTH: Final = 0.78  # of the visible width
-SPECIAL_MARKER: Final = re.compile(r"<SPECIAL_\d+>")
 # C0 and C1 controls except tab and newline, DEL, lone surrogates and U+FFFD (what a decoder puts where bytes are
 # not yet a whole character): drawn as boxes or "�", never text.
 NOT_TEXT: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffd]")
@@ -183,7 +182,7 @@ class TranscriptView(QWidget):
         header, body, failed = describe_tool_call(call)
         entry = TranscriptEntry(Role.TOOL, visible_text(header), monospace=True)
         entry.setProperty("failed", failed)
-        entry.set_text(visible_text(body).strip())
+        entry.set_text(visible_text(body))
         self._add_entry(entry)
         self._open_turn = False
 
