@@ -21,7 +21,7 @@ from app.controller import AppController
 from app.messages import ConversationStarted, FrameStats, ModelLoaded
 from app.settings import Settings
 from app.worker import EngineWorker
-from engine.profile_log import SCHEMA_PATH, SCHEMA_VERSION, profile_log_schema, validate_profile_log
+from engine import profile_log
 from engine.profiler import percentile
 from engine.timeline import LISTEN_STAGES, SPEAK_STAGES, STAGES
 
@@ -57,6 +57,7 @@ def exported(build_controller, tiny_q4: Path, tiny_q8: Path, tmp_path: Path) -> 
     controller.start()
     wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen))
     controller.set_talking(True)
+    controller.start_conversation()
     seen = wait_for(controller, lambda seen: frames_of(seen, "4bit") >= 18)
     controller.set_talking(False)
 
@@ -64,6 +65,7 @@ def exported(build_controller, tiny_q4: Path, tiny_q8: Path, tmp_path: Path) -> 
     controller.apply_settings(controller.settings.with_changes(active_variant="8bit", numerics="fast", ducking=False))
     seen = wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) and m.variant.key == "8bit" for m in seen))
     controller.set_talking(True)
+    controller.start_conversation()  # whether or not the press reached a model the window already knew of
     seen += wait_for(controller, lambda more: frames_of(seen + more, "8bit") >= 14)
     controller.set_talking(False)
 
@@ -100,13 +102,24 @@ def test_a_profile_of_two_models_and_two_numerics_modes_tells_each_apart(exporte
     log = json.loads(exported["json"].read_text())
 
     # Versioned, and valid against the schema shipped in the repository (checked by jsonschema).
-    assert log["schema"] == "parley.session-profile" and log["version"] == SCHEMA_VERSION == 2
-    assert SCHEMA_PATH.is_file() and profile_log_schema()["properties"]["version"] == {"const": 2}
-    assert validate_profile_log(log) == []
+    assert log["schema"] == "parley.session-profile" and log["version"] == profile_log.SCHEMA_VERSION == 2
+    assert profile_log.SCHEMA_PATH.is_file() and profile_log.profile_log_schema()["properties"]["version"] == {
+        "const": 2
+    }
+    assert profile_log.validate_profile_log(log) == []
     assert "checkpoint" not in log and "settings" not in log, "no top-level record of only the final state"
 
-    # Each conversation's own model, quantization, numerics and settings.
     conversations = log["conversations"]
+    for c in conversations:  # for the record (-s): what the export says of each conversation
+        summary = c["summary"]
+        print(
+            f"conversation {c['conversation']}: {c['model']['name']} {c['model']['quantization']} {c['numerics']}, "
+            f"{c['start_ms']:.0f}-{c['end_ms']:.0f} ms, {c['frames']} frames ({c['stage_timed_frames']} stage-timed); "
+            f"listening p50 {summary['phases']['listening']['p50_ms']:.2f} ms over {summary['phases']['frames']}, "
+            f"RN-T p50 {summary['stages']['rnnt']['p50_ms']:.2f} ms over {summary['stages']['frames']}"
+        )
+
+    # Each conversation's own model, quantization, numerics and settings.
     first, last = conversations[0], conversations[-1]
     assert first["model"]["variant"] == "4bit" and first["model"]["quantization"] == "4-bit"
     assert first["model"]["quantization_bits"] == 4 and first["model"]["name"]
