@@ -193,7 +193,7 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     assert validate_profile_log(log) == []
     conversations = log["conversations"]
     assert [c["conversation"] for c in conversations] == [1, 2]
-    assert all(c["variant"] == "4bit" for c in conversations)
+    assert all(c["model"]["variant"] == "4bit" for c in conversations)
     assert conversations[0]["latency"]["turns"] == 2 and conversations[0]["latency"]["p50_ms"] == pytest.approx(360)
     assert conversations[1]["latency"] == {"turns": 0, "p50_ms": None, "p95_ms": None, "latencies_ms": []}
     assert conversations[0]["audio"] == {"output_underruns": 3, "output_skipped_s": 0.4, "input_lost_s": 0.0}
