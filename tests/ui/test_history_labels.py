@@ -23,11 +23,16 @@ SHOTS = Path(os.environ.get("PARLEY_SHOTS", "/work/shots/h51-profile"))
 
 
 def keep(
-    history: ConversationHistory, started: datetime, seconds: float, model: str | None, numerics: str | None
+    history: ConversationHistory,
+    started: datetime,
+    seconds: float,
+    model: str | None,
+    numerics: str | None,
+    words: str = "Hello",
 ) -> str:
     record = ConversationRecord(
         started,
-        [TranscriptLine("user", 0.2, "Hello"), TranscriptLine("assistant", 1.0, "Hi there.")],
+        [TranscriptLine("user", 0.2, words), TranscriptLine("assistant", 1.0, "Hi<SPECIAL_27> there.\ufffd")],
         np.full(round(16_000 * seconds), 0.01, np.float32),
         np.full(round(22_050 * seconds), 0.02, np.float32),
         model=model,
@@ -44,7 +49,7 @@ def test_each_entry_shows_date_length_model_and_numerics_and_old_ones_still_list
     now = datetime.now(UTC).replace(microsecond=0)
     old = keep(fake.history, now - timedelta(days=2), 3.0, None, None)  # as kept before these were recorded
     q4 = keep(fake.history, now - timedelta(hours=3), 12.0, "tiny4 · 4-bit", "exact")
-    q8 = keep(fake.history, now - timedelta(hours=1), 75.0, "tiny8 · 8-bit", "fast")
+    q8 = keep(fake.history, now - timedelta(hours=1), 75.0, "tiny8 · 8-bit", "fast", "<SPECIAL_12>Hello\ufffd\x07")
     manifest = json.loads((fake.history.folder / old / "conversation.json").read_text())
     assert "model" not in manifest and "numerics" not in manifest
     assert json.loads((fake.history.folder / q8 / "conversation.json").read_text())["model"] == "tiny8 · 8-bit"
@@ -65,6 +70,10 @@ def test_each_entry_shows_date_length_model_and_numerics_and_old_ones_still_list
     assert labels[2].splitlines() == [labels[2].splitlines()[0], "“Hello”"], "what is known: date, length, words"
     assert "Model not recorded" in view.list.item(2).toolTip()
     assert "tiny8 · 8-bit · fast numerics" in view.list.item(0).toolTip()
+    # What is not text for people stays out of this window too (the files keep it).
+    assert labels[0].splitlines()[2] == "“Hello”"
+    assert view.transcript.toPlainText() == "[00:00.2] user: Hello\n\n[00:01.0] assistant: Hi there."
+    assert "<SPECIAL_12>Hello\ufffd\x07" in (fake.history.folder / q8 / "transcript.md").read_text()
 
     view.resize(820, 520)
     QApplication.processEvents()
