@@ -58,6 +58,7 @@ from .export import (
     NothingToExport,
     SessionProfile,
     Transcript,
+    conversation_log,
     export_profile,
     save_conversation,
 )
@@ -350,7 +351,13 @@ class AppController:
             self.recording.clear()
             self._kept = False
             self._serial += 1
-            self.profile.begin(message.number, message.model.variant.key, message.model.checkpoint)
+            self.profile.begin(
+                message.number,
+                message.model.variant.key,
+                message.model.checkpoint,
+                model=message.model.description,
+                settings=self._profile_settings(),
+            )
         elif isinstance(message, ModelLoaded):
             self._numerics = str(message.checkpoint.get("numerics", "exact"))
         elif isinstance(message, NumericsChanged):
@@ -596,18 +603,23 @@ class AppController:
         return self.profile.frame_count
 
     def _profile_settings(self) -> dict[str, Any]:
-        """The settings a profile log records (each conversation's numerics are in its checkpoint)."""
+        """The settings that shape a conversation, as its profile record keeps them from its start (its numerics
+        are the loaded model's, recorded beside them, not the setting's)."""
+        settings = self.settings
         return {
-            "system_prompt": self.settings.system_prompt,
-            "input_device": self.settings.input_device,
-            "output_device": self.settings.output_device,
-            "numerics": self.settings.numerics,
-            "hands_free": self.settings.hands_free,
+            "system_prompt": settings.system_prompt,
+            "input_device": settings.input_device,
+            "output_device": settings.output_device,
+            "hands_free": settings.hands_free,
+            "talk_mode": settings.talk_mode,
+            "ducking": settings.ducking,
+            "idle_pause": settings.idle_pause,
+            "idle_pause_delay_s": settings.idle_pause_delay_s,
         }
 
     def export_profile(self, path: Path) -> list[Path]:
         try:
-            paths = export_profile(Path(path), self.profile, settings=self._profile_settings())
+            paths = export_profile(Path(path), self.profile)
         except NothingToExport as exc:
             self._post(Notice(str(exc)))
             return []
@@ -626,8 +638,16 @@ class AppController:
         return paths
 
     def save_conversation(self, folder: Path) -> list[Path]:
+        """Save the conversation into a new folder inside ``folder`` (as History → Export does)."""
+        from engine.profile_log import build_session_profile_log
+
+        current = self.profile.current
+        profile = None
+        if current is not None and current.timings:
+            profile = build_session_profile_log([conversation_log(current)])
+        started = current.started if current is not None else _now()
         try:
-            paths = save_conversation(Path(folder), self.recording, self.transcript)
+            paths = save_conversation(Path(folder), self.recording, self.transcript, started=started, profile=profile)
         except NothingToExport as exc:
             self._post(Notice(str(exc)))
             return []
@@ -635,9 +655,9 @@ class AppController:
             log.warning("Saving the conversation to %s failed: %s", folder, exc)
             self._post(Failure(f"{exc} The conversation is still in memory; choose another folder and try again."))
             return []
-        log.info("Saved the conversation to %s", folder)
+        log.info("Saved the conversation to %s", paths[0].parent)
         self._kept = True
-        self._post(Notice(f"Conversation saved to {folder}", tuple(paths)))
+        self._post(Notice(f"Conversation saved to {paths[0].parent}", tuple(paths)))
         return paths
 
     def log_dir(self) -> Path:
@@ -797,11 +817,11 @@ class AppController:
             assistant_audio=assistant,
             user_rate=self.recording.input_rate,
             assistant_rate=self.recording.output_rate,
+            model=current.model if current is not None else None,
+            numerics=current.numerics if current is not None else None,
         )
-        profile = None
-        if current is not None and current.timings:
-            profile = replace(current, timings=list(current.timings), latencies_s=list(current.latencies_s))
-        self._saver.save(record, profile, self._profile_settings(), self._serial)
+        profile = conversation_log(current) if current is not None and current.timings else None
+        self._saver.save(record, profile, self._serial)
         self._kept = True
 
     def _keep_what_is_left(self) -> None:
@@ -908,8 +928,9 @@ class _HistorySaver:
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def save(self, record: ConversationRecord, profile: Any, settings: dict[str, Any], serial: int) -> None:
-        self._submit(lambda: self._save(record, profile, settings, serial))
+    def save(self, record: ConversationRecord, profile: Any, serial: int) -> None:
+        """Keep ``record`` with the profile of ``profile`` (an ``engine.profile_log.ConversationLog``, or None)."""
+        self._submit(lambda: self._save(record, profile, serial))
 
     def prune(self) -> None:
         self._submit(self._prune)
@@ -942,19 +963,11 @@ class _HistorySaver:
                 log.exception("History job failed")
                 self._post(Failure(f"Could not keep the conversation in the history: {exc}"))
 
-    def _save(self, record: ConversationRecord, profile: Any, settings: dict[str, Any], serial: int) -> None:
+    def _save(self, record: ConversationRecord, profile: Any, serial: int) -> None:
         if profile is not None:
-            from engine.profile_log import ConversationLog, build_session_profile_log
+            from engine.profile_log import build_session_profile_log
 
-            log_entry = ConversationLog(
-                profile.number,
-                profile.started,
-                profile.variant,
-                profile.checkpoint,
-                profile.timings,
-                profile.latencies_s,
-            )
-            record = replace(record, profile=build_session_profile_log([log_entry], settings=settings))
+            record = replace(record, profile=build_session_profile_log([profile]))
         try:
             entry = self._history.save(record)
         except HistoryError as exc:

@@ -1,15 +1,21 @@
-"""Saving a conversation (both sides as WAV plus a transcript) and exporting the session's profile log.
+"""Saving a conversation (both sides as WAV plus a transcript, in a folder of its own) and exporting the
+session's profile log.
 
-Every file is written to a temporary name in the target folder and renamed into place,
-so a full disk or a read-only folder raises an ``ExportError`` naming the path and
-leaves neither a partial file nor a changed recording behind: the user can pick
-another folder and try again. Every file gets the same permissions (``app.files``).
-Nothing to write is a ``NothingToExport`` error, never an empty file.
+Save Conversation makes one folder per conversation, named and filled as History → Export makes one
+(``app.history.conversation_folder``). Every file is written to a temporary name and renamed into place,
+so a full disk or a read-only folder raises an ``ExportError`` naming the path and leaves neither a
+partial file nor a changed recording behind: the user can pick another folder and try again. Every
+file gets the same permissions (``app.files``). Nothing to write is a ``NothingToExport`` error, never
+an empty file.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,6 +29,7 @@ from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .audio_files import write_wav
 from .files import apply_file_mode, write_text_file
+from .history import DIR_MODE, conversation_folder
 from .messages import FrameStats
 
 
@@ -125,10 +132,17 @@ class ConversationProfile:
     number: int
     started: datetime
     variant: str
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, Any]  # VoiceChat.describe(): its numerics included
     timings: list[FrameTiming] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
     last_stats: FrameStats | None = None  # its latest, whose audio counters cover the whole conversation
+    model: str = ""  # how the window names the model ("tiny4 · 4-bit", "Demo")
+    settings: dict[str, Any] = field(default_factory=dict)  # the settings in force when it started
+    clock_s: float = field(default_factory=time.monotonic)  # its start on the session clock
+
+    @property
+    def numerics(self) -> str:
+        return str(self.checkpoint.get("numerics", "exact"))
 
 
 @dataclass
@@ -137,8 +151,18 @@ class SessionProfile:
 
     conversations: list[ConversationProfile] = field(default_factory=list)
 
-    def begin(self, number: int, variant: str, checkpoint: dict[str, Any]) -> ConversationProfile:
-        conversation = ConversationProfile(number, datetime.now(UTC), variant, dict(checkpoint))
+    def begin(
+        self,
+        number: int,
+        variant: str,
+        checkpoint: dict[str, Any],
+        *,
+        model: str = "",
+        settings: dict[str, Any] | None = None,
+    ) -> ConversationProfile:
+        conversation = ConversationProfile(
+            number, datetime.now(UTC), variant, dict(checkpoint), model=model, settings=dict(settings or {})
+        )
         self.conversations.append(conversation)
         return conversation
 
@@ -151,6 +175,24 @@ class SessionProfile:
         return sum(len(c.timings) for c in self.conversations)
 
 
+def conversation_log(conversation: ConversationProfile) -> Any:
+    """``conversation`` as ``engine.profile_log`` takes it (a copy: the controller keeps adding to the original)."""
+    from engine.profile_log import AUDIO_COUNTERS, ConversationLog
+
+    stats = conversation.last_stats
+    return ConversationLog(
+        conversation.number,
+        conversation.started,
+        conversation.variant,
+        dict(conversation.checkpoint),
+        list(conversation.timings),
+        list(conversation.latencies_s),
+        None if stats is None else {key: getattr(stats, key) for key in AUDIO_COUNTERS},
+        settings=dict(conversation.settings),
+        clock_s=conversation.clock_s,
+    )
+
+
 def _guarded(path: Path, action: Callable[[], Path]) -> Path:
     try:
         return apply_file_mode(action())
@@ -159,41 +201,63 @@ def _guarded(path: Path, action: Callable[[], Path]) -> Path:
         raise ExportError(f"Could not write {path}: {reason}") from exc
 
 
-def save_conversation(folder: Path, recording: ConversationRecording, transcript: Transcript) -> list[Path]:
-    """Write ``user.wav`` (16 kHz, what the model heard), ``assistant.wav`` (22.05 kHz) and ``transcript.md``.
+def save_conversation(
+    parent: Path,
+    recording: ConversationRecording,
+    transcript: Transcript,
+    *,
+    started: datetime,
+    profile: dict[str, Any] | None = None,
+) -> list[Path]:
+    """Write the conversation into a new folder in ``parent`` named as History → Export names one
+    (``Parley conversation <local start time>``): ``user.wav`` (16 kHz, what the model heard), ``assistant.wav``
+    (22.05 kHz), ``transcript.md`` and, when given, ``profile.json``. The folder appears whole or not at all.
 
     Raises:
         NothingToExport: the conversation has no audio and no text yet.
-        ExportError: a file could not be written.
+        ExportError: a file could not be written (nothing is left behind).
     """
+    from engine.profile_log import to_json
+
     if recording.empty and not transcript.entries:
         raise NothingToExport("Nothing to save yet: this conversation has no audio or text. Talk first, then save.")
-    folder = Path(folder)
+    parent = Path(parent)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        parent.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".partial-", dir=parent))
     except OSError as exc:
-        raise ExportError(f"Could not create {folder}: {exc.strerror or exc}") from exc
+        raise ExportError(f"Could not create a folder in {parent}: {exc.strerror or exc}") from exc
     user, assistant = recording.snapshot()
-    return [
-        _guarded(folder / "user.wav", lambda: write_wav(folder / "user.wav", user, recording.input_rate)),
-        _guarded(
-            folder / "assistant.wav", lambda: write_wav(folder / "assistant.wav", assistant, recording.output_rate)
-        ),
-        _guarded(folder / "transcript.md", lambda: write_text_file(folder / "transcript.md", transcript.to_markdown())),
-    ]
+    writers: dict[str, Callable[[Path], Path]] = {
+        "user.wav": lambda path: write_wav(path, user, recording.input_rate),
+        "assistant.wav": lambda path: write_wav(path, assistant, recording.output_rate),
+        "transcript.md": lambda path: write_text_file(path, transcript.to_markdown()),
+    }
+    if profile is not None:
+        writers["profile.json"] = lambda path: write_text_file(path, to_json(profile))
+    target = conversation_folder(parent, started)
+    try:
+        for name, write in writers.items():
+            _guarded(target / name, lambda name=name, write=write: write(partial / name))  # type: ignore[misc]
+        try:
+            os.chmod(partial, DIR_MODE)
+            os.rename(partial, target)
+        except OSError as exc:
+            raise ExportError(f"Could not create {target}: {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return [target / name for name in writers]
 
 
-def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, Any]) -> list[Path]:
+def export_profile(path: Path, profile: SessionProfile) -> list[Path]:
     """Write every conversation's frame log as ``<stem>.json``, ``<stem>.csv`` and ``<stem>.trace.json``.
 
     Raises:
         NothingToExport: no frame has run since launch.
         ExportError: a file could not be written.
     """
-    from engine.profile_log import AUDIO_COUNTERS, ConversationLog, build_session_profile_log, write_profile_log
-
-    def audio(stats: FrameStats | None) -> dict[str, float] | None:
-        return None if stats is None else {key: getattr(stats, key) for key in AUDIO_COUNTERS}
+    from engine.profile_log import build_session_profile_log, write_profile_log
 
     conversations = [c for c in profile.conversations if c.timings]
     if not conversations:
@@ -202,15 +266,7 @@ def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, A
         )
     path = Path(path)
     stem = path.name.removesuffix(".trace.json").removesuffix(".json").removesuffix(".csv")
-    log = build_session_profile_log(
-        [
-            ConversationLog(
-                c.number, c.started, c.variant, c.checkpoint, list(c.timings), list(c.latencies_s), audio(c.last_stats)
-            )
-            for c in conversations
-        ],
-        settings=settings,
-    )
+    log = build_session_profile_log([conversation_log(c) for c in conversations])
     targets = {
         "json": path.with_name(f"{stem}.json"),
         "csv": path.with_name(f"{stem}.csv"),

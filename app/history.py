@@ -4,7 +4,8 @@ Each conversation is one folder under the history folder (``data_dir()/history``
 :func:`default_history_dir`), named by its start time so that names sort by age::
 
     20261130-231500-3f9a1c/
-        conversation.json   manifest: format, start, duration, first words, transcript, files and their sizes
+        conversation.json   manifest: format, start, duration, first words, model and numerics (entries kept
+                            before these were recorded lack them), transcript, files and their sizes
         user.wav            what the model heard, 16 kHz mono 16-bit
         assistant.wav       what it said, 22.05 kHz mono 16-bit
         transcript.md       the same transcript, for people
@@ -18,7 +19,8 @@ is about 46 MB of WAV)
         Writes one conversation atomically, then prunes the oldest entries beyond ``max_bytes`` (never
         the one just saved). ``None`` when saving is off or the conversation is empty.
     ``entries() -> HistoryListing``
-        Every readable entry, newest first (``HistoryEntry``: id, start, duration, first words, size),
+        Every readable entry, newest first (``HistoryEntry``: id, start, duration, first words, size, model and
+        numerics where recorded),
         and the damaged ones, each with the reason (also logged as a warning).
     ``load(entry_id) -> LoadedConversation``
         Transcript, both sides' audio (float32) and the profile, for replay.
@@ -114,6 +116,8 @@ class ConversationRecord:
     profile: Mapping[str, Any] | None = None  # the profile log (engine/profile_log.py), JSON-serialisable
     user_rate: int = 16_000
     assistant_rate: int = 22_050
+    model: str | None = None  # how the window named the model ("tiny4 · 4-bit", "Demo")
+    numerics: str | None = None  # "exact" or "fast"
 
     @property
     def empty(self) -> bool:
@@ -131,6 +135,8 @@ class HistoryEntry:
     first_words: str
     size_bytes: int
     has_profile: bool
+    model: str | None = None  # None: not recorded (kept before Parley recorded it)
+    numerics: str | None = None
 
 
 @dataclass(frozen=True)
@@ -229,6 +235,7 @@ class ConversationHistory:
             "started": started.isoformat(),
             "duration_s": round(duration, 3),
             "first_words": _first_words(transcript),
+            **{key: value for key, value in (("model", record.model), ("numerics", record.numerics)) if value},
             "transcript": [{"role": line.role, "seconds": line.seconds, "text": line.text} for line in transcript],
             "audio": {"user_rate": int(record.user_rate), "assistant_rate": int(record.assistant_rate)},
             "files": files,
@@ -296,12 +303,7 @@ class ConversationHistory:
         source = self._path(entry_id)
         entry = self._read_entry(source)
         with self._lock:
-            base = f"Parley conversation {entry.started.astimezone():%Y-%m-%d %H.%M.%S}"
-            target = Path(folder) / base
-            number = 2
-            while target.exists():
-                target = Path(folder) / f"{base} ({number})"
-                number += 1
+            target = conversation_folder(Path(folder), entry.started)
             try:
                 Path(folder).mkdir(parents=True, exist_ok=True)
                 partial = Path(tempfile.mkdtemp(prefix=_PARTIAL_PREFIX, dir=folder))
@@ -385,6 +387,8 @@ class ConversationHistory:
             first_words=str(manifest["first_words"]),
             size_bytes=_folder_bytes(path),
             has_profile=PROFILE_JSON in files,
+            model=_optional_text(manifest, "model"),
+            numerics=_optional_text(manifest, "numerics"),
         )
 
     def _remove_stale_partials(self) -> None:
@@ -395,6 +399,18 @@ class ConversationHistory:
                     shutil.rmtree(path, ignore_errors=True)
             except OSError:  # removed meanwhile
                 continue
+
+
+def conversation_folder(parent: Path, started: datetime) -> Path:
+    """A new folder for one conversation's files: ``Parley conversation <local start time>`` in ``parent``,
+    numbered when that name is taken (History → Export and File → Save Conversation… both use it)."""
+    base = f"Parley conversation {started.astimezone():%Y-%m-%d %H.%M.%S}"
+    target = parent / base
+    number = 2
+    while target.exists():
+        target = parent / f"{base} ({number})"
+        number += 1
+    return target
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
@@ -419,6 +435,12 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError) as error:
         raise HistoryError(f"{manifest_path}: incomplete ({error!r})") from error
     return manifest
+
+
+def _optional_text(manifest: Mapping[str, Any], key: str) -> str | None:
+    """A manifest field that older entries lack (or hold damaged): None then, and the entry still lists."""
+    value = manifest.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -7,10 +7,14 @@ user transcript, assistant text, function channel (and tool calls), audio, timin
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
+
+SPECIAL_MARKER: Final = re.compile(r"<SPECIAL_\d+>")
+"""How the model's special tokens read as text (``<SPECIAL_27>``): markers, never words for people or JSON."""
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,21 @@
 """The session profile log: one schema, written as JSON, CSV or a Chrome/Perfetto trace.
 
-``parley run --profile-json`` and the app's *Export profile…* both produce this
-document. The app's covers every conversation since launch: each frame carries its
-conversation's number, and ``conversations`` lists each one with its model, its own
-summary, the delay the user felt in each turn (key release to the assistant's first
-audible output, ``latency``) and what the sound devices did (underruns, ``audio``). Files
-are written to a temporary name in the target folder and renamed into place, so a full
-disk or an unwritable folder never leaves a half-written log behind and the in-memory log
-stays available for another try.
+``parley run --profile-json`` and the app's *Export profile…* both produce this document
+(schema: ``profile_log.schema.json`` beside this module, :data:`SCHEMA_PATH`). It tells
+apart the two ways a frame is timed: every frame per phase (listening = perception +
+RN-T + language, speaking = TTS + codec, other = the rest of the frame), exact because
+each phase ends in one read-back; and one frame in N also stage by stage (``timing``
+"stage"), where each stage is evaluated at its boundary. A phase-timed frame's stage
+columns are null (there device work lands in the stage that waited for it), and the
+per-stage summary comes from stage-timed frames only.
+
+One session clock: ``start_ms`` counts from the first conversation's start, so
+conversations follow one another in the frames, the CSV and the Chrome trace. Each
+conversation records its own model, quantization, numerics and settings (the session
+may run several), and the CSV repeats them on each row. Files are written to a temporary
+name in the target folder and renamed into place, so a full disk or an unwritable folder
+never leaves a half-written log behind and the in-memory log stays available for another
+try.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,130 +36,37 @@ import mlx.core as mx
 
 from .events import FrameTiming
 from .files import write_atomic
-from .profiler import DEFAULT_COLD_FRAMES, percentile, summarize
-from .timeline import STAGES
+from .profiler import DEFAULT_COLD_FRAMES, percentile, stage_stats
+from .timeline import FRAME_MS, LISTEN_STAGES, SPEAK_STAGES, STAGES
 
 SCHEMA_NAME = "parley.session-profile"
-SCHEMA_VERSION = 1
-
-_NUMBER = {"type": "number"}
-_STAGE_STATS = {
-    "type": "object",
-    "required": ["mean_ms", "p50_ms", "p95_ms", "max_ms"],
-    "properties": {key: _NUMBER for key in ("mean_ms", "p50_ms", "p95_ms", "max_ms")},
-}
-_FRAME_FIELDS = ("frame_index", "start_ms", *(f"{s}_ms" for s in STAGES), "total_ms", "host_syncs")
-_OPTIONAL_FRAME_FIELDS = ("timing_mode", "conversation")  # CSV columns after the required ones
+SCHEMA_VERSION = 2  # 2: one session clock, per-conversation model/numerics/settings, stage vs phase timing
+SCHEMA_PATH = Path(__file__).with_name("profile_log.schema.json")
+PHASES = ("listening", "speaking", "other")
 # What the app's sound devices did in a conversation (a conversation's optional ``audio``, named as the app's
 # ``FrameStats`` fields): times the speaker ran out of the assistant's audio, silence then skipped to win that
 # delay back, and microphone audio dropped because the engine fell too far behind.
 AUDIO_COUNTERS = ("output_underruns", "output_skipped_s", "input_lost_s")
-_LATENCY = {
-    "type": "object",
-    "required": ["turns", "p50_ms", "p95_ms", "latencies_ms"],
-    "properties": {
-        "turns": {"type": "integer", "minimum": 0},
-        "p50_ms": {"type": ["number", "null"]},
-        "p95_ms": {"type": ["number", "null"]},
-        "latencies_ms": {"type": "array", "items": _NUMBER},
-    },
-}
-_AUDIO = {
-    "type": "object",
-    "required": list(AUDIO_COUNTERS),
-    "properties": {
-        "output_underruns": {"type": "integer", "minimum": 0},
-        "output_skipped_s": {"type": "number", "minimum": 0},
-        "input_lost_s": {"type": "number", "minimum": 0},
-    },
-}
+# CSV: what each row says about its conversation (from the conversation's record), then the frame's own columns.
+_CSV_CONVERSATION = ("conversation", "model", "variant", "quantization", "numerics")
+_CSV_FRAME = (
+    "frame_index",
+    "start_ms",
+    "conversation_ms",
+    "timing",
+    "total_ms",
+    *(f"{phase}_ms" for phase in PHASES),
+    *(f"{stage}_ms" for stage in STAGES),
+    "host_syncs",
+)
+_SESSION_CLOCK = "start_ms: milliseconds since the first conversation started (monotonic)"
 
-# JSON Schema (the subset :func:`validate_profile_log` checks) of the whole document.
-PROFILE_LOG_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": [
-        "schema",
-        "version",
-        "created",
-        "parley_version",
-        "mlx_version",
-        "device",
-        "checkpoint",
-        "settings",
-        "frames",
-        "summary",
-    ],
-    "properties": {
-        "schema": {"type": "string", "enum": [SCHEMA_NAME]},
-        "version": {"type": "integer", "enum": [SCHEMA_VERSION]},
-        "created": {"type": "string"},
-        "parley_version": {"type": "string"},
-        "mlx_version": {"type": "string"},
-        "device": {
-            "type": "object",
-            "required": ["type", "name", "platform"],
-            "properties": {"type": {"type": "string"}, "name": {"type": "string"}, "platform": {"type": "string"}},
-        },
-        "checkpoint": {
-            "type": "object",
-            "required": ["name", "path", "quantization_bits"],
-            "properties": {
-                "name": {"type": "string"},
-                "path": {"type": "string"},
-                "quantization_bits": {"type": ["integer", "null"]},
-                "size_bytes": {"type": ["integer", "null"]},
-            },
-        },
-        "settings": {"type": "object"},
-        "frames": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": list(_FRAME_FIELDS),
-                "properties": {
-                    **{name: _NUMBER for name in _FRAME_FIELDS},
-                    "frame_index": {"type": "integer", "minimum": 0},
-                    "host_syncs": {"type": "integer", "minimum": 0},
-                    "sub_stages": {"type": "object"},
-                    "timing_mode": {"type": "string", "enum": ["host", "device"]},
-                    "conversation": {"type": "integer", "minimum": 1},
-                },
-            },
-        },
-        "conversations": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["conversation", "started", "variant", "checkpoint", "frames", "summary", "latency"],
-                "properties": {
-                    "conversation": {"type": "integer", "minimum": 1},
-                    "started": {"type": "string"},
-                    "variant": {"type": "string"},
-                    "checkpoint": {"type": "object"},
-                    "frames": {"type": "integer", "minimum": 0},
-                    "summary": {"type": "object"},
-                    "latency": _LATENCY,
-                    "audio": _AUDIO,
-                },
-            },
-        },
-        "summary": {
-            "type": "object",
-            "required": ["frames", "dropped_cold_frames", "realtime_factor", "host_syncs_per_frame", "stages"],
-            "properties": {
-                "frames": {"type": "integer", "minimum": 0},
-                "dropped_cold_frames": {"type": "integer", "minimum": 0},
-                "realtime_factor": _NUMBER,
-                "host_syncs_per_frame": _NUMBER,
-                "stages": {
-                    "type": "object",
-                    "required": [*STAGES, "total"],
-                    "properties": {name: _STAGE_STATS for name in (*STAGES, "total")},
-                },
-            },
-        },
-    },
-}
+
+@cache
+def profile_log_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the document, read from :data:`SCHEMA_PATH`."""
+    schema: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    return schema
 
 
 def device_description() -> dict[str, str]:
@@ -171,33 +87,35 @@ def parley_version() -> str:
         return "0+unknown"
 
 
-def frame_record(timing: FrameTiming, conversation: int | None = None) -> dict[str, Any]:
-    """One frame as the log stores it: a flat row, one ``<stage>_ms`` column per stage."""
-    record = {
-        "frame_index": timing.frame_index,
-        "start_ms": timing.start_ms,
-        **{f"{stage}_ms": timing.stage_ms(stage) for stage in STAGES},
-        "total_ms": timing.total_ms,
-        "host_syncs": timing.host_syncs,
-        "sub_stages": dict(timing.sub_stages),
-        "timing_mode": timing.timing_mode,
-    }
-    if conversation is not None:
-        record["conversation"] = conversation
-    return record
+def stage_timed(timing: FrameTiming) -> bool:
+    """Whether ``timing`` was timed stage by stage (each stage evaluated at its boundary)."""
+    return timing.timing_mode == "device"
+
+
+def phase_ms(timing: FrameTiming) -> dict[str, float]:
+    """Listening, speaking and the rest of the frame, in ms: exact for every frame."""
+    listening = sum(timing.stage_ms(stage) for stage in LISTEN_STAGES)
+    speaking = sum(timing.stage_ms(stage) for stage in SPEAK_STAGES)
+    return {"listening": listening, "speaking": speaking, "other": max(0.0, timing.total_ms - listening - speaking)}
+
+
+def quantization_label(bits: int | None) -> str:
+    return "bf16" if bits is None else f"{bits}-bit"
 
 
 @dataclass(frozen=True)
 class ConversationLog:
-    """One conversation of an app session, as the profile log records it."""
+    """One conversation as the profile log records it: plain values, as the app or ``parley run`` has them."""
 
     number: int  # 1, 2, … since launch
     started: datetime
     variant: str  # "demo", "4bit", "8bit", "bf16"
-    checkpoint: dict[str, Any]
+    checkpoint: dict[str, Any]  # VoiceChat.describe(): name, path, quantization_bits, size_bytes, numerics, …
     frames: Sequence[FrameTiming]
     latencies_s: Sequence[float] = field(default_factory=tuple)  # key release -> first audible reply, per turn
     audio: dict[str, float] | None = None  # AUDIO_COUNTERS at the conversation's end (None: not played live)
+    settings: dict[str, Any] = field(default_factory=dict)  # the settings in force when it started
+    clock_s: float | None = None  # its start on any monotonic clock (None: right after the previous one)
 
 
 def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
@@ -211,42 +129,137 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def build_session_profile_log(
-    conversations: Sequence[ConversationLog],
-    *,
-    settings: dict[str, Any],
-    drop_first: int = DEFAULT_COLD_FRAMES,
-) -> dict[str, Any]:
-    """The profile log of every conversation since launch, each marked (in ``frames`` and ``conversations``).
+def _stats(values: Sequence[float]) -> dict[str, float] | None:
+    return stage_stats(values) if values else None
 
-    ``checkpoint`` is the last conversation's; ``summary`` covers all frames, less each
-    conversation's first ``drop_first``.
+
+def profile_summary(
+    frames: Sequence[FrameTiming], *, dropped_cold_frames: int = 0, frame_ms: float = FRAME_MS
+) -> dict[str, Any]:
+    """Figures over ``frames`` (cold frames already dropped), each labelled with the frames it comes from:
+    phases and totals from every frame, stages only from the stage-timed ones."""
+    staged = [frame for frame in frames if stage_timed(frame)]
+    phases = [phase_ms(frame) for frame in frames]
+    totals = [frame.total_ms for frame in frames]
+    mean_total = sum(totals) / len(totals) if totals else 0.0
+    sub_names = sorted({name for frame in frames for name in frame.sub_stages})
+    return {
+        "frames": len(frames),
+        "dropped_cold_frames": dropped_cold_frames,
+        "frame_duration_ms": frame_ms,
+        "realtime_factor": mean_total / frame_ms if frame_ms else 0.0,
+        "processing_frames_per_second": 1000.0 / mean_total if mean_total else 0.0,
+        "host_syncs_per_frame": sum(frame.host_syncs for frame in frames) / len(frames) if frames else 0.0,
+        "phases": {
+            "basis": "every frame",
+            "frames": len(frames),
+            **{phase: _stats([values[phase] for values in phases]) for phase in PHASES},
+            "total": _stats(totals),
+        },
+        "stages": {
+            "basis": "stage-timed frames",
+            "frames": len(staged),
+            **{stage: _stats([frame.stage_ms(stage) for frame in staged]) for stage in STAGES},
+        },
+        "sub_stages": {
+            name: stage_stats([frame.sub_stages.get(name, 0.0) for frame in frames if frame.sub_stages])
+            for name in sub_names
+        },
+    }
+
+
+def frame_record(timing: FrameTiming, conversation: int, session_ms: float, conversation_ms: float) -> dict[str, Any]:
+    """One frame as the log stores it: a flat row; stage columns only where it was timed stage by stage."""
+    staged = stage_timed(timing)
+    return {
+        "conversation": conversation,
+        "frame_index": timing.frame_index,
+        "start_ms": session_ms,
+        "conversation_ms": conversation_ms,
+        "timing": "stage" if staged else "phase",
+        "total_ms": timing.total_ms,
+        **{f"{phase}_ms": value for phase, value in phase_ms(timing).items()},
+        **{f"{stage}_ms": timing.stage_ms(stage) if staged else None for stage in STAGES},
+        "host_syncs": timing.host_syncs,
+        "sub_stages": dict(timing.sub_stages),
+    }
+
+
+def _model(c: ConversationLog) -> dict[str, Any]:
+    checkpoint = c.checkpoint
+    bits = checkpoint.get("quantization_bits")
+    return {
+        "name": str(checkpoint.get("name", "")),
+        "path": str(checkpoint.get("path", "")),
+        "variant": c.variant,
+        "quantization": quantization_label(bits),
+        "quantization_bits": bits,
+        "size_bytes": checkpoint.get("size_bytes"),
+    }
+
+
+def build_session_profile_log(
+    conversations: Sequence[ConversationLog], *, drop_first: int = DEFAULT_COLD_FRAMES
+) -> dict[str, Any]:
+    """The profile log of ``conversations`` (in order) on one session clock.
+
+    A conversation starts on that clock where its ``clock_s`` says (relative to the first's), never before the
+    previous one's last frame ended; its frames keep their spacing. Summaries drop each conversation's first
+    ``drop_first`` frames (warm-up).
     """
     if not conversations:
         raise ValueError("a session profile needs at least one conversation")
-    kept = [frame for conversation in conversations for frame in conversation.frames[drop_first:]]
-    summary = summarize(kept, drop_first=0)
-    summary["dropped_cold_frames"] = sum(min(drop_first, len(c.frames)) for c in conversations)
-    return {
-        **_document(
-            conversations[-1].checkpoint,
-            settings,
-            [frame_record(frame, c.number) for c in conversations for frame in c.frames],
-            summary,
-        ),
-        "conversations": [
+    origin = conversations[0].clock_s
+    frames: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    kept: list[FrameTiming] = []
+    end_ms = 0.0
+    for c in conversations:
+        measured = None if origin is None or c.clock_s is None else (c.clock_s - origin) * 1000.0
+        start_ms = end_ms if measured is None else max(measured, end_ms)
+        first = c.frames[0].start_ms if c.frames else 0.0
+        for timing in c.frames:
+            own = max(0.0, timing.start_ms - first)
+            frames.append(frame_record(timing, c.number, start_ms + own, own))
+        last = max((timing.start_ms - first + timing.total_ms for timing in c.frames), default=0.0)
+        end_ms = start_ms + last
+        kept += c.frames[drop_first:]
+        dropped = min(drop_first, len(c.frames))
+        records.append(
             {
                 "conversation": c.number,
                 "started": c.started.isoformat(timespec="seconds"),
-                "variant": c.variant,
-                "checkpoint": dict(c.checkpoint),
+                "start_ms": start_ms,
+                "end_ms": end_ms,
+                "model": _model(c),
+                "numerics": str(c.checkpoint.get("numerics", "exact")),
+                "fast_changes": dict(c.checkpoint.get("fast_changes", {})),
+                "settings": dict(c.settings),
                 "frames": len(c.frames),
-                "summary": summarize(c.frames, drop_first=drop_first),
+                "stage_timed_frames": sum(1 for timing in c.frames if stage_timed(timing)),
+                "summary": profile_summary(c.frames[drop_first:], dropped_cold_frames=dropped),
                 "latency": latency_summary(c.latencies_s),
                 **({} if c.audio is None else {"audio": {key: c.audio[key] for key in AUDIO_COUNTERS}}),
             }
-            for c in conversations
-        ],
+        )
+    dropped_total = sum(min(drop_first, len(c.frames)) for c in conversations)
+    return {
+        "schema": SCHEMA_NAME,
+        "version": SCHEMA_VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "parley_version": parley_version(),
+        "mlx_version": str(getattr(mx, "__version__", "unknown")),
+        "device": device_description(),
+        "session": {
+            "started": conversations[0].started.isoformat(timespec="seconds"),
+            "clock": _SESSION_CLOCK,
+            "conversations": len(conversations),
+            "frames": len(frames),
+            "duration_ms": end_ms,
+        },
+        "conversations": records,
+        "frames": frames,
+        "summary": profile_summary(kept, dropped_cold_frames=dropped_total),
     }
 
 
@@ -257,64 +270,25 @@ def build_profile_log(
     settings: dict[str, Any],
     drop_first: int = DEFAULT_COLD_FRAMES,
 ) -> dict[str, Any]:
-    """The profile log document for a session's frame timings."""
-    return _document(
-        checkpoint, settings, [frame_record(frame) for frame in frames], summarize(frames, drop_first=drop_first)
-    )
+    """The profile log of one offline run (``parley run``): a session of one conversation."""
+    bits = checkpoint.get("quantization_bits")
+    variant = "bf16" if bits is None else f"{bits}bit"
+    conversation = ConversationLog(1, datetime.now(UTC), variant, checkpoint, frames, settings=settings)
+    return build_session_profile_log([conversation], drop_first=drop_first)
 
 
-def _document(
-    checkpoint: dict[str, Any], settings: dict[str, Any], frames: list[dict[str, Any]], summary: dict[str, Any]
-) -> dict[str, Any]:
-    """The fields every profile log has, in schema order."""
-    return {
-        "schema": SCHEMA_NAME,
-        "version": SCHEMA_VERSION,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "parley_version": parley_version(),
-        "mlx_version": str(getattr(mx, "__version__", "unknown")),
-        "device": device_description(),
-        "checkpoint": dict(checkpoint),
-        "settings": dict(settings),
-        "frames": frames,
-        "summary": summary,
-    }
+def validate_profile_log(doc: Any) -> list[str]:
+    """Problems with ``doc`` against the schema (empty when valid), each as ``$.path.to.field: what is wrong``.
 
+    Uses ``jsonschema`` (a test dependency: the app writes logs, it never needs to check one).
+    """
+    from jsonschema import Draft202012Validator
 
-def validate_profile_log(doc: Any, schema: dict[str, Any] | None = None, where: str = "$") -> list[str]:
-    """Problems with ``doc`` against :data:`PROFILE_LOG_SCHEMA` (empty when valid)."""
-    schema = PROFILE_LOG_SCHEMA if schema is None else schema
-    problems: list[str] = []
-    expected = schema.get("type")
-    if expected is not None:
-        kinds = expected if isinstance(expected, list) else [expected]
-        if not any(_is_type(doc, kind) for kind in kinds):
-            return [f"{where}: expected {' or '.join(kinds)}, found {type(doc).__name__}"]
-    if "enum" in schema and doc not in schema["enum"]:
-        problems.append(f"{where}: {doc!r} is not one of {schema['enum']}")
-    if "minimum" in schema and isinstance(doc, int | float) and doc < schema["minimum"]:
-        problems.append(f"{where}: {doc} is below {schema['minimum']}")
-    if isinstance(doc, dict):
-        for key in schema.get("required", []):
-            if key not in doc:
-                problems.append(f"{where}: missing '{key}'")
-        for key, sub in schema.get("properties", {}).items():
-            if key in doc:
-                problems.extend(validate_profile_log(doc[key], sub, f"{where}.{key}"))
-    if isinstance(doc, list) and "items" in schema:
-        for index, item in enumerate(doc):
-            problems.extend(validate_profile_log(item, schema["items"], f"{where}[{index}]"))
-    return problems
-
-
-def _is_type(value: Any, kind: str) -> bool:
-    if kind == "null":
-        return value is None
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, {"string": str, "object": dict, "array": list, "boolean": bool}[kind])
+    validator = Draft202012Validator(profile_log_schema(), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    return [
+        f"{error.json_path}: {error.message}"
+        for error in sorted(validator.iter_errors(doc), key=lambda error: list(error.absolute_path))
+    ]
 
 
 # --------------------------------------------------------------------------- writers
@@ -324,38 +298,63 @@ def to_json(log: dict[str, Any]) -> str:
     return json.dumps(log, indent=2) + "\n"
 
 
+def _setting_text(value: Any) -> Any:
+    return "" if value is None else value
+
+
 def to_csv(log: dict[str, Any]) -> str:
-    """One row per frame; sub-stages become extra columns."""
+    """One row per frame, each with its conversation's model, quantization, numerics and settings
+    (``setting.<name>``); stage columns are empty on phase-timed frames; sub-stages become extra columns."""
     frames = log["frames"]
+    by_number = {c["conversation"]: c for c in log["conversations"]}
+    setting_names = sorted({name for c in log["conversations"] for name in c["settings"]})
     sub_names = sorted({name for frame in frames for name in frame.get("sub_stages", {})})
-    optional = [name for name in _OPTIONAL_FRAME_FIELDS if any(name in frame for frame in frames)]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow([*_FRAME_FIELDS, *optional, *sub_names])
+    writer.writerow([*_CSV_CONVERSATION, *_CSV_FRAME, *(f"setting.{name}" for name in setting_names), *sub_names])
     for frame in frames:
-        row = [frame[name] for name in _FRAME_FIELDS]
-        row += [frame.get(name, "") for name in optional]
-        row += [frame.get("sub_stages", {}).get(name, "") for name in sub_names]
+        c = by_number[frame["conversation"]]
+        model = c["model"]
+        row: list[Any] = [c["conversation"], model["name"], model["variant"], model["quantization"], c["numerics"]]
+        row += ["" if frame[name] is None else frame[name] for name in _CSV_FRAME]
+        row += [_setting_text(c["settings"].get(name)) for name in setting_names]
+        row += [frame["sub_stages"].get(name, "") for name in sub_names]
         writer.writerow(row)
     return buffer.getvalue()
 
 
 def to_chrome_trace(log: dict[str, Any]) -> str:
-    """Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one slice per frame and per stage.
+    """Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev) on the session clock.
 
-    Each conversation is its own process (its frame times start at 0).
+    Each conversation is a process named by its number, model and numerics, laid out at its own time: a
+    slice for the conversation, one per frame, the frame's phases, and its stages where it was timed stage by
+    stage.
     """
     events: list[dict[str, Any]] = []
-    for pid in sorted({frame.get("conversation", 1) for frame in log["frames"]} or {1}):
-        name = "Parley engine" if "conversation" not in (log["frames"] or [{}])[0] else f"Conversation {pid}"
+    for c in log["conversations"]:
+        pid = c["conversation"]
+        name = f"Conversation {pid} · {c['model']['name']} · {c['model']['quantization']} · {c['numerics']}"
         events += [
             {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "conversation"}},
             {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "frames"}},
-            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "stages"}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "phases (every frame)"}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 3, "args": {"name": "stages (stage-timed frames)"}},
+            {
+                "name": name,
+                "cat": "conversation",
+                "ph": "X",
+                "pid": pid,
+                "tid": 0,
+                "ts": c["start_ms"] * 1000.0,
+                "dur": (c["end_ms"] - c["start_ms"]) * 1000.0,
+                "args": {"frames": c["frames"], "stage_timed_frames": c["stage_timed_frames"], **c["settings"]},
+            },
         ]
     for frame in log["frames"]:
         start = frame["start_ms"] * 1000.0
-        pid = frame.get("conversation", 1)
+        pid = frame["conversation"]
         events.append(
             {
                 "name": f"frame {frame['frame_index']}",
@@ -365,16 +364,27 @@ def to_chrome_trace(log: dict[str, Any]) -> str:
                 "tid": 1,
                 "ts": start,
                 "dur": frame["total_ms"] * 1000.0,
-                "args": {"host_syncs": frame["host_syncs"], "timing_mode": frame.get("timing_mode", "host")},
+                "args": {"host_syncs": frame["host_syncs"], "timing": frame["timing"]},
             }
         )
-        offset = start
-        for stage in STAGES:
-            duration = frame[f"{stage}_ms"] * 1000.0
-            slice_ = {"name": stage, "cat": "stage", "ph": "X", "pid": pid, "tid": 2, "ts": offset, "dur": duration}
-            events.append(slice_)
-            offset += duration
-    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"schema": SCHEMA_NAME}}) + "\n"
+        for tid, parts in ((2, PHASES), (3, STAGES if frame["timing"] == "stage" else ())):
+            offset = start
+            for part in parts:
+                duration = frame[f"{part}_ms"] * 1000.0
+                events.append(
+                    {
+                        "name": part,
+                        "cat": "phase" if tid == 2 else "stage",
+                        "ph": "X",
+                        "pid": pid,
+                        "tid": tid,
+                        "ts": offset,
+                        "dur": duration,
+                    }
+                )
+                offset += duration
+    other = {"schema": SCHEMA_NAME, "version": SCHEMA_VERSION, "clock": _SESSION_CLOCK}
+    return json.dumps({"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}) + "\n"
 
 
 def write_profile_log(log: dict[str, Any], path: str | Path, fmt: str | None = None) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .events import ToolCall
+from .events import SPECIAL_MARKER, ToolCall
 from .loading.tokenizer import TextTokenizer
 
 CALL_START = "<SPECIAL_20>"
@@ -56,8 +56,9 @@ class ToolCallParser:
 
 
 def parse_tool_calls(raw: str, frame_index: int) -> list[ToolCall]:
-    """Parse one call's text into structured calls (or one call carrying the error)."""
-    text = raw.strip()
+    """Parse one call's text into structured calls (or one call carrying the error). The model's own markers
+    (``<SPECIAL_n>``) are not part of the call's JSON: they are skipped here and kept in ``raw``."""
+    text = SPECIAL_MARKER.sub("", raw).strip()
     if text.startswith("<TOOLCALL>"):
         text = text.removeprefix("<TOOLCALL>").removesuffix("</TOOLCALL>").strip()
     if not text:

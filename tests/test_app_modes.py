@@ -150,12 +150,11 @@ def test_switching_numerics_is_in_place_starts_over_and_is_recorded(make, tiny_q
 
     paths = controller.export_profile(tmp_path / "profile.json")
     profile = json.loads(paths[0].read_text())
-    numerics = [c["checkpoint"]["numerics"] for c in profile["conversations"]]
+    numerics = [c["numerics"] for c in profile["conversations"]]
     assert numerics == ["exact", "fast"], "each conversation says how it was computed"
-    assert profile["settings"]["numerics"] == "fast" and profile["checkpoint"]["numerics"] == "fast"
     kept = next(m for m in messages if isinstance(m, HistorySaved))  # conversation 1, as it ran
     entry = controller.load_history(kept.entry_id)
-    assert entry.profile is not None and entry.profile["conversations"][0]["checkpoint"]["numerics"] == "exact"
+    assert entry.profile is not None and entry.profile["conversations"][0]["numerics"] == "exact"
     assert "Numerics switched to fast" in (tmp_path / "logs" / "parley.log").read_text()
 
 

@@ -193,7 +193,7 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     assert validate_profile_log(log) == []
     conversations = log["conversations"]
     assert [c["conversation"] for c in conversations] == [1, 2]
-    assert all(c["variant"] == "4bit" for c in conversations)
+    assert all(c["model"]["variant"] == "4bit" for c in conversations)
     assert conversations[0]["latency"]["turns"] == 2 and conversations[0]["latency"]["p50_ms"] == pytest.approx(360)
     assert conversations[1]["latency"] == {"turns": 0, "p50_ms": None, "p95_ms": None, "latencies_ms": []}
     assert conversations[0]["audio"] == {"output_underruns": 3, "output_skipped_s": 0.4, "input_lost_s": 0.0}
@@ -201,16 +201,16 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     numbers = [frame["conversation"] for frame in log["frames"]]
     assert numbers == sorted(numbers) and set(numbers) == {1, 2}
     assert numbers.count(1) == conversations[0]["frames"] >= 14 and numbers.count(2) == conversations[1]["frames"]
-    assert {frame["timing_mode"] for frame in log["frames"]} == {"host", "device"}
+    assert {frame["timing"] for frame in log["frames"]} == {"phase", "stage"}
     trace = json.loads(paths[2].read_text())
     assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {1, 2}
     assert "conversation" in paths[1].read_text().splitlines()[0].split(",")
 
     saved = controller.save_conversation(tmp_path / "conversation")
-    assert {p.name for p in saved} == {"user.wav", "assistant.wav", "transcript.md"}
+    assert {p.name for p in saved} == {"user.wav", "assistant.wav", "transcript.md", "profile.json"}
     import soundfile
 
-    user, rate = soundfile.read(tmp_path / "conversation" / "user.wav")
+    user, rate = soundfile.read(saved[0].parent / "user.wav")
     assert rate == INPUT_SAMPLE_RATE and user.shape[0] >= 10 * INPUT_FRAME_SAMPLES
     controller.apply_settings(controller.settings.with_changes(theme="dark"))  # writes settings.json
     modes = {p.name: p.stat().st_mode & 0o777 for p in [*paths, *saved, controller._settings_path]}

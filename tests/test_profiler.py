@@ -93,11 +93,17 @@ def test_launch_starts_the_device_only_where_nothing_reads_the_graph_first(monke
     assert launched == [2]
 
 
-CHECKPOINT = {"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10}
+CHECKPOINT = {"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10, "numerics": "exact"}
+
+
+def _staged(index: int, total: float) -> FrameTiming:
+    part = total / 5
+    stages = dict.fromkeys(STAGES, part)
+    return FrameTiming(index, index * 80.0, stages, total, 5, {"tts.backbone": part / 2}, timing_mode="device")
 
 
 def _log():
-    frames = [_timing(i, 30.0 + i) for i in range(12)]
+    frames = [_staged(i, 30.0 + i) if i % 4 == 0 else _timing(i, 30.0 + i) for i in range(12)]
     return build_profile_log(frames, checkpoint=CHECKPOINT, settings={"seed": 0, "system_prompt": ""})
 
 
@@ -107,11 +113,28 @@ def test_profile_log_validates_and_detects_problems():
     broken = json.loads(json.dumps(log))
     del broken["summary"]["stages"]["tts"]
     broken["frames"][2]["host_syncs"] = -1
+    broken["frames"][1]["rnnt_ms"] = 1.0  # a phase-timed frame claiming a stage time
     broken["version"] = 99
     problems = validate_profile_log(broken)
-    assert any("stages: missing 'tts'" in p for p in problems)
-    assert any("frames[2].host_syncs" in p for p in problems)
-    assert any("version" in p for p in problems)
+    assert any("$.summary.stages: 'tts' is a required property" in p for p in problems), problems
+    assert any(p.startswith("$.frames[2].host_syncs") for p in problems)
+    assert any(p.startswith("$.frames[1].rnnt_ms") for p in problems)
+    assert any(p.startswith("$.version") for p in problems)
+
+
+def test_the_summary_takes_stages_from_stage_timed_frames_and_phases_from_every_frame():
+    log = _log()
+    kept = [i for i in range(5, 12)]  # the first five are cold
+    staged = [i for i in kept if i % 4 == 0]  # 8
+    assert log["summary"]["phases"]["frames"] == len(kept) and log["summary"]["stages"]["frames"] == len(staged)
+    assert log["summary"]["stages"]["tts"]["mean_ms"] == pytest.approx((30.0 + 8) / 5)
+    assert log["summary"]["phases"]["total"]["mean_ms"] == pytest.approx(sum(30.0 + i for i in kept) / len(kept))
+    assert log["summary"]["phases"]["listening"]["max_ms"] == pytest.approx(3 * (30.0 + 11) / 5)
+    assert log["frames"][1]["timing"] == "phase" and log["frames"][1]["tts_ms"] is None
+    assert log["frames"][4]["timing"] == "stage" and log["frames"][4]["tts_ms"] == pytest.approx(34.0 / 5)
+    only_phases = build_profile_log([_timing(i, 40.0) for i in range(8)], checkpoint=CHECKPOINT, settings={})
+    assert only_phases["summary"]["stages"]["rnnt"] is None, "no stage-timed frame: no stage figure, not zeros"
+    assert validate_profile_log(only_phases) == []
 
 
 def test_a_conversations_audio_counters_are_checked_and_optional():
@@ -120,10 +143,10 @@ def test_a_conversations_audio_counters_are_checked_and_optional():
     partial = {"output_underruns": 2, "output_skipped_s": 0.16}
     played = ConversationLog(1, started, "4bit", CHECKPOINT, frames, audio=partial)
     with pytest.raises(KeyError, match="input_lost_s"):
-        build_session_profile_log([played], settings={})
+        build_session_profile_log([played])
     played = ConversationLog(1, started, "4bit", CHECKPOINT, frames, audio=dict.fromkeys(AUDIO_COUNTERS, 0))
     unplayed = ConversationLog(2, started, "4bit", CHECKPOINT, frames)
-    log = build_session_profile_log([played, unplayed], settings={"seed": 0, "system_prompt": ""})
+    log = build_session_profile_log([played, unplayed])
     assert validate_profile_log(log) == []
     assert log["conversations"][0]["audio"] == dict.fromkeys(AUDIO_COUNTERS, 0)
     assert "audio" not in log["conversations"][1], "a conversation not played live has none"
@@ -138,10 +161,13 @@ def test_profile_log_writers(tmp_path):
     with write_profile_log(log, tmp_path / "s.csv").open() as stream:
         rows = list(csv.DictReader(stream))
     assert len(rows) == 12 and float(rows[3]["total_ms"]) == 33.0 and "tts.backbone" in rows[0]
+    assert rows[3]["tts_ms"] == "" and float(rows[4]["tts_ms"]) == pytest.approx(34.0 / 5)
+    assert rows[0]["model"] == "tiny" and rows[0]["quantization"] == "4-bit" and rows[0]["numerics"] == "exact"
     trace = json.loads(write_profile_log(log, tmp_path / "s.trace.json").read_text())
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == 12 * 6
-    frame0 = [e for e in slices if e["tid"] == 2 and e["ts"] == 0.0]
+    # The conversation, every frame and its three phases, and the five stages of the three stage-timed frames.
+    assert len(slices) == 1 + 12 * 4 + 3 * 5
+    frame0 = [e for e in slices if e["tid"] == 3 and e["ts"] == 0.0]
     assert frame0 and frame0[0]["name"] == "perception"
     assert not list(tmp_path.glob(".*.tmp")), "no temporary files left behind"
 

@@ -10,6 +10,7 @@ import pytest
 
 from app.cli import main as parley
 from app.files import FILE_MODE
+from engine.profile_log import validate_profile_log
 
 
 def test_the_printed_frame_count_is_the_profiles(
@@ -20,7 +21,9 @@ def test_the_printed_frame_count_is_the_profiles(
     assert parley([*command, "--profile-json", str(profile), "--output-audio", str(answer)]) == 0
     printed = re.search(r"= (\d+) frames", capsys.readouterr().out)
     assert printed is not None
-    frames = json.loads(profile.read_text())["frames"]
+    log = json.loads(profile.read_text())
+    assert validate_profile_log(log) == [], "the offline run's profile follows the app's schema"
+    frames = log["frames"]
     print(f"printed {printed.group(1)} frames; the profile holds {len(frames)}")
     assert int(printed.group(1)) == len(frames)
     assert profile.stat().st_mode & 0o777 == answer.stat().st_mode & 0o777 == FILE_MODE

@@ -499,7 +499,7 @@ class MainWindow(QMainWindow):
             return []
         _, paths = self._attempt("save the conversation", lambda: self.controller.save_conversation(Path(chosen)))
         if paths:
-            self.statusBar().showMessage(f"Saved {len(paths)} files to {chosen}", 10000)
+            self.statusBar().showMessage(f"Saved {len(paths)} files to {paths[0].parent}", 10000)
         return paths or []
 
     def open_log_folder(self) -> None:

@@ -6,8 +6,11 @@ a warning and its reason, and the others stay usable. Selecting one shows its tr
 *Play* replays both sides as they happened through the speaker (``controller.replay_history``;
 its progress arrives as ``ReplayProgress`` through :meth:`HistoryWindow.show_replay`),
 *Export…* copies its files (WAV, transcript, profile) into a folder, *Delete* removes it after
-asking. The window refreshes itself when a conversation is kept (:meth:`refresh`). Every
-controller call is guarded: a failure shows in the window's status line. Main thread only.
+asking. Each entry shows its date, length, size, model and numerics (what an older entry recorded) and its
+first words; like the main transcript it leaves out what is not text for people (markers, U+FFFD, control
+characters: :func:`ui.transcript_view.visible_text`), which the saved files keep. The window refreshes itself
+when a conversation is kept (:meth:`refresh`). Every controller call is guarded: a failure shows in the
+window's status line. Main thread only.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from app.messages import ReplayProgress
 from .contracts import Controller
 from .model_settings import muted_label
 from .theme import colors
+from .transcript_view import visible_text
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +66,24 @@ def format_size(size: int) -> str:
     return f"{max(1, round(size / 1024))} KB"
 
 
+def model_words(entry: HistoryEntry) -> str:
+    """``"tiny4 · 4-bit · exact numerics"``: what is known of the model (entries kept before it was recorded
+    have neither, or only one)."""
+    parts = [entry.model] if entry.model else []
+    if entry.numerics:
+        parts.append(f"{entry.numerics} numerics")
+    return " · ".join(parts)
+
+
 def entry_label(entry: HistoryEntry) -> str:
-    """Two lines: ``"Mon 30 Nov 2026, 23:15 · 2:41 · 8.5 MB"`` (local time), then the first words."""
+    """``"Mon 30 Nov 2026, 23:15 · 2:41 · 8.5 MB"`` (local time), the model and numerics, then the first words."""
     started = entry.started.astimezone().strftime("%a %d %b %Y, %H:%M")
-    words = (
-        entry.first_words
-        if len(entry.first_words) <= FIRST_WORDS_SHOWN
-        else entry.first_words[:FIRST_WORDS_SHOWN] + "…"
-    )
+    shown = " ".join(visible_text(entry.first_words).split())
+    words = shown if len(shown) <= FIRST_WORDS_SHOWN else shown[:FIRST_WORDS_SHOWN] + "…"
     first = f"“{words}”" if words else "(no words, audio only)"
-    return f"{started} · {format_duration(entry.duration_s)} · {format_size(entry.size_bytes)}\n{first}"
+    model = model_words(entry)
+    lines = [f"{started} · {format_duration(entry.duration_s)} · {format_size(entry.size_bytes)}"]
+    return "\n".join([*lines, model, first] if model else [*lines, first])
 
 
 class HistoryWindow(QDialog):
@@ -159,7 +171,9 @@ class HistoryWindow(QDialog):
         for entry in listing.entries:
             item = QListWidgetItem(entry_label(entry))
             item.setData(ENTRY_ROLE, entry.id)
-            item.setToolTip(f"{entry.path}\n{format_size(entry.size_bytes)}")
+            item.setToolTip(
+                f"{entry.path}\n{format_size(entry.size_bytes)}\n{model_words(entry) or 'Model not recorded'}"
+            )
             self.list.addItem(item)
         for damaged in listing.damaged:
             self.list.addItem(self._damaged_item(damaged))
@@ -220,7 +234,7 @@ class HistoryWindow(QDialog):
         lines = []
         for line in sorted(loaded.transcript, key=lambda line: line.seconds):
             minutes, seconds = divmod(line.seconds, 60)
-            lines.append(f"[{int(minutes):02d}:{seconds:04.1f}] {line.role}: {line.text.strip()}")
+            lines.append(f"[{int(minutes):02d}:{seconds:04.1f}] {line.role}: {visible_text(line.text).strip()}")
         self.transcript.setPlainText("\n\n".join(lines) or "(Nothing was said in words: the audio is kept.)")
 
     # -- actions ---------------------------------------------------------------------------------------------------

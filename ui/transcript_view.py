@@ -1,11 +1,14 @@
 """The conversation as it streams: one bubble per turn, deltas appended, tool calls as their own entries.
 
-A new entry starts when the speaker changes (user ↔ assistant), after a tool call, and
-after :meth:`TranscriptView.start_new_turn` (the window calls it when the talk key goes
-down). All text is shown as plain text — model output is never interpreted as markup —
-and the model's special markers (``<SPECIAL_12>``) are left out of the bubbles; Save
-Conversation keeps them. The view follows the newest entry unless the user has scrolled
-up. Main thread only.
+A new entry starts when the speaker changes (user ↔ assistant), after a tool call, and for
+the user's words after :meth:`TranscriptView.start_new_turn` (the window calls it when the
+talk key goes down): an answer the assistant is still giving stays in its bubble however
+often the key is pressed. All text is shown as plain text — model output is never
+interpreted as markup — and what is not text for people is left out of bubbles and tool
+call boxes (:func:`visible_text`: the model's special markers such as ``<SPECIAL_12>``,
+U+FFFD replacement characters from a character split across tokens, control characters);
+Save Conversation and the history keep the text raw. The view follows the newest entry
+unless the user has scrolled up. Main thread only.
 """
 
 from __future__ import annotations
@@ -19,15 +22,17 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
+from engine.events import SPECIAL_MARKER, AssistantTextDelta, ToolCall, UserTranscriptDelta
 
 _BUBBLE_WIDTH: Final = 0.78  # of the visible width
-SPECIAL_MARKER: Final = re.compile(r"<SPECIAL_\d+>")
+# C0 and C1 controls except tab and newline, DEL, lone surrogates and U+FFFD (what a decoder puts where bytes are
+# not yet a whole character): drawn as boxes or "�", never text.
+NOT_TEXT: Final = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffd]")
 
 
 def visible_text(text: str) -> str:
-    """``text`` as a bubble shows it: without the model's special markers."""
-    return SPECIAL_MARKER.sub("", text)
+    """``text`` as the window shows it: without the model's special markers, U+FFFD or control characters."""
+    return NOT_TEXT.sub("", SPECIAL_MARKER.sub("", text))
 
 
 _SELECTABLE: Final = Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
@@ -123,6 +128,7 @@ class TranscriptView(QWidget):
         super().__init__(parent)
         self._entries: list[TranscriptEntry] = []
         self._open_turn = False  # whether the last entry may still grow
+        self._user_turn_done = False  # the talk key went down since the user's last words
         self._follow = True
 
         self.placeholder = QLabel(self)
@@ -174,15 +180,16 @@ class TranscriptView(QWidget):
 
     def add_tool_call(self, call: ToolCall) -> None:
         header, body, failed = describe_tool_call(call)
-        entry = TranscriptEntry(Role.TOOL, header, monospace=True)
+        entry = TranscriptEntry(Role.TOOL, visible_text(header), monospace=True)
         entry.setProperty("failed", failed)
-        entry.set_text(body)
+        entry.set_text(visible_text(body))
         self._add_entry(entry)
         self._open_turn = False
 
     def start_new_turn(self) -> None:
-        """The next delta starts a new entry even if the same side is speaking."""
-        self._open_turn = False
+        """The user's next words start a new entry even right after their last ones. The assistant's entry stays
+        open: its answer may go on across key presses (each press used to cut it into one-word bubbles)."""
+        self._user_turn_done = True
 
     def clear(self) -> None:
         for entry in self._entries:
@@ -192,6 +199,7 @@ class TranscriptView(QWidget):
                 row.deleteLater()
         self._entries.clear()
         self._open_turn = False
+        self._user_turn_done = False
         self._follow = True
         self.scroll_area.hide()
         self.placeholder.show()
@@ -222,12 +230,15 @@ class TranscriptView(QWidget):
         if not delta:
             return
         last = self._entries[-1] if self._entries else None
-        if last is None or last.role is not role or not self._open_turn:
+        new_user_turn = role is Role.USER and self._user_turn_done
+        if last is None or last.role is not role or not self._open_turn or new_user_turn:
             if not delta.strip():
                 return  # do not open a bubble with whitespace only
             last = TranscriptEntry(role, SPEAKER[role])
             self._add_entry(last)
             self._open_turn = True
+            if role is Role.USER:
+                self._user_turn_done = False
         last.append(delta)
 
     def _add_entry(self, entry: TranscriptEntry) -> None:
