@@ -66,7 +66,7 @@ def parse_tool_calls(raw: str, frame_index: int) -> list[ToolCall]:
     try:
         value: Any = json.loads(text)
     except json.JSONDecodeError as exc:
-        return [ToolCall(frame_index, raw=raw, error=f"not JSON: {exc.msg} at column {exc.colno}")]
+        return [ToolCall(frame_index, raw=raw, error=f"not JSON: {exc.msg} (column {exc.colno})")]
     items = value if isinstance(value, list) else [value]
     calls = []
     for item in items:
