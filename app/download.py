@@ -42,11 +42,12 @@ import logging
 import os
 import queue
 import shutil
+import string
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any, Final, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -167,19 +168,16 @@ class _RemoteFile:
 
     @property
     def content_id(self) -> str:
-        """Names this exact content: a part file for it can only ever be resumed with the same bytes."""
-        if self.sha256:
-            return self.sha256
-        if self.blob_id:
-            return self.blob_id
-        return hashlib.sha256(f"{self.path}\0{self.size}".encode()).hexdigest()
+        """Names this exact content (and its part file): a checked hex checksum, so it is always a safe file name."""
+        return self.sha256 or self.blob_id or ""  # _checked_file refuses a file with neither
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "sha256": self.sha256, "blob_id": self.blob_id}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> _RemoteFile:
-        return cls(str(data["path"]), int(data["size"]), data.get("sha256"), data.get("blob_id"))
+        """Read back a manifest entry, checked like a listing (raises ``DownloadError``)."""
+        return _checked_file("the download record", data["path"], data["size"], data.get("sha256"), data.get("blob_id"))
 
 
 @dataclass(frozen=True)
@@ -192,14 +190,19 @@ def _listing_from_info(repo_id: str, info: Any) -> _Listing:
     """Turn ``HfApi.model_info(files_metadata=True)`` into a checked file list."""
     if not info.sha or info.siblings is None:
         raise DownloadError(f"Hugging Face sent an unexpected answer for {repo_id} (no commit or file list).")
+    if not _is_hex(info.sha, 40):
+        raise DownloadError(f"Hugging Face sent an unexpected answer for {repo_id} (commit {info.sha!r}).")
     files: list[_RemoteFile] = []
     for sibling in info.siblings:
-        _check_repo_path(repo_id, sibling.rfilename)
-        if sibling.size is None:
-            raise DownloadError(f"Hugging Face did not say how large {sibling.rfilename} in {repo_id} is.")
         lfs = sibling.lfs
-        files.append(_RemoteFile(sibling.rfilename, int(sibling.size), lfs.sha256 if lfs else None, sibling.blob_id))
+        files.append(
+            _checked_file(repo_id, sibling.rfilename, sibling.size, lfs.sha256 if lfs else None, sibling.blob_id)
+        )
     names = {remote.path for remote in files}
+    folded = sorted(name.casefold() for name in names)
+    if len(set(folded)) != len(folded):  # two names for one file on a case-insensitive volume (macOS, Windows)
+        same = next(name for name in folded if folded.count(name) > 1)
+        raise DownloadError(f"{repo_id} lists two files whose names differ only in case ({same!r}); refusing it.")
     missing = [name for name in REQUIRED_FILES if name not in names]
     if missing:
         raise DownloadError(
@@ -208,16 +211,38 @@ def _listing_from_info(repo_id: str, info: Any) -> _Listing:
     return _Listing(info.sha, tuple(files))
 
 
-def _check_repo_path(repo_id: str, path: str) -> None:
-    parts = PurePosixPath(path).parts
-    if (
-        not path
-        or "\\" in path
-        or PurePosixPath(path).is_absolute()
-        or any(part in ("", ".", "..") for part in parts)
-        or parts[0] == STATE_DIR
-    ):
-        raise DownloadError(f"{repo_id} lists a file with an unsafe name ({path!r}); refusing to download it.")
+def _checked_file(source: str, path: Any, size: Any, sha256: Any, blob_id: Any) -> _RemoteFile:
+    """One listed file, every field checked before any of it names something on disk.
+
+    The name must stay inside the target folder (relative, ``/``-separated, no ``..``, no NUL or backslash, not
+    the state folder under any capitalisation); the checksums name part files, so each must be hex of its exact
+    length, and a file must have one, or it could not be checked at all. ``source`` names where the entry came
+    from (the repository, or the download record) for the message.
+    """
+    if not _is_safe_repo_path(path):
+        raise DownloadError(f"{source} lists a file with an unsafe name ({path!r}); refusing to download it.")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise DownloadError(f"Hugging Face did not say how large {path} in {source} is (size {size!r}).")
+    for value, length, what in ((sha256, 64, "sha256 checksum"), (blob_id, 40, "git blob id")):
+        if value is not None and not _is_hex(value, length):
+            raise DownloadError(
+                f"{source} lists {path} with a malformed {what} ({str(value)[:80]!r}, expected {length} hex "
+                "digits); refusing to download it."
+            )
+    if not sha256 and not blob_id:
+        raise DownloadError(f"{source} lists {path} without a checksum, so it could not be checked; refusing it.")
+    return _RemoteFile(path, size, sha256.lower() if sha256 else None, blob_id.lower() if blob_id else None)
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    return isinstance(value, str) and len(value) == length and all(char in string.hexdigits for char in value)
+
+
+def _is_safe_repo_path(path: Any) -> bool:
+    if not isinstance(path, str) or not path or "\\" in path or "\0" in path or path.startswith("/"):
+        return False
+    parts = path.split("/")
+    return all(part not in ("", ".", "..") for part in parts) and parts[0].casefold() != STATE_DIR.casefold()
 
 
 def _index_problems(target: Path, index_path: Path) -> list[str]:
@@ -226,6 +251,9 @@ def _index_problems(target: Path, index_path: Path) -> list[str]:
         shards = sorted({str(name) for name in weight_map.values()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ["model.safetensors.index.json is not a valid weight index"]
+    unsafe = [shard for shard in shards if not _is_safe_repo_path(shard)]
+    if unsafe:
+        return [f"the weight index names a shard outside the folder ({unsafe[0]!r})"]
     return [f"{shard} (named in the weight index) is missing" for shard in shards if not (target / shard).is_file()]
 
 
@@ -259,7 +287,7 @@ class _Manifest:
             )
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, DownloadError) as exc:
             log.warning("Ignoring unreadable download manifest in %s: %s", state_dir, exc)
             return None
 
