@@ -3,7 +3,8 @@
 Every file is written to a temporary name in the target folder and renamed into place,
 so a full disk or a read-only folder raises an ``ExportError`` naming the path and
 leaves neither a partial file nor a changed recording behind: the user can pick
-another folder and try again. Every file gets the same permissions (``app.files``).
+another folder and try again. Every file is private to the user (0600, ``app.files.make_private``):
+it holds their voice or what they said.
 Nothing to write is a ``NothingToExport`` error, never an empty file.
 """
 
@@ -22,7 +23,7 @@ from engine.events import AssistantTextDelta, FrameTiming, ToolCall, UserTranscr
 from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .audio_files import write_wav
-from .files import apply_file_mode, write_text_file
+from .files import make_private, write_text_file
 from .messages import FrameStats
 
 
@@ -153,7 +154,7 @@ class SessionProfile:
 
 def _guarded(path: Path, action: Callable[[], Path]) -> Path:
     try:
-        return apply_file_mode(action())
+        return make_private(action())
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ExportError(f"Could not write {path}: {reason}") from exc

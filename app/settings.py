@@ -11,7 +11,7 @@ to its default on its own, with a warning, and keeps the rest of the file; a cop
 it was is kept aside the same way, since the next save writes the repaired values.
 
 Saving writes a temporary file in the same folder and renames it over the old one, so
-a crash or a full disk never leaves a half-written file behind.
+a crash or a full disk never leaves a half-written file behind; the file is private (0600).
 
 ``Settings`` is immutable, so one instance can be read from any thread; changes make a
 new instance (``dataclasses.replace`` or :meth:`Settings.with_changes`).
@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from .files import write_text_file
+from .files import write_private_text_file
 from .paths import config_dir
 from .variants import MODEL_VARIANTS, variant
 
@@ -236,7 +236,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path = default_settings_path() if path is None else path
     text = json.dumps(settings.to_dict(), indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_file(path, text)
+    return write_private_text_file(path, text)
 
 
 def _migrate(data: dict[str, Any]) -> dict[str, Any]:
