@@ -18,6 +18,10 @@ What a user can rely on
       they stopped, and reported, never silent.
     - Every file is checked against the repository's checksum (LFS sha256, or the git blob id)
       before it takes its final name; a damaged file is fetched once more, then rejected.
+    - Nothing from the listing reaches the disk unchecked, so a hostile or intercepted endpoint
+      cannot write or delete outside the target: names stay inside it (no ``..``, NUL, backslash,
+      or the state folder under any capitalisation), checksums (which name the part files) are hex
+      of their exact length, and a file listed without any checksum is refused.
     - The finished folder is checked again by :func:`verify_download`: every listed file is
       present with its listed size, so a truncated file never looks installed.
 
