@@ -164,7 +164,7 @@ def _index_problems(target: Path, index_path: Path) -> list[str]:
     try:
         weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted({str(name) for name in weight_map.values()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return ["model.safetensors.index.json is not a valid weight index"]
     unsafe = [shard for shard in shards if not is_safe_repo_path(shard)]
     if unsafe:

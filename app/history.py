@@ -296,7 +296,7 @@ class ConversationHistory:
         if entry.has_profile:
             try:
                 profile = json.loads((path / PROFILE_JSON).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, RecursionError) as error:
                 raise HistoryError(f"{path / PROFILE_JSON}: damaged ({_reason(error)})") from error
         transcript = _transcript_lines(manifest)
         return LoadedConversation(entry, transcript, user, int(user_rate), assistant, int(assistant_rate), profile)
