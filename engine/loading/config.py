@@ -66,6 +66,8 @@ def _describe(value: Any) -> str:
 
 
 def _int(where: str, value: Any, *, minimum: int, maximum: int = _MAX_INT) -> int:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= maximum:
+        value = int(value)  # 24.0: a converter that writes every number as a float means 24
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{where} must be a whole number, got {_describe(value)}")
     if not minimum <= value <= maximum:
