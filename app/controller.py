@@ -564,6 +564,13 @@ class AppController:
                 self._post(replace(last, message=str(exc), failed=True))
                 self._post(Failure(str(exc)))
                 return
+            except Exception as exc:  # a bug or an input nobody foresaw: the user must hear of it, not a dead thread
+                log.exception("Download of %s failed unexpectedly", repo_id)
+                text = f"The download of {repo_id} failed unexpectedly ({type(exc).__name__}: {exc}). What was "
+                text += "downloaded so far is kept; the log has the details."
+                self._post(replace(last, message=text, failed=True))
+                self._post(Failure(text))
+                return
             self._post(replace(last, message="Download complete", finished=True))
             downloaded = variant_for_repo(repo_id)
             if downloaded is not None:

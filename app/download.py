@@ -18,6 +18,11 @@ What a user can rely on
       they stopped, and reported, never silent.
     - Every file is checked against the repository's checksum (LFS sha256, or the git blob id)
       before it takes its final name; a damaged file is fetched once more, then rejected.
+    - Nothing from the listing reaches the disk unchecked, so a hostile or intercepted endpoint
+      cannot write or delete outside the target: names stay inside it (no ``..``, NUL, backslash,
+      or the state folder under any capitalisation), checksums (which name the part files) are hex
+      of their exact length, and a file listed without any checksum is refused
+      (:mod:`app.download_listing`).
     - The finished folder is checked again by :func:`verify_download`: every listed file is
       present with its listed size, so a truncated file never looks installed.
 
@@ -46,7 +51,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any, Final, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -55,12 +60,22 @@ from huggingface_hub import HfApi, constants, get_session, hf_hub_url, hf_raise_
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 from huggingface_hub.utils._headers import build_hf_headers  # huggingface_hub.utils re-exports it lazily (untyped)
 
+from .download_listing import (
+    REQUIRED_FILES,
+    STATE_DIR,
+    DownloadCancelled,
+    DownloadError,
+    Listing,
+    RemoteFile,
+    is_safe_repo_path,
+    listing_from_info,
+)
+
+__all__ = ["STATE_DIR", "DownloadCancelled", "DownloadError", "download_checkpoint", "format_size", "verify_download"]
+
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
-
-STATE_DIR: Final = ".parley-download"  # inside the target folder: manifest, lock, part files
-REQUIRED_FILES: Final = ("config.json", "model.safetensors.index.json")
 
 DISK_MARGIN_BYTES: Final = 500_000_000  # free space to leave beyond what the download needs ...
 DISK_MARGIN_FRACTION: Final = 0.02  # ... or this share of it, whichever is larger
@@ -77,14 +92,6 @@ _QUEUE_CHUNKS: Final = 64  # body chunks buffered between the network thread and
 _HASH_BLOCK: Final = 8 * 1024 * 1024
 _MANIFEST_VERSION: Final = 1
 _RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
-
-
-class DownloadError(RuntimeError):
-    """The download failed; the message says why in plain words. Downloaded data is kept."""
-
-
-class DownloadCancelled(DownloadError):
-    """The download was cancelled; downloaded data is kept and a new call resumes."""
 
 
 def format_size(n_bytes: int) -> str:
@@ -153,79 +160,15 @@ def verify_download(target: Path) -> None:
         raise DownloadError(f"The model in {target} is incomplete: {shown}. Download it again to repair it.")
 
 
-# --------------------------------------------------------------------------- repository listing
-
-
-@dataclass(frozen=True)
-class _RemoteFile:
-    """One file of the repository as the Hub lists it."""
-
-    path: str  # relative, '/'-separated
-    size: int
-    sha256: str | None  # LFS files
-    blob_id: str | None  # the git object id (sha1 of "blob <size>\0" + content)
-
-    @property
-    def content_id(self) -> str:
-        """Names this exact content: a part file for it can only ever be resumed with the same bytes."""
-        if self.sha256:
-            return self.sha256
-        if self.blob_id:
-            return self.blob_id
-        return hashlib.sha256(f"{self.path}\0{self.size}".encode()).hexdigest()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "blob_id": self.blob_id}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> _RemoteFile:
-        return cls(str(data["path"]), int(data["size"]), data.get("sha256"), data.get("blob_id"))
-
-
-@dataclass(frozen=True)
-class _Listing:
-    commit: str
-    files: tuple[_RemoteFile, ...]
-
-
-def _listing_from_info(repo_id: str, info: Any) -> _Listing:
-    """Turn ``HfApi.model_info(files_metadata=True)`` into a checked file list."""
-    if not info.sha or info.siblings is None:
-        raise DownloadError(f"Hugging Face sent an unexpected answer for {repo_id} (no commit or file list).")
-    files: list[_RemoteFile] = []
-    for sibling in info.siblings:
-        _check_repo_path(repo_id, sibling.rfilename)
-        if sibling.size is None:
-            raise DownloadError(f"Hugging Face did not say how large {sibling.rfilename} in {repo_id} is.")
-        lfs = sibling.lfs
-        files.append(_RemoteFile(sibling.rfilename, int(sibling.size), lfs.sha256 if lfs else None, sibling.blob_id))
-    names = {remote.path for remote in files}
-    missing = [name for name in REQUIRED_FILES if name not in names]
-    if missing:
-        raise DownloadError(
-            f"{repo_id} does not look like an MLX checkpoint: it has no {' or '.join(missing)}. Nothing was downloaded."
-        )
-    return _Listing(info.sha, tuple(files))
-
-
-def _check_repo_path(repo_id: str, path: str) -> None:
-    parts = PurePosixPath(path).parts
-    if (
-        not path
-        or "\\" in path
-        or PurePosixPath(path).is_absolute()
-        or any(part in ("", ".", "..") for part in parts)
-        or parts[0] == STATE_DIR
-    ):
-        raise DownloadError(f"{repo_id} lists a file with an unsafe name ({path!r}); refusing to download it.")
-
-
 def _index_problems(target: Path, index_path: Path) -> list[str]:
     try:
         weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted({str(name) for name in weight_map.values()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return ["model.safetensors.index.json is not a valid weight index"]
+    unsafe = [shard for shard in shards if not is_safe_repo_path(shard)]
+    if unsafe:
+        return [f"the weight index names a shard outside the folder ({unsafe[0]!r})"]
     return [f"{shard} (named in the weight index) is missing" for shard in shards if not (target / shard).is_file()]
 
 
@@ -238,7 +181,7 @@ class _Manifest:
 
     repo_id: str
     commit: str
-    files: tuple[_RemoteFile, ...]
+    files: tuple[RemoteFile, ...]
     verified: dict[str, str] = field(default_factory=dict)  # path -> content id of the checked copy
 
     @staticmethod
@@ -254,12 +197,12 @@ class _Manifest:
             return cls(
                 repo_id=str(data["repo_id"]),
                 commit=str(data["commit"]),
-                files=tuple(_RemoteFile.from_json(item) for item in data["files"]),
+                files=tuple(RemoteFile.from_json(item) for item in data["files"]),
                 verified={str(k): str(v) for k, v in data["verified"].items()},
             )
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, DownloadError) as exc:
             log.warning("Ignoring unreadable download manifest in %s: %s", state_dir, exc)
             return None
 
@@ -297,13 +240,13 @@ def _exclusive_lock(path: Path, target: Path) -> Iterator[None]:
 class _Checksum:
     """Incremental check of a file against the checksum the Hub lists for it."""
 
-    def __init__(self, remote: _RemoteFile) -> None:
+    def __init__(self, remote: RemoteFile) -> None:
         self._remote = remote
         self._hasher: Any = None
         self.reset()
 
     @staticmethod
-    def available(remote: _RemoteFile) -> bool:
+    def available(remote: RemoteFile) -> bool:
         return bool(remote.sha256 or remote.blob_id)
 
     def reset(self) -> None:
@@ -500,7 +443,7 @@ class _Download:
 
     # ---- listing
 
-    def _fetch_listing(self) -> _Listing:
+    def _fetch_listing(self) -> Listing:
         api = HfApi(endpoint=self.endpoint, library_name="parley")
         try:
             info = self._call_cancellable(
@@ -528,7 +471,7 @@ class _Download:
             ) from exc
         except (ValueError, KeyError, TypeError) as exc:
             raise DownloadError(f"Hugging Face sent an unexpected answer for {self.repo_id} ({exc}).") from exc
-        return _listing_from_info(self.repo_id, info)
+        return listing_from_info(self.repo_id, info)
 
     def _call_cancellable(self, function: Callable[[], _T]) -> _T:
         """Run a blocking call on a daemon thread so that cancel is noticed while it waits."""
@@ -568,7 +511,7 @@ class _Download:
 
     # ---- local state
 
-    def _start_manifest(self, listing: _Listing) -> _Manifest:
+    def _start_manifest(self, listing: Listing) -> _Manifest:
         old = _Manifest.load(self.state_dir)
         verified: dict[str, str] = {}
         if old is not None and old.repo_id == self.repo_id:
@@ -578,7 +521,7 @@ class _Download:
         manifest.save(self.state_dir)
         return manifest
 
-    def _is_verified(self, manifest: _Manifest, remote: _RemoteFile) -> bool:
+    def _is_verified(self, manifest: _Manifest, remote: RemoteFile) -> bool:
         path = self.target / remote.path
         return (
             manifest.verified.get(remote.path) == remote.content_id
@@ -586,16 +529,16 @@ class _Download:
             and path.stat().st_size == remote.size
         )
 
-    def _part_path(self, remote: _RemoteFile) -> Path:
+    def _part_path(self, remote: RemoteFile) -> Path:
         return self.state_dir / "parts" / f"{remote.content_id}.part"
 
-    def _part_size(self, remote: _RemoteFile) -> int:
+    def _part_size(self, remote: RemoteFile) -> int:
         try:
             return min(self._part_path(remote).stat().st_size, remote.size)
         except FileNotFoundError:
             return 0
 
-    def _remove_stale_parts(self, listing: _Listing) -> None:
+    def _remove_stale_parts(self, listing: Listing) -> None:
         """Part files of content the repository no longer lists can never be resumed."""
         wanted = {f"{remote.content_id}.part" for remote in listing.files}
         parts = self.state_dir / "parts"
@@ -604,7 +547,7 @@ class _Download:
                 if path.name not in wanted:
                     path.unlink(missing_ok=True)
 
-    def _check_disk_space(self, pending: list[_RemoteFile]) -> None:
+    def _check_disk_space(self, pending: list[RemoteFile]) -> None:
         needed = sum(remote.size - self._part_size(remote) for remote in pending)
         if needed <= 0:
             return
@@ -625,7 +568,7 @@ class _Download:
 
     # ---- files
 
-    def _adopt_existing(self, remote: _RemoteFile, position: str) -> bool:
+    def _adopt_existing(self, remote: RemoteFile, position: str) -> bool:
         """Keep a file already in place with the right size (an earlier, unrecorded download) if it checks out."""
         path = self.target / remote.path
         if not (_Checksum.available(remote) and path.is_file() and path.stat().st_size == remote.size):
@@ -637,7 +580,7 @@ class _Download:
         self.progress.done += remote.size
         return True
 
-    def _fetch_file(self, remote: _RemoteFile, position: str) -> None:
+    def _fetch_file(self, remote: RemoteFile, position: str) -> None:
         part = self._part_path(remote)
         part.parent.mkdir(parents=True, exist_ok=True)
         checksum = _Checksum(remote) if _Checksum.available(remote) else None
@@ -658,7 +601,7 @@ class _Download:
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, destination)
 
-    def _fill_part(self, remote: _RemoteFile, part: Path, checksum: _Checksum | None, position: str) -> None:
+    def _fill_part(self, remote: RemoteFile, part: Path, checksum: _Checksum | None, position: str) -> None:
         """Append to ``part`` until it holds ``remote.size`` bytes, resuming after failures."""
         with open(part, "ab") as out:
             offset = os.fstat(out.fileno()).st_size
@@ -704,7 +647,7 @@ class _Download:
         self,
         url: str,
         out: IO[bytes],
-        remote: _RemoteFile,
+        remote: RemoteFile,
         offset: int,
         checksum: _Checksum | None,
         message: str,
@@ -770,7 +713,7 @@ class _Download:
                 remaining -= len(block)
                 self.progress.report()
 
-    def _refused(self, remote: _RemoteFile, exc: HfHubHTTPError) -> DownloadError:
+    def _refused(self, remote: RemoteFile, exc: HfHubHTTPError) -> DownloadError:
         status = exc.response.status_code if exc.response is not None else "?"
         return DownloadError(
             f"Hugging Face refused to send {remote.path} (HTTP {status}). "

@@ -4,9 +4,9 @@ session's profile log.
 Save Conversation makes one folder per conversation, named and filled as History → Export makes one
 (``app.history.conversation_folder``). Every file is written to a temporary name and renamed into place,
 so a full disk or a read-only folder raises an ``ExportError`` naming the path and leaves neither a
-partial file nor a changed recording behind: the user can pick another folder and try again. Every
-file gets the same permissions (``app.files``). Nothing to write is a ``NothingToExport`` error, never
-an empty file.
+partial file nor a changed recording behind: the user can pick another folder and try again. Every file is
+private to the user (0600, ``app.files.make_private``): it holds their voice or what they said. Nothing to
+write is a ``NothingToExport`` error, never an empty file.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from engine.events import AssistantTextDelta, FrameTiming, ToolCall, UserTranscr
 from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .audio_files import write_wav
-from .files import apply_file_mode, write_text_file
-from .history import DIR_MODE, conversation_folder
+from .files import PRIVATE_DIR_MODE, make_private, write_text_file
+from .history import conversation_folder
 from .messages import FrameStats
 
 
@@ -195,7 +195,7 @@ def conversation_log(conversation: ConversationProfile) -> Any:
 
 def _guarded(path: Path, action: Callable[[], Path]) -> Path:
     try:
-        return apply_file_mode(action())
+        return make_private(action())
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise ExportError(f"Could not write {path}: {reason}") from exc
@@ -240,7 +240,7 @@ def save_conversation(
         for name, write in writers.items():
             _guarded(target / name, lambda name=name, write=write: write(partial / name))  # type: ignore[misc]
         try:
-            os.chmod(partial, DIR_MODE)
+            os.chmod(partial, PRIVATE_DIR_MODE)
             os.rename(partial, target)
         except OSError as exc:
             raise ExportError(f"Could not create {target}: {exc.strerror or exc}") from exc

@@ -1,8 +1,11 @@
-"""Every file Parley writes gets the same permissions: what the user's umask allows (usually 0644).
+"""The permissions of the files Parley writes: private for what holds the user's voice, words or logs.
 
-``engine.files.write_atomic`` writes through ``tempfile.mkstemp``, whose files are private
-(0600), while the WAVs libsndfile writes follow the umask: exported profiles, transcripts,
-settings and WAVs must not differ. No Qt, no MLX.
+Conversations (the history, Save Conversation, History → Export), exported profiles, the logs and
+the settings are private to the user: files 0600 and their folders 0700, whatever the umask
+(:func:`make_private`). Checkpoints and what ``parley run`` writes where it is told follow the
+umask (:data:`FILE_MODE`, usually 0644), as any command-line tool's output does.
+``engine.files.write_atomic`` writes through ``tempfile.mkstemp``, whose files are 0600, while
+libsndfile's WAVs follow the umask, so every writer sets the mode it means explicitly. No Qt, no MLX.
 """
 
 from __future__ import annotations
@@ -35,3 +38,27 @@ def write_text_file(path: Path, text: str) -> Path:
     """Write ``text`` atomically (temporary file, then rename) with :data:`FILE_MODE`; returns the path."""
     written = write_atomic(path, text)
     return apply_file_mode(written)
+
+
+PRIVATE_FILE_MODE = 0o600
+"""Files that hold what the user said or what the app logged about it: recordings, transcripts, profiles, logs."""
+PRIVATE_DIR_MODE = 0o700
+"""Folders that hold such files (the history and each conversation in it, the log folder)."""
+
+
+def make_private(path: Path) -> Path:
+    """Give ``path`` (a file or a folder) its private mode, whatever the umask; returns it. Links are left alone."""
+    if not path.is_symlink():
+        os.chmod(path, PRIVATE_DIR_MODE if path.is_dir() else PRIVATE_FILE_MODE)
+    return path
+
+
+def make_private_folder(path: Path) -> Path:
+    """Create ``path`` (and its parents) if needed and make it private; returns it."""
+    path.mkdir(parents=True, exist_ok=True)
+    return make_private(path)
+
+
+def write_private_text_file(path: Path, text: str) -> Path:
+    """Write ``text`` atomically, private to the user from its first byte (``mkstemp`` makes 0600); returns it."""
+    return make_private(write_atomic(path, text))

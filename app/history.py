@@ -34,12 +34,16 @@ the folder is renamed into place (one atomic rename on the same file system). A 
 interrupted leaves no visible entry; the listing never shows a partial folder, and the next save or
 ``prune()`` removes those older than ``STALE_PARTIAL_S``.
 
-Damage: an entry whose manifest is missing, truncated or not of this format, or whose WAV files are
-missing or not the size the manifest recorded, is reported in ``HistoryListing.damaged`` and skipped;
-the others stay readable. Damaged entries still count towards the size cap and are pruned by age.
+Damage: an entry whose manifest is missing, truncated, not of this format or holds a field of the wrong
+type, a file name that is not a plain name, or whose WAV files are missing or not the size the manifest
+recorded, is reported in ``HistoryListing.damaged`` with the reason and skipped; the others stay
+readable, whatever one entry holds. A damaged entry is left as it is on disk (the user can delete it);
+it still counts towards the size cap and is pruned by age. A manifest without ``first_words`` takes
+them from its transcript.
 
-Permissions: every file gets ``app.files.FILE_MODE`` and every folder ``DIR_MODE`` (what the umask
-allows), as the rest of Parley's files.
+Permissions: the recordings and transcripts are private. The history folder and every entry are 0700,
+every file 0600, whatever the umask (``app.files.make_private``); opening the history tightens what an
+older version left wider. History → Export writes its copy privately too.
 
 Thread safety: one lock serialises ``save``, ``delete``, ``prune`` and ``export``; ``entries`` and
 ``load`` read without it (an entry appears or disappears by one rename, never half-way).
@@ -64,7 +68,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from app.files import UMASK, apply_file_mode
+from app.files import PRIVATE_DIR_MODE, make_private, make_private_folder
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ DEFAULT_MAX_BYTES: Final = 2 * 1024**3
 STALE_PARTIAL_S: Final = 3600.0
 """A partial folder this old belongs to a save that was interrupted (a save takes seconds at most)."""
 FIRST_WORDS_CHARS: Final = 80
-DIR_MODE: Final = 0o777 & ~UMASK
+DIR_MODE: Final = PRIVATE_DIR_MODE
 
 _ENTRY_NAME = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 _PARTIAL_PREFIX = ".partial-"
@@ -171,6 +175,7 @@ class ConversationHistory:
         self.max_bytes = int(max_bytes)
         self.enabled = enabled
         self._lock = threading.Lock()
+        self._tighten_permissions()
 
     # ------------------------------------------------------------------ writing
 
@@ -244,9 +249,23 @@ class ConversationHistory:
 
     def _make_folder(self) -> None:
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            make_private_folder(self.folder)
         except OSError as error:
             raise HistoryError(f"Could not create the history folder {self.folder}: {_reason(error)}") from error
+
+    def _tighten_permissions(self) -> None:
+        """Make the folder, every entry and every file in them private (earlier versions followed the umask)."""
+        if not self.folder.is_dir():
+            return
+        try:
+            make_private(self.folder)
+            for entry in self.folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    make_private(entry)
+                    for file in entry.iterdir():
+                        make_private(file)
+        except OSError as error:  # not ours to change (another owner, read-only volume): say so, go on
+            log.warning("Could not make the history in %s private: %s", self.folder, _reason(error))
 
     # ------------------------------------------------------------------ reading
 
@@ -259,6 +278,9 @@ class ConversationHistory:
             except HistoryError as error:
                 log.warning("Skipped a damaged history entry: %s", error)
                 listing.damaged.append(DamagedEntry(path.name, path, str(error)))
+            except Exception as error:  # a shape no check foresaw: still only this entry is affected
+                log.exception("Skipped a history entry that could not be read: %s", path)
+                listing.damaged.append(DamagedEntry(path.name, path, f"{path}: unreadable ({error!r})"))
         return listing
 
     def load(self, entry_id: str) -> LoadedConversation:
@@ -281,11 +303,9 @@ class ConversationHistory:
         if entry.has_profile:
             try:
                 profile = json.loads((path / PROFILE_JSON).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError, RecursionError) as error:
                 raise HistoryError(f"{path / PROFILE_JSON}: damaged ({_reason(error)})") from error
-        transcript = [
-            TranscriptLine(str(t["role"]), float(t["seconds"]), str(t["text"])) for t in manifest["transcript"]
-        ]
+        transcript = _transcript_lines(manifest)
         return LoadedConversation(entry, transcript, user, int(user_rate), assistant, int(assistant_rate), profile)
 
     def total_bytes(self) -> int:
@@ -379,12 +399,15 @@ class ConversationHistory:
                 raise HistoryError(f"{file}: missing")
             if file.stat().st_size != size:
                 raise HistoryError(f"{file}: {file.stat().st_size} bytes, {size} were written (truncated or changed)")
+        first_words = manifest.get("first_words")
+        if not isinstance(first_words, str):  # missing or of another type: the transcript has them
+            first_words = _first_words(_transcript_lines(manifest))
         return HistoryEntry(
             id=path.name,
             path=path,
             started=datetime.fromisoformat(manifest["started"]),
             duration_s=float(manifest["duration_s"]),
-            first_words=str(manifest["first_words"]),
+            first_words=first_words,
             size_bytes=_folder_bytes(path),
             has_profile=PROFILE_JSON in files,
             model=_optional_text(manifest, "model"),
@@ -414,26 +437,21 @@ def conversation_folder(parent: Path, started: datetime) -> Path:
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest with every field the history reads type-checked; raises ``HistoryError`` saying which is wrong."""
     manifest_path = path / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
         raise HistoryError(f"{manifest_path}: missing") from error
-    except (OSError, ValueError) as error:  # ValueError: truncated or not JSON, or not UTF-8
+    except RecursionError:
+        raise HistoryError(f"{manifest_path}: damaged (nested too deeply)") from None
+    except (OSError, ValueError) as error:  # ValueError: truncated or not JSON, not UTF-8, a number too long
         raise HistoryError(f"{manifest_path}: damaged ({_reason(error)})") from error
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise HistoryError(f"{manifest_path}: not a Parley conversation of this version")
-    try:
-        datetime.fromisoformat(manifest["started"])
-        float(manifest["duration_s"])
-        if not isinstance(manifest["files"], dict) or not isinstance(manifest["transcript"], list):
-            raise TypeError("files or transcript has the wrong type")
-        for line in manifest["transcript"]:
-            float(line["seconds"])
-            if not isinstance(line["role"], str) or not isinstance(line["text"], str):
-                raise TypeError("a transcript line has the wrong type")
-    except (KeyError, TypeError, ValueError) as error:
-        raise HistoryError(f"{manifest_path}: incomplete ({error!r})") from error
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise HistoryError(f"{manifest_path}: incomplete ({problem})")
     return manifest
 
 
@@ -443,6 +461,48 @@ def _optional_text(manifest: Mapping[str, Any], key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """What is wrong with the fields of a parsed manifest, or ``None``."""
+    started = manifest.get("started")
+    if not isinstance(started, str):
+        return "started is missing or not text"
+    try:
+        datetime.fromisoformat(started)
+    except ValueError:
+        return f"started is not a date ({started[:40]!r})"
+    if not _is_seconds(manifest.get("duration_s")):
+        return "duration_s is missing or not a number of seconds"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return "files is missing or not an object"
+    for name, size in files.items():
+        if name in ("", ".", "..") or any(char in name for char in "/\\\0"):
+            return f"files names {name[:40]!r}, which is not a file name in the entry"
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return f"the size of {name} is not a byte count"
+    transcript = manifest.get("transcript")
+    if not isinstance(transcript, list):
+        return "transcript is missing or not a list"
+    for number, line in enumerate(transcript, 1):
+        if not (
+            isinstance(line, dict)
+            and isinstance(line.get("role"), str)
+            and isinstance(line.get("text"), str)
+            and _is_seconds(line.get("seconds"))
+        ):
+            return f"transcript line {number} is not a role, a time and a text"
+    return None
+
+
+def _is_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1e9
+
+
+def _transcript_lines(manifest: dict[str, Any]) -> list[TranscriptLine]:
+    """The transcript of a manifest :func:`_read_manifest` checked."""
+    return [TranscriptLine(line["role"], float(line["seconds"]), line["text"]) for line in manifest["transcript"]]
+
+
 def _write_text(path: Path, text: str) -> None:
     with open(path, "w", encoding="utf-8", newline="") as stream:
         stream.write(text)
@@ -450,10 +510,10 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _finish_file(path: Path) -> int:
-    """Flush ``path`` to disk and give it the common mode; returns its size."""
+    """Flush ``path`` to disk and make it private; returns its size."""
     with open(path, "rb+") as stream:
         os.fsync(stream.fileno())
-    apply_file_mode(path)
+    make_private(path)
     return path.stat().st_size
 
 

@@ -8,11 +8,15 @@ every thread's stack) to ``crash.log``, and uncaught exceptions, on the main thr
 (``sys.excepthook``, which Qt also calls for exceptions in slots) or any other
 (``threading.excepthook``), go to the log with their traceback and to a callback that
 shows them to the user.
+
+The logs quote what was said (transcripts, device names, errors), so they are private: the log folder
+is 0700 and every log file, rotated ones included, 0600, whatever the umask.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import io
 import logging
 import logging.handlers
 import sys
@@ -23,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from .files import apply_file_mode
+from .files import make_private, make_private_folder
 from .paths import log_dir
 
 LOG_FILE = "parley.log"
@@ -44,16 +48,24 @@ def configure_logging(folder: Path | None = None, *, level: int = logging.INFO) 
     if any(getattr(h, "baseFilename", None) == str(path) for h in root.handlers):
         return path
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.handlers.RotatingFileHandler(
-            path, maxBytes=1 << 20, backupCount=5, encoding="utf-8"
-        )
-        apply_file_mode(path)
+        make_private_folder(folder)
+        handler: logging.Handler = _PrivateRotatingFileHandler(path, maxBytes=1 << 20, backupCount=5, encoding="utf-8")
+        for existing in folder.iterdir():  # logs an older version left readable
+            make_private(existing)
     except OSError:
         handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"))
     root.addHandler(handler)
     return path
+
+
+class _PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """Every file it opens (the first and each one after a rollover) is made private before a line is written."""
+
+    def _open(self) -> io.TextIOWrapper:
+        stream = super()._open()
+        make_private(Path(self.baseFilename))
+        return stream
 
 
 CrashReport = Callable[[str, str], None]
@@ -73,10 +85,10 @@ class CrashHandlers:
 
     def install(self) -> CrashHandlers:
         try:
-            self.crash_file.parent.mkdir(parents=True, exist_ok=True)
+            make_private_folder(self.crash_file.parent)
             # Kept open for the life of the process: faulthandler writes to it from a dying process.
             self._fault_stream = open(self.crash_file, "a", encoding="utf-8")  # noqa: SIM115
-            apply_file_mode(self.crash_file)
+            make_private(self.crash_file)
             faulthandler.enable(file=self._fault_stream, all_threads=True)
         except OSError:
             log.warning("Could not open %s for fatal-error reports", self.crash_file, exc_info=True)

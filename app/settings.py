@@ -1,14 +1,17 @@
 """User settings: one frozen dataclass, stored as JSON in the platform's user config folder.
 
-Loading never fails: a missing file gives the defaults; a corrupt or unreadable file is
-moved aside (``settings.json.corrupt``), the defaults are used and a warning is logged
-and returned so the window can show it. Unknown keys are ignored and missing keys take
-their defaults, so files written by older and newer versions both load. A value of the
-wrong type or outside its allowed set falls back to its default on its own, with a
-warning, and keeps the rest of the file.
+Loading never fails, whatever the file holds: a missing file gives the defaults; a file that
+cannot be read or parsed (not UTF-8, not JSON, numbers too long to read, nesting too deep) is
+moved aside (``settings.json.corrupt``, or ``settings.json.corrupt-<time>`` when that name is
+taken: a kept file is never overwritten), the defaults are used and a warning naming both files
+is logged and returned so the window shows it in a banner. Unknown keys are ignored and missing
+keys take their defaults, so files written by older and newer versions both load. A value of the
+wrong type or outside its allowed set (a 400-digit volume, a list where text belongs) falls back
+to its default on its own, with a warning, and keeps the rest of the file; a copy of the file as
+it was is kept aside the same way, since the next save writes the repaired values.
 
 Saving writes a temporary file in the same folder and renames it over the old one, so
-a crash or a full disk never leaves a half-written file behind.
+a crash or a full disk never leaves a half-written file behind; the file is private (0600).
 
 ``Settings`` is immutable, so one instance can be read from any thread; changes make a
 new instance (``dataclasses.replace`` or :meth:`Settings.with_changes`).
@@ -20,11 +23,13 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from .files import write_text_file
+from .files import write_private_text_file
 from .paths import config_dir
 from .variants import MODEL_VARIANTS, variant
 
@@ -165,7 +170,7 @@ class Settings:
             try:
                 values[item.name] = _coerce(item.name, data[item.name])
                 dataclasses.replace(defaults, **{item.name: values[item.name]})  # validate this field alone
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: a number too large for a float
                 values.pop(item.name, None)
                 problems.append(f"{item.name}: {exc}; using the default ({default!r})")
         return cls(**values), problems
@@ -204,12 +209,21 @@ def load_settings(path: Path | None = None) -> SettingsLoad:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         return SettingsLoad(Settings(), _set_aside(path, f"is not valid JSON ({exc})"))
+    except RecursionError:
+        return SettingsLoad(Settings(), _set_aside(path, "is nested too deeply to read"))
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (4,300)
+        return SettingsLoad(Settings(), _set_aside(path, f"cannot be read ({exc})"))
     if not isinstance(data, dict):
         return SettingsLoad(Settings(), _set_aside(path, f"holds a JSON {type(data).__name__}, not an object"))
-    settings, problems = Settings.from_dict(data)
+    try:
+        settings, problems = Settings.from_dict(data)
+    except Exception as exc:  # a shape no field check foresaw: loading still must not fail
+        log.exception("Unexpected content in %s", path)
+        return SettingsLoad(Settings(), _set_aside(path, f"holds something unexpected ({type(exc).__name__})"))
     if not problems:
         return SettingsLoad(settings, None)
-    warning = f"Some settings in {path} were invalid and were reset: " + "; ".join(problems)
+    kept = _keep_copy(path)
+    warning = f"Some settings in {path} were invalid and were reset: " + "; ".join(problems) + f". {kept}"
     log.warning(warning)
     return SettingsLoad(settings, warning)
 
@@ -222,7 +236,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     path = default_settings_path() if path is None else path
     text = json.dumps(settings.to_dict(), indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_file(path, text)
+    return write_private_text_file(path, text)
 
 
 def _migrate(data: dict[str, Any]) -> dict[str, Any]:
@@ -248,12 +262,12 @@ def _coerce(name: str, value: Any) -> Any:
         for key, folder in value.items():
             if not isinstance(folder, str) or not folder:
                 raise TypeError(f"expected a folder path for {key!r}, got {type(folder).__name__}")
-            folders[key] = Path(folder)
+            folders[key] = Path(_text(folder))
         return folders
     if name in ("input_device", "output_device", "window_geometry", "active_variant"):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"expected text or null, got {type(value).__name__}")
-        return value
+        return None if value is None else _text(value)
     if name in (
         "idle_pause",
         "ducking",
@@ -273,17 +287,41 @@ def _coerce(name: str, value: Any) -> Any:
         return float(value)
     if not isinstance(value, str):
         raise TypeError(f"expected text, got {type(value).__name__}")
+    return _text(value)
+
+
+def _text(value: str) -> str:
+    if "\0" in value:  # no file name, device or key name holds one; the system calls would refuse it
+        raise ValueError("the text holds a NUL character")
     return value
 
 
-def _set_aside(path: Path, problem: str) -> str:
-    """Move a bad settings file to ``<name>.corrupt``; returns the warning for the user."""
+def _aside_path(path: Path) -> Path:
+    """``<name>.corrupt``, or ``<name>.corrupt-<time>`` when that is taken: a file kept aside is never replaced."""
     aside = path.with_name(path.name + ".corrupt")
+    if aside.exists():
+        aside = path.with_name(f"{path.name}.corrupt-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    return aside
+
+
+def _set_aside(path: Path, problem: str) -> str:
+    """Move a bad settings file aside (:func:`_aside_path`); returns the warning for the user."""
+    aside = _aside_path(path)
     try:
-        os.replace(path, aside)
+        os.rename(path, aside)
         kept = f"it was kept as {aside}"
     except OSError as exc:
         kept = f"it could not be moved aside ({exc}) and will be overwritten on the next save"
     warning = f"The settings file {path} {problem}; the defaults are in use and {kept}."
     log.warning(warning)
     return warning
+
+
+def _keep_copy(path: Path) -> str:
+    """Copy a settings file with invalid values aside before the next save replaces it; says where, for the user."""
+    aside = _aside_path(path)
+    try:
+        shutil.copyfile(path, aside)
+    except OSError as exc:
+        return f"The file could not be copied aside ({exc})."
+    return f"The file as it was is kept as {aside}."

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app import controller as controller_module
@@ -250,7 +251,16 @@ def test_hands_free_hands_the_streams_a_canceller_and_the_state_says_so(make, ti
     assert status.state in (AppState.LISTENING, AppState.SPEAKING) and status.detail == HANDS_FREE
     assert controller.diagnostics()["Hands-free"].startswith("on:")
     stats = [m for m in messages if getattr(m, "echo", None) is not None]
-    assert stats and stats[-1].echo.reference_share >= 0.0  # type: ignore[attr-defined]
+    assert stats, "frame stats carry the canceller's figures in hands-free"
+    # The scripted streams never run the canceller, so drive it here: 0.5 s of microphone while the speaker
+    # plays, then 0.5 s with nothing played. The overlay's share must be what the canceller measured: half.
+    canceller.feed_playback(np.full(22_050, 0.1, np.float32), rate=22_050, dac_time=100.0)
+    canceller.clean_capture(np.zeros(8_000, np.float32), adc_time=100.2)
+    canceller.clean_capture(np.zeros(8_000, np.float32), adc_time=102.0)
+    assert (canceller.stats.blocks, canceller.stats.reference_blocks) == (100, 50)
+    echoed = wait_for(controller, lambda seen: any(getattr(m, "echo", None) is not None for m in seen))
+    summary = [m for m in echoed if getattr(m, "echo", None) is not None][-1].echo  # type: ignore[attr-defined]
+    assert summary.reference_share == pytest.approx(0.5) and summary.cost_ms_per_frame > 0.0
 
     controller.apply_settings(controller.settings.with_changes(hands_free=False))
     assert controller.audio.cancellers == [canceller, None]

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -33,6 +35,7 @@ from engine.errors import (
     TensorMismatchError,
     TokenizerError,
 )
+from engine.loading import checkpoint as engine_checkpoint
 from engine.loading import memory as engine_memory
 from engine.loading.random_checkpoint import build_tokenizer
 from engine.model import load_voicechat
@@ -56,6 +59,57 @@ def edit_config(root: Path, **changes: object) -> None:
     config = json.loads((root / "config.json").read_text())
     config.update(changes)
     (root / "config.json").write_text(json.dumps(config))
+
+
+DELETE = object()
+
+
+def edit_config_at(root: Path, keys: tuple[str, ...], value: object) -> None:
+    """Set (or, with ``DELETE``, remove) one nested value of ``config.json``."""
+    config = json.loads((root / "config.json").read_text())
+    section = config
+    for key in keys[:-1]:
+        section = section[key]
+    if value is DELETE:
+        del section[keys[-1]]
+    else:
+        section[keys[-1]] = value
+    if keys[0] == "quantization":
+        config["quantization_config"] = config["quantization"]
+    (root / "config.json").write_text(json.dumps(config))
+
+
+def replace_in_config(root: Path, old: str, new: str) -> None:
+    """Edit ``config.json`` as text: for values ``json.dumps`` cannot write (numbers of 5,000 digits)."""
+    text = (root / "config.json").read_text()
+    assert old in text
+    (root / "config.json").write_text(text.replace(old, new, 1))
+
+
+def edit_header(path: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Let ``edit`` change a shard's safetensors header; the tensor data stays byte for byte."""
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    edit(header)
+    encoded = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + data[8 + length :])
+
+
+def same_offsets(header: dict[str, Any], first: str, second: str) -> None:
+    """Point ``second`` at ``first``'s bytes: the header then declares more data than the file holds."""
+    header[second]["data_offsets"] = header[first]["data_offsets"]
+    header[second]["shape"], header[second]["dtype"] = header[first]["shape"], header[first]["dtype"]
+
+
+def rename_shard(root: Path, tensor: str, new_name: str) -> None:
+    """Give the shard holding ``tensor`` another file name (the index follows)."""
+    old = shard_with(root, tensor)
+    old.rename(root / new_name)
+    index_path = root / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {k: new_name if v == old.name else v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
 
 
 def remove_tensor(root: Path, name: str) -> None:
@@ -94,6 +148,7 @@ def tokenizer_without_single_characters(root: Path) -> None:
 
 
 LM_HEAD = "stt_model.lm_head.weight"
+FUNCTION_HEAD = "stt_model.function_head.weight"  # the same shape as the LM head, in the same shard
 MOG_LOGITS = "tts_model.tts_model.mog_head.proj_logits.weight"
 MIXER_OUT = "stt_model.llm.layers.0.mixer.out_proj.weight"
 
@@ -206,6 +261,140 @@ BAD_CHECKPOINTS = [
         TensorMismatchError,
         "stt_model",
     ),
+    # Wrongly typed config fields: the message names config.json and the field.
+    BadCheckpoint(
+        "hidden_size as text",
+        lambda root: edit_config_at(root, ("text_config", "hidden_size"), "64"),
+        ConfigError,
+        r"config\.json: text_config\.hidden_size must be a whole number, got the text '64'",
+    ),
+    BadCheckpoint(
+        "n_layers 2.5",
+        lambda root: edit_config_at(root, ("audio_config", "encoder", "n_layers"), 2.5),
+        ConfigError,
+        r"config\.json: audio_config\.encoder\.n_layers must be a whole number, got 2\.5",
+    ),
+    BadCheckpoint(
+        "quantization bits as text",
+        lambda root: edit_config_at(root, ("quantization", "bits"), "four"),
+        ConfigError,
+        r"config\.json: quantization\.bits must be a whole number, got the text 'four'",
+        quantize=4,
+    ),
+    BadCheckpoint(
+        "quantization without bits",
+        lambda root: edit_config_at(root, ("quantization", "bits"), DELETE),
+        ConfigError,
+        r"config\.json: quantization lacks 'bits'",
+        quantize=4,
+    ),
+    BadCheckpoint(
+        "module quantization bits as text",
+        lambda root: edit_config_at(root, ("quantization", "stt_model.lm_head", "bits"), [4]),
+        ConfigError,
+        r"config\.json: quantization\.stt_model\.lm_head\.bits must be a whole number, got a JSON array",
+        quantize=4,
+    ),
+    BadCheckpoint(
+        "unknown block letter",
+        lambda root: edit_config_at(root, ("text_config", "hybrid_override_pattern"), "M-X*M-M"),
+        ConfigError,
+        r"config\.json: text_config\.hybrid_override_pattern .* unknown block letter 'X'",
+    ),
+    BadCheckpoint(
+        "a list where a number belongs",
+        lambda root: edit_config_at(root, ("codec_config", "downsample_rates"), ["7", 7, 9]),
+        ConfigError,
+        r"config\.json: codec_config\.downsample_rates\[0\] must be a whole number, got the text '7'",
+    ),
+    BadCheckpoint(
+        "a layer count that would stall loading",
+        lambda root: edit_config_at(root, ("tts_config", "num_hidden_layers"), 10**9),
+        ConfigError,
+        r"config\.json: tts_config\.num_hidden_layers must be between 1 and 1024, got 1000000000",
+    ),
+    BadCheckpoint(
+        "400-digit number",
+        lambda root: edit_config_at(root, ("audio_config", "output_dim"), 10**400),
+        ConfigError,
+        r"config\.json: audio_config\.output_dim must be between 1 and 2147483647, got a 401-digit number",
+    ),
+    BadCheckpoint(
+        "5000-digit number",
+        lambda root: replace_in_config(root, '"hidden_size": 64', '"hidden_size": ' + "9" * 5000),
+        ConfigError,
+        r"config\.json: unreadable config \(Exceeds the limit",
+    ),
+    BadCheckpoint(
+        "config nested 100,000 deep",
+        lambda root: replace_in_config(root, '"speaker": "Aria"', '"speaker": ' + "[" * 100_000 + "]" * 100_000),
+        ConfigError,
+        r"config\.json: unreadable config \(nested too deeply\)",
+    ),
+    BadCheckpoint(
+        "frame_duration 0",
+        lambda root: edit_config_at(root, ("frame_duration",), 0),
+        ConfigError,
+        r"config\.json: frame_duration must be a positive number, got 0",
+    ),
+    # Wrongly typed header entries: the message names the shard, the tensor and the field.
+    BadCheckpoint(
+        "data_offsets as text",
+        lambda root: edit_header(
+            shard_with(root, LM_HEAD), lambda h: h[LM_HEAD].__setitem__("data_offsets", ["0", "131072"])
+        ),
+        ShardError,
+        rf"{{shard}}: tensor '{LM_HEAD}': data_offsets must be two whole numbers \[start, end\], got \[\"0\"",
+    ),
+    BadCheckpoint(
+        "dtype as a list",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: h[LM_HEAD].__setitem__("dtype", ["BF16"])),
+        ShardError,
+        rf"{{shard}}: tensor '{LM_HEAD}': dtype must be one of .*, got \[\"BF16\"\]",
+    ),
+    BadCheckpoint(
+        "shape as text",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: h[LM_HEAD].__setitem__("shape", "1024x64")),
+        ShardError,
+        rf"{{shard}}: tensor '{LM_HEAD}': shape must be a list of whole numbers",
+    ),
+    BadCheckpoint(
+        "header entry without data_offsets",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: h[LM_HEAD].pop("data_offsets")),
+        ShardError,
+        rf"{{shard}}: tensor '{LM_HEAD}': data_offsets is missing",
+    ),
+    BadCheckpoint(
+        "header entry that is a number",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: h.__setitem__(LM_HEAD, 5)),
+        ShardError,
+        rf"{{shard}}: tensor '{LM_HEAD}': the header entry is not an object",
+    ),
+    BadCheckpoint(
+        "metadata that is not text",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: h.__setitem__("__metadata__", {"format": 5})),
+        ShardError,
+        r"{shard}: corrupt safetensors header \(__metadata__ must map names to text\)",
+    ),
+    # Declared sizes against each other and against the file: the memory check counts what the header declares.
+    BadCheckpoint(
+        "overlapping data_offsets (declares more bytes than the file holds)",
+        lambda root: edit_header(shard_with(root, LM_HEAD), lambda h: same_offsets(h, LM_HEAD, FUNCTION_HEAD)),
+        ShardError,
+        r"{shard}: tensors '.+' and '.+' overlap",
+    ),
+    BadCheckpoint(
+        "bytes no tensor claims",
+        lambda root: shard_with(root, LM_HEAD).open("ab").write(b"\0" * 1000),
+        ShardError,
+        r"{shard}: the header declares [\d,]+ bytes of tensor data but the file holds [\d,]+",
+    ),
+    BadCheckpoint(
+        "shard named outside the folder",
+        lambda root: rename_shard(root, LM_HEAD, "../elsewhere.safetensors"),
+        ShardError,
+        r"model\.safetensors\.index\.json: weight_map names the shard \"\.\./elsewhere\.safetensors\"",
+    ),
 ]
 
 
@@ -217,6 +406,35 @@ def test_bad_checkpoint_gives_a_specific_error(case: BadCheckpoint, checkpoint_f
     case.damage(root)
     with pytest.raises(case.error, match=case.message.replace("{shard}", re.escape(shard))):
         load_voicechat(root)
+
+
+@pytest.mark.parametrize("name", ["model-00001-of-00003.gguf", "weights.npz"])
+def test_the_loader_is_chosen_by_what_the_file_is_not_its_name(
+    name: str, checkpoint_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A shard checked as safetensors is read as safetensors, never by MLX's GGUF or NPZ parser."""
+    root = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint_factory(None, 0), root)
+    rename_shard(root, LM_HEAD, name)
+    model = load_voicechat(root, lazy=True)
+    assert model.nbytes == sum(t.nbytes for t in engine_checkpoint.open_checkpoint(root).tensors.values())
+
+
+def test_the_memory_check_counts_the_bytes_the_headers_declare(tiny_q4: Path) -> None:
+    files = engine_checkpoint.open_checkpoint(tiny_q4)
+    declared = 0
+    for shard in files.shards:
+        data = shard.read_bytes()
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+        declared += sum(
+            end - start
+            for name, entry in header.items()
+            if name != "__metadata__"
+            for start, end in [entry["data_offsets"]]
+        )
+    on_disk = sum(path.stat().st_size for path in files.shards)
+    assert files.nbytes == declared < on_disk  # the headers are not tensor data
 
 
 def test_checkpoint_too_big_for_this_machine_names_both_sizes(tiny_q4: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +464,34 @@ def test_bad_checkpoint_on_the_command_line_exits_2_with_the_message(
     edit_config(root, model_type="llama")
     assert parley(["run", "--model", str(root), "--audio", str(question_wav)]) == 2
     assert "model_type is 'llama'" in capsys.readouterr().err
+
+
+HOSTILE_ON_THE_COMMAND_LINE = [
+    "hidden_size as text",
+    "quantization without bits",
+    "unknown block letter",
+    "5000-digit number",
+    "data_offsets as text",
+    "dtype as a list",
+    "overlapping data_offsets (declares more bytes than the file holds)",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_ON_THE_COMMAND_LINE)
+def test_hostile_checkpoint_on_the_command_line_exits_2_with_one_line(
+    name: str, checkpoint_factory: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (case,) = [case for case in BAD_CHECKPOINTS if case.name == name]
+    root = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint_factory(case.quantize, 0), root)
+    shard = shard_with(root, case.shard_of).name
+    case.damage(root)
+    audio = tmp_path / "input.wav"
+    write_speech(audio)
+    assert parley(["run", "--model", str(root), "--audio", str(audio)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("parley: "), err
+    assert re.search(case.message.replace("{shard}", re.escape(shard)), err), err
 
 
 # --------------------------------------------------------------------------- audio files

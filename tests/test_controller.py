@@ -215,9 +215,9 @@ def test_export_covers_every_conversation_each_marked_with_its_reply_delays(make
     controller.apply_settings(controller.settings.with_changes(theme="dark"))  # writes settings.json
     modes = {p.name: p.stat().st_mode & 0o777 for p in [*paths, *saved, controller._settings_path]}
     assert len(set(modes.values())) == 1, f"every written file gets the same permissions: {modes}"
-    from app.files import FILE_MODE
+    from app.files import PRIVATE_FILE_MODE
 
-    assert set(modes.values()) == {FILE_MODE}
+    assert set(modes.values()) == {PRIVATE_FILE_MODE}
 
 
 def test_nothing_to_export_or_save_is_a_message_and_no_file(make_controller, tiny_q4, tmp_path):
@@ -287,14 +287,17 @@ def test_idle_pause_and_resume(make_controller, tiny_q4, monkeypatch):
     wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
 
 
-def test_assistant_text_reaches_the_ui_and_transcript(make_controller, tiny_q4):
+def test_assistant_text_reaches_the_ui_and_transcript(make_controller, tiny_q4, tmp_path):
     controller = make_controller(q4(tiny_q4))
     controller.start()
     wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen))
     controller.set_talking(True)
     messages = wait_for(controller, lambda seen: any(isinstance(m, AssistantTextDelta) for m in seen))
     assert controller.transcript.entries and controller.transcript.entries[0].role in ("assistant", "user")
-    assert isinstance(Path(controller.log_dir()), Path) and messages
+    said = "".join(m.delta for m in messages if isinstance(m, AssistantTextDelta))
+    written = "".join(e.text for e in controller.transcript.entries if e.role == "assistant")
+    assert said and written.startswith(said), "the text the UI got is the transcript's"
+    assert Path(controller.log_dir()) == tmp_path / "logs" and (tmp_path / "logs" / "parley.log").is_file()
 
 
 def test_conversation_length_limit_stops_the_timeline_and_a_new_conversation_restarts_it(make_controller, tiny_q4):

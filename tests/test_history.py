@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,7 +14,6 @@ import numpy as np
 import pytest
 
 from app import history as history_module
-from app.files import FILE_MODE
 from app.history import (
     DIR_MODE,
     ConversationHistory,
@@ -75,15 +75,40 @@ def test_a_saved_conversation_is_listed_and_loads_back(tmp_path: Path) -> None:
     assert "**[00:00.25] user:** What is the capital of France?" in transcript
 
 
-def test_files_and_folders_get_the_common_permissions(tmp_path: Path) -> None:
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """Umask 0: every file and folder would be readable and writable by everyone unless Parley says otherwise."""
+    previous = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+@pytest.mark.usefixtures("permissive_umask")
+def test_the_history_is_private_whatever_the_umask(tmp_path: Path) -> None:
     history = ConversationHistory(tmp_path / "history")
     entry = history.save(record())
     assert entry is not None
-    assert mode(entry.path) == DIR_MODE
+    assert mode(tmp_path / "history") == mode(entry.path) == DIR_MODE == 0o700
     names = {path.name for path in entry.path.iterdir()}
     assert names == {"conversation.json", "user.wav", "assistant.wav", "transcript.md", "profile.json"}
     for path in entry.path.iterdir():
-        assert mode(path) == FILE_MODE, path.name
+        assert mode(path) == 0o600, path.name
+
+
+def test_a_history_left_readable_by_an_older_version_is_made_private_when_opened(tmp_path: Path) -> None:
+    entry = ConversationHistory(tmp_path / "history").save(record())
+    assert entry is not None
+    for path in (tmp_path / "history", entry.path):
+        path.chmod(0o755)
+    for path in entry.path.iterdir():
+        path.chmod(0o644)
+
+    ConversationHistory(tmp_path / "history")
+
+    assert mode(tmp_path / "history") == mode(entry.path) == 0o700
+    assert {mode(path) for path in entry.path.iterdir()} == {0o600}
 
 
 def test_newest_first_with_date_duration_and_first_words(tmp_path: Path) -> None:
@@ -189,6 +214,93 @@ def test_a_damaged_entry_is_skipped_with_a_warning_and_the_others_stay_readable(
     assert not history.entries().damaged
 
 
+def set_field(manifest: dict[str, object], key: str, value: object) -> None:
+    manifest[key] = value
+
+
+HOSTILE_MANIFESTS = {
+    "started as a number": (lambda m: set_field(m, "started", 20261130), "started is missing or not text"),
+    "started not a date": (lambda m: set_field(m, "started", "yesterday"), "started is not a date"),
+    "duration as text": (lambda m: set_field(m, "duration_s", "3 s"), "duration_s is missing"),
+    "duration of 400 digits": (lambda m: set_field(m, "duration_s", 10**400), "duration_s is missing"),
+    "files as a list": (lambda m: set_field(m, "files", ["user.wav"]), "files is missing or not an object"),
+    "file name outside the entry": (
+        lambda m: set_field(m, "files", {**m["files"], "../../secret": 10}),  # type: ignore[dict-item]
+        "which is not a file name in the entry",
+    ),
+    "file name with NUL": (
+        lambda m: set_field(m, "files", {**m["files"], "user\0.wav": 10}),  # type: ignore[dict-item]
+        "which is not a file name in the entry",
+    ),
+    "size as text": (
+        lambda m: set_field(m, "files", {**m["files"], "user.wav": "46 MB"}),  # type: ignore[dict-item]
+        "the size of user.wav is not a byte count",
+    ),
+    "transcript line not an object": (lambda m: set_field(m, "transcript", ["hello"]), "transcript line 1"),
+    "transcript time as text": (
+        lambda m: set_field(m, "transcript", [{"role": "user", "seconds": "0.25", "text": "hi"}]),
+        "transcript line 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", HOSTILE_MANIFESTS, ids=list(HOSTILE_MANIFESTS))
+def test_a_manifest_with_a_hostile_field_is_listed_as_damaged_and_hides_nothing(tmp_path: Path, damage: str) -> None:
+    edit, reason = HOSTILE_MANIFESTS[damage]
+    history = ConversationHistory(tmp_path)
+    older = history.save(record(T0))
+    broken = history.save(record(T0 + timedelta(minutes=1)))
+    newer = history.save(record(T0 + timedelta(minutes=2)))
+    assert older and broken and newer
+    manifest_path = broken.path / "conversation.json"
+    manifest = json.loads(manifest_path.read_text())
+    edit(manifest)
+    kept = json.dumps(manifest)
+    manifest_path.write_text(kept)
+
+    listing = history.entries()
+
+    assert [e.id for e in listing.entries] == [newer.id, older.id]
+    assert [d.id for d in listing.damaged] == [broken.id] and reason in listing.damaged[0].reason
+    assert manifest_path.read_text() == kept, "the damaged manifest is kept as it was"
+    with pytest.raises(HistoryError, match="incomplete"):
+        history.load(broken.id)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe garbage", b"[" * 100_000 + b"]" * 100_000, b'{"duration_s": ' + b"9" * 5000 + b"}", b"null"],
+    ids=["not-utf8", "nested-100000-deep", "5000-digit-number", "null"],
+)
+def test_a_garbage_manifest_is_listed_as_damaged_and_hides_nothing(tmp_path: Path, content: bytes) -> None:
+    history = ConversationHistory(tmp_path)
+    good = history.save(record(T0))
+    broken = history.save(record(T0 + timedelta(minutes=1)))
+    assert good and broken
+    (broken.path / "conversation.json").write_bytes(content)
+
+    listing = history.entries()
+
+    assert [e.id for e in listing.entries] == [good.id]
+    assert [d.id for d in listing.damaged] == [broken.id]
+    assert (broken.path / "conversation.json").read_bytes() == content
+
+
+def test_a_manifest_without_first_words_is_listed_with_them_from_its_transcript(tmp_path: Path) -> None:
+    history = ConversationHistory(tmp_path)
+    entry = history.save(record(T0, words="Where is the Louvre?"))
+    assert entry is not None
+    manifest_path = entry.path / "conversation.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["first_words"]
+    manifest_path.write_text(json.dumps(manifest))
+
+    listing = history.entries()
+
+    assert [(e.id, e.first_words) for e in listing.entries] == [(entry.id, "Where is the Louvre?")]
+    assert not listing.damaged
+
+
 def test_an_interrupted_save_leaves_no_entry_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     history = ConversationHistory(tmp_path)
     kept = history.save(record(T0))
@@ -253,8 +365,8 @@ def test_export_copies_one_entry_into_a_new_folder(tmp_path: Path) -> None:
     assert first[0].parent != second[0].parent and second[0].parent.name.endswith("(2)")
     for path in first:
         assert path.read_bytes() == (entry.path / path.name).read_bytes()
-        assert mode(path) == FILE_MODE
-    assert mode(first[0].parent) == DIR_MODE
+        assert mode(path) == 0o600  # an export holds the same recordings: private too
+    assert mode(first[0].parent) == 0o700
     assert not [p for p in destination.iterdir() if p.name.startswith(".")]
 
 

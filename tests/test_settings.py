@@ -209,3 +209,72 @@ def test_invalid_new_values_fall_back_one_by_one(tmp_path: Path) -> None:
     assert warning is not None
     for name in ("numerics", "history_limit_gb", "hands_free", "global_talk_key"):
         assert name in warning
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b'{"volume": 0.5, "theme": ' + b"9" * 5000 + b"}", "cannot be read (Exceeds the limit"),
+        (b'{"theme": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+        (b'{"theme": "dark"', "is not valid JSON"),
+        (b"null", "holds a JSON NoneType"),
+    ],
+    ids=["5000-digit-number", "nested-100000-deep", "truncated", "null"],
+)
+def test_unreadable_content_never_stops_loading_and_the_file_is_kept_aside(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "settings.json"
+    (tmp_path / "settings.json.corrupt").write_bytes(b"an older damaged file")  # must survive too
+    path.write_bytes(content)
+
+    loaded, warning = load_settings(path)
+
+    assert loaded == Settings()
+    assert warning is not None and str(path) in warning and problem in warning
+    (kept,) = tmp_path.glob("settings.json.corrupt-*")
+    assert kept.read_bytes() == content and str(kept) in warning
+    assert (tmp_path / "settings.json.corrupt").read_bytes() == b"an older damaged file"
+    assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"volume": 10**400}, "volume"),
+        ({"history_limit_gb": -(10**300)}, "history_limit_gb"),
+        ({"idle_pause_delay_s": [1, 2]}, "idle_pause_delay_s"),
+        ({"checkpoints": {"4bit": "/models/a\0b"}}, "checkpoints"),
+        ({"checkpoints": ["/models/4bit"]}, "checkpoints"),
+        ({"talk_key": {"key": "F5"}}, "talk_key"),
+        ({"input_device": "Mic\0"}, "input_device"),
+        ({"active_variant": ["4bit"]}, "active_variant"),
+        ({"checkpoint_4bit": {"deep": [1]}, "active_variant": "4bit"}, "checkpoints"),
+    ],
+    ids=[
+        "400-digit",
+        "huge-negative",
+        "list",
+        "nul-path",
+        "list-of-paths",
+        "object",
+        "nul-device",
+        "list-variant",
+        "v1",
+    ],
+)
+def test_hostile_values_fall_back_one_by_one_and_a_copy_is_kept(
+    tmp_path: Path, data: dict[str, object], field: str
+) -> None:
+    path = tmp_path / "settings.json"
+    text = json.dumps({**data, "theme": "dark", "talk_mode": "toggle"})
+    path.write_text(text, encoding="utf-8")
+
+    loaded, warning = load_settings(path)
+
+    assert loaded.theme == "dark" and loaded.talk_mode == "toggle", "the good values are kept"
+    assert getattr(loaded, field) == getattr(Settings(), field)
+    assert warning is not None and str(path) in warning and f"{field}:" in warning
+    kept = tmp_path / "settings.json.corrupt"
+    assert kept.read_text(encoding="utf-8") == text and str(kept) in warning
+    assert path.read_text(encoding="utf-8") == text, "the file itself stays until the next save"

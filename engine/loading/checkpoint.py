@@ -11,6 +11,7 @@ twice or held twice.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -59,6 +60,7 @@ class StoredTensor:
     file: Path
     dtype: str
     shape: tuple[int, ...]
+    nbytes: int  # as the header declares it (checked against the file)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class CheckpointFiles:
 
     @property
     def nbytes(self) -> int:
-        return sum(path.stat().st_size for path in self.shards)
+        """Bytes of tensor data the headers declare (checked to cover each shard's data exactly)."""
+        return sum(tensor.nbytes for tensor in self.tensors.values())
 
 
 # --------------------------------------------------------------------------- config
@@ -86,7 +89,9 @@ def read_config(root: Path) -> tuple[VoiceChatConfig, dict[str, Any]]:
         raise ConfigError(f"{path}: config.json is missing; this folder is not a VoiceChat checkpoint")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ConfigError(f"{path}: unreadable config (nested too deeply)") from None
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON, or a number too long to read
         raise ConfigError(f"{path}: unreadable config ({exc})") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object, found {type(raw).__name__}")
@@ -106,7 +111,12 @@ def read_config(root: Path) -> tuple[VoiceChatConfig, dict[str, Any]]:
 
 
 def read_safetensors_header(path: Path) -> dict[str, StoredTensor]:
-    """Parse a shard header and check that the file holds every byte it declares."""
+    """Parse a shard header, check every entry's type, and check that the entries cover the file's data exactly.
+
+    The data section must be laid out as the safetensors format requires: each tensor's byte range matches its
+    dtype and shape, ranges do not overlap, and together they fill every data byte of the file, so the sizes the
+    header declares are the bytes on disk (what the memory check counts).
+    """
     try:
         size = path.stat().st_size
         with path.open("rb") as handle:
@@ -119,32 +129,91 @@ def read_safetensors_header(path: Path) -> dict[str, StoredTensor]:
             header_bytes = handle.read(header_len)
     except OSError as exc:
         raise ShardError(f"{path}: cannot read shard ({exc})") from exc
+    if not header_bytes.startswith(b"{"):
+        raise ShardError(f"{path}: corrupt safetensors header (not a safetensors file)")
     try:
-        header = json.loads(header_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = json.loads(header_bytes, object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:
+        raise ShardError(f"{path}: corrupt safetensors header (nested too deeply)") from None
+    except ValueError as exc:  # not UTF-8, not JSON, a repeated name, or a number too long to read
         raise ShardError(f"{path}: corrupt safetensors header ({exc})") from exc
     if not isinstance(header, dict):
         raise ShardError(f"{path}: corrupt safetensors header (not an object)")
+    metadata = header.get("__metadata__")
+    if metadata is not None and (  # MLX writes null when there is none
+        not isinstance(metadata, dict) or not all(isinstance(value, str) for value in metadata.values())
+    ):
+        raise ShardError(f"{path}: corrupt safetensors header (__metadata__ must map names to text)")
 
     data_bytes = size - 8 - header_len
     tensors: dict[str, StoredTensor] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (start, end) = entry["dtype"], tuple(int(d) for d in entry["shape"]), entry["data_offsets"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ShardError(f"{path}: corrupt header entry for tensor {name!r}") from exc
-        expected = math.prod(shape) * _DTYPE_BYTES.get(dtype, 0)
-        if dtype not in _DTYPE_BYTES or end - start != expected or start < 0:
-            raise ShardError(f"{path}: tensor {name!r} has an inconsistent header entry ({dtype} {list(shape)})")
+        start, end, stored = _header_entry(path, name, entry)
         if end > data_bytes:
             raise ShardError(
                 f"{path}: truncated: tensor {name!r} needs bytes up to {end:,} but the file holds "
                 f"{data_bytes:,} data bytes (incomplete download?)"
             )
-        tensors[name] = StoredTensor(name, path, dtype, shape)
+        ranges.append((start, end, name))
+        tensors[name] = stored
+    ordered = sorted(ranges)
+    for (_, end, first), (start, _, second) in itertools.pairwise(ordered):
+        if start < end:
+            raise ShardError(f"{path}: tensors {first!r} and {second!r} overlap (their data_offsets share bytes)")
+    covered = sum(end - start for start, end, _ in ranges)  # without overlaps, the bytes the tensors fill
+    if covered != data_bytes:
+        raise ShardError(
+            f"{path}: the header declares {covered:,} bytes of tensor data but the file holds {data_bytes:,}"
+        )
     return tensors
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        repeated = next(name for name in names if names.count(name) > 1)
+        raise ValueError(f"{repeated!r} appears twice")
+    return dict(pairs)
+
+
+def _header_entry(path: Path, name: str, entry: Any) -> tuple[int, int, StoredTensor]:
+    """One tensor's header entry, every field type-checked: ``(start, end, tensor)``."""
+
+    def bad(field: str, problem: str) -> ShardError:
+        return ShardError(f"{path}: tensor {name!r}: {field} {problem}")
+
+    if not isinstance(entry, dict):
+        raise bad("the header entry", "is not an object")
+    for field in ("dtype", "shape", "data_offsets"):
+        if field not in entry:
+            raise bad(field, "is missing")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
+        raise bad("dtype", f"must be one of {', '.join(sorted(_DTYPE_BYTES))}, got {_shown(dtype)}")
+    if not isinstance(shape, list) or not all(_is_count(dim) for dim in shape):
+        raise bad("shape", f"must be a list of whole numbers, got {_shown(shape)}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(offset) for offset in offsets)):
+        raise bad("data_offsets", f"must be two whole numbers [start, end], got {_shown(offsets)}")
+    start, end = offsets
+    expected = math.prod(shape) * _DTYPE_BYTES[dtype]
+    if end - start != expected:
+        raise ShardError(
+            f"{path}: tensor {name!r} has an inconsistent header entry ({dtype} {list(shape)} needs {expected:,} "
+            f"bytes, data_offsets span {end - start:,})"
+        )
+    return start, end, StoredTensor(name, path, dtype, tuple(shape), expected)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _shard_paths(root: Path) -> tuple[tuple[Path, ...], dict[str, str] | None]:
@@ -152,9 +221,19 @@ def _shard_paths(root: Path) -> tuple[tuple[Path, ...], dict[str, str] | None]:
     if index_path.is_file():
         try:
             index = json.loads(index_path.read_text(encoding="utf-8"))
-            weight_map = dict(index["weight_map"])
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ShardError(f"{index_path}: unreadable shard index ({exc})") from exc
+            weight_map = index["weight_map"]
+        except RecursionError:
+            raise ShardError(f"{index_path}: unreadable shard index (nested too deeply)") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ShardError(f"{index_path}: unreadable shard index ({exc!r})") from exc
+        if not isinstance(weight_map, dict):
+            raise ShardError(f"{index_path}: weight_map must be an object, got {_shown(weight_map)}")
+        for name, shard_name in weight_map.items():
+            if not _is_plain_file_name(shard_name):
+                raise ShardError(
+                    f"{index_path}: weight_map names the shard {_shown(shard_name)} for {name!r}; "
+                    "a shard must be a plain file name in the checkpoint folder"
+                )
         names = sorted(set(weight_map.values()))
         missing = [name for name in names if not (root / name).is_file()]
         if missing:
@@ -170,6 +249,10 @@ def _shard_paths(root: Path) -> tuple[tuple[Path, ...], dict[str, str] | None]:
     if found:
         return tuple(found), None
     raise ShardError(f"{root}: no weights found (expected {INDEX_FILE} with shards, or {SINGLE_FILE})")
+
+
+def _is_plain_file_name(name: Any) -> bool:
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(char in name for char in ("/", "\\", "\0"))
 
 
 def open_checkpoint(path: str | Path) -> CheckpointFiles:
@@ -319,7 +402,9 @@ def load_arrays(files: CheckpointFiles) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for shard in files.shards:
         try:
-            weights.update(cast(dict[str, mx.array], mx.load(str(shard))))  # a safetensors shard: a dict
+            # The format is named: the header check read this file as safetensors, so its name never picks
+            # MLX's GGUF or NPZ parser (mx.load goes by the extension otherwise). A safetensors shard loads as a dict.
+            weights.update(cast(dict[str, mx.array], mx.load(str(shard), format="safetensors")))
         except (RuntimeError, ValueError, OSError) as exc:
             raise ShardError(f"{shard}: cannot be read ({exc})") from exc
     return weights

@@ -10,17 +10,13 @@ loads in mlx-vlm loads here with the same meaning.
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, TypeVar
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from types import UnionType
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 MODEL_TYPE = "nemotron_voicechat"
 
 _T = TypeVar("_T")
-
-
-def _known(cls: type[_T], values: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    return {key: value for key, value in values.items() if key in names}
 
 
 def _require_dict(section: str, value: Any) -> dict[str, Any]:
@@ -29,6 +25,125 @@ def _require_dict(section: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"config section '{section}' must be an object, got {type(value).__name__}")
     return value
+
+
+# --------------------------------------------------------------------------- type checks
+
+# Integer fields that may be 0; every other integer field counts or sizes something and must be at least 1.
+_ZERO_ALLOWED = frozenset(
+    {"pad_to", "bos_token_id", "eos_token_id", "pad_token_id", "silence_token_id", "rnnt_blank_id"}
+    | {"num_delay_speech_tokens"}
+)
+# Fields that set how many times the layout repeats a block: bounded so a hostile file cannot stall loading.
+_LOOP_COUNTS = frozenset(
+    {"n_layers", "num_hidden_layers", "pred_rnn_layers", "blocks_per_stage", "num_layers", "num_iterations"}
+    | {"num_quantizers", "max_symbols"}
+)
+_MINIMUM = {"att_context_size": -1}  # NeMo's -1: unlimited context
+_POSITIVE_FLOATS = frozenset({"frame_duration", "window_size", "window_stride"})
+_MAX_INT = 2**31 - 1
+_MAX_LOOP = 1024
+_MAX_LIST = 64
+LAYER_TYPES = "M*-"  # Nemotron-H blocks: Mamba-2, attention, MLP
+"""The letters ``hybrid_override_pattern`` may hold."""
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the text {shown!r}"
+    if isinstance(value, bool):
+        return f"{str(value).lower()}"
+    if isinstance(value, int):
+        return f"{value}" if abs(value) < 10**12 else f"a {len(str(abs(value)))}-digit number"
+    if isinstance(value, float):
+        return f"{value!r}"
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "a JSON array"
+    return "a JSON object" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def _int(where: str, value: Any, *, minimum: int, maximum: int = _MAX_INT) -> int:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= maximum:
+        value = int(value)  # 24.0: a converter that writes every number as a float means 24
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} must be a whole number, got {_describe(value)}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{where} must be between {minimum} and {maximum}, got {_describe(value)}")
+    return value
+
+
+def _float(where: str, value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where} must be a number, got {_describe(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{where} is too large ({_describe(value)})") from None
+    if not math.isfinite(number) or (positive and number <= 0):
+        raise ValueError(f"{where} must be a {'positive' if positive else 'finite'} number, got {value!r}")
+    return number
+
+
+def _check_value(where: str, name: str, hint: Any, value: Any) -> Any:
+    """``value`` from the JSON file, checked against the field's annotated type (and converted to it)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return None
+        (hint,) = [arg for arg in args if arg is not type(None)]
+        origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and is_dataclass(hint):
+        if not isinstance(value, hint):
+            raise ValueError(f"{where} must be an object, got {_describe(value)}")
+        return value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object, got {_describe(value)}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        minimum = _MINIMUM.get(name, 0 if name in _ZERO_ALLOWED else 1)
+        return _int(where, value, minimum=minimum, maximum=_MAX_LOOP if name in _LOOP_COUNTS else _MAX_INT)
+    if hint is float:
+        return _float(where, value, positive=name in _POSITIVE_FLOATS)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be text, got {_describe(value)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{where} must be a list, got {_describe(value)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            item_hints = [args[0]] * len(value)
+            if name != "rnnt_vocabulary" and len(value) > _MAX_LIST:
+                raise ValueError(f"{where} has {len(value)} entries; at most {_MAX_LIST} are allowed")
+        else:
+            item_hints = list(args)
+            if len(value) != len(args):
+                raise ValueError(f"{where} must hold {len(args)} values, got {len(value)}")
+        return tuple(
+            _check_value(f"{where}[{i}]", name, item_hint, item)
+            for i, (item_hint, item) in enumerate(zip(item_hints, value, strict=True))
+        )
+    raise AssertionError(f"no type check for {where}: {hint!r}")  # a field type added without a check
+
+
+def _checked(cls: type[_T], section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The keys of ``values`` that ``cls`` knows, each checked against the field's type (unknown keys are ignored)."""
+    hints = get_type_hints(cls)
+    return {
+        f.name: _check_value(f"{section}.{f.name}" if section else f.name, f.name, hints[f.name], values[f.name])
+        for f in fields(cls)  # type: ignore[arg-type]
+        if f.name in values
+    }
 
 
 # --------------------------------------------------------------------------- perception
@@ -87,11 +202,18 @@ class EncoderConfig:
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
         values = dict(values)
         context = values.get("att_context_size")
-        if context:
-            if isinstance(context[0], int):
-                context = [context]
-            values["att_context_size"] = tuple(tuple(int(v) for v in pair) for pair in context)
-        return cls(**_known(cls, values))
+        if isinstance(context, list) and context and all(isinstance(v, int) for v in context):
+            values["att_context_size"] = [context]  # one [left, right] pair written without the outer list
+        elif not context:
+            values.pop("att_context_size", None)
+        causal = values.get("conv_context_size", "causal")
+        if causal != "causal" and not (
+            isinstance(causal, list) and len(causal) == 2 and all(isinstance(v, int) and v >= 0 for v in causal)
+        ):
+            raise ValueError(
+                f'audio_config.encoder.conv_context_size must be "causal" or [left, right], got {_describe(causal)}'
+            )
+        return cls(**_checked(cls, "audio_config.encoder", values))
 
     @property
     def left_context(self) -> int:
@@ -148,18 +270,27 @@ class PerceptionConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> PerceptionConfig:
-        return cls(
-            preprocessor=PreprocessorConfig(
-                **_known(PreprocessorConfig, _require_dict("audio_config.preprocessor", values.get("preprocessor")))
+        parts = {
+            "preprocessor": PreprocessorConfig(
+                **_checked(
+                    PreprocessorConfig,
+                    "audio_config.preprocessor",
+                    _require_dict("audio_config.preprocessor", values.get("preprocessor")),
+                )
             ),
-            encoder=EncoderConfig.from_dict(_require_dict("audio_config.encoder", values.get("encoder"))),
-            decoder=PredictorConfig(
-                **_known(PredictorConfig, _require_dict("audio_config.decoder", values.get("decoder")))
+            "encoder": EncoderConfig.from_dict(_require_dict("audio_config.encoder", values.get("encoder"))),
+            "decoder": PredictorConfig(
+                **_checked(
+                    PredictorConfig,
+                    "audio_config.decoder",
+                    _require_dict("audio_config.decoder", values.get("decoder")),
+                )
             ),
-            joint=JointConfig(**_known(JointConfig, _require_dict("audio_config.joint", values.get("joint")))),
-            output_dim=int(values.get("output_dim", 4480)),
-            max_symbols=int(values.get("max_symbols", 10)),
-        )
+            "joint": JointConfig(
+                **_checked(JointConfig, "audio_config.joint", _require_dict("audio_config.joint", values.get("joint")))
+            ),
+        }
+        return cls(**_checked(cls, "audio_config", {**values, **parts}))
 
 
 # --------------------------------------------------------------------------- language model
@@ -196,19 +327,27 @@ class LLMConfig:
     def from_dict(cls, values: dict[str, Any]) -> LLMConfig:
         values = dict(values)
         pattern = values.get("hybrid_override_pattern")
-        if isinstance(pattern, list):
-            values["hybrid_override_pattern"] = "".join(pattern)
+        if isinstance(pattern, list) and all(isinstance(letter, str) for letter in pattern):
+            values["hybrid_override_pattern"] = pattern = "".join(pattern)
+        if isinstance(pattern, str):
+            unknown = sorted(set(pattern) - set(LAYER_TYPES))
+            if unknown or not 0 < len(pattern) <= _MAX_LOOP:
+                raise ValueError(
+                    f"text_config.hybrid_override_pattern must be 1 to {_MAX_LOOP} of the letters "
+                    f"{', '.join(LAYER_TYPES)}; it holds {len(pattern)}"
+                    + (f", with the unknown block letter {unknown[0]!r}" if unknown else "")
+                )
         if "ssm_state_size" not in values and "mamba_state_dim" in values:
             values["ssm_state_size"] = values["mamba_state_dim"]
         if "n_groups" not in values and "mamba_num_groups" in values:
             values["n_groups"] = values["mamba_num_groups"]
-        limit = values.get("time_step_limit")
-        values["time_step_limit"] = (0.0, math.inf) if limit is None else tuple(float(v) for v in limit)
+        if values.get("time_step_limit") is None:
+            values.pop("time_step_limit", None)  # absent: no clamp (the field's default)
         required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [name for name in required if name not in values]
         if missing:
             raise ValueError(f"text_config lacks required keys: {', '.join(missing)}")
-        return cls(**_known(cls, values))
+        return cls(**_checked(cls, "text_config", values))
 
     @property
     def num_hidden_layers(self) -> int:
@@ -301,12 +440,16 @@ class TTSConfig:
     def from_dict(cls, values: dict[str, Any]) -> TTSConfig:
         values = dict(values)
         values["character_encoder"] = CharEncoderConfig(
-            **_known(CharEncoderConfig, _require_dict("tts_config.character_encoder", values.get("character_encoder")))
+            **_checked(
+                CharEncoderConfig,
+                "tts_config.character_encoder",
+                _require_dict("tts_config.character_encoder", values.get("character_encoder")),
+            )
         )
         values["mog_head"] = MoGConfig(
-            **_known(MoGConfig, _require_dict("tts_config.mog_head", values.get("mog_head")))
+            **_checked(MoGConfig, "tts_config.mog_head", _require_dict("tts_config.mog_head", values.get("mog_head")))
         )
-        return cls(**_known(cls, values))
+        return cls(**_checked(cls, "tts_config", values))
 
     def is_global_layer(self, index: int) -> bool:
         return (index + 1) % self.sliding_window_pattern == 0
@@ -344,11 +487,7 @@ class CodecConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> CodecConfig:
-        values = dict(values)
-        for name in ("channel_multipliers", "downsample_rates"):
-            if name in values:
-                values[name] = tuple(int(v) for v in values[name])
-        return cls(**_known(cls, values))
+        return cls(**_checked(cls, "codec_config", values))
 
     @property
     def samples_per_frame(self) -> int:
@@ -406,10 +545,8 @@ class VoiceChatConfig:
         top["audio_config"] = PerceptionConfig.from_dict(_require_dict("audio_config", values.get("audio_config")))
         top["tts_config"] = TTSConfig.from_dict(_require_dict("tts_config", values.get("tts_config")))
         top["codec_config"] = CodecConfig.from_dict(_require_dict("codec_config", values.get("codec_config")))
-        top["rnnt_vocabulary"] = tuple(values.get("rnnt_vocabulary", ()))
-        quantization = values.get("quantization", values.get("quantization_config"))
-        top["quantization"] = dict(quantization) if quantization else None
-        return cls(**_known(cls, top))
+        top["quantization"] = _quantization(values.get("quantization", values.get("quantization_config")))
+        return cls(**_checked(cls, "", top))
 
     @property
     def frame_samples(self) -> int:
@@ -433,3 +570,25 @@ class VoiceChatConfig:
     @property
     def quantization_group_size(self) -> int | None:
         return None if self.quantization is None else int(self.quantization["group_size"])
+
+
+def _quantization(block: Any) -> dict[str, Any] | None:
+    """The ``quantization`` object, checked: ``group_size`` and ``bits`` whole numbers, per-module entries alike."""
+    if not block:
+        return None
+    if not isinstance(block, dict):
+        raise ValueError(f"quantization must be an object, got {_describe(block)}")
+    for key in ("group_size", "bits"):
+        if key not in block:
+            raise ValueError(f"quantization lacks {key!r}")
+        _int(f"quantization.{key}", block[key], minimum=1, maximum=64 if key == "bits" else _MAX_INT)
+    if block.get("mode", "affine") != "affine":
+        raise ValueError(f"quantization.mode {_describe(block['mode'])} is not supported (only affine)")
+    for module, entry in block.items():
+        if isinstance(entry, dict):
+            for key in ("group_size", "bits"):
+                if key in entry:
+                    _int(
+                        f"quantization.{module}.{key}", entry[key], minimum=1, maximum=64 if key == "bits" else _MAX_INT
+                    )
+    return dict(block)

@@ -62,7 +62,11 @@ def conversation_state_bytes(config: VoiceChatConfig, seconds: float) -> int:
 
 
 def check_fits(files: CheckpointFiles) -> None:
-    """Refuse, clearly, a checkpoint whose weights alone exceed the planning line (instead of swapping)."""
+    """Refuse, clearly, a checkpoint whose weights alone exceed the planning line (instead of swapping).
+
+    Counts the bytes the shard headers declare (``CheckpointFiles.nbytes``), which the header check holds equal
+    to the data on disk with no two tensors sharing bytes, so a header cannot make the weights look smaller.
+    """
     total = physical_memory_bytes()
     needed = files.nbytes
     if total is not None and needed > MEMORY_SHARE * total:

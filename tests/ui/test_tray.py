@@ -10,6 +10,7 @@ running until Quit Parley is chosen from the tray menu; without one, Qt finds no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -27,8 +28,11 @@ from pytestqt.qtbot import QtBot
 from app.messages import AppState, StateChanged
 from tests.fakes import FakeController
 from tests.test_hotkey import private_x_server
+from tests.ui.test_state_indicator import ink
+from ui import tray as tray_module
 from ui.app_window import MainWindow
 from ui.settings_dialog import SettingsDialog
+from ui.theme import ThemeColors, colors
 from ui.tray import TrayIcon, icon_kind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,14 +42,22 @@ def state(kind: AppState, detail: str = "") -> StateChanged:
     return StateChanged(kind, detail, microphone="Mic", speaker="Speaker")
 
 
-def test_the_icon_shows_idle_listening_and_speaking_each_with_its_own_shape(qtbot: QtBot) -> None:
+def one_colour_theme() -> ThemeColors:
+    """Both badge discs in one colour, their glyphs white."""
+    return dataclasses.replace(colors(), talk_active="#000000", accent="#000000", accent_text="#ffffff")
+
+
+def test_the_icon_shows_idle_listening_and_speaking_each_with_its_own_shape(
+    qtbot: QtBot, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert icon_kind(state(AppState.LISTENING)) == "listening"
     assert icon_kind(state(AppState.SPEAKING)) == "speaking"
     for other in (AppState.READY, AppState.LOADING, AppState.PAUSED, AppState.NO_AUDIO, AppState.ERROR):
         assert icon_kind(state(other)) == "idle"
+    monkeypatch.setattr(tray_module, "colors", one_colour_theme)  # only shapes can tell the badges apart
     tray = TrayIcon(available=False)
-    images = {kind: icon.pixmap(32, 32).toImage() for kind, icon in tray.icons.items()}
-    assert images["listening"] != images["speaking"] != images["idle"] != images["listening"]
+    shapes = {kind: ink(icon.pixmap(32, 32).toImage()) for kind, icon in tray.icons.items()}
+    assert len(set(shapes.values())) == 3, "two states share one shape"
 
 
 def test_without_a_tray_there_is_no_icon_and_closing_the_window_quits(
