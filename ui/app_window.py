@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.messages import (
     AppState,
+    ConversationCleared,
     ConversationStarted,
     ConversationTime,
     DeviceStatus,
@@ -54,6 +55,7 @@ from app.messages import (
     GlobalTalk,
     HistorySaved,
     Levels,
+    ModelFallback,
     ModelLoaded,
     Notice,
     NumericsAdvice,
@@ -99,7 +101,7 @@ WAITING_TEXT: Final = {
     AppState.LOADING: "Loading the model — frames appear once a conversation runs",
     AppState.NO_AUDIO: "No frames: there is no microphone or speaker to use",
     AppState.ERROR: "No frames: see the message above",
-    AppState.PAUSED: "Paused — press the talk key to resume",
+    AppState.PAUSED: "Asleep: no frames run — press the talk key to wake the conversation",
 }
 
 
@@ -200,6 +202,8 @@ class MainWindow(QMainWindow):
         pump.levels.connect(self.handle_levels)
         pump.model_loaded.connect(self.handle_model_loaded)
         pump.conversation_started.connect(self.handle_conversation_started)
+        pump.conversation_cleared.connect(self.handle_conversation_cleared)
+        pump.model_fallback.connect(self.handle_model_fallback)
         pump.turn_latency.connect(self.handle_turn_latency)
         pump.speed_check.connect(self.handle_speed_check)
         pump.conversation_time.connect(self.handle_conversation_time)
@@ -270,9 +274,11 @@ class MainWindow(QMainWindow):
             self.conversation.talk.set_level(0.0)
         if status.speaker is None:
             self.conversation.speaker_meter.set_peak(0.0)
-        demo = status.model is not None and status.model.variant.demo
+        noise = status.model is not None and status.model.noise
         speaker_caption = status.speaker or "No speaker"
-        self.conversation.speaker_meter.set_caption(f"{speaker_caption} · demo noise" if demo else speaker_caption)
+        self.conversation.speaker_meter.set_caption(
+            f"{speaker_caption} · noise, not speech" if noise else speaker_caption
+        )
 
     def handle_levels(self, levels: Levels) -> None:
         page = self.conversation
@@ -281,11 +287,23 @@ class MainWindow(QMainWindow):
         page.talk.set_level(levels.input_peak)
 
     def handle_model_loaded(self, loaded: ModelLoaded) -> None:
+        self.banners.clear(kind="error")  # a model loaded fine: earlier errors are stale
         if not self._first_run_active:
             self.statusBar().showMessage(f"Loaded {loaded.description}.", 8000)
 
+    def handle_model_fallback(self, fallback: ModelFallback) -> None:
+        """The configured model could not be used at launch: say why and what loads instead (it stays shown)."""
+        self.banners.show_message(fallback.message, kind="warning")
+
     def handle_conversation_started(self, started: ConversationStarted) -> None:
         """A new conversation: the previous one's transcript, frames and time are done with."""
+        self._drop_conversation()
+
+    def handle_conversation_cleared(self, cleared: ConversationCleared) -> None:
+        """A switch or New Conversation: the old conversation is over and the next waits for the talk key."""
+        self._drop_conversation()
+
+    def _drop_conversation(self) -> None:
         self.conversation.transcript.clear()
         self.conversation.overlay.clear()
         self.header.hide_time_left()
