@@ -625,9 +625,12 @@ class AppController:
     def _refused(self, message: str) -> None:
         """A folder failed its checks before anything was unloaded: say so in one line; what is loaded stays."""
         loaded = self.board.model
-        stays = f" {loaded.description} stays loaded." if loaded is not None else ""
+        message = message.rstrip(".") + "."
+        if loaded is not None:
+            named = "The demo" if loaded.variant.demo else f"{loaded.name} ({loaded.variant.label})"
+            message += f" {named} stays loaded."
         log.warning("%s", message)
-        self._post(Failure(f"{message}{stays}"))
+        self._post(Failure(message))
 
     def start_demo(self) -> None:
         self.worker.submit(LoadDemo(self.settings.system_prompt, numerics=self.settings.numerics))

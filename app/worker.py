@@ -152,7 +152,7 @@ class SetIdlePause:
 class Sleep:
     """The user pressed Stop: the open conversation sleeps now (no frames, no clock) until the talk key."""
 
-    reason: str = "Stopped: the conversation sleeps until you press the talk key."
+    reason: str = "Stopped. Press the talk key to wake the conversation."
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,8 @@ def speed_verdict(realtime_factor: float, variant: Variant, *, random_weights: b
         )
     if random_weights:
         return (
-            f"This checkpoint has random weights (noise, not speech); a frame takes {share} here. "
-            "It says how fast a model of its size runs, not how the real model will."
+            f"This checkpoint has random weights, so it makes noise, not speech; a frame of a model of its shapes "
+            f"takes {share} here."
         )
     if realtime_factor < 0.6:
         return f"This machine keeps up easily: a frame takes {share}."
@@ -406,7 +406,7 @@ class EngineWorker(threading.Thread):
         rtf = self._measure_speed(voicechat)
         log.info("Speed check (%s numerics): realtime factor %.2f", voicechat.numerics, rtf)
         self._emit(SpeedCheck(rtf, speed_verdict(rtf, model.variant, random_weights=model.random_weights)))
-        if voicechat.numerics != "exact" or rtf <= 1.0 or model.noise:
+        if voicechat.numerics != "exact" or rtf <= 1.0 or model.variant.demo:
             return  # the demo's speed says nothing about the real model's
         set_numerics(voicechat, "fast")
         try:
@@ -512,9 +512,9 @@ class EngineWorker(threading.Thread):
         self._audio.stop_capture()
         self._audio.clear_output()  # asleep means silent: nothing queued plays on
         elapsed = self._session.frame_index * FRAME_SECONDS
-        self._emit(ConversationTime(elapsed, max(0.0, self.max_conversation_s - elapsed)))  # where the clock stops
         log.info("Conversation %d sleeps at %.2f s: %s", self._conversations, elapsed, reason)
         self._set_state(AppState.PAUSED, reason)
+        self._emit(ConversationTime(elapsed, max(0.0, self.max_conversation_s - elapsed)))  # where the clock stops
 
     def _resume(self) -> None:
         self._paused = False
@@ -527,6 +527,7 @@ class EngineWorker(threading.Thread):
         frame = self._audio.read_frame(0.02)
         if frame is None or session is None:
             return
+        key_held = self._audio.talking  # as the frame was read: the key may go up while it runs
         from engine.errors import ContextLimitError
 
         self._emit(InputFrame(frame))
@@ -557,7 +558,7 @@ class EngineWorker(threading.Thread):
                 self._record(event)
             else:
                 self._emit(event)
-        self._note_user(index, frame)
+        self._note_user(index, frame, key_held)
         self._maybe_idle_pause(session)
 
     def _record(self, timing: FrameTiming) -> None:
@@ -576,7 +577,7 @@ class EngineWorker(threading.Thread):
         elif self._state is AppState.FALLING_BEHIND:
             self._set_state(AppState.READY)
 
-    def _note_user(self, index: int, frame: np.ndarray) -> None:
+    def _note_user(self, index: int, frame: np.ndarray, key_held: bool) -> None:
         """Frame ``index`` counts as the user speaking: the talk key held (push to talk), or a voiced frame
         (hands-free, where the microphone stays open)."""
         idle = self._idle_pause
@@ -584,7 +585,7 @@ class EngineWorker(threading.Thread):
         if hands_free:
             spoke = float(np.sqrt(np.mean(np.square(frame)))) > USER_VOICE_RMS
         else:
-            spoke = self._audio.talking
+            spoke = key_held
         if spoke:
             self._last_user_frame = index + 1
 
@@ -597,7 +598,7 @@ class EngineWorker(threading.Thread):
         if idle is None or not idle.enabled or self._paused or not self._conversation_open:
             return
         if self._frames_since_user(session) * FRAME_SECONDS >= idle.delay_s:
-            self._pause(f"Asleep: nobody has spoken for {idle.delay_s:.0f} s. Press the talk key to wake it.")
+            self._pause(f"Nobody has spoken for {idle.delay_s:.0f} s. Press the talk key to wake the conversation.")
 
     def _set_state(self, state: AppState, detail: str = "") -> None:
         self._state = state

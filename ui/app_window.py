@@ -70,7 +70,7 @@ from app.settings import Settings, load_settings
 from app.status import TALKABLE
 
 from .about import AboutDialog
-from .banner import BannerArea
+from .banner import Banner, BannerArea
 from .contracts import Controller, ControllerFactory
 from .conversation_page import ConversationPage
 from .event_pump import EventPump
@@ -119,6 +119,8 @@ class MainWindow(QMainWindow):
         self._first_run_active = controller.settings.active_checkpoint is None
         self._welcome = self._first_run_active  # on the launch's welcome page, not yet moved on
         self._time_up_offered = False
+        self._time_up_banner: Banner | None = None
+        self._speed_banner: Banner | None = None
         self.status = StateChanged(AppState.NO_MODEL)  # the latest snapshot: all the window shows of the state
         self._settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Parley")
@@ -308,6 +310,9 @@ class MainWindow(QMainWindow):
         self.conversation.overlay.clear()
         self.header.hide_time_left()
         self._time_up_offered = False
+        if self._time_up_banner is not None:
+            self._time_up_banner.dismiss()  # its "New conversation" is done with
+            self._time_up_banner = None
 
     def handle_turn_latency(self, latency: TurnLatency) -> None:
         self.conversation.overlay.set_latency(latency)
@@ -317,7 +322,9 @@ class MainWindow(QMainWindow):
             self.first_run.handle_speed_check(check)
             return
         slow = check.realtime_factor > 1.0
-        self.banners.show_message(
+        if self._speed_banner is not None:
+            self._speed_banner.dismiss()  # the model it measured is gone
+        self._speed_banner = self.banners.show_message(
             f"Speed check: {check.verdict} (realtime factor {check.realtime_factor:.2f})",
             kind="warning" if slow else "info",
             timeout_ms=None if slow else INFO_TIMEOUT_MS,
@@ -328,7 +335,7 @@ class MainWindow(QMainWindow):
         self.header.show_time_left(remaining)
         if remaining <= 0 and not self._time_up_offered:
             self._time_up_offered = True
-            self.banners.show_message(
+            self._time_up_banner = self.banners.show_message(
                 "This conversation has reached its length limit. Start a new one to keep talking.",
                 kind="warning",
                 action=("New conversation", self.new_conversation),

@@ -350,10 +350,7 @@ class FirstRunPage(QWidget):
         # One story per page: the demo (and any random-weight checkpoint) is a try-out, not a model to talk to.
         if loaded.variant.demo:
             self.title.setText("Try Parley with the demo")
-            self.subtitle.setText(
-                "The demo is a stand-in until you get the model: it makes noise, not speech. "
-                "Download or choose the real model below."
-            )
+            self.subtitle.setText(f"A stand-in until you get the model: it makes noise, not speech. {how}")
         elif loaded.random_weights:
             self.title.setText("A random-weight model is loaded")
             self.subtitle.setText(f"{loaded.name} makes noise, not speech. {how}")

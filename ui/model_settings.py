@@ -113,8 +113,7 @@ class ModelSettingsPage(QWidget):
         box.addWidget(
             muted_label(
                 "4-bit is the fastest and fits most machines; 8-bit and bf16 are closer to the original and need "
-                "more memory and speed (hover over each for its size). The choice applies when you press Save: "
-                "the model reloads and a new conversation waits for the talk key.",
+                "more memory and speed (hover over each for its size). A switch applies on Save.",
                 active,
             )
         )
@@ -246,6 +245,5 @@ class ModelSettingsPage(QWidget):
             self.variant_status.setText("")
         else:
             self.variant_status.setText(
-                f"The {chosen.label} model loads when you press Save (its folder is checked first); "
-                "the conversation then starts over when you press the talk key."
+                f"The {chosen.label} model loads when you press Save; the next conversation waits for the talk key."
             )

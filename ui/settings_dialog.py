@@ -204,7 +204,7 @@ class SettingsDialog(QDialog):
         self.key_edit.setClearButtonEnabled(True)
         self.hold_radio = QRadioButton("Hold the key while you talk", talk_box)
         self.toggle_radio = QRadioButton("Press once to start, again to stop", talk_box)
-        self.idle_check = QCheckBox("Pause when nobody has spoken for", talk_box)
+        self.idle_check = QCheckBox("Sleep when I have not spoken for", talk_box)
         self.idle_spin = QDoubleSpinBox(talk_box)
         self.idle_spin.setRange(IDLE_PAUSE_MIN_S, IDLE_PAUSE_MAX_S)
         self.idle_spin.setDecimals(0)
@@ -244,7 +244,7 @@ class SettingsDialog(QDialog):
         form.addRow(muted_label("In hands-free (Audio) the key opens and closes the microphone instead.", talk_box))
         form.addRow(idle_row)
         form.addRow(
-            muted_label("While paused the conversation keeps its memory; pressing the talk key resumes it.", talk_box)
+            muted_label("Asleep, no frames run and the conversation keeps its memory; the talk key wakes it.", talk_box)
         )
 
         global_layout = QVBoxLayout(global_box)
