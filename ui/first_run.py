@@ -246,8 +246,9 @@ class FirstRunPage(QWidget):
     def choose_folder(self) -> None:
         chosen = QFileDialog.getExistingDirectory(self, "Choose a VoiceChat checkpoint folder", str(Path.home()))
         if chosen:
+            # Progress follows from the state once the folder passes its checks; a refused folder is a banner, and
+            # whatever was loaded (the demo) stays offered here.
             self._controller.use_checkpoint(Path(chosen))
-            self._show_loading(f"Opening {chosen}…")
 
     def start_demo(self) -> None:
         self._controller.start_demo()
