@@ -43,7 +43,7 @@ NUMERICS_NOTE = (
     "Fast uses fused GPU kernels that read bf16 weights and keeps the voice's history in bf16: twice as fast or "
     "more on a large GPU, and half the memory a long conversation adds; results differ from the reference in the "
     "last digits, so speech, and now and then a word, can come out differently. Exact is the reference, bit for "
-    "bit. Switching needs no reload; a new conversation starts."
+    "bit. Switching (on Save) needs no reload; the next conversation waits for the talk key."
 )
 
 
