@@ -192,32 +192,41 @@ def test_the_idle_sleep_counts_frames_since_the_user_spoke_not_the_assistant(mak
 
 
 def test_new_conversation_numerics_and_model_switches_all_clear_and_wait_for_the_key(make_controller, tiny_q4, tiny_q8):
-    from app.messages import ConversationCleared
-
     settings = Settings(checkpoints={"4bit": tiny_q4, "8bit": tiny_q8}, active_variant="4bit", idle_pause=False)
     controller = make_controller(settings)
     controller.start()
 
-    def talk_then(switch, done) -> None:
+    def talk_then(switch, done) -> list[object]:
         controller.start_conversation()
         wait_for(controller, lambda seen: frame_count(seen) >= 3)
         switch()
-        messages = wait_for(
-            controller, lambda seen: done(seen) and any(isinstance(m, ConversationCleared) for m in seen)
+        # Until the old conversation is over (the new code), or another started at once (the old code's way).
+        over = lambda seen: (
+            not controller.status.conversation
+            or any(  # noqa: E731
+                isinstance(m, ConversationStarted) for m in seen
+            )
         )
-        messages += settle(controller)
-        cleared = max(i for i, m in enumerate(messages) if isinstance(m, ConversationCleared))
-        assert not [m for m in messages[cleared:] if isinstance(m, ConversationStarted | FrameStats)], "it waits"
+        messages = wait_for(controller, lambda seen: done(seen) and over(seen))
+        messages += settle(controller, 1.0)
+        assert not [m for m in messages if isinstance(m, ConversationStarted)], "the next conversation waits"
+        reads = len(controller.audio.frames_read)
+        settle(controller, 0.3)
+        assert len(controller.audio.frames_read) == reads, "no frame runs until the talk key"
         assert not controller.status.conversation and "talk key" in controller.status.detail
         assert controller.transcript.entries == [] and controller.recording.empty
+        return messages
 
-    talk_then(controller.new_conversation, lambda seen: True)
-    talk_then(
+    seen = talk_then(controller.new_conversation, lambda seen: True)
+    seen += talk_then(
         lambda: controller.apply_settings(controller.settings.with_changes(numerics="fast")),
         lambda seen: any(isinstance(m, NumericsChanged) for m in seen),
     )
-    talk_then(lambda: controller.switch_variant("8bit"), lambda seen: loaded_models(seen))
+    seen += talk_then(lambda: controller.switch_variant("8bit"), lambda seen: loaded_models(seen))
     assert controller.status.model is not None and controller.status.model.variant.key == "8bit"
+    from app.messages import ConversationCleared  # what tells the window to drop the old conversation
+
+    assert sum(isinstance(m, ConversationCleared) for m in seen) >= 3
 
 
 # --------------------------------------------------------------------------- 8: random checkpoints
@@ -225,21 +234,22 @@ def test_new_conversation_numerics_and_model_switches_all_clear_and_wait_for_the
 
 def test_a_made_checkpoint_is_marked_random_and_treated_like_the_demo(make_controller, tiny_q4):
     from app.worker import DEMO_OUTPUT_GAIN
-    from engine.loading.random_checkpoint import RANDOM_WEIGHTS_KEY
 
-    assert RANDOM_WEIGHTS_KEY in json.loads((tiny_q4 / "config.json").read_text())
     controller = make_controller(Settings(checkpoints={"4bit": tiny_q4}, active_variant="4bit", idle_pause=False))
     controller.start()
     messages = wait_for(controller, lambda seen: loaded_models(seen))
-    (model,) = loaded_models(messages)
-    assert model.variant.key == "4bit" and model.noise and "noise, not speech" in model.description
-    (check,) = [m for m in messages if isinstance(m, SpeedCheck)]
-    assert "keeps up" not in check.verdict and "noise, not speech" in check.verdict
     controller.start_conversation()
     wait_for(controller, lambda seen: frame_count(seen) >= 12)
     played = np.concatenate(controller.audio.played)
     assert np.abs(played).max() > 0, "it plays"
     assert np.abs(played).max() <= DEMO_OUTPUT_GAIN * 1.01, "at the demo's level (26 dB down)"
+    (check,) = [m for m in messages if isinstance(m, SpeedCheck)]
+    assert "keeps up" not in check.verdict and "noise, not speech" in check.verdict
+    (model,) = loaded_models(messages)
+    assert model.variant.key == "4bit" and "noise, not speech" in model.description and model.noise
+    from engine.loading.random_checkpoint import RANDOM_WEIGHTS_KEY  # the marker, where the checkpoint was made
+
+    assert RANDOM_WEIGHTS_KEY in json.loads((tiny_q4 / "config.json").read_text())
 
 
 # --------------------------------------------------------------------------- 13: the reply delay
