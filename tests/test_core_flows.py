@@ -200,13 +200,11 @@ def test_new_conversation_numerics_and_model_switches_all_clear_and_wait_for_the
         controller.start_conversation()
         wait_for(controller, lambda seen: frame_count(seen) >= 3)
         switch()
+
         # Until the old conversation is over (the new code), or another started at once (the old code's way).
-        over = lambda seen: (
-            not controller.status.conversation
-            or any(  # noqa: E731
-                isinstance(m, ConversationStarted) for m in seen
-            )
-        )
+        def over(seen: list[object]) -> bool:
+            return not controller.status.conversation or any(isinstance(m, ConversationStarted) for m in seen)
+
         messages = wait_for(controller, lambda seen: done(seen) and over(seen))
         messages += settle(controller, 1.0)
         assert not [m for m in messages if isinstance(m, ConversationStarted)], "the next conversation waits"
