@@ -196,6 +196,7 @@ class AppController:
         self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
         self._stopped = False  # Stop was pressed and the worker has not reported its sleep yet: drop its frames
         self._audible_at_release = False  # the assistant was still heard as the talk key went up
+        self._requested: Path | None = None  # the folder of the load asked for last (None: the demo)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -408,6 +409,7 @@ class AppController:
             self.profile.begin(message.number, message.model.variant.key, message.model.checkpoint)
         elif isinstance(message, ModelLoaded):
             self._numerics = str(message.checkpoint.get("numerics", "exact"))
+            self._came_back(message)
         elif isinstance(message, NumericsChanged):
             self._numerics = message.numerics
         elif isinstance(message, FrameStats):
@@ -418,6 +420,17 @@ class AppController:
         elif isinstance(message, UserTranscriptDelta | AssistantTextDelta | ToolCall):
             self.transcript.add(message)
         return True
+
+    def _came_back(self, loaded: ModelLoaded) -> None:
+        """The worker reloaded the previous model because the one asked for failed after its checks: the active
+        model setting goes back with it (the worker's ModelFallback said why)."""
+        requested, self._requested = self._requested, None
+        if requested is None or loaded.path == requested or loaded.variant.demo:
+            return
+        key = loaded.variant.key
+        if self.settings.checkpoint_for(key) == loaded.path and self.settings.active_variant != key:
+            self.settings = self.settings.with_changes(active_variant=key)
+            self._save()
 
     def _drop_conversation(self) -> None:
         if not self._kept:
@@ -633,9 +646,11 @@ class AppController:
         self._post(Failure(message))
 
     def start_demo(self) -> None:
+        self._requested = None
         self.worker.submit(LoadDemo(self.settings.system_prompt, numerics=self.settings.numerics))
 
     def _load(self, checked: CheckedCheckpoint) -> None:
+        self._requested = checked.path
         self.worker.submit(
             Load(
                 checked.path,

@@ -117,6 +117,33 @@ def test_a_checkpoint_in_the_wrong_slot_is_named_and_refused_not_filed_elsewhere
     assert controller.settings.active_variant == "4bit"
 
 
+def test_a_load_that_fails_after_its_checks_brings_the_previous_model_back(
+    make_controller, tiny_q4, tiny_q8, monkeypatch
+):
+    import engine.model
+
+    controller = make_controller(Settings(checkpoints={"4bit": tiny_q4, "8bit": tiny_q8}, active_variant="4bit"))
+    controller.start()
+    wait_for(controller, lambda seen: loaded_models(seen))
+    real = engine.model.load_voicechat
+
+    def out_of_memory(path, **options):
+        if Path(path) == tiny_q8:
+            raise MemoryError("out of memory while loading the weights")
+        return real(path, **options)
+
+    monkeypatch.setattr(engine.model, "load_voicechat", out_of_memory)
+    controller.switch_variant("8bit")  # the folder passes its checks; loading it fails (memory, say)
+    messages = wait_for(controller, lambda seen: loaded_models(seen))
+    from app.messages import ModelFallback
+
+    (fallback,) = [m for m in messages if isinstance(m, ModelFallback)]
+    assert "out of memory" in fallback.message and "loads again" in fallback.message
+    assert loaded_models(messages)[-1].path == tiny_q4
+    assert controller.status.model is not None and controller.status.model.variant.key == "4bit"
+    assert controller.settings.active_variant == "4bit", "the setting follows the model that came back"
+
+
 def test_a_relaunch_with_a_bad_active_folder_falls_back_to_a_working_model_and_says_so(
     make_controller, tiny_q4, tmp_path
 ):
