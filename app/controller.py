@@ -7,7 +7,17 @@ happened. The app's state has one owner, the ``StatusBoard``: ``poll`` hands the
 ``StateChanged`` snapshot right after whichever report changed it.
 
 Nothing plays before the user chooses: a loaded model waits, and the conversation starts
-with the first press of the talk key or :meth:`start_conversation` (a start button).
+with the first press of the talk key or :meth:`start_conversation` (a start button). A model
+switch, New Conversation and a numerics switch alike end the conversation and wait for the
+key again (``ConversationCleared`` tells the window to drop the old one).
+
+Switching is checked first (``app.model_check``): a folder that is not a VoiceChat checkpoint,
+or holds another variant than its slot, is refused before anything is unloaded, and the
+loaded model and the settings stay. At launch a refused folder falls back to another
+configured model that passes (or the demo), and ``ModelFallback`` says so.
+
+Stop (:meth:`stop_speaking`) hushes the speaker and puts the conversation to sleep; whatever
+the worker still reports from frames run after the press (never heard) is dropped.
 
 What else it owns:
     - **Hands-free**: one ``app.echo.EchoCanceller`` per launch, handed to the streams while
@@ -50,7 +60,6 @@ from engine.events import AssistantTextDelta, AudioChunk, ToolCall, UserTranscri
 from engine.timeline import OUTPUT_SAMPLE_RATE
 
 from .audio_port import AudioPort, AudioStreams
-from .demo import is_demo_checkpoint
 from .echo import EchoCanceller, echo_cancellation_unavailable
 from .export import (
     ConversationRecording,
@@ -84,18 +93,22 @@ from .hotkey import (
 )
 from .logs import CrashHandlers, configure_logging, install_crash_handlers
 from .messages import (
+    ConversationCleared,
     ConversationEnded,
     ConversationStarted,
+    ConversationTime,
     DeviceStatus,
     DownloadProgress,
     EchoSummary,
     EngineInfo,
+    EngineState,
     Failure,
     FrameStats,
     GlobalTalk,
     HistorySaved,
     InputFrame,
     Levels,
+    ModelFallback,
     ModelLoaded,
     Notice,
     NumericsChanged,
@@ -103,10 +116,11 @@ from .messages import (
     StateChanged,
     TurnLatency,
 )
+from .model_check import CheckedCheckpoint, CheckpointRefused, check_checkpoint
 from .paths import config_dir, data_dir, log_dir
 from .settings import Settings, save_settings
 from .status import StatusBoard
-from .variants import variant, variant_for_checkpoint, variant_for_repo
+from .variants import MODEL_VARIANTS, variant, variant_for_repo
 from .worker import (
     EngineWorker,
     Load,
@@ -114,6 +128,7 @@ from .worker import (
     NewConversation,
     SetIdlePause,
     SetNumerics,
+    Sleep,
     StartConversation,
 )
 
@@ -180,6 +195,9 @@ class AppController:
         self._replaying: str | None = None
         self._next_replay_report = 0.0
         self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
+        self._stopped = False  # Stop was pressed and the worker has not reported its sleep yet: drop its frames
+        self._audible_at_release = False  # the assistant was still heard as the talk key went up
+        self._requested: Path | None = None  # the folder of the load asked for last (None: the demo)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -200,17 +218,45 @@ class AppController:
             "Parley %s starting (Python %s, %s)", _parley_version(), platform.python_version(), platform.platform()
         )
         self.worker.start()
-        self.worker.submit(SetIdlePause(self.settings.idle_pause, self.settings.idle_pause_delay_s))
+        self._set_idle_pause()
         self._open_audio()
         self._configure_global_key()
+        self._load_configured()
+
+    def _set_idle_pause(self) -> None:
+        settings = self.settings
+        self.worker.submit(SetIdlePause(settings.idle_pause, settings.idle_pause_delay_s, settings.hands_free))
+
+    def _load_configured(self) -> None:
+        """At launch: the active model if its folder passes the checks, else another configured one, else the demo."""
+        active = self.settings.active_variant
         path = self.settings.active_checkpoint
-        if path is not None and path.exists():
-            self._load(path)
-        elif path is not None:
-            self._post(Failure(f"The configured checkpoint folder {path} does not exist any more."))
+        if active is None or path is None:
             self._no_model()
+            return
+        try:
+            self._load(check_checkpoint(path, active))
+            return
+        except CheckpointRefused as exc:
+            reason = f"The {variant(active).label} folder cannot be used: {exc}"
+        log.warning("%s", reason)
+        for other in MODEL_VARIANTS:
+            folder = self.settings.checkpoint_for(other.key)
+            if other.key == active or folder is None:
+                continue
+            try:
+                checked = check_checkpoint(folder, other.key)
+            except CheckpointRefused as exc:
+                log.warning("The %s folder cannot be used either: %s", other.label, exc)
+                continue
+            self._post(ModelFallback(f"{reason} The {other.label} model loads instead (Settings → Model)."))
+            self._load(checked)
+            return
+        if self._auto_demo:
+            self._post(ModelFallback(f"{reason} The demo loads instead (File → Get a Model… for a model)."))
         else:
-            self._no_model()
+            self._post(Failure(reason))
+        self._no_model()
 
     def _no_model(self) -> None:
         if self._auto_demo:
@@ -303,6 +349,11 @@ class AppController:
             self._snapshot_into(out)
         if streams is not None:
             for latency in streams.take_turn_latencies():
+                if self._audible_at_release:
+                    # Still heard as the key went up (talking over the user, or a noise model that never stops):
+                    # the first sound after the release is no reply, and its "delay" would be the audio block's.
+                    log.info("No reply delay this turn: the assistant was still audible when the key went up")
+                    continue
                 out.append(self._add_latency(latency))
             self.board.speaking = now - streams.last_audible < SPEAKING_HOLD_S
         self.board.talking = self.talking
@@ -318,6 +369,11 @@ class AppController:
 
     def _consume(self, message: object) -> bool:
         """Fold ``message`` into the core's state; returns whether the UI needs it too."""
+        if self._stopped:
+            if isinstance(message, EngineState | ConversationStarted | ConversationCleared):
+                self._stopped = False  # the worker heard Stop (asleep), or another conversation began
+            elif isinstance(message, _FROM_FRAMES):
+                return False  # from frames run after Stop was pressed: never heard, so never "said"
         if self.board.observe(message):
             return False
         if isinstance(message, _AdoptCheckpoint):
@@ -343,13 +399,13 @@ class AppController:
         if isinstance(message, AudioChunk):
             self.recording.add_output(message.samples)
             return False
-        if isinstance(message, ConversationStarted):
+        if isinstance(message, ConversationCleared):
+            # In queue order, after all the old conversation said (ConversationEnded kept it): the next one starts
+            # clean, and the window drops the old one's transcript, clock and counters.
+            self._drop_conversation()
+        elif isinstance(message, ConversationStarted):
             # In queue order: whatever the previous conversation still said is already in, so nothing mixes.
-            if not self._kept:
-                self._keep_in_history()  # never reported as ended (it should have been): keep it all the same
-            self.transcript.clear()
-            self.recording.clear()
-            self._kept = False
+            self._drop_conversation()
             self._serial += 1
             self.profile.begin(
                 message.number,
@@ -360,6 +416,7 @@ class AppController:
             )
         elif isinstance(message, ModelLoaded):
             self._numerics = str(message.checkpoint.get("numerics", "exact"))
+            self._came_back(message)
         elif isinstance(message, NumericsChanged):
             self._numerics = message.numerics
         elif isinstance(message, FrameStats):
@@ -370,6 +427,24 @@ class AppController:
         elif isinstance(message, UserTranscriptDelta | AssistantTextDelta | ToolCall):
             self.transcript.add(message)
         return True
+
+    def _came_back(self, loaded: ModelLoaded) -> None:
+        """The worker reloaded the previous model because the one asked for failed after its checks: the active
+        model setting goes back with it (the worker's ModelFallback said why)."""
+        requested, self._requested = self._requested, None
+        if requested is None or loaded.path == requested or loaded.variant.demo:
+            return
+        key = loaded.variant.key
+        if self.settings.checkpoint_for(key) == loaded.path and self.settings.active_variant != key:
+            self.settings = self.settings.with_changes(active_variant=key)
+            self._save()
+
+    def _drop_conversation(self) -> None:
+        if not self._kept:
+            self._keep_in_history()  # never reported as ended (it should have been): keep it all the same
+        self.transcript.clear()
+        self.recording.clear()
+        self._kept = False
 
     def _add_latency(self, latency_s: float) -> TurnLatency:
         from engine.profiler import percentile
@@ -391,8 +466,12 @@ class AppController:
     # ------------------------------------------------------------------ push to talk and conversations
 
     def set_talking(self, talking: bool) -> None:
-        self.talking = talking
         streams = self.port.streams
+        if self.talking and not talking:
+            self._audible_at_release = streams is not None and (
+                time.monotonic() - streams.last_audible < SPEAKING_HOLD_S
+            )
+        self.talking = talking
         if streams is not None:
             streams.talking = talking
         if talking and self.board.model is not None:
@@ -424,10 +503,15 @@ class AppController:
         self.worker.submit(NewConversation(self.settings.system_prompt))
 
     def stop_speaking(self) -> None:
-        """Stop the assistant mid-answer: drop what is queued for playback, until the talk key goes down again."""
+        """Stop: the assistant falls silent at once and the conversation sleeps (no frames, no clock) until the
+        talk key wakes it; nothing the engine makes after the press reaches the transcript."""
         streams = self.port.streams
         if streams is not None:
             streams.hush()
+        if self.board.engine.conversation:
+            self._stopped = True
+        log.info("Stop pressed")
+        self.worker.submit(Sleep())
 
     def set_volume(self, volume: float, muted: bool) -> None:
         """Master volume (0..1) and mute, at once; saved to the settings shortly after."""
@@ -452,7 +536,14 @@ class AppController:
             self._save()
 
     def apply_settings(self, settings: Settings) -> None:
-        old, self.settings = self.settings, settings
+        """Apply and save ``settings``. A model folder that changed is checked first (for its slot).
+
+        Raises:
+            CheckpointRefused: a changed folder cannot be used; nothing was applied or saved.
+        """
+        old = self.settings
+        checked = self._check_changed_folders(old, settings)
+        self.settings = settings
         self._save()
         streams = self.port.streams
         if (old.input_device, old.output_device) != (settings.input_device, settings.output_device):
@@ -465,8 +556,9 @@ class AppController:
         if streams is not None:
             streams.duck_while_talking = settings.ducking
             streams.volume, streams.muted = settings.volume, settings.muted
-        if (old.idle_pause, old.idle_pause_delay_s) != (settings.idle_pause, settings.idle_pause_delay_s):
-            self.worker.submit(SetIdlePause(settings.idle_pause, settings.idle_pause_delay_s))
+        idle = ("idle_pause", "idle_pause_delay_s", "hands_free")
+        if any(getattr(old, name) != getattr(settings, name) for name in idle):
+            self._set_idle_pause()
         if old.hands_free != settings.hands_free:
             self._configure_hands_free()
         global_key = ("global_talk_key_enabled", "global_talk_key", "talk_mode", "hands_free")
@@ -480,58 +572,99 @@ class AppController:
         if old.numerics != settings.numerics:
             log.info("Numerics chosen: %s", settings.numerics)
             self.worker.submit(SetNumerics(settings.numerics))
-        if settings.active_checkpoint != old.active_checkpoint and settings.active_checkpoint is not None:
-            self._load(settings.active_checkpoint)
+        active = settings.active_checkpoint
+        if active is not None and (active != old.active_checkpoint or settings.active_variant != old.active_variant):
+            self._load(checked[settings.active_variant or ""])  # checked above: the active model is switching
         elif settings.system_prompt != old.system_prompt:
             self.new_conversation()
 
+    @staticmethod
+    def _check_changed_folders(old: Settings, new: Settings) -> dict[str, CheckedCheckpoint]:
+        """Check each model folder that changed, and the active one if the active model changes; by variant key.
+
+        Raises:
+            CheckpointRefused: the first that cannot be used, in words that name the slot.
+        """
+        checked: dict[str, CheckedCheckpoint] = {}
+        switching = new.active_checkpoint != old.active_checkpoint or new.active_variant != old.active_variant
+        for offered in MODEL_VARIANTS:
+            folder = new.checkpoint_for(offered.key)
+            if folder is None:
+                continue
+            if folder == old.checkpoint_for(offered.key) and not (switching and offered.key == new.active_variant):
+                continue
+            try:
+                checked[offered.key] = check_checkpoint(folder, offered.key)
+            except CheckpointRefused as exc:
+                raise CheckpointRefused(f"The {offered.label} folder cannot be used: {exc}") from None
+        return checked
+
     def switch_variant(self, key: str) -> None:
+        """Load the configured ``key`` model once its folder passes the checks; refused, nothing changes."""
         chosen = variant(key)
         path = self.settings.checkpoint_for(key)
         if path is None:
             self._post(Failure(f"No {chosen.label} checkpoint folder is configured; choose one in Settings."))
             return
+        try:
+            checked = check_checkpoint(path, key)
+        except CheckpointRefused as exc:
+            self._refused(f"Not switched to {chosen.label}: {exc}")
+            return
         log.info("Switching to the %s model in %s", chosen.label, path)
         self.settings = self.settings.with_changes(active_variant=key)
         self._save()
-        self._load(path)
+        self._load(checked)
 
     def use_checkpoint(self, path: Path) -> None:
-        """Adopt a local checkpoint folder, stored as the variant its quantization makes it."""
-        from engine.errors import CheckpointError
-        from engine.loading.checkpoint import read_config
-
-        path = Path(path)
+        """Adopt a local checkpoint folder, stored as the variant its tensors' quantization makes it."""
         try:
-            config, _ = read_config(path)
-            chosen = variant_for_checkpoint(config.quantization_bits)
-        except (CheckpointError, ValueError) as exc:
-            self._post(Failure(str(exc)))
+            checked = check_checkpoint(Path(path))
+        except CheckpointRefused as exc:
+            self._refused(f"Not used: {exc}")
             return
-        log.info("Using the %s checkpoint in %s", chosen.label, path)
-        self.settings = self.settings.with_checkpoint(chosen.key, path).with_changes(active_variant=chosen.key)
+        chosen = checked.variant
+        log.info("Using the %s checkpoint in %s", chosen.label, checked.path)
+        self.settings = self.settings.with_checkpoint(chosen.key, checked.path).with_changes(active_variant=chosen.key)
         self._save()
-        self._load(path)
+        self._load(checked)
 
     def _adopt(self, finished: _AdoptCheckpoint) -> None:
         log.info("Downloaded the %s model to %s", finished.variant, finished.path)
+        try:
+            checked = check_checkpoint(finished.path, finished.variant)
+        except CheckpointRefused as exc:
+            self._refused(f"The downloaded {variant(finished.variant).label} model cannot be used: {exc}")
+            return
         self.settings = self.settings.with_checkpoint(finished.variant, finished.path).with_changes(
             active_variant=finished.variant
         )
         self._save()
-        self._load(finished.path)
+        self._load(checked)
+
+    def _refused(self, message: str) -> None:
+        """A folder failed its checks before anything was unloaded: say so in one line; what is loaded stays."""
+        loaded = self.board.model
+        message = message.rstrip(".") + "."
+        if loaded is not None:
+            named = "The demo" if loaded.variant.demo else f"{loaded.name} ({loaded.variant.label})"
+            message += f" {named} stays loaded."
+        log.warning("%s", message)
+        self._post(Failure(message))
 
     def start_demo(self) -> None:
+        self._requested = None
         self.worker.submit(LoadDemo(self.settings.system_prompt, numerics=self.settings.numerics))
 
-    def _load(self, path: Path) -> None:
-        path = Path(path)
+    def _load(self, checked: CheckedCheckpoint) -> None:
+        self._requested = checked.path
         self.worker.submit(
             Load(
-                path,
-                demo=is_demo_checkpoint(path),
+                checked.path,
+                demo=checked.demo,
                 system_prompt=self.settings.system_prompt,
                 numerics=self.settings.numerics,
+                random_weights=checked.random_weights,
             )
         )
 
@@ -1015,6 +1148,10 @@ class _NotKept:
     """Internal: saving conversation ``serial`` to the history failed."""
 
     serial: int
+
+
+_FROM_FRAMES = (UserTranscriptDelta, AssistantTextDelta, ToolCall, AudioChunk, FrameStats, InputFrame, ConversationTime)
+"""What the worker reports from running frames (dropped between Stop and the worker's sleep)."""
 
 
 class _AdoptCheckpoint:

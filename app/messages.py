@@ -36,7 +36,7 @@ class AppState(enum.Enum):
     LISTENING = "listening"  # talk key held: the microphone feeds the model
     SPEAKING = "assistant speaking"
     FALLING_BEHIND = "falling behind"  # frames queue up faster than the engine processes them
-    PAUSED = "paused"  # idle pause: the timeline sleeps until the key is pressed
+    PAUSED = "paused"  # asleep (idle pause, or Stop): the timeline sleeps until the key is pressed
     NO_AUDIO = "no sound device"  # a model is loaded, but there is no microphone or speaker to use
     ERROR = "error"
 
@@ -49,11 +49,20 @@ class ModelLoaded:
     path: Path
     variant: Variant  # what the checkpoint is (from its own quantization, or the demo marker)
     checkpoint: dict[str, Any] = field(default_factory=dict, compare=False)  # for profile logs
+    random_weights: bool = False  # made by ``parley make-checkpoint``: noise, not speech (like the demo)
+
+    @property
+    def noise(self) -> bool:
+        """The weights are random (the demo, or a made checkpoint): it makes noise, not speech."""
+        return self.variant.demo or self.random_weights
 
     @property
     def description(self) -> str:
-        """``"NemotronLabs-VoiceChat-11B-4bit · 4-bit"``; the demo is just "Demo"."""
-        return self.variant.label if self.variant.demo else f"{self.name} · {self.variant.label}"
+        """``"NemotronLabs-VoiceChat-11B-4bit · 4-bit"``; the demo is just "Demo"; random weights say so."""
+        if self.variant.demo:
+            return self.variant.label
+        described = f"{self.name} · {self.variant.label}"
+        return f"{described} · random weights (noise, not speech)" if self.random_weights else described
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,20 @@ class ConversationEnded:
     """The worker closed a conversation (new conversation, reload, length limit, quit); all it said is in."""
 
     number: int
+
+
+@dataclass(frozen=True)
+class ConversationCleared:
+    """A fresh conversation waits for the talk key (a model loaded or switched, New Conversation, a numerics
+    switch): everything of the old one has been reported, and the window drops its transcript, clock, overlay
+    and counters."""
+
+
+@dataclass(frozen=True)
+class ModelFallback:
+    """At launch the configured model could not be used; ``message`` says why and what loads instead."""
+
+    message: str
 
 
 @dataclass(frozen=True)

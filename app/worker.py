@@ -7,9 +7,19 @@ Other threads talk to it only through its command queue and hear back only throu
 goes through one ``AudioPort``.
 
 A loaded model does not start a conversation by itself: nothing runs, and nothing plays,
-until ``StartConversation`` (the talk key, or a start button) or ``NewConversation``. The
-session is prepared (its system prompt prefilled) as soon as the model is ready, so the
-first press of the talk key starts it without a wait.
+until ``StartConversation`` (the talk key, or a start button). A load, ``NewConversation``
+and ``SetNumerics`` all end the open conversation, prepare a fresh one (its system prompt
+prefilled, so the next press of the talk key starts it without a wait) and report
+``ConversationCleared``; none of them starts it.
+
+Sleeping: ``Sleep`` (the user's Stop) and the idle pause put the open conversation to sleep:
+no frame runs, the microphone is closed, the clock stands still, until ``StartConversation``
+wakes it. The idle pause counts frames since the USER last spoke (the talk key held in push
+to talk; a voiced frame in hands-free), not the assistant: a model that talks without a
+break (the demo's noise) sleeps all the same.
+
+A load that fails after its checks passed (out of memory, say) reloads the model that was
+loaded before, so one bad folder never leaves the app without its working model.
 
 Numerics: a model loads with the numerics its ``Load`` names, and ``SetNumerics`` switches the
 loaded one in place (``engine.numerics.set_numerics``: the weights are untouched, no reload),
@@ -48,12 +58,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.events import AssistantTextDelta, AudioChunk, FrameTiming
+from engine.events import AudioChunk, FrameTiming
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_SAMPLE_RATE
 
 from .audio_port import AudioCounters, AudioPort
 from .messages import (
     AppState,
+    ConversationCleared,
     ConversationEnded,
     ConversationStarted,
     ConversationTime,
@@ -63,6 +74,7 @@ from .messages import (
     FrameStats,
     InputFrame,
     LoadProgress,
+    ModelFallback,
     ModelLoaded,
     NumericsAdvice,
     NumericsChanged,
@@ -83,7 +95,9 @@ SPEED_CHECK_FRAMES = 30  # frames of silence in the post-load speed check (5 of 
 DEFAULT_MAX_CONVERSATION_S = 600.0
 EXACT_TIMING_EVERY = 25  # one frame in 25 (every 2 s) is timed stage by stage
 DEMO_OUTPUT_GAIN = 10.0 ** (-26.0 / 20.0)
-"""The demo's random weights make full-scale noise; it plays 26 dB down (about -35 dBFS RMS)."""
+"""Random weights (the demo, a made checkpoint) make full-scale noise; they play 26 dB down (about -35 dBFS RMS)."""
+USER_VOICE_RMS = 0.01
+"""Hands-free: a microphone frame this loud (RMS) counts as the user speaking, for the idle pause."""
 
 
 # --------------------------------------------------------------------------- commands
@@ -97,6 +111,7 @@ class Load:
     demo: bool = False
     system_prompt: str = ""
     numerics: str = "exact"  # engine.numerics.NUMERICS
+    random_weights: bool = False  # a made checkpoint (app.model_check found its marker): treated like the demo
 
 
 @dataclass(frozen=True)
@@ -126,10 +141,18 @@ class NewConversation:
 
 @dataclass(frozen=True)
 class SetIdlePause:
-    """Sleep after ``delay_s`` in which the assistant said nothing and the key was up (when ``enabled``)."""
+    """Sleep after ``delay_s`` in which the user did not speak (when ``enabled``), whatever the assistant does."""
 
     enabled: bool
     delay_s: float
+    hands_free: bool = False  # the talk key opens the microphone for good: a voiced frame is what counts
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """The user pressed Stop: the open conversation sleeps now (no frames, no clock) until the talk key."""
+
+    reason: str = "Stopped. Press the talk key to wake the conversation."
 
 
 @dataclass(frozen=True)
@@ -137,7 +160,7 @@ class Shutdown:
     pass
 
 
-Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Shutdown
+Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Sleep | Shutdown
 
 
 @dataclass
@@ -154,13 +177,18 @@ class FrameWindow:
         return percentile(totals, 0.5), percentile(totals, 0.95), sum(totals) / len(totals) / FRAME_MS
 
 
-def speed_verdict(realtime_factor: float, variant: Variant) -> str:
+def speed_verdict(realtime_factor: float, variant: Variant, *, random_weights: bool = False) -> str:
     """The speed check in plain words, with advice that fits the variant that was measured."""
     share = f"{realtime_factor:.0%} of its {FRAME_MS:.0f} ms"
     if variant.demo:
         return (
             f"The tiny demo model takes {share} per frame here. The real model is far larger, "
             "so this says little about how it will run: load it to find out."
+        )
+    if random_weights:
+        return (
+            f"This checkpoint has random weights, so it makes noise, not speech; a frame of a model of its shapes "
+            f"takes {share} here."
         )
     if realtime_factor < 0.6:
         return f"This machine keeps up easily: a frame takes {share}."
@@ -220,8 +248,9 @@ class EngineWorker(threading.Thread):
         self._stopping = False
         self._stopped = threading.Event()
         self._state = AppState.NO_MODEL
-        self._last_speech_frame = 0
+        self._last_user_frame = 0  # the session frame in which the user last spoke (or the conversation woke)
         self._idle_pause: SetIdlePause | None = None
+        self._last_good: Load | None = None  # the last load that worked: reloaded if a later one fails
         self._numerics: Numerics = "exact"  # what the loaded model runs with
 
     # ------------------------------------------------------------------ any thread
@@ -283,10 +312,12 @@ class EngineWorker(threading.Thread):
             elif isinstance(command, NewConversation):
                 if command.system_prompt is not None:
                     self._system_prompt = command.system_prompt
-                self._prepare_session()
-                self._start_session()
+                self._fresh_conversation()
             elif isinstance(command, SetIdlePause):
                 self._idle_pause = command
+            elif isinstance(command, Sleep):
+                if self._conversation_open:
+                    self._pause(command.reason)
             elif isinstance(command, SetNumerics):
                 self._set_numerics(command.numerics)
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
@@ -306,6 +337,7 @@ class EngineWorker(threading.Thread):
 
         self._close_session()
         self._voicechat = self._model = None
+        self._emit(ConversationCleared())  # the old model's conversation is over, whatever this load does
         log.info("Loading %s%s", command.path, " (demo)" if command.demo else "")
         self._set_state(AppState.LOADING, f"Loading {command.path.name}…")
         self._emit(LoadProgress(-1.0, f"Reading {command.path}"))
@@ -320,9 +352,21 @@ class EngineWorker(threading.Thread):
                 Path(command.path),
                 variant_for_checkpoint(voicechat.quantization_bits, demo=command.demo),
                 voicechat.describe(),
+                random_weights=command.random_weights and not command.demo,
             )
         except Exception as exc:  # noqa: BLE001 - any load failure is reported, the app stays usable
-            self._fail(f"Could not load {command.path}: {exc}", exc, state=AppState.NO_MODEL)
+            previous, self._last_good = self._last_good, None
+            text = str(exc) if str(command.path) in str(exc) else f"{command.path}: {exc}"
+            if previous is None or previous.path == command.path:
+                self._fail(f"Could not load {text}", exc, state=AppState.NO_MODEL)
+                return
+            log.error(
+                "Could not load %s; reloading %s\n%s", text, previous.path, "".join(traceback.format_exception(exc))
+            )
+            self._emit(
+                ModelFallback(f"Could not load {text}. The model loaded before, {previous.path.name}, loads again.")
+            )
+            self._load(previous)
             return
         self._system_prompt = command.system_prompt
         saving = "" if voicechat.precast_bytes else " (memory-saving mode: weights kept as stored, a little slower)"
@@ -340,8 +384,9 @@ class EngineWorker(threading.Thread):
         self._warm_up(voicechat, progress=preparation)
         if self.speed_check_enabled:
             self._emit(LoadProgress(0.8, "Checking this machine's speed"))
-            self._run_speed_check(voicechat, model.variant)
+            self._run_speed_check(voicechat, model)
         self._voicechat, self._model = voicechat, model
+        self._last_good = command
         self._emit(LoadProgress(0.95, "Preparing the conversation (reading the system prompt)"))
         self._prepare_session()
         self._emit(model)
@@ -355,13 +400,13 @@ class EngineWorker(threading.Thread):
             time.perf_counter() - started,
         )
 
-    def _run_speed_check(self, voicechat: VoiceChat, variant: Variant) -> None:
+    def _run_speed_check(self, voicechat: VoiceChat, model: ModelLoaded) -> None:
         from engine.numerics import set_numerics
 
         rtf = self._measure_speed(voicechat)
         log.info("Speed check (%s numerics): realtime factor %.2f", voicechat.numerics, rtf)
-        self._emit(SpeedCheck(rtf, speed_verdict(rtf, variant)))
-        if voicechat.numerics != "exact" or rtf <= 1.0 or variant.demo:
+        self._emit(SpeedCheck(rtf, speed_verdict(rtf, model.variant, random_weights=model.random_weights)))
+        if voicechat.numerics != "exact" or rtf <= 1.0 or model.variant.demo:
             return  # the demo's speed says nothing about the real model's
         set_numerics(voicechat, "fast")
         try:
@@ -398,7 +443,7 @@ class EngineWorker(threading.Thread):
         return float(summarize(timings, drop_first=5)["realtime_factor"])
 
     def _set_numerics(self, numerics: str) -> None:
-        """Switch in place and start over: the conversation open now ends, a new one starts at once."""
+        """Switch in place and start over: the conversation open now ends, a fresh one waits for the talk key."""
         from engine.numerics import check_numerics, set_numerics
 
         self._numerics = check_numerics(numerics)
@@ -410,10 +455,14 @@ class EngineWorker(threading.Thread):
         self._model = dataclasses.replace(model, checkpoint=voicechat.describe())  # profiles record the mode
         log.info("Numerics switched to %s (fast changes in use: %s)", numerics, voicechat.fast_changes or "none")
         self._emit(NumericsChanged(numerics, dict(voicechat.fast_changes)))
-        was_open = self._conversation_open
+        self._fresh_conversation()
+
+    def _fresh_conversation(self) -> None:
+        """End the open conversation and prepare the next, which waits for the talk key like after a load."""
         self._prepare_session()
-        if was_open:
-            self._start_session()
+        self._emit(ConversationCleared())
+        if self._model is not None:
+            self._set_state(AppState.READY)
 
     def _prepare_session(self) -> None:
         """A fresh session with its prompt prefilled, not yet started (nothing reads or plays)."""
@@ -434,7 +483,7 @@ class EngineWorker(threading.Thread):
         self._conversations += 1
         self._frames = FrameWindow()
         self._paused = False
-        self._last_speech_frame = 0
+        self._last_user_frame = 0
         self._counters_start = self._audio.counters()
         log.info(
             "Conversation %d started on %s (%s numerics)",
@@ -456,16 +505,20 @@ class EngineWorker(threading.Thread):
                 self._emit(ConversationEnded(self._conversations))  # after everything it said: keep it
         self._conversation_open = False
 
-    def _pause(self) -> None:
+    def _pause(self, reason: str) -> None:
         if self._session is None or self._paused:
             return
         self._paused = True
         self._audio.stop_capture()
-        self._set_state(AppState.PAUSED, "Idle: the conversation sleeps until you talk.")
+        self._audio.clear_output()  # asleep means silent: nothing queued plays on
+        elapsed = self._session.frame_index * FRAME_SECONDS
+        log.info("Conversation %d sleeps at %.2f s: %s", self._conversations, elapsed, reason)
+        self._set_state(AppState.PAUSED, reason)
+        self._emit(ConversationTime(elapsed, max(0.0, self.max_conversation_s - elapsed)))  # where the clock stops
 
     def _resume(self) -> None:
         self._paused = False
-        self._last_speech_frame = self._session.frame_index if self._session is not None else 0
+        self._last_user_frame = self._session.frame_index if self._session is not None else 0
         self._audio.start_capture()
         self._set_state(AppState.READY)
 
@@ -474,6 +527,7 @@ class EngineWorker(threading.Thread):
         frame = self._audio.read_frame(0.02)
         if frame is None or session is None:
             return
+        key_held = self._audio.talking  # as the frame was read: the key may go up while it runs
         from engine.errors import ContextLimitError
 
         self._emit(InputFrame(frame))
@@ -493,7 +547,7 @@ class EngineWorker(threading.Thread):
             return
         finally:
             session.profiler.stage_timing = False
-        gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.variant.demo else 1.0
+        gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.noise else 1.0
         for event in events:
             if isinstance(event, AudioChunk):
                 if gain != 1.0:
@@ -503,9 +557,8 @@ class EngineWorker(threading.Thread):
             elif isinstance(event, FrameTiming):
                 self._record(event)
             else:
-                if isinstance(event, AssistantTextDelta):
-                    self._last_speech_frame = event.frame_index
                 self._emit(event)
+        self._note_user(index, frame, key_held)
         self._maybe_idle_pause(session)
 
     def _record(self, timing: FrameTiming) -> None:
@@ -524,16 +577,28 @@ class EngineWorker(threading.Thread):
         elif self._state is AppState.FALLING_BEHIND:
             self._set_state(AppState.READY)
 
-    def _frames_since_speech(self, session: Session) -> int:
-        """Frames since the assistant last produced text (what the idle pause waits on)."""
-        return session.frame_index - self._last_speech_frame
+    def _note_user(self, index: int, frame: np.ndarray, key_held: bool) -> None:
+        """Frame ``index`` counts as the user speaking: the talk key held (push to talk), or a voiced frame
+        (hands-free, where the microphone stays open)."""
+        idle = self._idle_pause
+        hands_free = idle is not None and idle.hands_free
+        if hands_free:
+            spoke = float(np.sqrt(np.mean(np.square(frame)))) > USER_VOICE_RMS
+        else:
+            spoke = key_held
+        if spoke:
+            self._last_user_frame = index + 1
+
+    def _frames_since_user(self, session: Session) -> int:
+        """Frames since the user last spoke, or the conversation started or woke (what the idle pause counts)."""
+        return session.frame_index - self._last_user_frame
 
     def _maybe_idle_pause(self, session: Session) -> None:
         idle = self._idle_pause
-        if idle is None or not idle.enabled or self._audio.talking or self._paused:
+        if idle is None or not idle.enabled or self._paused or not self._conversation_open:
             return
-        if self._frames_since_speech(session) * FRAME_SECONDS >= idle.delay_s:
-            self._pause()
+        if self._frames_since_user(session) * FRAME_SECONDS >= idle.delay_s:
+            self._pause(f"Nobody has spoken for {idle.delay_s:.0f} s. Press the talk key to wake the conversation.")
 
     def _set_state(self, state: AppState, detail: str = "") -> None:
         self._state = state

@@ -24,6 +24,7 @@ from app.history import ConversationHistory, HistoryListing, LoadedConversation,
 from app.hotkey import GlobalKeySupport
 from app.messages import (
     AppState,
+    ConversationCleared,
     ConversationStarted,
     ConversationTime,
     DeviceStatus,
@@ -190,22 +191,32 @@ class FakeController:
         )
 
     def new_conversation(self) -> None:
+        """As the real worker: the old conversation ends and the next waits for the talk key."""
         self._record("new_conversation")
         self._elapsed = 0.0
         self._script.clear()
         if self.board.model is not None:
-            self._start_conversation()
+            self.queue(ConversationCleared(), EngineState(AppState.READY))
 
     def stop_speaking(self) -> None:
+        """As the real worker: an open conversation sleeps."""
         self._record("stop_speaking")
+        self._script.clear()
+        if self.board.engine.conversation:
+            self.queue(EngineState(AppState.PAUSED, "Stopped: the conversation sleeps", conversation=True))
 
     def set_volume(self, volume: float, muted: bool) -> None:
         self._record("set_volume", volume, muted)
         self.settings = self.settings.with_changes(volume=volume, muted=muted)
 
     def apply_settings(self, settings: Settings) -> None:
+        """Records and keeps ``settings``; a changed active model reloads, as the real controller does."""
         self._record("apply_settings", settings)
-        self.settings = settings
+        old, self.settings = self.settings, settings
+        folder = settings.active_checkpoint
+        if folder is not None and (folder, settings.active_variant) != (old.active_checkpoint, old.active_variant):
+            assert settings.active_variant is not None
+            self._load(folder.name, folder, variant(settings.active_variant))
 
     def switch_variant(self, key: str) -> None:
         self._record("switch_variant", key)
@@ -312,6 +323,7 @@ class FakeController:
         self._loaded = True
         self._clock = time.monotonic()
         self.queue(
+            ConversationCleared(),
             EngineState(AppState.LOADING, f"Opening {name}"),
             LoadProgress(0.4, "Reading weights"),
             LoadProgress(0.8, "Checking this machine's speed"),

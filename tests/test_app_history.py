@@ -65,6 +65,7 @@ def test_a_conversation_is_kept_when_it_ends_with_its_transcript_audio_and_profi
     heard, spoken = controller.recording.snapshot()
     assert not controller.conversation_at_risk(), "saving is on: nothing to ask about"
     controller.new_conversation()
+    controller.start_conversation()  # a new conversation waits for the talk key
     messages = wait_for(
         controller,
         lambda seen: (
@@ -116,6 +117,7 @@ def test_with_saving_off_nothing_is_kept_and_the_window_must_ask(make, tiny_q4: 
     assert controller.save_conversation(tmp_path / "by hand")
     assert not controller.conversation_at_risk(), "saved by hand"
     controller.new_conversation()
+    controller.start_conversation()  # a new conversation waits for the talk key
     wait_for(controller, lambda seen: frame_count(seen) >= 4)
     assert controller.conversation_at_risk(), "the new conversation is not saved anywhere"
     controller.apply_settings(controller.settings.with_changes(history=True))
@@ -131,6 +133,7 @@ def test_a_failed_save_is_reported_and_later_conversations_are_asked_about(make,
     controller.start()
     talk(controller, 6)
     controller.new_conversation()
+    controller.start_conversation()  # a new conversation waits for the talk key
     messages = wait_for(controller, lambda seen: any(isinstance(m, Failure) for m in seen))
     failure = next(m for m in messages if isinstance(m, Failure))
     assert str(tmp_path / "history") in failure.message and "Save Conversation" in failure.message

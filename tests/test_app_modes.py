@@ -136,7 +136,10 @@ def test_switching_numerics_is_in_place_starts_over_and_is_recorded(make, tiny_q
     voicechat = controller.worker._voicechat
 
     controller.apply_settings(controller.settings.with_changes(numerics="fast"))
-    messages = wait_for(
+    messages = wait_for(controller, lambda seen: any(isinstance(m, NumericsChanged) for m in seen))
+    controller.set_talking(True)  # like a model switch, the next conversation waits for the talk key
+    controller.set_talking(False)
+    messages += wait_for(
         controller, lambda seen: any(isinstance(m, ConversationStarted) and m.number == 2 for m in seen)
     )
     messages += wait_for(controller, lambda seen: frame_count(seen) >= 4)

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.messages import (
     AppState,
+    ConversationCleared,
     ConversationStarted,
     ConversationTime,
     DeviceStatus,
@@ -54,6 +55,7 @@ from app.messages import (
     GlobalTalk,
     HistorySaved,
     Levels,
+    ModelFallback,
     ModelLoaded,
     Notice,
     NumericsAdvice,
@@ -68,7 +70,7 @@ from app.settings import Settings, load_settings
 from app.status import TALKABLE
 
 from .about import AboutDialog
-from .banner import BannerArea
+from .banner import Banner, BannerArea
 from .contracts import Controller, ControllerFactory
 from .conversation_page import ConversationPage
 from .event_pump import EventPump
@@ -99,7 +101,7 @@ WAITING_TEXT: Final = {
     AppState.LOADING: "Loading the model — frames appear once a conversation runs",
     AppState.NO_AUDIO: "No frames: there is no microphone or speaker to use",
     AppState.ERROR: "No frames: see the message above",
-    AppState.PAUSED: "Paused — press the talk key to resume",
+    AppState.PAUSED: "Asleep: no frames run — press the talk key to wake the conversation",
 }
 
 
@@ -117,6 +119,8 @@ class MainWindow(QMainWindow):
         self._first_run_active = controller.settings.active_checkpoint is None
         self._welcome = self._first_run_active  # on the launch's welcome page, not yet moved on
         self._time_up_offered = False
+        self._time_up_banner: Banner | None = None
+        self._speed_banner: Banner | None = None
         self.status = StateChanged(AppState.NO_MODEL)  # the latest snapshot: all the window shows of the state
         self._settings_dialog: SettingsDialog | None = None
         self.setWindowTitle("Parley")
@@ -200,6 +204,8 @@ class MainWindow(QMainWindow):
         pump.levels.connect(self.handle_levels)
         pump.model_loaded.connect(self.handle_model_loaded)
         pump.conversation_started.connect(self.handle_conversation_started)
+        pump.conversation_cleared.connect(self.handle_conversation_cleared)
+        pump.model_fallback.connect(self.handle_model_fallback)
         pump.turn_latency.connect(self.handle_turn_latency)
         pump.speed_check.connect(self.handle_speed_check)
         pump.conversation_time.connect(self.handle_conversation_time)
@@ -270,9 +276,11 @@ class MainWindow(QMainWindow):
             self.conversation.talk.set_level(0.0)
         if status.speaker is None:
             self.conversation.speaker_meter.set_peak(0.0)
-        demo = status.model is not None and status.model.variant.demo
+        noise = status.model is not None and status.model.noise
         speaker_caption = status.speaker or "No speaker"
-        self.conversation.speaker_meter.set_caption(f"{speaker_caption} · demo noise" if demo else speaker_caption)
+        self.conversation.speaker_meter.set_caption(
+            f"{speaker_caption} · noise, not speech" if noise else speaker_caption
+        )
 
     def handle_levels(self, levels: Levels) -> None:
         page = self.conversation
@@ -281,15 +289,30 @@ class MainWindow(QMainWindow):
         page.talk.set_level(levels.input_peak)
 
     def handle_model_loaded(self, loaded: ModelLoaded) -> None:
+        self.banners.clear(kind="error")  # a model loaded fine: earlier errors are stale
         if not self._first_run_active:
             self.statusBar().showMessage(f"Loaded {loaded.description}.", 8000)
 
+    def handle_model_fallback(self, fallback: ModelFallback) -> None:
+        """The configured model could not be used at launch: say why and what loads instead (it stays shown)."""
+        self.banners.show_message(fallback.message, kind="warning")
+
     def handle_conversation_started(self, started: ConversationStarted) -> None:
         """A new conversation: the previous one's transcript, frames and time are done with."""
+        self._drop_conversation()
+
+    def handle_conversation_cleared(self, cleared: ConversationCleared) -> None:
+        """A switch or New Conversation: the old conversation is over and the next waits for the talk key."""
+        self._drop_conversation()
+
+    def _drop_conversation(self) -> None:
         self.conversation.transcript.clear()
         self.conversation.overlay.clear()
         self.header.hide_time_left()
         self._time_up_offered = False
+        if self._time_up_banner is not None:
+            self._time_up_banner.dismiss()  # its "New conversation" is done with
+            self._time_up_banner = None
 
     def handle_turn_latency(self, latency: TurnLatency) -> None:
         self.conversation.overlay.set_latency(latency)
@@ -299,7 +322,9 @@ class MainWindow(QMainWindow):
             self.first_run.handle_speed_check(check)
             return
         slow = check.realtime_factor > 1.0
-        self.banners.show_message(
+        if self._speed_banner is not None:
+            self._speed_banner.dismiss()  # the model it measured is gone
+        self._speed_banner = self.banners.show_message(
             f"Speed check: {check.verdict} (realtime factor {check.realtime_factor:.2f})",
             kind="warning" if slow else "info",
             timeout_ms=None if slow else INFO_TIMEOUT_MS,
@@ -310,7 +335,7 @@ class MainWindow(QMainWindow):
         self.header.show_time_left(remaining)
         if remaining <= 0 and not self._time_up_offered:
             self._time_up_offered = True
-            self.banners.show_message(
+            self._time_up_banner = self.banners.show_message(
                 "This conversation has reached its length limit. Start a new one to keep talking.",
                 kind="warning",
                 action=("New conversation", self.new_conversation),

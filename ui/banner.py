@@ -193,9 +193,11 @@ class BannerArea(QWidget):
         self.show()
         return banner
 
-    def clear(self) -> None:
+    def clear(self, *, kind: str | None = None) -> None:
+        """Dismiss every banner, or only those of ``kind``."""
         for banner in self.banners():
-            banner.dismiss()
+            if kind is None or banner.kind == kind:
+                banner.dismiss()
 
     def _update_visibility(self) -> None:
         self.setVisible(bool(self.banners()))

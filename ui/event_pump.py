@@ -18,6 +18,7 @@ from typing import Final
 from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from app.messages import (
+    ConversationCleared,
     ConversationStarted,
     ConversationTime,
     DeviceStatus,
@@ -27,6 +28,7 @@ from app.messages import (
     GlobalTalk,
     HistorySaved,
     Levels,
+    ModelFallback,
     ModelLoaded,
     Notice,
     NumericsAdvice,
@@ -54,6 +56,8 @@ class EventPump(QObject):
     levels = Signal(Levels)
     model_loaded = Signal(ModelLoaded)
     conversation_started = Signal(ConversationStarted)
+    conversation_cleared = Signal(ConversationCleared)
+    model_fallback = Signal(ModelFallback)
     turn_latency = Signal(TurnLatency)
     speed_check = Signal(SpeedCheck)
     conversation_time = Signal(ConversationTime)
@@ -91,6 +95,8 @@ class EventPump(QObject):
             Levels: self.levels,
             ModelLoaded: self.model_loaded,
             ConversationStarted: self.conversation_started,
+            ConversationCleared: self.conversation_cleared,
+            ModelFallback: self.model_fallback,
             TurnLatency: self.turn_latency,
             SpeedCheck: self.speed_check,
             ConversationTime: self.conversation_time,

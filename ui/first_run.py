@@ -246,8 +246,9 @@ class FirstRunPage(QWidget):
     def choose_folder(self) -> None:
         chosen = QFileDialog.getExistingDirectory(self, "Choose a VoiceChat checkpoint folder", str(Path.home()))
         if chosen:
+            # Progress follows from the state once the folder passes its checks; a refused folder is a banner, and
+            # whatever was loaded (the demo) stays offered here.
             self._controller.use_checkpoint(Path(chosen))
-            self._show_loading(f"Opening {chosen}…")
 
     def start_demo(self) -> None:
         self._controller.start_demo()
@@ -342,13 +343,21 @@ class FirstRunPage(QWidget):
     def _show_loaded(self, *, keep_choices: bool) -> None:
         loaded = self.loaded
         assert loaded is not None
-        self.title.setText("You are all set")
         how = (
             "Press the talk key to open the microphone, then just talk (hands-free)."
             if self._controller.settings.hands_free
             else "Hold the talk key and speak; let go to hear the answer."
         )
-        self.subtitle.setText(f"The model is loaded. {how}")
+        # One story per page: the demo (and any random-weight checkpoint) is a try-out, not a model to talk to.
+        if loaded.variant.demo:
+            self.title.setText("Try Parley with the demo")
+            self.subtitle.setText(f"A stand-in until you get the model: it makes noise, not speech. {how}")
+        elif loaded.random_weights:
+            self.title.setText("A random-weight model is loaded")
+            self.subtitle.setText(f"{loaded.name} makes noise, not speech. {how}")
+        else:
+            self.title.setText("You are all set")
+            self.subtitle.setText(f"{loaded.description} is loaded. {how}")
         self.download_card.setVisible(keep_choices)
         self.other_sources.setVisible(keep_choices)
         self.demo_card.setVisible(not loaded.variant.demo)
@@ -361,6 +370,12 @@ class FirstRunPage(QWidget):
                 "The demo checkpoint is loaded and waiting: nothing plays until you press Try the demo or the "
                 "talk key. Everything works — talk key, meters, overlay — but its weights are random, so the "
                 "assistant makes quiet noise, not speech. Download or choose the real model below whenever you like."
+            )
+        elif loaded.random_weights:
+            self.status_title.setText("Ready — noise, not speech")
+            self.status_text.setText(
+                f"{loaded.name} ({loaded.variant.label}) from {loaded.path} has random weights (made by parley "
+                "make-checkpoint): it plays quiet noise, like the demo."
             )
         else:
             self.status_title.setText("Model ready")

@@ -1,13 +1,12 @@
 """The settings dialog's Model page: a folder per published variant and the one-click switch between them.
 
 The variants come from ``app.variants`` (4-bit, 8-bit, bf16). The switch shows the variant
-that is *loaded* (from the app's state snapshot), not the one last configured: with the
-demo loaded, none is checked and the page says so. Switching acts at once: it saves an
-edited folder for that variant first (if any), then calls ``controller.switch_variant``;
-the reload reports progress in the main window and the conversation restarts. A variant
-without a folder is not switched to; the page says what to do instead. Below, the numerics
-(exact or fast) are a setting like the others: saved with the dialog, applied in place. Main
-thread only.
+that is *loaded* (from the app's state snapshot) until the user picks another: with the demo
+loaded, none is checked and the page says so. Like every setting, a pick applies on Save
+(the controller checks the folder first and refuses one that does not hold that variant; the
+dialog then stays open with the reason) and Cancel forgets it. A variant without a folder is
+not picked; the page says where to get one. Below, the numerics (exact or fast), also applied
+on Save, in place. Main thread only.
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ NUMERICS_NOTE = (
     "Fast uses fused GPU kernels that read bf16 weights and keeps the voice's history in bf16: twice as fast or "
     "more on a large GPU, and half the memory a long conversation adds; results differ from the reference in the "
     "last digits, so speech, and now and then a word, can come out differently. Exact is the reference, bit for "
-    "bit. Switching needs no reload; a new conversation starts."
+    "bit. Switching (on Save) needs no reload; the next conversation waits for the talk key."
 )
 
 
@@ -64,6 +63,7 @@ class ModelSettingsPage(QWidget):
         self._controller = controller
         self._report = report
         self._variant = controller.settings.active_variant  # the variant chosen here (saved as active_variant)
+        self._picked: str | None = None  # the variant clicked in this dialog (loads on Save)
         self._loaded: Variant | None = None  # the variant actually loaded, from the state snapshot
 
         folders = QGroupBox("Checkpoint folders", self)
@@ -113,8 +113,7 @@ class ModelSettingsPage(QWidget):
         box.addWidget(
             muted_label(
                 "4-bit is the fastest and fits most machines; 8-bit and bf16 are closer to the original and need "
-                "more memory and speed (hover over each for its size). Switching reloads the model right away and "
-                "starts a new conversation.",
+                "more memory and speed (hover over each for its size). A switch applies on Save.",
                 active,
             )
         )
@@ -153,6 +152,7 @@ class ModelSettingsPage(QWidget):
 
     def load(self, settings: Settings) -> None:
         self._variant = settings.active_variant
+        self._picked = None
         self.exact_radio.setChecked(settings.numerics == "exact")
         self.fast_radio.setChecked(settings.numerics == "fast")
         for key, edit in self.folder_edits.items():
@@ -161,7 +161,7 @@ class ModelSettingsPage(QWidget):
         self._check_loaded()
 
     def show_status(self, status: StateChanged) -> None:
-        """Check the variant that is loaded now, and say what is loaded (or loading)."""
+        """Check the variant that is loaded now (unless another is picked), and say what is loaded (or loading)."""
         self._loaded = status.model.variant if status.model is not None else None
         if status.state is AppState.LOADING:
             self.loaded_label.setText("Loading a model…")
@@ -169,15 +169,26 @@ class ModelSettingsPage(QWidget):
             self.loaded_label.setText("No model is loaded.")
         elif status.model.variant.demo:
             self.loaded_label.setText("The demo is loaded (noise, not speech). Choose a model above to use it.")
+        elif status.model.random_weights:
+            self.loaded_label.setText(
+                f"Loaded: {status.model.name} · {status.model.variant.label}, random weights (noise, not speech)."
+            )
         else:
             self.loaded_label.setText(f"Loaded: {status.model.description}.")
         self._check_loaded()
 
+    @property
+    def picked(self) -> str | None:
+        """The variant picked here to load on Save; None when none was picked, or the pick is the one loaded."""
+        loaded = self._loaded.key if self._loaded is not None else None
+        return self._picked if self._picked != loaded else None
+
     def _check_loaded(self) -> None:
-        # Only the loaded variant is checked: with the demo (or nothing) loaded, none is.
+        # The picked variant is checked, else the loaded one: with the demo (or nothing) loaded and none picked, none.
+        shown = self.picked or (self._loaded.key if self._loaded is not None else None)
         self.variant_group.setExclusive(False)
         for key, button in self.variant_buttons.items():
-            button.setChecked(self._loaded is not None and key == self._loaded.key)
+            button.setChecked(key == shown)
         self.variant_group.setExclusive(True)
 
     def folders(self) -> dict[str, Path]:
@@ -218,29 +229,21 @@ class ModelSettingsPage(QWidget):
             self._report(f"{chosen} has no config.json — is it a VoiceChat checkpoint folder?")
 
     def switch_variant(self, key: str) -> None:
-        """The one-click switch: reload that checkpoint now."""
+        """Pick ``key`` to load when the dialog is saved (nothing changes before Save; Cancel forgets it)."""
         chosen = variant(key)
-        if self._loaded is not None and key == self._loaded.key == self._variant:
-            self._check_loaded()
-            return
         folder = self.folders().get(key)
         if folder is None:
             self._check_loaded()
             self.variant_status.setText(
-                f"Choose the {chosen.label} folder above first, or download {chosen.repo} from the first-run screen."
+                f"Choose the {chosen.label} folder above first, or get the model with File → Get a Model…."
             )
             return
-        try:
-            current = self._controller.settings
-            if current.checkpoint_for(key) != folder:
-                self._controller.apply_settings(current.with_checkpoint(key, folder))
-            self._controller.switch_variant(key)
-        except Exception as exc:  # report on the page, keep the previous choice
-            log.exception("switch_variant(%s) failed", key)
-            self._check_loaded()
-            self.variant_status.setText(f"Could not switch to {chosen.label}: {exc}")
-            return
-        self._variant = key
-        self.variant_status.setText(
-            f"Loading the {chosen.label} model — progress shows in the main window; the conversation starts over."
-        )
+        self._variant = self._picked = key
+        self._check_loaded()
+        loaded = self._loaded.key if self._loaded is not None else None
+        if key == loaded:
+            self.variant_status.setText("")
+        else:
+            self.variant_status.setText(
+                f"The {chosen.label} model loads when you press Save; the next conversation waits for the talk key."
+            )

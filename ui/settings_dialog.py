@@ -1,11 +1,12 @@
 """The settings dialog: model (``ui.model_settings``), audio, conversation, history, appearance.
 
 The form edits a copy of the settings; *Save* validates it, hands it to
-``controller.apply_settings`` and closes, *Cancel* discards it. Problems are shown in the
-dialog, which stays open, so nothing typed is lost. The model switch acts at once: it
-calls ``controller.switch_variant`` (the reload reports progress through the window's
-state line and the conversation restarts); which model is loaded comes from the window's
-latest state snapshot (:meth:`SettingsDialog.show_status`).
+``controller.apply_settings`` and closes, *Cancel* discards all of it, the model switch
+included. Problems are shown in the dialog, which stays open, so nothing typed is lost: a
+model folder the controller refuses (not a checkpoint, or another variant than its slot)
+is one of them, and then nothing was applied. A picked model reloads on Save (progress in
+the window's state line; the next conversation waits for the talk key); which model is
+loaded comes from the window's latest state snapshot (:meth:`SettingsDialog.show_status`).
 
 What this computer can do decides what is offered: hands-free only where echo cancellation
 loads (``controller.hands_free_unavailable()``), the talk key in other apps with the
@@ -43,6 +44,7 @@ from PySide6.QtWidgets import (
 
 from app.hotkey import EXAMPLES, KeySpecError, format_key_spec, parse_key_spec
 from app.messages import StateChanged
+from app.model_check import CheckpointRefused
 from app.settings import (
     DEFAULT_SYSTEM_PROMPT,
     HISTORY_LIMIT_MAX_GB,
@@ -202,7 +204,7 @@ class SettingsDialog(QDialog):
         self.key_edit.setClearButtonEnabled(True)
         self.hold_radio = QRadioButton("Hold the key while you talk", talk_box)
         self.toggle_radio = QRadioButton("Press once to start, again to stop", talk_box)
-        self.idle_check = QCheckBox("Pause when nobody has spoken for", talk_box)
+        self.idle_check = QCheckBox("Sleep when I have not spoken for", talk_box)
         self.idle_spin = QDoubleSpinBox(talk_box)
         self.idle_spin.setRange(IDLE_PAUSE_MIN_S, IDLE_PAUSE_MAX_S)
         self.idle_spin.setDecimals(0)
@@ -242,7 +244,7 @@ class SettingsDialog(QDialog):
         form.addRow(muted_label("In hands-free (Audio) the key opens and closes the microphone instead.", talk_box))
         form.addRow(idle_row)
         form.addRow(
-            muted_label("While paused the conversation keeps its memory; pressing the talk key resumes it.", talk_box)
+            muted_label("Asleep, no frames run and the conversation keeps its memory; the talk key wakes it.", talk_box)
         )
 
         global_layout = QVBoxLayout(global_box)
@@ -405,6 +407,14 @@ class SettingsDialog(QDialog):
             return
         try:
             self._controller.apply_settings(settings)
+            picked = self.model_page.picked
+            if picked is not None and picked == self._base.active_variant:
+                # Picked what the settings already name, while another model runs (a fallback at launch): load it.
+                self._controller.switch_variant(picked)
+        except CheckpointRefused as exc:  # nothing was applied: show why, on the Model page
+            self.tabs.setCurrentWidget(self.model_page)
+            self.show_error(str(exc))
+            return
         except Exception as exc:  # keep the dialog (and what was typed) open
             log.exception("apply_settings failed")
             self.show_error(f"The settings could not be saved: {exc}")

@@ -25,7 +25,7 @@ STATE_TEXT: Final[dict[AppState, str]] = {
     AppState.LISTENING: "Listening",
     AppState.SPEAKING: "Assistant speaking",
     AppState.FALLING_BEHIND: "Falling behind",
-    AppState.PAUSED: "Paused",
+    AppState.PAUSED: "Asleep",
     AppState.NO_AUDIO: "No sound device",
     AppState.ERROR: "Error",
 }
@@ -38,7 +38,7 @@ STATE_HINT: Final[dict[AppState, str]] = {
     AppState.LISTENING: "Your microphone is live",
     AppState.SPEAKING: "",
     AppState.FALLING_BEHIND: "This computer is not keeping up with real time",
-    AppState.PAUSED: "Idle — press the talk key to resume",
+    AppState.PAUSED: "No frames run — press the talk key to wake it",
     AppState.NO_AUDIO: "Connect a microphone and a speaker",
     AppState.ERROR: "See the message above",
 }

@@ -34,6 +34,10 @@ Size = RandomSize
 QUANTIZE_CHOICES = (None, 4, 8)
 GROUP_SIZE = 64
 SHARD_BYTES = {"tiny": 2 << 20, "structure": 2 << 20, "full": 5 << 30}
+RANDOM_WEIGHTS_KEY = "parley_random_weights"
+"""The ``config.json`` field that marks a checkpoint written here: its weights are random, it makes noise, not
+speech. Loaders ignore unknown fields, so the published layout still loads; the app reads it to treat the folder
+like the demo (label, level, no speed praise)."""
 
 # Same split as the Nemotron-Nano tokenizer's pre-tokenizer.
 _PRETOKENIZE_PATTERN = (
@@ -569,6 +573,7 @@ def make_checkpoint(
         block = quantization_block(config, quantize)
         raw["quantization"] = block
         raw["quantization_config"] = block
+    raw[RANDOM_WEIGHTS_KEY] = {"size": size, "seed": seed, "note": "random weights: noise, not speech"}
     (out / "config.json").write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n")
 
     tokenizer = build_tokenizer(config.text_config.vocab_size, seed=seed)
@@ -610,6 +615,11 @@ def make_checkpoint(
     index_doc = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index_doc, indent=2) + "\n")
     return out
+
+
+def has_random_weights(raw_config: dict[str, Any]) -> bool:
+    """Whether a checkpoint's ``config.json`` (as read) marks it as written by :func:`make_checkpoint`."""
+    return isinstance(raw_config.get(RANDOM_WEIGHTS_KEY), dict)
 
 
 def _human_bytes(count: int) -> str:

@@ -107,6 +107,9 @@ def test_conversation_time_counts_down_and_offers_a_new_conversation(window: Mai
     assert "length limit" in banner.text() and banner.action_button is not None
     banner.action_button.click()
     assert fake.calls_to("new_conversation") == [()]
+    window.pump.drain()  # the old conversation is gone: no clock, no banner; the next waits for the talk key
+    assert window.header.time_chip.isHidden() and window.banners.banners() == []
+    fake.start_conversation()
     window.pump.drain()  # the new conversation starts, with all its time
     assert window.header.time_chip.text() == "5:00 left" and window.header.time_chip.property("level") == ""
 
@@ -237,8 +240,10 @@ def test_run_gui_reports_a_controller_that_cannot_start(monkeypatch: pytest.Monk
 
 def test_variant_reload_shows_progress_in_the_state_line(window: MainWindow, fake: FakeController) -> None:
     window.show_conversation()
-    window.open_settings().model_page.variant_buttons["8bit"].click()
-    assert fake.calls_to("switch_variant") == [("8bit",)]
+    dialog = window.open_settings()
+    dialog.model_page.variant_buttons["8bit"].click()
+    dialog.accept()
+    assert [args[0].active_variant for args in fake.calls_to("apply_settings")] == ["8bit"]
     window.pump.drain()  # the fake reloads: loading, progress, loaded, speed check, ready
     assert window.indicator.text() == "Ready"
     assert window.header.model_chip.text().endswith("8-bit")

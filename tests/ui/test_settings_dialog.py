@@ -113,27 +113,34 @@ def test_apply_failure_keeps_the_dialog_open(qtbot: QtBot, custom: Settings) -> 
     assert "No space left" in dialog.error.text()
 
 
-def test_variant_toggle_switches_at_once(qtbot: QtBot, custom: Settings) -> None:
+def test_a_picked_model_loads_on_save_and_cancel_forgets_it(qtbot: QtBot, custom: Settings) -> None:
     dialog, fake = make_dialog(qtbot, custom)
     assert dialog.model_page.variant_buttons["4bit"].isChecked()
     qtbot.mouseClick(dialog.model_page.variant_buttons["8bit"], Qt.MouseButton.LeftButton)
-    assert fake.calls_to("switch_variant") == [("8bit",)]
-    assert dialog.settings().active_variant == "8bit"
-    assert "Loading the 8-bit model" in dialog.model_page.variant_status.text()
-    qtbot.mouseClick(dialog.model_page.variant_buttons["4bit"], Qt.MouseButton.LeftButton)
-    assert fake.calls_to("switch_variant") == [("8bit",), ("4bit",)]
-    assert fake.calls_to("apply_settings") == [], "unchanged folders need no save first"
+    assert dialog.model_page.variant_buttons["8bit"].isChecked()
+    assert fake.calls_to("switch_variant") == [] and fake.calls_to("apply_settings") == [], "nothing before Save"
+    assert "loads when you press Save" in dialog.model_page.variant_status.text()
+    dialog.reject()
+    assert fake.calls_to("switch_variant") == [] and fake.calls_to("apply_settings") == [], "Cancel reverts it all"
+    assert fake.settings == custom
+
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.model_page.variant_buttons["8bit"].click()
+    dialog.accept()
+    ((saved,),) = fake.calls_to("apply_settings")
+    assert saved.active_variant == "8bit" and fake.calls_to("switch_variant") == []
 
 
-def test_variant_toggle_uses_an_edited_folder(qtbot: QtBot, custom: Settings, tmp_path: Path) -> None:
+def test_a_picked_model_with_an_edited_folder_is_saved_together(qtbot: QtBot, custom: Settings, tmp_path: Path) -> None:
     dialog, fake = make_dialog(qtbot, custom)
     new_folder = tmp_path / "elsewhere-8bit"
     new_folder.mkdir()
     dialog.model_page.folder_edits["8bit"].setText(str(new_folder))
     dialog.model_page.variant_buttons["8bit"].click()
-    (saved,) = fake.calls_to("apply_settings")
-    assert saved[0].checkpoint_for("8bit") == new_folder and saved[0].active_variant == "4bit"
-    assert fake.calls_to("switch_variant") == [("8bit",)]
+    assert fake.calls_to("apply_settings") == []
+    dialog.accept()
+    ((saved,),) = fake.calls_to("apply_settings")
+    assert saved.checkpoint_for("8bit") == new_folder and saved.active_variant == "8bit"
 
 
 def test_variant_toggle_without_a_folder_explains(qtbot: QtBot, custom: Settings) -> None:
@@ -141,7 +148,22 @@ def test_variant_toggle_without_a_folder_explains(qtbot: QtBot, custom: Settings
     dialog.model_page.variant_buttons["8bit"].click()
     assert fake.calls_to("switch_variant") == []
     assert dialog.model_page.variant_buttons["4bit"].isChecked()
-    assert "Choose the 8-bit folder" in dialog.model_page.variant_status.text()
+    status = dialog.model_page.variant_status.text()
+    assert "Choose the 8-bit folder" in status and "File → Get a Model" in status and "first-run screen" not in status
+
+
+def test_a_refused_folder_keeps_the_dialog_open_on_the_model_page(qtbot: QtBot, custom: Settings) -> None:
+    from app.model_check import CheckpointRefused
+
+    dialog, fake = make_dialog(qtbot, custom)
+    dialog.show()
+    dialog.tabs.setCurrentIndex(2)
+    dialog.model_page.variant_buttons["8bit"].click()
+    fake.fail("apply_settings", CheckpointRefused("The 8-bit folder cannot be used: /m holds the 4-bit checkpoint"))
+    dialog.accept()
+    assert dialog.isVisible() and dialog.tabs.currentWidget() is dialog.model_page
+    assert dialog.error.text() == "The 8-bit folder cannot be used: /m holds the 4-bit checkpoint"
+    assert fake.settings == custom
 
 
 def test_refresh_button_lists_devices(qtbot: QtBot, custom: Settings) -> None:

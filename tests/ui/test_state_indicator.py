@@ -22,7 +22,7 @@ EXPECTED_WORDS = {
     AppState.LISTENING: "Listening",
     AppState.SPEAKING: "Assistant speaking",
     AppState.FALLING_BEHIND: "Falling behind",
-    AppState.PAUSED: "Paused",
+    AppState.PAUSED: "Asleep",
     AppState.NO_AUDIO: "No sound device",
     AppState.ERROR: "Error",
 }
