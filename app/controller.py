@@ -61,6 +61,7 @@ from .export import (
     export_profile,
     save_conversation,
 )
+from .hf_cache import CacheListing, list_cached_checkpoints
 from .history import (
     ConversationHistory,
     ConversationRecord,
@@ -871,6 +872,19 @@ class AppController:
             self._replaying = None
             return ReplayProgress(None)
         return ReplayProgress(self._replaying, *position)
+
+    # ------------------------------------------------------------------ the Hugging Face cache
+
+    def cached_checkpoints(self) -> CacheListing:
+        """The VoiceChat checkpoints in the Hugging Face cache; a ready one is used with ``use_checkpoint(path)``."""
+        listing = list_cached_checkpoints()
+        log.info(
+            "Hugging Face cache %s: %d VoiceChat snapshot(s), %d ready",
+            listing.cache_dir,
+            len(listing.checkpoints),
+            len(listing.ready),
+        )
+        return listing
 
 
 def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:

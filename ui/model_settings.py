@@ -34,6 +34,7 @@ from app.messages import AppState, StateChanged
 from app.settings import Settings
 from app.variants import MODEL_VARIANTS, Variant, variant
 
+from .cached_models import CachedModelsSection
 from .contracts import Controller
 from .theme import repolish
 
@@ -84,6 +85,11 @@ class ModelSettingsPage(QWidget):
             form.addRow(f"{offered.label}:", row)
             self.folder_edits[offered.key] = edit
         form.addRow(muted_label("Each folder holds config.json and the .safetensors files of one checkpoint.", folders))
+
+        cached = QGroupBox("In the Hugging Face cache", self)
+        self.cached_models = CachedModelsSection(controller, cached)
+        self.cached_models.checkpoint_used.connect(self._used_from_cache)
+        QVBoxLayout(cached).addWidget(self.cached_models)
 
         active = QGroupBox("Model in use", self)
         self.variant_buttons: dict[str, QPushButton] = {}
@@ -137,6 +143,7 @@ class ModelSettingsPage(QWidget):
         layout.setContentsMargins(4, 12, 4, 4)
         layout.setSpacing(14)
         layout.addWidget(folders)
+        layout.addWidget(cached)
         layout.addWidget(active)
         layout.addWidget(numerics)
         layout.addStretch(1)
@@ -243,4 +250,12 @@ class ModelSettingsPage(QWidget):
         self._variant = key
         self.variant_status.setText(
             f"Loading the {chosen.label} model — progress shows in the main window; the conversation starts over."
+        )
+
+    def _used_from_cache(self, key: str, path: Path) -> None:
+        """A snapshot in the Hugging Face cache is being loaded: it is now that variant's folder (used in place)."""
+        self.folder_edits[key].setText(str(path))
+        self._variant = key
+        self.variant_status.setText(
+            f"Loading the {variant(key).label} model from the Hugging Face cache — progress shows in the main window."
         )
