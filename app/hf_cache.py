@@ -112,7 +112,7 @@ def hub_offline() -> bool:
 
 
 def list_cached_checkpoints(cache_dir: Path | None = None) -> CacheListing:
-    """Every VoiceChat snapshot in the cache (``cache_dir``, or huggingface_hub's), newest revision first per repo."""
+    """Every VoiceChat snapshot in the cache (``cache_dir``, else huggingface_hub's), what ``main`` names first."""
     from huggingface_hub import CacheNotFound, scan_cache_dir
 
     folder = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
@@ -127,7 +127,8 @@ def list_cached_checkpoints(cache_dir: Path | None = None) -> CacheListing:
     for repo in sorted(scan.repos, key=lambda repo: repo.repo_id):
         if repo.repo_type != "model":
             continue
-        for revision in sorted(repo.revisions, key=lambda revision: -revision.last_modified):
+        # The revision a branch or tag names (what the other tools load) first, then the newest.
+        for revision in sorted(repo.revisions, key=lambda rev: (not rev.refs, -rev.last_modified, rev.commit_hash)):
             entry = _describe(repo.repo_id, revision.commit_hash, tuple(sorted(revision.refs)), revision.snapshot_path)
             if entry is not None:
                 found.append(_with_size(entry, revision.size_on_disk))
