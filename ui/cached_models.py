@@ -105,7 +105,8 @@ class CachedModelsSection(QWidget):
         entries = listing.checkpoints if listing is not None else ()
         for row, entry in enumerate(entries):
             self._add_row(row, entry)
-        self.setVisible(bool(entries) or not self._hide_when_empty)
+        if self._hide_when_empty:
+            self.setVisible(bool(entries))
         self.listed.emit()
 
     def _add_row(self, row: int, entry: CachedCheckpoint) -> None:
@@ -127,10 +128,11 @@ class CachedModelsSection(QWidget):
             self.rows.addWidget(button, row, 1)
             self.use_buttons[entry.path] = button
         else:
-            status = _label(entry.why_not_ready, self, "warning")
+            # What is missing goes under the name, where a shard's long file name has room.
+            status = _label(entry.why_not_ready, text, "warning")
             status.setAccessibleName(f"{entry.repo_id} is not ready")
-            status.setMaximumWidth(320)
-            self.rows.addWidget(status, row, 1)
+            column.addWidget(status)
+            self.rows.addWidget(_label("Not ready", self, "muted"), row, 1)
             self.status_labels[entry.path] = status
 
     def use(self, entry: CachedCheckpoint) -> None:
