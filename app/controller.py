@@ -651,7 +651,7 @@ class AppController:
         return {
             "Parley": _parley_version(),
             "MLX": info.mlx_version if info is not None else _package_version("mlx"),
-            "Device": info.device if info is not None else "not known yet",
+            "Device": self.mlx_device(),
             "Python": platform.python_version(),
             "PySide6": _package_version("PySide6-Essentials"),
             "System": platform.platform(),
@@ -885,6 +885,15 @@ class AppController:
             len(listing.ready),
         )
         return listing
+
+    def mlx_device(self) -> str:
+        """The device MLX computes on ("gpu: NVIDIA H100 …"), and on Linux's CPU why not the GPU (for About)."""
+        from .cuda_check import device_note
+        from .worker import describe_device
+
+        device = self.engine_info.device if self.engine_info is not None else describe_device()
+        note = device_note(device.startswith("gpu"))
+        return device + (f" — {note}" if note else "")
 
 
 def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:
