@@ -10,6 +10,7 @@ has no button. Main thread only.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, Signal
@@ -21,6 +22,8 @@ from app.hf_cache import CachedCheckpoint, CacheListing
 from .contracts import Controller
 
 log = logging.getLogger(__name__)
+
+RESCAN_AFTER_S = 2.0
 
 
 def _label(text: str, parent: QWidget, role: str | None = None) -> QLabel:
@@ -42,6 +45,7 @@ class CachedModelsSection(QWidget):
         self._controller = controller
         self._hide_when_empty = hide_when_empty
         self.listing: CacheListing | None = None
+        self._scanned_at = 0.0
         self.use_buttons: dict[Path, QPushButton] = {}
         self.status_labels: dict[Path, QLabel] = {}
 
@@ -66,11 +70,14 @@ class CachedModelsSection(QWidget):
         self.refresh()
 
     def showEvent(self, event: QShowEvent) -> None:
-        # Another tool may have downloaded (or deleted) a checkpoint since the page was last shown.
-        self.refresh()
+        # Another tool may have downloaded (or deleted) a checkpoint since the page was last shown; a scan made a
+        # moment ago (the card's, as the page appears) is not repeated.
+        if time.monotonic() - self._scanned_at > RESCAN_AFTER_S:
+            self.refresh()
         super().showEvent(event)
 
     def refresh(self) -> None:
+        self._scanned_at = time.monotonic()
         try:
             listing = self._controller.cached_checkpoints()
         except Exception as exc:  # a scan failure is reported here; the page stays usable
