@@ -206,7 +206,7 @@ def _header_problem(snapshot: Path) -> str | None:
 def _damaged(cache_dir: Path, warning: str) -> list[CachedCheckpoint]:
     """Entries for a VoiceChat repository the scan rejected (``warning`` names its folder)."""
     entries: list[CachedCheckpoint] = []
-    for repo_path in sorted(cache_dir.glob("models--*")):
+    for repo_path in sorted(cache_dir.resolve().glob("models--*")):  # the scan names resolved paths
         if NAME_MARK not in repo_path.name.lower() or str(repo_path) not in warning:
             continue
         repo_id = repo_path.name.removeprefix("models--").replace("--", "/")

@@ -120,6 +120,9 @@ def test_a_snapshot_whose_blob_was_deleted_is_listed_as_incomplete(tmp_path: Pat
     cache = tmp_path / "hub"
     snapshot = add_snapshot(cache, Q4_REPO, NEW, tiny_q4)
     (snapshot / "tokenizer.json").resolve().unlink()
+    link = tmp_path / "linked-hub"  # a cache reached through a link, as a moved HF_HOME often is
+    link.symlink_to(cache)
+    assert list_cached_checkpoints(link).checkpoints == list_cached_checkpoints(cache).checkpoints
     (entry,) = list_cached_checkpoints(cache).checkpoints
     assert not entry.ready and entry.missing == ("tokenizer.json",) and entry.quantization == "4-bit"
 
