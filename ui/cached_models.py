@@ -94,7 +94,7 @@ class CachedModelsSection(QWidget):
         elif not listing.checkpoints:
             text = f"No VoiceChat checkpoint in the Hugging Face cache ({where})."
         else:
-            text = f"In the Hugging Face cache ({where}), used in place, not copied:"
+            text = f"Found in {where}; used in place, not copied."
         if listing.offline:
             text += " HF_HUB_OFFLINE is set: the cache is the only source."
         return text

@@ -124,3 +124,13 @@ def test_screenshot_of_the_cache_card(
     shot = card.grab()
     assert shot.width() > 400 and shot.save(str(SHOTS / "cached_models_welcome.png"))
     assert window.grab().save(str(SHOTS / "welcome_page.png"))
+    from ui.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(fake, status=None, parent=window)
+    qtbot.addWidget(dialog)
+    dialog.tabs.setCurrentWidget(dialog.model_page)
+    dialog.resize(760, 980)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    assert list(dialog.model_page.cached_models.use_buttons) == [Q4_SNAPSHOT]
+    assert dialog.grab().save(str(SHOTS / "settings_model.png"))
