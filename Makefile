@@ -14,9 +14,11 @@ TEST_STAMP := $(VENV)/.stamp-test
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+# On Linux with a usable NVIDIA GPU and driver, MLX's CUDA 13 build (the cuda extra); otherwise the CPU build,
+# with one line saying why (app/cuda_check.py).
+$(RUN_STAMP): pyproject.toml app/cuda_check.py | $(BIN)/python
 	packaging/system-deps.sh run
-	$(PIP) install -e .
+	$(PIP) install -e "$$($(BIN)/python app/cuda_check.py --pip-target)"
 	touch $@
 
 $(TEST_STAMP): $(RUN_STAMP) tests/requirements-parity.txt tests/requirements-parity-deps.txt

@@ -71,6 +71,7 @@ from .export import (
     export_profile,
     save_conversation,
 )
+from .hf_cache import CacheListing, list_cached_checkpoints
 from .history import (
     ConversationHistory,
     ConversationRecord,
@@ -810,7 +811,7 @@ class AppController:
         return {
             "Parley": _parley_version(),
             "MLX": info.mlx_version if info is not None else _package_version("mlx"),
-            "Device": info.device if info is not None else "not known yet",
+            "Device": self.mlx_device(),
             "Python": platform.python_version(),
             "PySide6": _package_version("PySide6-Essentials"),
             "System": platform.platform(),
@@ -1031,6 +1032,28 @@ class AppController:
             self._replaying = None
             return ReplayProgress(None)
         return ReplayProgress(self._replaying, *position)
+
+    # ------------------------------------------------------------------ the Hugging Face cache
+
+    def cached_checkpoints(self) -> CacheListing:
+        """The VoiceChat checkpoints in the Hugging Face cache; a ready one is used with ``use_checkpoint(path)``."""
+        listing = list_cached_checkpoints()
+        log.info(
+            "Hugging Face cache %s: %d VoiceChat snapshot(s), %d ready",
+            listing.cache_dir,
+            len(listing.checkpoints),
+            len(listing.ready),
+        )
+        return listing
+
+    def mlx_device(self) -> str:
+        """The device MLX computes on ("gpu: NVIDIA H100 …"), and on Linux's CPU why not the GPU (for About)."""
+        from .cuda_check import device_note
+        from .worker import describe_device
+
+        device = self.engine_info.device if self.engine_info is not None else describe_device()
+        note = device_note(device.startswith("gpu"))
+        return device + (f" — {note}" if note else "")
 
 
 def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:

@@ -146,10 +146,14 @@ def _step(name: str, *, hint: str = "") -> Iterator[None]:
 
 
 def check_mlx() -> str:
-    """Run a small computation (and a Metal kernel on macOS); returns the device, e.g. ``cpu (x86_64)``."""
+    """Run a small computation (and a Metal kernel on macOS); returns the device MLX runs on, e.g. ``gpu (NVIDIA
+    H100 80GB HBM3)``, or on Linux's CPU with why, e.g. ``cpu (x86_64) — no NVIDIA driver (nvidia-smi is not
+    installed)``."""
     import mlx.core as mx
 
     from engine.profile_log import device_description
+
+    from .cuda_check import device_note
 
     if sys.platform == "darwin":
         if not mx.metal.is_available():
@@ -160,7 +164,8 @@ def check_mlx() -> str:
     if total != 12:
         raise RuntimeError(f"MLX computed 0 + 2 + 4 + 6 = {total}")
     device = device_description()
-    return f"{device['type']} ({device['name']})"
+    note = device_note(device["type"] == "gpu")  # on Linux's CPU, why not the GPU
+    return f"{device['type']} ({device['name']})" + (f" — {note}" if note else "")
 
 
 def stream_test_input(voicechat: Any, frames: int = SELF_TEST_FRAMES) -> PipelineRun:

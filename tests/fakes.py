@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from app.hf_cache import CacheListing
 from app.history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
 from app.hotkey import GlobalKeySupport
 from app.messages import (
@@ -110,6 +111,7 @@ class FakeController:
         self.at_risk = False  # what conversation_at_risk() answers
         self.echo_unavailable: str | None = None  # what hands_free_unavailable() answers
         self.key_support = GlobalKeySupport(True, "x11", "The talk key works while other apps are in front.")
+        self.cached = CacheListing(Path("/tmp/parley-fake-hf-cache"), (), offline=False)  # cached_checkpoints()
 
     # -- test controls -------------------------------------------------------------------------------------------
 
@@ -315,6 +317,10 @@ class FakeController:
     def history_folder(self) -> Path:
         self._record("history_folder")
         return self.history.folder
+
+    def cached_checkpoints(self) -> CacheListing:
+        self._record("cached_checkpoints")
+        return self.cached
 
     # -- scripted behaviour -------------------------------------------------------------------------------------------
 

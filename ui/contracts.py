@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from app.hf_cache import CacheListing
 from app.history import HistoryListing, LoadedConversation
 from app.hotkey import GlobalKeySupport
 from app.settings import Settings
@@ -54,6 +55,8 @@ class Controller(Protocol):
     def export_history(self, entry_id: str, folder: Path) -> list[Path]: ...
     def delete_history(self, entry_id: str) -> None: ...
     def history_folder(self) -> Path: ...
+    # VoiceChat checkpoints in the Hugging Face cache (used in place with use_checkpoint).
+    def cached_checkpoints(self) -> CacheListing: ...
 
 
 ControllerFactory = Callable[[Settings], Controller]

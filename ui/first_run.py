@@ -34,6 +34,7 @@ from app.messages import AppState, DownloadProgress, ModelLoaded, SpeedCheck, St
 from app.paths import models_dir, resource_path
 from app.variants import MODEL_VARIANTS, Q4, variant
 
+from .cached_models import CachedModelsCard
 from .contracts import Controller
 from .download_status import DownloadStatus
 
@@ -96,7 +97,11 @@ class FirstRunPage(QWidget):
         column.addLayout(header)
 
         column.addWidget(self._build_status_card(content))
+        self.cached_card = CachedModelsCard(controller, content)  # checkpoints already in the Hugging Face cache
+        self.cached_card.checkpoint_used.connect(lambda _key, path: self._show_loading(f"Opening {path}…"))
+        column.addWidget(self.cached_card)
         column.addWidget(self._build_download_card(content))
+        self.cached_card.follow(self.download_card)
         column.addWidget(self._build_other_sources(content))
         column.addStretch(1)
 

@@ -33,6 +33,7 @@ from app.messages import AppState, StateChanged
 from app.settings import Settings
 from app.variants import MODEL_VARIANTS, Variant, variant
 
+from .cached_models import CachedModelsSection
 from .contracts import Controller
 from .theme import repolish
 
@@ -85,6 +86,11 @@ class ModelSettingsPage(QWidget):
             self.folder_edits[offered.key] = edit
         form.addRow(muted_label("Each folder holds config.json and the .safetensors files of one checkpoint.", folders))
 
+        cached = QGroupBox("In the Hugging Face cache", self)
+        self.cached_models = CachedModelsSection(controller, cached, pick_only=True)
+        self.cached_models.checkpoint_used.connect(self._used_from_cache)
+        QVBoxLayout(cached).addWidget(self.cached_models)
+
         active = QGroupBox("Model in use", self)
         self.variant_buttons: dict[str, QPushButton] = {}
         self.variant_group = QButtonGroup(self)
@@ -136,6 +142,7 @@ class ModelSettingsPage(QWidget):
         layout.setContentsMargins(4, 12, 4, 4)
         layout.setSpacing(14)
         layout.addWidget(folders)
+        layout.addWidget(cached)
         layout.addWidget(active)
         layout.addWidget(numerics)
         layout.addStretch(1)
@@ -247,3 +254,9 @@ class ModelSettingsPage(QWidget):
             self.variant_status.setText(
                 f"The {chosen.label} model loads when you press Save; the next conversation waits for the talk key."
             )
+
+    def _used_from_cache(self, key: str, path: Path) -> None:
+        """A ready snapshot in the Hugging Face cache was picked: it becomes that variant's folder (used in place,
+        nothing copied) and that variant is picked, to load on Save like any other choice here."""
+        self.folder_edits[key].setText(str(path))
+        self.switch_variant(key)
