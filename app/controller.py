@@ -365,7 +365,7 @@ class AppController:
         return True
 
     def _add_latency(self, latency_s: float) -> TurnLatency:
-        from engine.profiler import percentile
+        from engine import percentile
 
         current = self.profile.current
         values = [latency_s]
@@ -491,8 +491,8 @@ class AppController:
 
     def use_checkpoint(self, path: Path) -> None:
         """Adopt a local checkpoint folder, stored as the variant its quantization makes it."""
+        from engine import read_config
         from engine.errors import CheckpointError
-        from engine.loading.checkpoint import read_config
 
         path = Path(path)
         try:
@@ -944,7 +944,7 @@ class _HistorySaver:
 
     def _save(self, record: ConversationRecord, profile: Any, settings: dict[str, Any], serial: int) -> None:
         if profile is not None:
-            from engine.profile_log import ConversationLog, build_session_profile_log
+            from engine import ConversationLog, build_session_profile_log
 
             log_entry = ConversationLog(
                 profile.number,

@@ -190,7 +190,7 @@ def export_profile(path: Path, profile: SessionProfile, *, settings: dict[str, A
         NothingToExport: no frame has run since launch.
         ExportError: a file could not be written.
     """
-    from engine.profile_log import AUDIO_COUNTERS, ConversationLog, build_session_profile_log, write_profile_log
+    from engine import AUDIO_COUNTERS, ConversationLog, build_session_profile_log, write_profile_log
 
     def audio(stats: FrameStats | None) -> dict[str, float] | None:
         return None if stats is None else {key: getattr(stats, key) for key in AUDIO_COUNTERS}

@@ -64,6 +64,7 @@ def run_worker(checkpoint: Path, speech: np.ndarray) -> tuple[list[FrameStats], 
 def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, speech_16k: np.ndarray) -> None:
     from app.bench import question_audio
     from engine.model import load_voicechat
+    from engine.profiler import FrameProfiler
     from engine.session import Session, warm_up
 
     stats, heard, played = run_worker(tiny_q4, speech_16k)
@@ -73,7 +74,7 @@ def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, sp
 
     voicechat = load_voicechat(tiny_q4)
     warm_up(voicechat, speech=question_audio())  # as the worker did: no frame of either pays for tracing
-    session = Session(voicechat, system_prompt=PROMPT, seed=0, stage_timing=True)
+    session = Session(voicechat, system_prompt=PROMPT, seed=0, hooks=FrameProfiler(stage_timing_every=1))
     reference: list[FrameTiming] = []
     reference_audio: list[np.ndarray] = []
     for frame in heard:
