@@ -9,9 +9,9 @@ not in the census, which the layers below may use.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -53,12 +53,14 @@ def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
     config = VoiceChatConfig.from_dict(base_config("full"))
     skeleton = VoiceChatModel(config)
     quantized = set(quantized_modules(config, GROUP_SIZE))
-    nn.quantize(
+    nn.quantize(  # type: ignore[attr-defined]  # MLX's stubs leave it out
         skeleton,
         class_predicate=lambda path, _: {"group_size": GROUP_SIZE, "bits": bits} if path in quantized else False,
     )
-    shapes = {name: value.shape for name, value in tree_flatten(skeleton.parameters())}
-    dtypes = {name: value.dtype for name, value in tree_flatten(model.parameters())}  # type: ignore[attr-defined]
+    skeleton_parameters = cast(list[tuple[str, mx.array]], tree_flatten(skeleton.parameters()))
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))  # type: ignore[attr-defined]
+    shapes = {name: value.shape for name, value in skeleton_parameters}
+    dtypes = {name: value.dtype for name, value in parameters}
     skeleton_modules = dict(skeleton.named_modules())
     prices: dict[str, WeightPrice] = {}
     for name, shape in shapes.items():
@@ -108,16 +110,22 @@ def weight_bytes(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice
 
 def weight_bytes_by_weight(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
     """:func:`weight_bytes` per weight, most first: which reads a device's census has that another's lacks."""
-    totals: Counter[str] = Counter()
+    totals: dict[str, float] = {}
     for name, read in _priced_uses(uses, prices):
-        totals[name] += read
-    return {name: round(value) for name, value in totals.most_common()}
+        totals[name] = totals.get(name, 0.0) + read
+    return {name: round(value) for name, value in _most_first(totals)}
 
 
 def weight_bytes_by_network(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
     """:func:`weight_bytes` per network (the first two parts of a weight's name, e.g. ``stt_model.llm``), most
     first: where a frame's bytes go, to compare one device's census with another's."""
-    totals: Counter[str] = Counter()
+    totals: dict[str, float] = {}
     for name, read in _priced_uses(uses, prices):
-        totals[".".join(name.split(".")[:2])] += read
-    return {network: round(value) for network, value in totals.most_common()}
+        network = ".".join(name.split(".")[:2])
+        totals[network] = totals.get(network, 0.0) + read
+    return {network: round(value) for network, value in _most_first(totals)}
+
+
+def _most_first(totals: dict[str, float]) -> list[tuple[str, float]]:
+    """``totals`` largest first, ties in insertion order (as ``Counter.most_common`` orders them)."""
+    return sorted(totals.items(), key=lambda item: item[1], reverse=True)

@@ -445,7 +445,8 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
 
     import engine.numerics
     from app.bench import bench_input, count_frames
-    from engine.counters import WeightUse, full_size_prices
+    from engine.counters import WeightUse
+    from engine.pricing import full_size_prices
     from engine.weight_names import COPY_MARK
 
     voicechat = random_voicechat("tiny", quantize=4)
