@@ -59,11 +59,11 @@ class FrameProfiler:
     ) -> None:
         if stage_timing_every < 0:
             raise ValueError(f"stage_timing_every must be 0 (never) or positive, got {stage_timing_every}")
-        self.stage_timing_every = stage_timing_every
+        self._stage_timing_every = stage_timing_every
         self.census = census  # when set, every evaluation's graph is counted first (slow; for counters only)
         self.last_census: FrameCensus | None = None
         self._sub_stages = sub_stages
-        self.stage_timing = self.times_stages(0)  # this frame's mode; set as each frame begins
+        self._stage_timing = self.times_stages(0)  # this frame's mode; set as each frame begins
         self._origin = time.perf_counter()
         self._frame_start = 0.0
         self._mark = 0.0
@@ -76,6 +76,11 @@ class FrameProfiler:
         self._stage = STAGES[0]
 
     @property
+    def stage_timing(self) -> bool:
+        """Whether the frame under way is timed stage by stage (:meth:`times_stages`, decided as it began)."""
+        return self._stage_timing
+
+    @property
     def sub_stages(self) -> bool:
         return self._sub_stages
 
@@ -86,14 +91,14 @@ class FrameProfiler:
 
     def times_stages(self, frame_index: int) -> bool:
         """Whether frame ``frame_index`` is timed stage by stage on the device (the profiler's policy)."""
-        every = self.stage_timing_every
+        every = self._stage_timing_every
         return self._sub_stages or (every > 0 and frame_index % every == 0)
 
     def observe(self, name: str, value: Any) -> None:
         """Nothing: the profiler does not watch values (:attr:`observing` is false)."""
 
     def begin_frame(self, frame_index: int) -> None:
-        self.stage_timing = self.times_stages(frame_index)
+        self._stage_timing = self.times_stages(frame_index)
         now = time.perf_counter()
         self._frame_index = frame_index
         self._frame_start = self._mark = self._sub_mark = now
@@ -122,7 +127,7 @@ class FrameProfiler:
         the host builds what follows; the next sync waits for them. The same graph is evaluated either way,
         so every result is unchanged. Skipped with stage timing (each stage is evaluated at its boundary
         already) and while a census counts the frame (it reads each graph before the sync evaluates it)."""
-        if arrays and not self.stage_timing and self.census is None:
+        if arrays and not self._stage_timing and self.census is None:
             mx.async_eval(*arrays)
 
     def launch_part(self, *arrays: Any) -> None:
@@ -158,7 +163,7 @@ class FrameProfiler:
         stage); otherwise they are only counted, when a census is kept.
         """
         self._stage = name
-        if self.stage_timing and arrays:
+        if self._stage_timing and arrays:
             self._evaluate(arrays)
             self._syncs += 1
         elif self.census is not None and arrays:
@@ -181,7 +186,7 @@ class FrameProfiler:
             host_syncs=self._syncs,
             sub_stages=dict(self._sub_ms),
             sub_stage_evaluation=dict(self._sub_eval_ms),
-            timing_mode="device" if self.stage_timing else "host",
+            timing_mode="device" if self._stage_timing else "host",
         )
 
 

@@ -114,6 +114,8 @@ def test_the_profiler_decides_which_frames_are_timed_on_the_device():
     assert not any(FrameProfiler().times_stages(i) for i in range(3))
     with pytest.raises(ValueError, match="stage_timing_every"):
         FrameProfiler(stage_timing_every=-1)
+    with pytest.raises(AttributeError):
+        profiler.stage_timing = True  # type: ignore[misc]  # the policy is the profiler's, not its caller's
 
 
 def test_the_profiler_is_the_frame_hooks_the_session_calls():
