@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.loading.layout import RANDOM_SIZES
+from engine import RANDOM_SIZES
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, STAGES
 
 from .paths import resource_path
@@ -80,7 +80,7 @@ class RunRecord:
 
 
 def _stats(values: list[float]) -> dict[str, float]:
-    from engine.profiler import percentile
+    from engine import percentile
 
     if not values:
         return {}
@@ -153,40 +153,6 @@ def format_point(point: dict[str, float]) -> str:
     )
 
 
-def age_conversation(session: Any, positions: int, *, seed: int = 0) -> None:
-    """Append ``positions`` random keys and values to every attention cache that grows (the LLM's and
-    the TTS backbone's), as if the conversation were that many frames older.
-
-    For timing only: later frames pay for the longer history exactly as an old conversation
-    does, but what the model says after this is not meaningful (and not the reference's).
-    """
-    import mlx.core as mx
-
-    from engine.ops.cache import KVCache, SlidingKVCache
-
-    key = mx.random.key(seed)
-
-    def history_like(buffer: mx.array) -> mx.array:
-        batch, heads, _, dim = buffer.shape
-        return (0.1 * mx.random.normal((batch, heads, positions, dim), key=key)).astype(buffer.dtype)
-
-    caches = session.caches
-    for layer in caches.language.layers:
-        if isinstance(layer, KVCache) and layer.keys is not None and layer.values is not None:
-            layer.update(history_like(layer.keys), history_like(layer.values))
-    caches.language.position += positions
-    for layer in caches.tts.layers:
-        if layer.keys is None or layer.values is None:
-            continue
-        layer.update(history_like(layer.keys), history_like(layer.values))
-        if isinstance(layer, SlidingKVCache) and layer.keys.shape[2] > layer.window:
-            # What a long conversation holds: the newest ``window`` positions, in time order, next write at slot 0.
-            layer.keys = mx.contiguous(layer.keys[..., -layer.window :, :])
-            layer.values = mx.contiguous(layer.values[..., -layer.window :, :])
-            layer.write_index = layer.window
-    mx.eval(caches.arrays())
-
-
 def run_ours(
     voicechat: Any,
     samples: np.ndarray,
@@ -202,12 +168,12 @@ def run_ours(
     the conversation is aged by that many frames after its first frame."""
     import mlx.core as mx
 
+    from engine import FrameProfiler, Session
     from engine.events import AudioChunk, FrameTiming
-    from engine.session import Session
 
     mx.synchronize()
     mx.reset_peak_memory()
-    session = Session(voicechat, seed=seed, sub_stages=sub_stages)
+    session = Session(voicechat, seed=seed, hooks=FrameProfiler(sub_stages=sub_stages))
     totals: list[float] = []
     stages: dict[str, list[float]] = {s: [] for s in STAGES}
     subs: dict[str, list[float]] = {}
@@ -222,7 +188,7 @@ def run_ours(
         events = session.push(samples[start : start + FRAME], INPUT_SAMPLE_RATE)
         totals.append((time.perf_counter() - began) * 1000.0)
         if history and start == 0:
-            age_conversation(session, history, seed=seed)
+            session.age(history, seed=seed)
         state_bytes.append(session.state_nbytes)
         active_bytes.append(mx.get_active_memory())
         for event in events:
@@ -266,18 +232,18 @@ def run_ours(
 
 def count_frames(voicechat: Any, samples: np.ndarray, *, seed: int) -> tuple[list[Any], list[int]]:
     """One pass of our session with a graph census: each frame's counts and host syncs."""
-    from engine.counters import GraphCensus, named_weights
+    from engine import FrameProfiler, GraphCensus, Session, named_weights
     from engine.events import FrameTiming
-    from engine.session import Session
 
-    session = Session(voicechat, seed=seed, census=GraphCensus(named_weights(voicechat.model)))
+    profiler = FrameProfiler(census=GraphCensus(named_weights(voicechat.model)))
+    session = Session(voicechat, seed=seed, hooks=profiler)
     censuses, syncs = [], []
     for start in range(0, samples.shape[0], FRAME):
         for event in session.push(samples[start : start + FRAME], INPUT_SAMPLE_RATE):
             if isinstance(event, FrameTiming):
                 syncs.append(event.host_syncs)
-                assert session.profiler.last_census is not None
-                censuses.append(session.profiler.last_census)
+                assert profiler.last_census is not None
+                censuses.append(profiler.last_census)
     session.close()
     return censuses, syncs
 
@@ -292,7 +258,7 @@ def counters_report(voicechat: Any, censuses: list[Any], syncs: list[int]) -> di
     """``counters`` of the JSON report: per frame and per stage, early (6–70) and steady (71+)."""
     from collections import Counter
 
-    from engine.counters import full_size_prices, weight_bytes, weight_bytes_by_network, weight_bytes_by_weight
+    from engine import full_size_prices, weight_bytes, weight_bytes_by_network, weight_bytes_by_weight
 
     def windows(values: list[float]) -> dict[str, float | None]:
         return {name: _window_mean(values, window) for name, window in COUNTER_WINDOWS.items()}
@@ -365,7 +331,7 @@ class Reference:
         from mlx_vlm.models.nemotron_voicechat import Model, ModelConfig
         from mlx_vlm.models.nemotron_voicechat.session import VoiceChatSession
 
-        from engine.loading.checkpoint import load_into
+        from engine import load_into
 
         self.model = Model(ModelConfig.from_dict(raw_config))
         load_into(self.model, weights, quantized)
@@ -472,7 +438,7 @@ def compiled_kernels() -> int | None:
 
     import mlx.core as mx
 
-    from engine.kernel_cache import KERNEL_CACHE_SETTING, cached_kernels
+    from engine import KERNEL_CACHE_SETTING, cached_kernels
 
     kind = "ptx" if mx.default_device().type == mx.gpu else "cpu"
     folder = os.environ.get(KERNEL_CACHE_SETTING) if kind == "ptx" else None
@@ -502,9 +468,7 @@ def bench(
     """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report."""
     import mlx.core as mx
 
-    from engine.jit import check_report, compile_checking, compile_enabled
-    from engine.numerics import check_numerics, set_numerics
-    from engine.profile_log import device_description
+    from engine import check_numerics, check_report, compile_checking, compile_enabled, device_description, set_numerics
 
     if compare == "exact" and numerics != "fast":
         raise ValueError("--compare exact times --numerics fast against exact; add --numerics fast")
@@ -515,9 +479,7 @@ def bench(
     started = time.perf_counter()
     kernels_before = compiled_kernels()
     if model is not None:
-        from engine.loading.checkpoint import read_runtime_weights
-        from engine.loading.tokenizer import TextTokenizer
-        from engine.model import assemble_voicechat
+        from engine import TextTokenizer, assemble_voicechat, read_runtime_weights
 
         files, weights, quantized = read_runtime_weights(model)
         raw = files.raw_config
@@ -533,9 +495,7 @@ def bench(
             numerics=load_numerics,
         )
     else:
-        from engine.loading.random_checkpoint import random_weights
-        from engine.loading.tokenizer import TextTokenizer
-        from engine.model import assemble_voicechat
+        from engine import TextTokenizer, assemble_voicechat, random_weights
 
         size = random_size or "tiny"
         if size not in RANDOM_SIZES:
@@ -547,7 +507,7 @@ def bench(
             config, weights, quantized, tokenizer, name=label, nbytes=nbytes, numerics=load_numerics
         )
     mx.eval(voicechat.model.parameters())
-    from engine.session import warm_up
+    from engine import warm_up
 
     warm_s = warm_up(voicechat, speech=question_audio())
     if compare == "exact":
@@ -761,6 +721,6 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 def write_report(report: dict[str, Any], path: Path) -> None:
-    from engine.files import write_atomic
+    from engine import write_atomic
 
     write_atomic(path, json.dumps(report, indent=2) + "\n")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench import COMPARISONS
-from engine.loading.layout import RANDOM_SIZES
+from engine import RANDOM_SIZES
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
 NUMERICS_HELP = (
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _make_checkpoint(args: argparse.Namespace) -> int:
-    from engine.loading.random_checkpoint import make_checkpoint
+    from engine import make_checkpoint
 
     path = make_checkpoint(
         args.out,

@@ -448,7 +448,7 @@ class AppController:
         self._kept = False
 
     def _add_latency(self, latency_s: float) -> TurnLatency:
-        from engine.profiler import percentile
+        from engine import percentile
 
         current = self.profile.current
         values = [latency_s]
@@ -780,7 +780,7 @@ class AppController:
 
     def save_conversation(self, folder: Path) -> list[Path]:
         """Save the conversation into a new folder inside ``folder`` (as History → Export does)."""
-        from engine.profile_log import build_session_profile_log
+        from engine import build_session_profile_log
 
         current = self.profile.current
         profile = None
@@ -1048,10 +1048,15 @@ class AppController:
 
     def mlx_device(self) -> str:
         """The device MLX computes on ("gpu: NVIDIA H100 …"), and on Linux's CPU why not the GPU (for About)."""
-        from .cuda_check import device_note
-        from .worker import describe_device
+        from engine import device_description
 
-        device = self.engine_info.device if self.engine_info is not None else describe_device()
+        from .cuda_check import device_note
+
+        if self.engine_info is not None:
+            device = self.engine_info.device
+        else:
+            described = device_description()
+            device = f"{described['type']}: {described['name']}"
         note = device_note(device.startswith("gpu"))
         return device + (f" — {note}" if note else "")
 
@@ -1128,7 +1133,7 @@ class _HistorySaver:
 
     def _save(self, record: ConversationRecord, profile: Any, serial: int) -> None:
         if profile is not None:
-            from engine.profile_log import build_session_profile_log
+            from engine import build_session_profile_log
 
             record = replace(record, profile=build_session_profile_log([profile]))
         try:

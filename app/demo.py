@@ -29,7 +29,7 @@ def ensure_demo_checkpoint(path: Path | None = None) -> Path:
 
     Uses MLX: call it on the thread that owns MLX.
     """
-    from engine.loading.random_checkpoint import make_checkpoint
+    from engine import make_checkpoint
 
     path = demo_checkpoint_dir() if path is None else path
     if demo_is_ready(path):

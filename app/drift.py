@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from engine.kernels.admission import relative_l2
+from engine import relative_l2
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .bench import bench_input
@@ -46,25 +46,30 @@ class Recording:
 
 
 def _run(voicechat: Any, samples: np.ndarray, seed: int, record: bool, system_prompt: str = "") -> Recording:
+    from engine import NO_HOOKS, NoHooks, Session
     from engine.events import AudioChunk
-    from engine.session import Session
 
     recording = Recording()
 
-    def observe(name: str, value: Any) -> None:
-        if name == "language.input":
-            mx.eval(value)
-            recording.llm_inputs.append(value)
-        elif name == "tts.input":
-            code, code_sum, text_id = value
-            mx.eval(code, *([] if code_sum is None else [code_sum]))
-            recording.tts_inputs.append((code, code_sum, text_id))
-        elif name == "codec.codes":
-            mx.eval(value)
-            recording.codec_codes.append(value)
+    class Recorder(NoHooks):
+        """Hooks that keep the networks' inputs (evaluated as they are seen) and time nothing."""
 
-    # The observer is given to the constructor, so that it sees the system prompt's prefill too.
-    session = Session(voicechat, seed=seed, system_prompt=system_prompt, observer=observe if record else None)
+        observing = True
+
+        def observe(self, name: str, value: Any) -> None:
+            if name == "language.input":
+                mx.eval(value)
+                recording.llm_inputs.append(value)
+            elif name == "tts.input":
+                code, code_sum, text_id = value
+                mx.eval(code, *([] if code_sum is None else [code_sum]))
+                recording.tts_inputs.append((code, code_sum, text_id))
+            elif name == "codec.codes":
+                mx.eval(value)
+                recording.codec_codes.append(value)
+
+    # The hooks are given to the constructor, so that they see the system prompt's prefill too.
+    session = Session(voicechat, seed=seed, system_prompt=system_prompt, hooks=Recorder() if record else NO_HOOKS)
     recording.prompt_steps = session.prompt_steps
     for start in range(0, samples.size, INPUT_FRAME_SAMPLES):
         for event in session.push(samples[start : start + INPUT_FRAME_SAMPLES], INPUT_SAMPLE_RATE):
@@ -110,7 +115,7 @@ def _llm_replay(voicechat: Any, inputs: list[mx.array], prompt_steps: int = 0) -
 
 def _tts_replay(voicechat: Any, inputs: list[tuple[mx.array, mx.array | None, int]], seed: int) -> list[Any]:
     """Each recorded TTS step through a fresh, speaker-prompted cache, drawing seeded random numbers."""
-    from engine.session import speaker_prompt
+    from engine import speaker_prompt
 
     tts = voicechat.model.tts_model.tts_model
     cache = tts.make_cache()
@@ -193,7 +198,7 @@ def measure_drift(
 ) -> dict[str, Any]:
     """Per seed, load that seed's random weights in both modes and measure drift (each session prefilled with
     ``system_prompt``, if any); returns the report."""
-    from engine.loading.random_checkpoint import random_voicechat
+    from engine import random_voicechat
 
     report: dict[str, Any] = {
         "size": size,

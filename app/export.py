@@ -177,7 +177,7 @@ class SessionProfile:
 
 def conversation_log(conversation: ConversationProfile) -> Any:
     """``conversation`` as ``engine.profile_log`` takes it (a copy: the controller keeps adding to the original)."""
-    from engine.profile_log import AUDIO_COUNTERS, ConversationLog
+    from engine import AUDIO_COUNTERS, ConversationLog
 
     stats = conversation.last_stats
     return ConversationLog(
@@ -217,7 +217,7 @@ def save_conversation(
         NothingToExport: the conversation has no audio and no text yet.
         ExportError: a file could not be written (nothing is left behind).
     """
-    from engine.profile_log import to_json
+    from engine import to_json
 
     if recording.empty and not transcript.entries:
         raise NothingToExport("Nothing to save yet: this conversation has no audio or text. Talk first, then save.")
@@ -257,7 +257,7 @@ def export_profile(path: Path, profile: SessionProfile) -> list[Path]:
         NothingToExport: no frame has run since launch.
         ExportError: a file could not be written.
     """
-    from engine.profile_log import build_session_profile_log, write_profile_log
+    from engine import build_session_profile_log, write_profile_log
 
     conversations = [c for c in profile.conversations if c.timings]
     if not conversations:

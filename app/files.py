@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engine.files import write_atomic
+from engine import write_atomic
 
 
 def _read_umask() -> int:

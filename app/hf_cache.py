@@ -147,8 +147,8 @@ def _with_size(entry: CachedCheckpoint, size: int) -> CachedCheckpoint:
 
 def _describe(repo_id: str, revision: str, refs: tuple[str, ...], snapshot: Path) -> CachedCheckpoint | None:
     """The entry for one snapshot, or None when it is not a VoiceChat checkpoint."""
+    from engine import read_config
     from engine.errors import CheckpointError
-    from engine.loading.checkpoint import read_config
 
     named = NAME_MARK in repo_id.lower() or variant_for_repo(repo_id) is not None
     config_file = snapshot / CONFIG_FILE
@@ -193,8 +193,8 @@ def _missing_files(snapshot: Path) -> tuple[str, ...]:
 
 def _header_problem(snapshot: Path) -> str | None:
     """The engine's own check of the shard headers against the layout: truncation, missing tensors."""
+    from engine import open_checkpoint, verify_layout
     from engine.errors import CheckpointError
-    from engine.loading.checkpoint import open_checkpoint, verify_layout
 
     try:
         verify_layout(open_checkpoint(snapshot))

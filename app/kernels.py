@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from engine.kernel_cache import seed_kernel_cache, use_kernel_cache
+from engine import seed_kernel_cache, use_kernel_cache
 
 from .paths import kernel_cache_dir, shipped_kernels_dir
 

@@ -43,9 +43,8 @@ def check_checkpoint(path: Path, slot: str | None = None) -> CheckedCheckpoint:
         CheckpointRefused: the folder is missing, is not a VoiceChat checkpoint, is damaged, holds a quantization
             Parley does not know, or holds another variant than ``slot``.
     """
+    from engine import has_random_weights, open_checkpoint, verify_layout
     from engine.errors import CheckpointError
-    from engine.loading.checkpoint import open_checkpoint, verify_layout
-    from engine.loading.random_checkpoint import has_random_weights
 
     path = Path(path).expanduser()
     if not path.is_dir():

@@ -61,10 +61,10 @@ def run_audio(
     on_event: Callable[[Event], None] | None = None,
 ) -> RunResult:
     """Push 16 kHz mono ``samples`` through a new session in ``chunk_samples`` pieces, then flush."""
-    from engine.profiler import summarize
-    from engine.session import Session
+    from engine import FrameProfiler, Session, summarize
 
-    session = Session(voicechat, system_prompt=system_prompt, seed=seed, sub_stages=sub_stages)
+    profiler = FrameProfiler(sub_stages=sub_stages)
+    session = Session(voicechat, system_prompt=system_prompt, seed=seed, hooks=profiler)
     events: list[Event] = []
     for start in range(0, samples.shape[0], chunk_samples):
         for event in session.push(samples[start : start + chunk_samples], sample_rate=INPUT_SAMPLE_RATE):
@@ -156,8 +156,7 @@ def write_dump(result: RunResult, folder: Path) -> list[Path]:
 
 def run_command(args: Any, out: Callable[[str], None] = print) -> int:
     """The body of ``parley run``; returns the exit code."""
-    from engine.model import load_voicechat
-    from engine.profile_log import build_profile_log, write_profile_log
+    from engine import build_profile_log, load_voicechat, write_profile_log
 
     audio = read_audio(args.audio)
     for note in audio.notes:

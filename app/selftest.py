@@ -151,7 +151,7 @@ def check_mlx() -> str:
     installed)``."""
     import mlx.core as mx
 
-    from engine.profile_log import device_description
+    from engine import device_description
 
     from .cuda_check import device_note
 
@@ -175,8 +175,8 @@ def stream_test_input(voicechat: Any, frames: int = SELF_TEST_FRAMES) -> Pipelin
         RuntimeError: a frame's output is not one chunk of finite audio of the expected length plus one
             timing record, or the session did not end properly.
     """
+    from engine import FrameProfiler, Session
     from engine.events import AudioChunk, Done, FrameTiming
-    from engine.session import Session
 
     from .bench import bench_input
 
@@ -184,7 +184,7 @@ def stream_test_input(voicechat: Any, frames: int = SELF_TEST_FRAMES) -> Pipelin
     size = config.frame_samples
     samples = bench_input(frames)
 
-    session = Session(voicechat, seed=0)
+    session = Session(voicechat, seed=0, hooks=FrameProfiler())
     chunks: list[np.ndarray] = []
     timings: list[FrameTiming] = []
     try:
@@ -296,14 +296,13 @@ def run_self_test(
         path = ensure_demo_checkpoint(checkpoint)
     hint = f" (delete {path} to have it generated again)"
     with _step(f"loading the demo checkpoint from {path}", hint=hint):
-        from engine.model import load_voicechat
-        from engine.session import warm_up
+        from engine import load_voicechat, warm_up
 
         voicechat = load_voicechat(path)
         warm_up(voicechat)
     setup_seconds = time.perf_counter() - started
     with _step("streaming speech through the pipeline"):
-        from engine.profiler import summarize
+        from engine import summarize
 
         run = stream_test_input(voicechat, frames)
         stats = summarize(run.timings)

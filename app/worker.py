@@ -3,7 +3,8 @@
 Loading, warm-up, the speed check and every frame run on this thread (MLX streams and
 its random generator are per thread; a lazy array must be evaluated where it was made).
 Other threads talk to it only through its command queue and hear back only through
-``emit`` (``app.messages`` and ``engine.events``, NumPy arrays only); its audio comes and
+``emit`` (``app.messages`` and ``engine.events``, NumPy arrays only); it reaches the engine only through one
+``EnginePort`` (``app.engine_port``: the MLX engine, or a fake in tests), and its audio comes and
 goes through one ``AudioPort``.
 
 A loaded model does not start a conversation by itself: nothing runs, and nothing plays,
@@ -22,7 +23,7 @@ A load that fails after its checks passed (out of memory, say) reloads the model
 loaded before, so one bad folder never leaves the app without its working model.
 
 Numerics: a model loads with the numerics its ``Load`` names, and ``SetNumerics`` switches the
-loaded one in place (``engine.numerics.set_numerics``: the weights are untouched, no reload),
+loaded one in place (the engine port's ``set_numerics``: the weights are untouched, no reload),
 then starts a new session. When the speed check after a load finds that exact numerics do
 not keep up (realtime factor above 1), it measures fast numerics with the same check, puts
 exact back, and reports ``NumericsAdvice`` if fast would keep up: the user decides.
@@ -59,9 +60,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.events import AudioChunk, FrameTiming
-from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_SAMPLE_RATE
+from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_port import AudioCounters, AudioPort
+from .engine_port import Conversation, EnginePort, LoadedModel, MLXEngine
 from .messages import (
     AppState,
     ConversationCleared,
@@ -83,9 +85,7 @@ from .messages import (
 from .variants import Q4, Variant, variant_for_checkpoint
 
 if TYPE_CHECKING:
-    from engine.model import VoiceChat
-    from engine.numerics import Numerics
-    from engine.session import Session
+    from engine import Numerics
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class FrameWindow:
     totals: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
     def add(self, timing: FrameTiming) -> tuple[float, float, float]:
-        from engine.profiler import percentile
+        from engine import percentile
 
         self.totals.append(timing.total_ms)
         totals = list(self.totals)
@@ -225,20 +225,22 @@ class EngineWorker(threading.Thread):
         max_conversation_s: float = DEFAULT_MAX_CONVERSATION_S,
         speed_check: bool = True,
         exact_every: int = EXACT_TIMING_EVERY,
+        engine: EnginePort | None = None,
     ) -> None:
         super().__init__(name="parley-engine", daemon=True)
         if exact_every < 1:
             raise ValueError(f"exact_every must be at least 1, got {exact_every}")
         self._emit = emit
         self._audio = audio
+        self._engine: EnginePort = MLXEngine() if engine is None else engine
         self._commands: queue.Queue[Command] = queue.Queue()
         self.max_conversation_s = max_conversation_s
         self.speed_check_enabled = speed_check
         self.exact_every = exact_every
         # Everything below belongs to the worker thread.
-        self._voicechat: VoiceChat | None = None
+        self._voicechat: LoadedModel | None = None
         self._model: ModelLoaded | None = None
-        self._session: Session | None = None  # prepared, or running once started
+        self._session: Conversation | None = None  # prepared, or running once started
         self._conversation_open = False  # the session's timeline runs (it consumes frames unless paused)
         self._system_prompt = ""
         self._paused = False
@@ -268,14 +270,7 @@ class EngineWorker(threading.Thread):
     # ------------------------------------------------------------------ worker thread
 
     def run(self) -> None:
-        import mlx.core as mx
-
-        from .kernels import prepare_this_device
-
-        prepare_this_device()  # before the first load compiles anything (on CUDA)
-        # A stream of our own on the default device: everything MLX does happens on this thread.
-        mx.set_default_stream(mx.new_stream(mx.default_device()))
-        self._emit(EngineInfo(str(getattr(mx, "__version__", "unknown")), describe_device()))
+        self._emit(EngineInfo(*self._engine.prepare_device()))
         while not self._stopping:
             live = self._session is not None and self._conversation_open and not self._paused
             try:
@@ -332,9 +327,6 @@ class EngineWorker(threading.Thread):
         self._load(Load(path, demo=True, system_prompt=command.system_prompt, numerics=command.numerics))
 
     def _load(self, command: Load) -> None:
-        from engine.model import load_voicechat
-        from engine.numerics import check_numerics
-
         self._close_session()
         self._voicechat = self._model = None
         self._emit(ConversationCleared())  # the old model's conversation is over, whatever this load does
@@ -343,8 +335,8 @@ class EngineWorker(threading.Thread):
         self._emit(LoadProgress(-1.0, f"Reading {command.path}"))
         started = time.perf_counter()
         try:
-            self._numerics = check_numerics(command.numerics)
-            voicechat = load_voicechat(
+            self._numerics = self._engine.check_numerics(command.numerics)
+            voicechat = self._engine.load(
                 command.path, conversation_seconds=self.max_conversation_s, numerics=self._numerics
             )
             model = ModelLoaded(
@@ -400,42 +392,36 @@ class EngineWorker(threading.Thread):
             time.perf_counter() - started,
         )
 
-    def _run_speed_check(self, voicechat: VoiceChat, model: ModelLoaded) -> None:
-        from engine.numerics import set_numerics
-
+    def _run_speed_check(self, voicechat: LoadedModel, model: ModelLoaded) -> None:
         rtf = self._measure_speed(voicechat)
         log.info("Speed check (%s numerics): realtime factor %.2f", voicechat.numerics, rtf)
         self._emit(SpeedCheck(rtf, speed_verdict(rtf, model.variant, random_weights=model.random_weights)))
         if voicechat.numerics != "exact" or rtf <= 1.0 or model.variant.demo:
             return  # the demo's speed says nothing about the real model's
-        set_numerics(voicechat, "fast")
+        self._engine.set_numerics(voicechat, "fast")
         try:
             self._warm_up(voicechat)  # fast mode's own programs, so that tracing them is not timed
             fast = self._measure_speed(voicechat)
         finally:
-            set_numerics(voicechat, "exact")  # the user decides; until then the model stays as loaded
+            self._engine.set_numerics(voicechat, "exact")  # the user decides; until then the model stays as loaded
         log.info("Speed check (fast numerics, for comparison): realtime factor %.2f", fast)
         advice = numerics_advice(rtf, fast)
         if advice is not None:
             self._emit(NumericsAdvice(rtf, fast, advice))
 
-    @staticmethod
-    def _warm_up(voicechat: VoiceChat, progress: Callable[[float], None] | None = None) -> None:
+    def _warm_up(self, voicechat: LoadedModel, progress: Callable[[float], None] | None = None) -> None:
         """Trace (and on a GPU compile) the programs of the numerics mode now in use (quick once traced), over
         the spoken question so that speech's paths are traced too; ``progress`` gets the fraction done."""
-        from engine.session import warm_up
-
         from .bench import question_audio
 
-        warm_up(voicechat, speech=question_audio(), progress=progress)
+        self._engine.warm_up(voicechat, speech=question_audio(), progress=progress)
 
-    def _measure_speed(self, voicechat: VoiceChat) -> float:
+    def _measure_speed(self, voicechat: LoadedModel) -> float:
         """The realtime factor of ``SPEED_CHECK_FRAMES`` frames of silence (the first 5 are warm-up)."""
-        from engine.profiler import summarize
-        from engine.session import Session
+        from engine import summarize
 
-        session = Session(voicechat, seed=0)
-        silence = np.zeros(voicechat.config.frame_samples, dtype=np.float32)
+        session = self._engine.start_conversation(voicechat, system_prompt=None, max_seconds=None, seed=0)
+        silence = np.zeros(INPUT_FRAME_SAMPLES, dtype=np.float32)
         timings = []
         for _ in range(SPEED_CHECK_FRAMES):
             timings += [e for e in session.push(silence, INPUT_SAMPLE_RATE) if isinstance(e, FrameTiming)]
@@ -444,13 +430,11 @@ class EngineWorker(threading.Thread):
 
     def _set_numerics(self, numerics: str) -> None:
         """Switch in place and start over: the conversation open now ends, a fresh one waits for the talk key."""
-        from engine.numerics import check_numerics, set_numerics
-
-        self._numerics = check_numerics(numerics)
+        self._numerics = self._engine.check_numerics(numerics)
         voicechat, model = self._voicechat, self._model
         if voicechat is None or model is None or voicechat.numerics == self._numerics:
             return
-        set_numerics(voicechat, self._numerics)
+        self._engine.set_numerics(voicechat, self._numerics)
         self._warm_up(voicechat)  # the mode's programs differ: trace them now, not in the next conversation's frames
         self._model = dataclasses.replace(model, checkpoint=voicechat.describe())  # profiles record the mode
         log.info("Numerics switched to %s (fast changes in use: %s)", numerics, voicechat.fast_changes or "none")
@@ -466,12 +450,16 @@ class EngineWorker(threading.Thread):
 
     def _prepare_session(self) -> None:
         """A fresh session with its prompt prefilled, not yet started (nothing reads or plays)."""
-        from engine.session import Session
-
         self._close_session()  # also keeps the old conversation's unread microphone audio out of the next one
         if self._voicechat is None:
             return
-        self._session = Session(self._voicechat, system_prompt=self._system_prompt, max_seconds=self.max_conversation_s)
+        # One frame in N pays for exact per-stage times (the profiler's policy); the others keep the fast path.
+        self._session = self._engine.start_conversation(
+            self._voicechat,
+            system_prompt=self._system_prompt,
+            max_seconds=self.max_conversation_s,
+            stage_timing_every=self.exact_every,
+        )
 
     def _start_session(self) -> None:
         """Start the prepared session (preparing one first if there is none): the conversation begins."""
@@ -532,8 +520,6 @@ class EngineWorker(threading.Thread):
 
         self._emit(InputFrame(frame))
         index = session.frame_index
-        # One frame in N pays for exact per-stage times; the others keep the two-sync fast path.
-        session.profiler.stage_timing = index % self.exact_every == 0
         try:
             events = session.push(frame, INPUT_SAMPLE_RATE)
         except ContextLimitError as exc:
@@ -545,8 +531,6 @@ class EngineWorker(threading.Thread):
             self._close_session()
             self._fail(f"The engine failed on a frame: {exc}. Start a new conversation to continue.", exc)
             return
-        finally:
-            session.profiler.stage_timing = False
         gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.noise else 1.0
         for event in events:
             if isinstance(event, AudioChunk):
@@ -589,11 +573,11 @@ class EngineWorker(threading.Thread):
         if spoke:
             self._last_user_frame = index + 1
 
-    def _frames_since_user(self, session: Session) -> int:
+    def _frames_since_user(self, session: Conversation) -> int:
         """Frames since the user last spoke, or the conversation started or woke (what the idle pause counts)."""
         return session.frame_index - self._last_user_frame
 
-    def _maybe_idle_pause(self, session: Session) -> None:
+    def _maybe_idle_pause(self, session: Conversation) -> None:
         idle = self._idle_pause
         if idle is None or not idle.enabled or self._paused or not self._conversation_open:
             return
@@ -609,11 +593,3 @@ class EngineWorker(threading.Thread):
         log.error("%s\n%s", message, details)
         self._emit(Failure(message, details))
         self._set_state(state, message)
-
-
-def describe_device() -> str:
-    """``"gpu: NVIDIA H200"`` or ``"cpu: Intel(R) Xeon(R) Processor"``: the device MLX computes on."""
-    from engine.profile_log import device_description
-
-    device = device_description()
-    return f"{device['type']}: {device['name']}"

@@ -9,8 +9,9 @@ evaluated) and records, per stage:
   ``mx.compile`` is one), each costing host time to dispatch;
 * **kernels**: the primitives that launch work on the device, i.e. not views (reshape,
   transpose, slice, broadcast, …) or no-ops;
-* **weight uses**: which model weights those primitives read, so that :func:`weight_bytes`
-  can price a frame at full size (:func:`full_size_prices`).
+* **weight uses**: which model weights those primitives read, so that
+  :func:`engine.pricing.weight_bytes` can price a frame at full size
+  (:func:`engine.pricing.full_size_prices`, which needs the model; the census itself does not).
 
 Counts depend on the device the graph is built for: on the CPU, MLX builds the fast
 kernels (``rms_norm``, ``layer_norm``, ``rope``, ``scaled_dot_product_attention``) from
@@ -23,12 +24,12 @@ from __future__ import annotations
 import io
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .weight_names import COPY_MARK, GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
+from .weight_names import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
 
 # Primitives that only re-describe memory (or do nothing) and launch no kernel of their own. A reshape of a
 # non-contiguous array copies; it is still counted here, as a view, because the copy depends on the layout.
@@ -259,112 +260,3 @@ def _weight_origin(
             part = "slice"
         origin[view] = (weight, part)
     return origin[array]
-
-
-# --------------------------------------------------------------------------- pricing at full size
-
-
-@dataclass(frozen=True)
-class WeightPrice:
-    """What one whole read of a weight costs at full size, and how many slices its first two axes hold."""
-
-    nbytes: int
-    leading: int
-    second: int = 1
-
-    def of(self, part: str) -> float:
-        if part == "whole":
-            return self.nbytes
-        if part == "slice_row":
-            return self.nbytes / max(self.leading * self.second, 1)
-        return self.nbytes / max(self.leading, 1)
-
-
-def full_size_prices(model: object, bits: int) -> dict[str, WeightPrice]:
-    """The bytes of every weight of ``model`` (any size, same module tree) at full size and ``bits``.
-
-    Shapes come from the full-size config (a module tree of lazy arrays, never evaluated);
-    dtypes from ``model`` as loaded (float32 where precast, bf16 where stored, and the packed
-    integers and scales of quantized modules). Stacked projections cost their members; a copy in
-    another dtype (``<parameter>%``) costs the parameter's elements in the copy's dtype, and a copy
-    stacking a list of parameters (``<list>%``) its members'.
-    """
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-
-    from .loading.config import VoiceChatConfig
-    from .loading.layout import quantized_modules
-    from .loading.random_checkpoint import GROUP_SIZE, base_config
-    from .model import VoiceChatModel
-
-    config = VoiceChatConfig.from_dict(base_config("full"))
-    skeleton = VoiceChatModel(config)
-    quantized = set(quantized_modules(config, GROUP_SIZE))
-    nn.quantize(
-        skeleton,
-        class_predicate=lambda path, _: {"group_size": GROUP_SIZE, "bits": bits} if path in quantized else False,
-    )
-    shapes = {name: value.shape for name, value in tree_flatten(skeleton.parameters())}
-    dtypes = {name: value.dtype for name, value in tree_flatten(model.parameters())}  # type: ignore[attr-defined]
-    skeleton_modules = dict(skeleton.named_modules())
-    prices: dict[str, WeightPrice] = {}
-    for name, shape in shapes.items():
-        dtype = dtypes.get(name, mx.bfloat16)
-        count = 1
-        for size in shape:
-            count *= size
-        prices[name] = WeightPrice(count * dtype.size, shape[0] if shape else 1, shape[1] if len(shape) > 1 else 1)
-    for path, module in model.named_modules():  # type: ignore[attr-defined]
-        stacked = getattr(module, "stacked", None)
-        if stacked is not None:
-            parts = [prices[f"{path}.{member}.weight"] for member in stacked.members]
-            prices[f"{path}.stacked"] = WeightPrice(sum(part.nbytes for part in parts), 1)
-        views = getattr(module, "weight_views", None)
-        if callable(views):
-            for name, array in views().items():
-                if name.endswith(COPY_MARK):
-                    # A parameter, or a list of them stacked along their first axis (the codec's codebooks).
-                    source = f"{path}.{name.removesuffix(COPY_MARK)}"
-                    members = [source] if source in prices else [n for n in shapes if n.startswith(f"{source}.")]
-                    nbytes = sum(
-                        prices[member].nbytes // dtypes.get(member, mx.bfloat16).size * array.dtype.size
-                        for member in members
-                    )
-                    leading = sum(prices[member].leading for member in members)
-                    second = prices[members[0]].second if len(members) == 1 else array.shape[1]
-                    prices[f"{path}.{name}"] = WeightPrice(nbytes, leading, second)
-                elif name.endswith(GATHER_MARK):
-                    # As many rows as the full-size module's table has (its table_rows()).
-                    source = f"{path}.{name.removesuffix(GATHER_MARK)}"
-                    rows = skeleton_modules[path].table_rows()[name]
-                    prices[f"{path}.{name}"] = WeightPrice(prices[source].nbytes, rows)
-    return prices
-
-
-def _priced_uses(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> Iterator[tuple[str, float]]:
-    """Each priced weight use's name and the bytes it reads (uses of weights without a price are left out)."""
-    for use, count in uses.items():
-        if use.name in prices:
-            yield use.name, prices[use.name].of(use.part) * count
-
-
-def weight_bytes(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> int:
-    """Bytes of weights a frame with these ``uses`` reads at the prices given."""
-    return round(sum(read for _, read in _priced_uses(uses, prices)))
-
-
-def weight_bytes_by_weight(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
-    """:func:`weight_bytes` per weight, most first: which reads a device's census has that another's lacks."""
-    totals: Counter[str] = Counter()
-    for name, read in _priced_uses(uses, prices):
-        totals[name] += read
-    return {name: round(value) for name, value in totals.most_common()}
-
-
-def weight_bytes_by_network(uses: Mapping[WeightUse, int], prices: Mapping[str, WeightPrice]) -> dict[str, int]:
-    """:func:`weight_bytes` per network (the first two parts of a weight's name, e.g. ``stt_model.llm``), most
-    first: where a frame's bytes go, to compare one device's census with another's."""
-    totals: Counter[str] = Counter()
-    for name, read in _priced_uses(uses, prices):
-        totals[".".join(name.split(".")[:2])] += read
-    return {network: round(value) for network, value in totals.most_common()}

@@ -8,7 +8,15 @@ implementation; a drift recording or a test can be another. This module imports 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .events import FrameTiming
+
+# A sub-stage probe, ``probe(name, *arrays)``: :meth:`FrameHooks.sub_stage` handed on alone (None: no probing).
+# What networks took before they took the hooks; the network refactor of issue 50 retires it.
+Probe = Callable[..., None]
 
 
 class FrameHooks(Protocol):
@@ -19,6 +27,8 @@ class FrameHooks(Protocol):
     ``launch_part`` may start the device on arrays without waiting; ``sync`` and ``read_back`` are the frame's
     own waits for the device, which a watcher may count; ``observe`` sees a network's inputs and outputs on the
     host (called only where ``observing`` is true: a watcher that observes changes what a frame may fuse).
+    ``begin_frame`` and ``end_frame`` bracket one frame (only the session calls them); ``end_frame`` returns the
+    frame's timing, which the session emits among the frame's events, or None for a watcher that keeps none.
     """
 
     @property
@@ -40,6 +50,10 @@ class FrameHooks(Protocol):
     def read_back(self, array: Any) -> Any: ...
 
     def observe(self, name: str, value: Any) -> None: ...
+
+    def begin_frame(self, frame_index: int) -> None: ...
+
+    def end_frame(self) -> FrameTiming | None: ...
 
 
 class NoHooks:
@@ -70,6 +84,12 @@ class NoHooks:
 
     def observe(self, name: str, value: Any) -> None:
         pass
+
+    def begin_frame(self, frame_index: int) -> None:
+        pass
+
+    def end_frame(self) -> FrameTiming | None:
+        return None
 
 
 NO_HOOKS: FrameHooks = NoHooks()

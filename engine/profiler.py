@@ -1,51 +1,69 @@
 """Per-frame profiling: stage times, host synchronisations, optional sub-stage attribution.
 
-The pipeline calls :meth:`FrameProfiler.sync` wherever it must wait for the device
-(an ``mx.eval`` or a readback of an unevaluated value); those are counted as host
-syncs. Stage boundaries are recorded with :meth:`FrameProfiler.stage`.
+:class:`FrameProfiler` is the :class:`engine.hooks.FrameHooks` a timed session is given
+(``Session(voicechat, hooks=FrameProfiler(...))``); the session and the networks call it and import
+nothing from here. The pipeline calls :meth:`FrameProfiler.sync` wherever it must wait for the device
+(an ``mx.eval`` or a read-back of an unevaluated value); those are counted as host syncs. Stage
+boundaries are recorded with :meth:`FrameProfiler.stage`.
 
-Without ``stage_timing`` a stage's time is what the host spent in it: building graphs,
+On a frame without stage timing a stage's time is what the host spent in it: building graphs,
 launching them (:meth:`FrameProfiler.launch` starts the device on a part while the host
 builds the next), and waiting where the pipeline itself synchronises — so device work lands
-in the stage that waited for it. With ``stage_timing`` every stage boundary evaluates the stage's
-outputs first, billing device time to the stage that caused it, as the reference
-profiler does; those waits are real, so they count as host syncs. ``sub_stages`` adds
-finer boundaries inside the networks (more waits, counted likewise).
+in the stage that waited for it. On a frame with stage timing every stage boundary evaluates the
+stage's outputs first, billing device time to the stage that caused it, as the reference
+profiler does; those waits are real, so they count as host syncs. Which frames pay for that is
+the profiler's own policy (``stage_timing_every``), decided as each frame begins and written into
+its :class:`engine.events.FrameTiming` (``timing_mode``). ``sub_stages`` adds finer boundaries
+inside the networks (more waits, counted likewise) and times every frame's stages.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import mlx.core as mx
 
 from .counters import FrameCensus, GraphCensus
 from .events import FrameTiming
+from .hooks import Probe
 from .timeline import FRAME_MS, STAGES
 
-# A sub-stage probe: ``probe(name, *arrays)`` closes the sub-stage ``name`` once ``arrays`` are computed.
-# Networks take one optionally and call it at their internal boundaries; None means no probing.
-Probe = Callable[..., None]
+__all__ = ["DEFAULT_COLD_FRAMES", "FrameProfiler", "Probe", "percentile", "stage_stats", "summarize"]
+
 DEFAULT_COLD_FRAMES = 5
 
 
 class FrameProfiler:
-    """Times the stages of one frame after another; the session owns one."""
+    """Times the stages of one frame after another: the hooks a timed session is given.
+
+    Args:
+        stage_timing_every: time stages on the device (evaluate at every stage boundary) in frames whose index
+            is a multiple of this; 1: every frame, 0: none. The other frames are timed where the host waited,
+            without the three extra host syncs (the app times one frame in N so, for its overlay).
+        sub_stages: also time sub-stages inside the networks (forces more evaluation, on every frame, whose
+            stages are then all timed on the device).
+        census: count every frame's graph, stage by stage, before it is evaluated (slow; for
+            ``parley bench --counters``); each frame's counts are in :attr:`last_census`. May be set or
+            cleared between frames.
+    """
 
     # Whether parts inside a phase are launched as they are built too (:meth:`launch_part`); the device
     # scripts switch it off to measure what it buys.
     launch_parts: ClassVar[bool] = True
 
     def __init__(
-        self, *, stage_timing: bool = False, sub_stages: bool = False, census: GraphCensus | None = None
+        self, *, stage_timing_every: int = 0, sub_stages: bool = False, census: GraphCensus | None = None
     ) -> None:
-        self.stage_timing = stage_timing or sub_stages
+        if stage_timing_every < 0:
+            raise ValueError(f"stage_timing_every must be 0 (never) or positive, got {stage_timing_every}")
+        self._stage_timing_every = stage_timing_every
         self.census = census  # when set, every evaluation's graph is counted first (slow; for counters only)
         self.last_census: FrameCensus | None = None
-        self.sub_stages_enabled = sub_stages
+        self._sub_stages = sub_stages
+        self._stage_timing = self.times_stages(0)  # this frame's mode; set as each frame begins
         self._origin = time.perf_counter()
         self._frame_start = 0.0
         self._mark = 0.0
@@ -57,7 +75,30 @@ class FrameProfiler:
         self._syncs = 0
         self._stage = STAGES[0]
 
+    @property
+    def stage_timing(self) -> bool:
+        """Whether the frame under way is timed stage by stage (:meth:`times_stages`, decided as it began)."""
+        return self._stage_timing
+
+    @property
+    def sub_stages(self) -> bool:
+        return self._sub_stages
+
+    @property
+    def observing(self) -> bool:
+        """False: the profiler times frames and watches no network's values (see FrameHooks.observe)."""
+        return False
+
+    def times_stages(self, frame_index: int) -> bool:
+        """Whether frame ``frame_index`` is timed stage by stage on the device (the profiler's policy)."""
+        every = self._stage_timing_every
+        return self._sub_stages or (every > 0 and frame_index % every == 0)
+
+    def observe(self, name: str, value: Any) -> None:
+        """Nothing: the profiler does not watch values (:attr:`observing` is false)."""
+
     def begin_frame(self, frame_index: int) -> None:
+        self._stage_timing = self.times_stages(frame_index)
         now = time.perf_counter()
         self._frame_index = frame_index
         self._frame_start = self._mark = self._sub_mark = now
@@ -86,7 +127,7 @@ class FrameProfiler:
         the host builds what follows; the next sync waits for them. The same graph is evaluated either way,
         so every result is unchanged. Skipped with stage timing (each stage is evaluated at its boundary
         already) and while a census counts the frame (it reads each graph before the sync evaluates it)."""
-        if arrays and not self.stage_timing and self.census is None:
+        if arrays and not self._stage_timing and self.census is None:
             mx.async_eval(*arrays)
 
     def launch_part(self, *arrays: Any) -> None:
@@ -96,7 +137,7 @@ class FrameProfiler:
         if self.launch_parts:
             self.launch(*arrays)
 
-    def readback(self, array: Any) -> list[Any] | int | float | bool:
+    def read_back(self, array: Any) -> list[Any] | int | float | bool:
         """Read a not yet evaluated value back to the host (``tolist``), counted as a sync."""
         self._evaluate([array])
         self._syncs += 1
@@ -104,7 +145,7 @@ class FrameProfiler:
 
     def sub_stage(self, name: str, *arrays: Any) -> None:
         """Close sub-stage ``name``; only active (and forcing evaluation) with ``sub_stages``."""
-        if not self.sub_stages_enabled:
+        if not self._sub_stages:
             return
         built = time.perf_counter()
         if arrays:
@@ -122,7 +163,7 @@ class FrameProfiler:
         stage); otherwise they are only counted, when a census is kept.
         """
         self._stage = name
-        if self.stage_timing and arrays:
+        if self._stage_timing and arrays:
             self._evaluate(arrays)
             self._syncs += 1
         elif self.census is not None and arrays:
@@ -145,7 +186,7 @@ class FrameProfiler:
             host_syncs=self._syncs,
             sub_stages=dict(self._sub_ms),
             sub_stage_evaluation=dict(self._sub_eval_ms),
-            timing_mode="device" if self.stage_timing else "host",
+            timing_mode="device" if self._stage_timing else "host",
         )
 
 

@@ -28,7 +28,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .counters import GraphCensus
 from .errors import AudioInputError, ContextLimitError, SessionClosedError
 from .events import (
     AssistantTextDelta,
@@ -39,6 +38,7 @@ from .events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
+from .hooks import NO_HOOKS, FrameHooks, Probe
 from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
 from .networks.codec import CodecCache, replace_control_codes
@@ -54,7 +54,7 @@ from .networks.rnnt import (
     rnnt_propose,
 )
 from .networks.tts import SpeakerPrompt, TTSCache, build_speaker_prompt
-from .profiler import FrameProfiler, Probe
+from .ops.cache import KVCache, SlidingKVCache
 from .tools import ToolCallParser
 
 
@@ -107,14 +107,12 @@ class Session:
         system_prompt: prefilled before the first frame (one LLM step per token).
         seed: seeds MLX's random generator, which only the TTS sampler draws from.
         max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
-        stage_timing: bill device time to the stage that caused it by evaluating at every stage
-            boundary (three more host syncs per frame, counted as such); otherwise stages show
-            where the host waited and a frame needs two syncs (one in fast numerics).
-        sub_stages: also time sub-stages inside the networks (forces more evaluation; slower).
-        census: count every frame's graph, stage by stage, before it is evaluated (slow; for
-            ``parley bench --counters``); each frame's counts are in ``profiler.last_census``.
-        observer: sees each network's inputs and outputs as they are built, the system prompt's prefill
-            included (see :attr:`observer`).
+        hooks: whoever watches the frames (:class:`engine.hooks.FrameHooks`), the system prompt's prefill
+            included: told of every stage boundary, launch, wait and read-back, and shown each network's
+            inputs and outputs where it observes ("language.input", "language.hidden", "tts.input" (previous
+            codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays). A frame
+            emits the :class:`FrameTiming` the hooks' ``end_frame`` returns (a
+            :class:`engine.profiler.FrameProfiler` times each frame; the default, :data:`NO_HOOKS`, none).
     """
 
     def __init__(
@@ -124,10 +122,7 @@ class Session:
         system_prompt: str | None = None,
         seed: int = 0,
         max_seconds: float | None = None,
-        stage_timing: bool = False,
-        sub_stages: bool = False,
-        census: GraphCensus | None = None,
-        observer: Callable[[str, Any], None] | None = None,
+        hooks: FrameHooks = NO_HOOKS,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
@@ -140,11 +135,7 @@ class Session:
         self.max_frames = None if max_seconds is None else int(max_seconds / self.config.frame_duration)
         self.system_prompt = self.config.default_system_prompt if system_prompt is None else system_prompt
         self.seed = seed
-        self.profiler = FrameProfiler(stage_timing=stage_timing or sub_stages, sub_stages=sub_stages, census=census)
-        # Sees each network's inputs and outputs as they are built (lazy arrays): "language.input",
-        # "language.hidden", "tts.input" (previous codes, their sum, text id), "tts.output", "codec.codes",
-        # "codec.samples". For measuring (app/drift.py); None in normal use.
-        self.observer: Callable[[str, Any], None] | None = observer
+        self._hooks = hooks
 
         self._pending = np.zeros(0, dtype=np.float32)
         self._closed = False
@@ -244,11 +235,11 @@ class Session:
         fused = self._stt.fuse_inputs(previous_text, audio_embedding, previous_function)
         if probe is not None:
             probe("language.fusion", fused)
-        if self.observer is not None:
-            self.observer("language.input", fused)
+        if self._hooks.observing:
+            self._hooks.observe("language.input", fused)
         hidden = self._stt.llm(fused, self.caches.language)
-        if self.observer is not None:
-            self.observer("language.hidden", hidden)
+        if self._hooks.observing:
+            self._hooks.observe("language.hidden", hidden)
         if probe is not None:
             probe("language.llm", hidden)
         if not generate:
@@ -267,8 +258,8 @@ class Session:
             caches.previous_code = mx.broadcast_to(self._silence_codes, caches.previous_code.shape)
             caches.previous_code_sum = None
         token = mx.array([[text_id]], dtype=mx.int32)
-        if self.observer is not None:
-            self.observer("tts.input", (caches.previous_code, caches.previous_code_sum, text_id))
+        if self._hooks.observing:
+            self._hooks.observe("tts.input", (caches.previous_code, caches.previous_code_sum, text_id))
         result = self._speech.tts_model.step(
             caches.previous_code,
             token,
@@ -279,15 +270,15 @@ class Session:
             text_id=text_id,
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
-        if self.observer is not None:
-            self.observer("tts.output", result)
+        if self._hooks.observing:
+            self._hooks.observe("tts.output", result)
         return result.codes
 
     @property
     def _tts_spells_on_device(self) -> bool:
         """Whether this frame's TTS takes the text id on the device (one sync a frame): in fast numerics, unless
-        something watches the networks' inputs on the host (an observer) or times every sub-stage."""
-        return self.voicechat.numerics == "fast" and self.observer is None and not self.profiler.sub_stages_enabled
+        the hooks watch the networks' inputs on the host (observe) or time every sub-stage."""
+        return self.voicechat.numerics == "fast" and not self._hooks.observing and not self._hooks.sub_stages
 
     def _tts_step_on_device(self, text_array: mx.array) -> mx.array:
         """:meth:`_tts_step` for a text id (1,) still on the device: the end-of-speech rule as a select and the
@@ -310,7 +301,7 @@ class Session:
             self.voicechat.characters,
             previous_code_sum,
             condition=tts.condition_on_device(token, spelling),
-            launch=self.profiler.launch_part,
+            launch=self._hooks.launch_part,
         )
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
@@ -349,7 +340,7 @@ class Session:
                 blank_id=config.rnnt_blank_id,
                 max_symbols=config.audio_config.max_symbols,
                 vocabulary=self.voicechat.rnnt_vocabulary,
-                read_back=self.profiler.readback,
+                read_back=self._hooks.read_back,
             )
             if transcript is not None:
                 events.append(UserTranscriptDelta(self._frame_index, *transcript))
@@ -361,17 +352,17 @@ class Session:
                 f"the conversation reached its {round(self.max_frames * self.config.frame_duration, 2):g} s limit; "
                 "start a new conversation"
             )
-        profiler, caches, config = self.profiler, self.caches, self.config
-        profiler.begin_frame(self._frame_index)
+        hooks, caches, config = self._hooks, self.caches, self.config
+        hooks.begin_frame(self._frame_index)
         events: list[Event] = []
 
         # Phase 1 — perception, RNN-T and the LLM, built as one graph (read back here, or with the samples).
-        probe = profiler.sub_stage if profiler.sub_stages_enabled else None
+        probe = hooks.sub_stage if hooks.sub_stages else None
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
         perceived = (projected, encoded, *caches.perception.arrays())
-        profiler.stage("perception", *perceived)
+        hooks.stage("perception", *perceived)
         # The device starts on each part as soon as its graph is built, while the host builds the next one.
-        profiler.launch(*perceived)
+        hooks.launch(*perceived)
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
             proposal = rnnt_propose(
@@ -383,10 +374,10 @@ class Session:
                 attempts=self._rnnt_attempts,
             )
         rnnt_outputs = [proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []
-        profiler.launch_part(*rnnt_outputs)
-        profiler.stage("rnnt", *rnnt_outputs)
+        hooks.launch_part(*rnnt_outputs)
+        hooks.stage("rnnt", *rnnt_outputs)
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
-        profiler.launch(text_array, function_array, *caches.language.arrays())
+        hooks.launch(text_array, function_array, *caches.language.arrays())
         phase_one = [
             text_array,
             function_array,
@@ -398,25 +389,25 @@ class Session:
         if one_sync:
             # Fast numerics: the TTS takes the text id on the device, so the frame is built to its end while the
             # device computes, and the ids are read with the samples.
-            profiler.stage("language", text_array, function_array, *caches.language.arrays())
+            hooks.stage("language", text_array, function_array, *caches.language.arrays())
             codes = self._tts_step_on_device(text_array)
         else:
-            profiler.sync(*phase_one)
+            hooks.sync(*phase_one)
             text_id, function_id = self._adopt_ids(text_array, function_array, encoded, proposal, events)
-            profiler.stage("language")
+            hooks.stage("language")
             # Phase 2 — the TTS step needs the text id on the host (its character lookup), then the codec.
             codes = self._tts_step(text_id, probe)
         self._timeline_index += 1
         spoken = (codes, *caches.tts.arrays())
-        profiler.stage("tts", *spoken)
-        profiler.launch(*spoken)
+        hooks.stage("tts", *spoken)
+        hooks.launch(*spoken)
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
-        if self.observer is not None:
-            self.observer("codec.codes", clean)
+        if hooks.observing:
+            hooks.observe("codec.codes", clean)
         samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec, probe)[0]
-        if self.observer is not None:
-            self.observer("codec.samples", samples)
-        profiler.sync(
+        if hooks.observing:
+            hooks.observe("codec.samples", samples)
+        hooks.sync(
             samples,
             clean,
             codes,
@@ -428,7 +419,7 @@ class Session:
         )
         if one_sync:
             text_id, function_id = self._adopt_ids(text_array, function_array, encoded, proposal, events)
-        profiler.stage("codec")
+        hooks.stage("codec")
 
         text_update = self._text.append(text_id)
         if text_update is not None:
@@ -448,7 +439,9 @@ class Session:
                 codes_raw=np.array(codes[0, 0], dtype=np.int32),
             )
         )
-        events.append(profiler.end_frame())
+        timing = hooks.end_frame()
+        if timing is not None:
+            events.append(timing)
         self._frame_index += 1
         return events
 
@@ -526,6 +519,18 @@ class Session:
         """Release the caches (the conversation cannot continue afterwards)."""
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
+
+    def age(self, positions: int, *, seed: int = 0) -> None:
+        """Make the conversation ``positions`` frames older: every attention cache that grows (the LLM's and the
+        TTS backbone's) gains that many random positions (:meth:`engine.ops.cache.KVCache.age`), as
+        ``parley bench --history`` needs to time an old conversation's frames. For timing only: what the model
+        says afterwards is not meaningful (nor the reference's)."""
+        key = mx.random.key(seed)
+        for layer in [*self.caches.language.layers, *self.caches.tts.layers]:
+            if isinstance(layer, KVCache | SlidingKVCache):
+                layer.age(positions, key=key)
+        self.caches.language.position += positions
+        mx.eval(self.caches.arrays())
 
 
 def warm_up(

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from app.bench import FRAME, age_conversation, bench, bench_input, format_report, question_audio
+from app.bench import FRAME, bench, bench_input, format_report, question_audio
 from app.cli import main as parley
 
 
@@ -118,7 +118,7 @@ def test_an_aged_conversation_holds_the_state_of_a_long_one() -> None:
     """``--history N`` stands in for N frames: every growing attention cache gains N positions and the
     state matches what N real frames would have added (within the caches' 256-position blocks)."""
     from engine.loading.memory import state_growth_per_frame
-    from engine.loading.random_checkpoint import random_voicechat
+    from engine.random_model import random_voicechat
     from engine.session import Session
 
     voicechat = random_voicechat("tiny", quantize=4, seed=0)
@@ -130,7 +130,7 @@ def test_an_aged_conversation_holds_the_state_of_a_long_one() -> None:
         session.caches.tts.offset,
         session.state_nbytes,
     )
-    age_conversation(session, 3000)
+    session.age(3000)
     assert session.caches.language.position == language_before + 3000
     assert session.caches.tts.offset == tts_before + 3000
     grown = session.state_nbytes - state_before

@@ -16,8 +16,9 @@ from app.bench import bench_input
 from engine import numerics
 from engine.counters import GraphCensus, named_weights
 from engine.events import AudioChunk
-from engine.loading.random_checkpoint import random_voicechat
 from engine.networks.subword import CharAwareSubwordEncoder
+from engine.profiler import FrameProfiler
+from engine.random_model import random_voicechat
 from engine.session import Session
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
@@ -26,7 +27,8 @@ FRAMES = 24
 
 def _conversation(voicechat: Any) -> tuple[np.ndarray, np.ndarray, int]:
     """Codes and samples of FRAMES frames, and the TTS stage's primitives in the last (a census counts them)."""
-    session = Session(voicechat, seed=0, census=GraphCensus(named_weights(voicechat.model)))
+    profiler = FrameProfiler(census=GraphCensus(named_weights(voicechat.model)))
+    session = Session(voicechat, seed=0, hooks=profiler)
     samples = bench_input(FRAMES)
     codes, audio = [], []
     for start in range(0, samples.shape[0], INPUT_FRAME_SAMPLES):
@@ -34,7 +36,7 @@ def _conversation(voicechat: Any) -> tuple[np.ndarray, np.ndarray, int]:
             if isinstance(event, AudioChunk):
                 codes.append(event.codes_raw)
                 audio.append(event.samples)
-    census = session.profiler.last_census
+    census = profiler.last_census
     session.close()
     assert census is not None
     return np.array(codes), np.concatenate(audio), census.stages["tts"].primitives

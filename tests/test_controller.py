@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from app.controller import AppController
+from app.engine_port import FakeEngine
 from app.messages import (
     AppState,
     ConversationStarted,
@@ -30,6 +31,7 @@ from app.messages import (
     StateChanged,
 )
 from app.settings import Settings
+from app.worker import EngineWorker
 from engine.events import AssistantTextDelta
 from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES
@@ -99,16 +101,16 @@ def test_a_loaded_model_waits_for_the_talk_key_then_hears_the_microphone_and_sil
     assert audio.played and all(p.shape == (OUTPUT_FRAME_SAMPLES,) for p in audio.played)
 
 
-def test_worker_exception_is_reported_and_conversation_recovers(make_controller, tiny_q4, monkeypatch):
-    controller = make_controller(q4(tiny_q4))
+def test_worker_exception_is_reported_and_conversation_recovers(make_controller, tmp_path):
+    """The worker over the fake engine (app/engine_port.py): no model needed to see a failing frame contained."""
+    engine = FakeEngine()
+    worker_factory = functools.partial(EngineWorker, engine=engine)
+    controller = make_controller(q4(tmp_path), worker_factory=worker_factory)
     controller.start()
     controller.start_conversation()  # queued behind the load: it runs once the model is ready
     wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
 
-    from engine.session import Session
-
-    original = Session.push
-    monkeypatch.setattr(Session, "push", lambda self, *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    engine.fail_next_push = RuntimeError("boom")
     messages = wait_for(controller, lambda seen: any(isinstance(m, Failure) for m in seen))
     failure = next(m for m in messages if isinstance(m, Failure))
     assert "boom" in failure.message and "Traceback" in failure.details
@@ -116,7 +118,6 @@ def test_worker_exception_is_reported_and_conversation_recovers(make_controller,
     log_file = controller.log_dir() / "parley.log"
     assert "boom" in log_file.read_text()
 
-    monkeypatch.setattr(Session, "push", original)
     controller.new_conversation()
     controller.start_conversation()  # a new conversation waits for the talk key
     messages = wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))

@@ -19,10 +19,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from app.bench import bench_input, count_frames, counters_report
-from engine.counters import GraphCensus, WeightUse, full_size_prices, named_weights, weight_bytes
+from engine.counters import GraphCensus, WeightUse, named_weights
 from engine.jit import check_report
-from engine.loading.random_checkpoint import random_voicechat
 from engine.model import load_voicechat
+from engine.pricing import full_size_prices, weight_bytes
+from engine.random_model import random_voicechat
 from engine.session import Session, warm_up
 
 PERFORMANCE_DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"

@@ -1,8 +1,8 @@
-"""The worker times one frame in N stage by stage; those frames agree with Session(stage_timing=True).
+"""The worker times one frame in N stage by stage; those frames agree with a session timed so on every frame.
 
 The worker runs a conversation on a tiny checkpoint through a scripted audio port (speech,
 then silence). Every N-th frame must be timed in "device" mode, the others in "host" mode;
-then a ``Session(stage_timing=True)`` runs the very frames the worker heard, and on the
+then a session whose profiler times every frame so runs the very frames the worker heard, and on the
 sampled frames the two must agree: the same host syncs (each stage evaluated at its own
 boundary, the same number of waits) and the same outputs, exactly. The per-stage times of both
 are printed side by side, not asserted: on this shared 2-core machine one stage's time moves by
@@ -64,6 +64,7 @@ def run_worker(checkpoint: Path, speech: np.ndarray) -> tuple[list[FrameStats], 
 def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, speech_16k: np.ndarray) -> None:
     from app.bench import question_audio
     from engine.model import load_voicechat
+    from engine.profiler import FrameProfiler
     from engine.session import Session, warm_up
 
     stats, heard, played = run_worker(tiny_q4, speech_16k)
@@ -73,7 +74,7 @@ def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, sp
 
     voicechat = load_voicechat(tiny_q4)
     warm_up(voicechat, speech=question_audio())  # as the worker did: no frame of either pays for tracing
-    session = Session(voicechat, system_prompt=PROMPT, seed=0, stage_timing=True)
+    session = Session(voicechat, system_prompt=PROMPT, seed=0, hooks=FrameProfiler(stage_timing_every=1))
     reference: list[FrameTiming] = []
     reference_audio: list[np.ndarray] = []
     for frame in heard:
@@ -92,7 +93,7 @@ def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, sp
     host = [s.timing for s in stats if s.timing.timing_mode == "host"]
     assert all(t.host_syncs < reference[t.frame_index].host_syncs for t in host), "host frames skip the extra syncs"
 
-    print(f"\n{'stage':<11}{'worker (sampled)':>18}{'Session(stage_timing)':>24}   (median ms, {len(sampled)} frames)")
+    print(f"\n{'stage':<11}{'worker (sampled)':>18}{'every frame timed':>24}   (median ms, {len(sampled)} frames)")
     for stage in STAGES:
         ours = statistics.median(t.stage_ms(stage) for t in sampled)
         theirs = statistics.median(t.stage_ms(stage) for t in same_frames)

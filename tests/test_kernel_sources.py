@@ -23,7 +23,7 @@ import engine.kernels.greedy_attempt as greedy_attempt
 import engine.kernels.row_chain as row_chain
 import engine.kernels.row_product as row_product
 from engine.kernels.admission import TICKET_STRIDE
-from engine.loading.random_checkpoint import random_voicechat
+from engine.random_model import random_voicechat
 
 # Just enough of CUDA for a kernel body to be C++: the names it uses, with host stand-ins.
 _CUDA_STUBS = r"""

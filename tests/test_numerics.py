@@ -28,7 +28,6 @@ from engine.kernels.norm_rope import norm_rope_ops
 from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
-from engine.loading.random_checkpoint import random_voicechat
 from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
@@ -37,6 +36,7 @@ from engine.networks.ssm import silu_gate, ssm_scan
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
+from engine.random_model import random_voicechat
 from engine.timeline import INPUT_FRAME_SAMPLES
 
 LOGITS_RELATIVE_L2 = 1e-4
@@ -441,7 +441,8 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
 
     import engine.numerics
     from app.bench import bench_input, count_frames
-    from engine.counters import WeightUse, full_size_prices
+    from engine.counters import WeightUse
+    from engine.pricing import full_size_prices
     from engine.weight_names import COPY_MARK
 
     voicechat = random_voicechat("tiny", quantize=4)

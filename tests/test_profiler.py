@@ -12,6 +12,7 @@ import pytest
 
 from engine.counters import GraphCensus
 from engine.events import FrameTiming
+from engine.hooks import FrameHooks
 from engine.profile_log import (
     AUDIO_COUNTERS,
     ConversationLog,
@@ -54,7 +55,7 @@ def test_frame_profiler_counts_syncs_and_times_stages():
     time.sleep(0.01)
     profiler.stage("perception", x @ x)
     profiler.sync(x + 1)
-    assert profiler.readback(x[0, :2] * 3) == [3.0, 3.0]
+    assert profiler.read_back(x[0, :2] * 3) == [3.0, 3.0]
     profiler.sub_stage("tts.backbone", x * 2)
     profiler.stage("tts")
     timing = profiler.end_frame()
@@ -86,11 +87,45 @@ def test_launch_starts_the_device_only_where_nothing_reads_the_graph_first(monke
     x = mx.ones((4, 4))
     FrameProfiler().launch(x @ x, x + 1)
     assert launched == [2]
-    FrameProfiler(stage_timing=True).launch(x @ x)
+    FrameProfiler(stage_timing_every=1).launch(x @ x)
     FrameProfiler(sub_stages=True).launch(x @ x)
     FrameProfiler(census=GraphCensus({})).launch(x @ x)
     FrameProfiler().launch()
     assert launched == [2]
+
+
+def test_the_profiler_decides_which_frames_are_timed_on_the_device():
+    """One frame in N evaluates at its stage boundaries (the app's overlay policy); the profiler decides as each
+    frame begins and marks the frame's timing, so no caller flips a switch between frames."""
+    x = mx.ones((8, 8))
+    profiler = FrameProfiler(stage_timing_every=4)
+    modes, syncs = [], []
+    for index in range(9):
+        profiler.begin_frame(index)
+        profiler.stage("perception", x @ x)
+        profiler.stage("rnnt", x + 1)
+        profiler.sync(x * 2)
+        timing = profiler.end_frame()
+        modes.append(timing.timing_mode)
+        syncs.append(timing.host_syncs)
+    assert [index for index, mode in enumerate(modes) if mode == "device"] == [0, 4, 8]
+    assert syncs == [3 if mode == "device" else 1 for mode in modes]
+    assert [FrameProfiler(sub_stages=True).times_stages(i) for i in range(3)] == [True] * 3
+    assert not any(FrameProfiler().times_stages(i) for i in range(3))
+    with pytest.raises(ValueError, match="stage_timing_every"):
+        FrameProfiler(stage_timing_every=-1)
+    with pytest.raises(AttributeError):
+        profiler.stage_timing = True  # type: ignore[misc]  # the policy is the profiler's, not its caller's
+
+
+def test_the_profiler_is_the_frame_hooks_the_session_calls():
+    """FrameProfiler implements engine.hooks.FrameHooks: every call the Protocol names, with its read-only flags."""
+    profiler: FrameHooks = FrameProfiler(sub_stages=True)
+    assert profiler.sub_stages and not profiler.observing
+    protocol = {name for name in vars(FrameHooks) if not name.startswith("_")}
+    assert {"read_back", "observe", "begin_frame", "end_frame", "stage", "sync"} <= protocol
+    assert all(hasattr(FrameProfiler, name) for name in protocol)
+    assert not hasattr(FrameProfiler, "readback")
 
 
 CHECKPOINT = {"name": "tiny", "path": "/x/tiny", "quantization_bits": 4, "size_bytes": 10, "numerics": "exact"}

@@ -17,6 +17,7 @@ from engine.events import (
     ToolCall,
     UserTranscriptDelta,
 )
+from engine.hooks import NoHooks
 from engine.model import load_voicechat
 from engine.profiler import FrameProfiler
 from engine.session import Session
@@ -65,7 +66,7 @@ def test_chunk_size_does_not_change_anything(voicechat, audio):
 
 
 def test_events_per_frame_in_order(voicechat, audio):
-    session = Session(voicechat, seed=0)
+    session = Session(voicechat, seed=0, hooks=FrameProfiler())
     events = session.push(audio[: 1280 * 6], 16_000)
     order = {
         UserTranscriptDelta: 0,
@@ -162,12 +163,52 @@ def test_system_prompt_changes_the_conversation(voicechat, audio):
 def test_sub_stage_timing_changes_nothing_but_the_clock(voicechat, audio):
     """Sub-stage probes evaluate at boundaries and run the TTS rounds and codec op by op: same outputs."""
     plain = Session(voicechat, seed=2).push(audio[: 1280 * 8], 16_000)
-    probed = Session(voicechat, seed=2, sub_stages=True).push(audio[: 1280 * 8], 16_000)
+    probed = Session(voicechat, seed=2, hooks=FrameProfiler(sub_stages=True)).push(audio[: 1280 * 8], 16_000)
     _assert_same_audio(plain, probed)
     timings = [e for e in probed if isinstance(e, FrameTiming)]
     names = set().union(*(t.sub_stages for t in timings))
     assert {"perception.layers", "language.llm", "tts.backbone", "tts.mog.5", "codec.decoder"} <= names
     assert all(t.host_syncs > 10 for t in timings[1:])
+
+
+def test_hooks_watch_without_changing_a_frame(voicechat, audio):
+    """Instrumentation is the caller's: without hooks a session emits no timing; a profiler that times one frame
+    in three on the device (its own policy) marks exactly those frames, each with its extra waits; hooks that
+    observe see every network's inputs, the prompt's prefill included. The audio is the same every way."""
+    plain = Session(voicechat, seed=2, system_prompt="Hi.")
+    plain_events = plain.push(audio[: 1280 * 7], 16_000)
+    assert not [e for e in plain_events if isinstance(e, FrameTiming)]
+
+    profiled = Session(voicechat, seed=2, system_prompt="Hi.", hooks=FrameProfiler(stage_timing_every=3))
+    profiled_events = profiled.push(audio[: 1280 * 7], 16_000)
+    timings = [e for e in profiled_events if isinstance(e, FrameTiming)]
+    assert [t.timing_mode for t in timings] == ["device", "host", "host"] * 2 + ["device"]
+    # A frame timed on the device also waits at its stage boundaries; the others wait where a frame must.
+    host_timed = Session(voicechat, seed=2, system_prompt="Hi.", hooks=FrameProfiler()).push(audio[: 1280 * 7], 16_000)
+    host_syncs = [e.host_syncs for e in host_timed if isinstance(e, FrameTiming)]
+    extra = [t.host_syncs - syncs for t, syncs in zip(timings, host_syncs, strict=True)]
+    assert [count > 0 for count in extra] == [t.timing_mode == "device" for t in timings]
+    assert extra.count(0) == 4
+
+    class Watcher(NoHooks):
+        observing = True
+
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def observe(self, name: str, value: object) -> None:
+            self.seen.append(name)
+
+    watcher = Watcher()
+    watched = Session(voicechat, seed=2, system_prompt="Hi.", hooks=watcher)
+    prompt_steps = watched.prompt_steps
+    assert prompt_steps > 0 and watcher.seen.count("language.input") == prompt_steps
+    watched_events = watched.push(audio[: 1280 * 7], 16_000)
+    assert watcher.seen.count("language.input") == prompt_steps + 7
+    assert watcher.seen.count("codec.samples") == 7
+    for events in (profiled_events, watched_events):
+        _assert_same_audio(plain_events, events)
+    assert plain.text_ids == profiled.text_ids == watched.text_ids
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +220,10 @@ def test_fast_frames_spell_the_text_id_on_the_device_and_sync_once(fast_voicecha
     """Fast numerics builds a frame to its end before the host waits: the TTS takes the text id on the device,
     and the ids are read with the samples — a sync a frame fewer than with the id read back after the LLM, and
     on this CPU the same ids, codes and samples (the character encoder's padded sums come out exact here)."""
-    once = Session(fast_voicechat, seed=2)
+    once = Session(fast_voicechat, seed=2, hooks=FrameProfiler())
     once_events = once.push(audio[: 1280 * 8], 16_000)
     monkeypatch.setattr(Session, "_tts_spells_on_device", property(lambda self: False))
-    twice = Session(fast_voicechat, seed=2)
+    twice = Session(fast_voicechat, seed=2, hooks=FrameProfiler())
     twice_events = twice.push(audio[: 1280 * 8], 16_000)
     assert once.text_ids == twice.text_ids and once.function_ids == twice.function_ids
     _assert_same_audio(once_events, twice_events)
@@ -212,10 +253,10 @@ def test_the_tts_step_on_the_device_follows_the_host_rules(fast_voicechat, audio
 def test_early_launches_change_nothing_but_the_clock(voicechat, audio, monkeypatch):
     """Each part of a frame is launched as soon as it is built (``FrameProfiler.launch``); launched only at the
     syncs instead, the frame evaluates the same graphs: the same ids, codes and samples."""
-    early = Session(voicechat, seed=2)
+    early = Session(voicechat, seed=2, hooks=FrameProfiler())
     early_events = early.push(audio[: 1280 * 8], 16_000)
     monkeypatch.setattr(FrameProfiler, "launch", lambda self, *arrays: None)
-    late = Session(voicechat, seed=2)
+    late = Session(voicechat, seed=2, hooks=FrameProfiler())
     late_events = late.push(audio[: 1280 * 8], 16_000)
     assert early.text_ids == late.text_ids and early.function_ids == late.function_ids
     _assert_same_audio(early_events, late_events)
@@ -233,12 +274,12 @@ def test_parts_launched_within_a_phase_change_nothing_but_the_clock(fast_voicech
         launch(self, *arrays)
 
     monkeypatch.setattr(FrameProfiler, "launch", counted)
-    parts = Session(fast_voicechat, seed=2)
+    parts = Session(fast_voicechat, seed=2, hooks=FrameProfiler())
     parts_events = parts.push(audio[: 1280 * 8], 16_000)
     with_parts = len(launches)
     monkeypatch.setattr(FrameProfiler, "launch_parts", False)
     launches.clear()
-    whole = Session(fast_voicechat, seed=2)
+    whole = Session(fast_voicechat, seed=2, hooks=FrameProfiler())
     whole_events = whole.push(audio[: 1280 * 8], 16_000)
     frames = len(whole.text_ids)
     # Two parts a frame, but the first frame's TTS step (the timeline's silence, no backbone).
@@ -251,9 +292,9 @@ def test_a_model_encodes_its_speaker_prompt_once(monkeypatch: pytest.MonkeyPatch
     """The TTS's speaker prompt (the codec's codes of silence) is encoded by a model's first session and kept per
     numerics mode: later sessions encode nothing (at full size the encoding holds about 0.9 GB while it runs), and
     the kept prompt is the one a fresh encoding makes."""
-    from engine.loading.random_checkpoint import random_voicechat
     from engine.networks.codec import Codec
     from engine.numerics import set_numerics
+    from engine.random_model import random_voicechat
     from engine.session import speaker_prompt
 
     voicechat = random_voicechat("tiny", quantize=4)

@@ -35,6 +35,7 @@ from engine.errors import ContextLimitError
 from engine.loading.config import VoiceChatConfig
 from engine.loading.memory import state_growth_per_frame
 from engine.model import load_voicechat
+from engine.profiler import FrameProfiler
 from engine.session import Session
 from tests.test_rnnt import force_symbol
 
@@ -84,15 +85,17 @@ def attention_growth_ms(config: VoiceChatConfig, old: Session, fresh: Session) -
     return max(total, 0.0)
 
 
-def counted(session: Session, samples: np.ndarray, first: int, count: int, census: GraphCensus) -> list[int]:
-    """Primitives each of ``count`` frames evaluates (the census is on only for these frames)."""
-    session.profiler.census = census
+def counted(
+    session: Session, profiler: FrameProfiler, samples: np.ndarray, first: int, count: int, census: GraphCensus
+) -> list[int]:
+    """Primitives each of ``count`` frames evaluates (the session's profiler counts only these frames)."""
+    profiler.census = census
     primitives = []
     for index in range(first, first + count):
         session.push(samples[index * FRAME : (index + 1) * FRAME], 16_000)
-        assert session.profiler.last_census is not None
-        primitives.append(session.profiler.last_census.primitives)
-    session.profiler.census = None
+        assert profiler.last_census is not None
+        primitives.append(profiler.last_census.primitives)
+    profiler.census = None
     return primitives
 
 
@@ -115,12 +118,13 @@ def test_ten_minute_conversation_keeps_per_frame_work_and_memory_flat(tiny_q4: P
     decode = vocabulary.decode
     vocabulary.decode = lambda tokens: decoded.append(len(tokens)) or decode(tokens)  # type: ignore[method-assign]
 
-    long = Session(voicechat, seed=0, max_seconds=DEFAULT_MAX_CONVERSATION_S)
+    profiler = FrameProfiler()
+    long = Session(voicechat, seed=0, max_seconds=DEFAULT_MAX_CONVERSATION_S, hooks=profiler)
     start_state = long.state_nbytes
     for index in range(740):
         long.push(samples[index * FRAME : (index + 1) * FRAME], 16_000)
     decoded.clear()
-    minute_one = counted(long, samples, 740, 20, census)
+    minute_one = counted(long, profiler, samples, 740, 20, census)
     decoded_minute_one = list(decoded)
     mx.synchronize()
     state_at: dict[int, int] = {}
@@ -140,7 +144,7 @@ def test_ten_minute_conversation_keeps_per_frame_work_and_memory_flat(tiny_q4: P
     # Compared as the most common count of 20 frames: a frame that grows a cache block or meets a new text
     # token (its conditioning is computed once) evaluates a little more, at any age.
     decoded.clear()
-    minute_ten = counted(long, samples, LIMIT_FRAMES - 500, 20, census)
+    minute_ten = counted(long, profiler, samples, LIMIT_FRAMES - 500, 20, census)
     print(f"primitives per frame at minute 1: {sorted(set(minute_one))}, at minute 10: {sorted(set(minute_ten))}")
     assert statistics.mode(minute_ten) == statistics.mode(minute_one)
     assert decoded == decoded_minute_one == [config.audio_config.max_symbols] * 20, "the transcript re-decodes"
@@ -148,7 +152,7 @@ def test_ten_minute_conversation_keeps_per_frame_work_and_memory_flat(tiny_q4: P
 
     # Frame time, printed: the old conversation's last frames against a fresh conversation's frames 500-960,
     # in alternating blocks of 48.
-    fresh = Session(voicechat, seed=1)
+    fresh = Session(voicechat, seed=1, hooks=FrameProfiler())  # timed as the old one is
     push_timed(fresh, samples, 0, 500)
     old_times: list[float] = []
     fresh_times: list[float] = []

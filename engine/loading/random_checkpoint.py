@@ -671,23 +671,3 @@ def random_weights(
         nbytes += value.nbytes
     quantized = {module: (GROUP_SIZE, quantize) for module in quantized_modules(config, GROUP_SIZE)} if quantize else {}
     return raw, config, sanitize(stored, config), quantized, tokenizer, nbytes
-
-
-def random_voicechat(
-    size: Size = "tiny", *, quantize: int | None = None, seed: int = 0, numerics: str = "exact"
-) -> Any:
-    """A :class:`engine.model.VoiceChat` with seeded random weights made in memory (nothing written)."""
-    from ..model import assemble_voicechat
-    from .tokenizer import TextTokenizer
-
-    _, config, weights, quantized, tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)
-    label = f"random-{size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
-    return assemble_voicechat(
-        config,
-        weights,
-        quantized,
-        TextTokenizer(tokenizer, label),
-        name=label,
-        nbytes=nbytes,
-        numerics=numerics,  # type: ignore[arg-type]
-    )

@@ -14,7 +14,8 @@ Both have the same contract: ``update(keys, values)`` stores ``(B, heads, L, D)`
 arrays and returns the keys and values attention must read, ``store(keys, values)``
 (one position) returns the whole buffers and how many leading positions are filled,
 for a kernel that reads them unsliced (:mod:`engine.kernels.decode_attention`), and ``arrays()``
-lists what a frame's evaluation must materialise. ``store`` is ``reserve`` (room for the
+lists what a frame's evaluation must materialise. ``age(positions, key=...)`` adds random history, so that a
+benchmark can time a long conversation's frames without running its frames first. ``store`` is ``reserve`` (room for the
 next position: the slot it goes to and the filled count after it), the write, and
 ``advance``; a compiled program that writes the slot itself calls the two around it.
 
@@ -76,6 +77,12 @@ class PositionLayout:
 def stored(array: mx.array, dtype: mx.Dtype | None) -> mx.array:
     """``array`` as a cache of ``dtype`` stores it (None: as it is)."""
     return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+
+
+def random_history(buffer: mx.array, positions: int, key: mx.array) -> mx.array:
+    """``positions`` random positions shaped and typed like ``buffer``'s (0.1·N(0, 1), drawn from ``key``)."""
+    batch, heads, _, dim = buffer.shape
+    return (0.1 * mx.random.normal((batch, heads, positions, dim), key=key)).astype(buffer.dtype)
 
 
 def causal_mask(length: int, offset: int = 0, window: int | None = None) -> mx.array:
@@ -170,6 +177,12 @@ class KVCache:
     def attention_mask(self, length: int) -> AttentionMask:
         """The mask for ``length`` new positions: none for one, causal for a block."""
         return None if length == 1 else "causal"
+
+    def age(self, positions: int, *, key: mx.array) -> None:
+        """Append ``positions`` random keys and values (:func:`random_history`), as if the conversation were that
+        much older; nothing before the first position. For timing only: attention then reads noise."""
+        if self.keys is not None and self.values is not None:
+            self.update(random_history(self.keys, positions, key), random_history(self.values, positions, key))
 
     def arrays(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values, self.written_by) if a is not None]
@@ -285,6 +298,18 @@ class SlidingKVCache:
         self.offset += 1
         self.write_index += 1
         self.written_by = written_by
+
+    def age(self, positions: int, *, key: mx.array) -> None:
+        """:meth:`KVCache.age`; the buffer then holds what a long conversation holds: the newest ``window``
+        positions in time order, the next write at slot 0."""
+        if self.keys is None or self.values is None:
+            return
+        self.update(random_history(self.keys, positions, key), random_history(self.values, positions, key))
+        assert self.keys is not None and self.values is not None
+        if self.keys.shape[2] > self.window:
+            self.keys = mx.contiguous(self.keys[..., -self.window :, :])
+            self.values = mx.contiguous(self.values[..., -self.window :, :])
+            self.write_index = self.window
 
     def attention_mask(self, length: int) -> AttentionMask:
         if length == 1:

@@ -46,7 +46,7 @@ from engine.kernels.quantized_product import (
 from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
 from engine.kernels.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
-from engine.loading.random_checkpoint import random_voicechat
+from engine.random_model import random_voicechat
 
 
 def per_call_us(function: Callable[..., Any], inputs: tuple[Any, ...], calls: int = 200) -> float:

@@ -27,8 +27,8 @@ import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
 from engine.kernels.admission import relative_l2
-from engine.loading.random_checkpoint import random_voicechat
 from engine.numerics import set_numerics
+from engine.random_model import random_voicechat
 
 PROMPT = "Be concise and answer in one sentence."
 FRAMES = 61

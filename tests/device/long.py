@@ -4,7 +4,7 @@
 
 The full-size 4-bit random model (SIZE tiny: a check on the CPU), loaded for fast numerics (or exact). Each round
 runs the bench's 100 frames as one conversation fresh and one aged after its first frame by 7,300 frames of random
-attention history (:func:`app.bench.age_conversation`, as ``parley bench --history 7300`` does), so that both pay
+attention history (:meth:`engine.session.Session.age`, as ``parley bench --history 7300`` does), so that both pay
 for the same model, machine and moment; processes differ by up to ±20 %, which is why the comparison stays inside
 one. Prints each run's median and mean of the frames after the first six, and the aged-to-fresh ratio of the medians
 per round (the issue's target: flat within 10 %).
@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from app.bench import bench_input, question_audio, run_ours
-from engine.loading.random_checkpoint import random_voicechat
+from engine.random_model import random_voicechat
 from engine.session import warm_up
 
 AGED_BY = 7300  # frames of history: with the bench's 100 frames, just short of the 7,500-frame conversation

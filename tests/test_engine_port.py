@@ -1,0 +1,122 @@
+"""The worker reaches the engine only through its port: here the fake, so its own rules run in milliseconds.
+
+With :class:`app.engine_port.FakeEngine` no model is loaded and no MLX runs: what is checked is the worker's part —
+loading through the port, the speed check's conversation, one frame in N timed stage by stage (the profiler's
+policy, passed through the port, not a switch the worker flips), a failing frame contained, a bad folder reported.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.audio_port import AudioPort
+from app.engine_port import EnginePort, FakeEngine, FakeModel, MLXEngine
+from app.messages import AppState, EngineInfo, EngineState, Failure, FrameStats, ModelLoaded, SpeedCheck
+from app.worker import EngineWorker, Load, NewConversation, StartConversation
+from engine.events import AssistantTextDelta
+from tests.fakes import ScriptedAudio
+
+
+class Harness:
+    """An EngineWorker over a FakeEngine and a scripted microphone that is always talking."""
+
+    def __init__(self, engine: FakeEngine, *, exact_every: int = 3, speed_check: bool = True) -> None:
+        self.messages: queue.Queue[object] = queue.Queue()
+        streams = ScriptedAudio()
+        streams.talking = True
+        self.engine = engine
+        self.worker = EngineWorker(
+            emit=self.messages.put_nowait,
+            audio=AudioPort(streams),
+            exact_every=exact_every,
+            speed_check=speed_check,
+            engine=engine,
+        )
+        self.seen: list[object] = []
+
+    def until(self, kind: type, count: int = 1) -> list[object]:
+        """Messages up to the ``count``-th of ``kind`` (all kept in ``seen``)."""
+        got: list[object] = []
+        while len([m for m in got if isinstance(m, kind)]) < count:
+            message = self.messages.get(timeout=30)
+            got.append(message)
+            self.seen.append(message)
+        return got
+
+
+@pytest.fixture
+def harness():
+    made: list[Harness] = []
+
+    def make(engine: FakeEngine, **options: object) -> Harness:
+        made.append(Harness(engine, **options))  # type: ignore[arg-type]
+        made[-1].worker.start()
+        return made[-1]
+
+    yield make
+    for one in made:
+        one.worker.stop()
+
+
+def test_the_worker_loads_checks_speed_and_times_one_frame_in_n_through_its_port(harness, tmp_path: Path) -> None:
+    engine = FakeEngine(frame_ms=20.0, word_every=4)
+    run = harness(engine, exact_every=3)
+    run.worker.submit(Load(tmp_path, system_prompt="Be brief."))
+    loaded = run.until(ModelLoaded)
+    assert engine.loads == [tmp_path] and engine.warm_ups == 1
+    assert any(isinstance(m, EngineInfo) and m.device == "cpu: fake engine" for m in run.seen)
+    speed = next(m for m in loaded if isinstance(m, SpeedCheck))
+    assert speed.realtime_factor == pytest.approx(20.0 / 80.0) and "keeps up easily" in speed.verdict
+    # The speed check ran a conversation of its own, with the checkpoint's default prompt and no stage timing.
+    check = engine.conversations[0]
+    assert check.closed and check.system_prompt is None and check.stage_timing_every == 0
+
+    run.worker.submit(StartConversation())
+    stats = [m for m in run.until(FrameStats, 9) if isinstance(m, FrameStats)]
+    conversation = engine.conversations[-1]
+    assert conversation.system_prompt == "Be brief." and conversation.stage_timing_every == 3
+    assert [s.timing.timing_mode for s in stats] == ["device", "host", "host"] * 3
+    assert all(s.exact_every == 3 for s in stats)
+    words = [m for m in run.seen if isinstance(m, AssistantTextDelta)]
+    assert [w.frame_index for w in words] == [3, 7]
+
+
+def test_a_failing_frame_is_reported_and_a_new_conversation_recovers(harness, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    run = harness(engine, speed_check=False)
+    run.worker.submit(Load(tmp_path))
+    run.until(ModelLoaded)
+    run.worker.submit(StartConversation())
+    run.until(FrameStats, 2)
+    engine.fail_next_push = RuntimeError("boom")
+    failure = next(m for m in run.until(Failure) if isinstance(m, Failure))
+    assert "boom" in failure.message and "Traceback" in failure.details
+    assert engine.conversations[-1].closed
+    run.worker.submit(NewConversation())
+    frames = [m for m in run.until(FrameStats, 2) if isinstance(m, FrameStats)]
+    assert [f.timing.frame_index for f in frames] == [0, 1], "a fresh conversation, from its first frame"
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_reported_and_nothing_is_loaded(harness, tmp_path: Path) -> None:
+    engine = FakeEngine()
+    run = harness(engine)
+    run.worker.submit(Load(tmp_path / "missing"))
+    failure = next(m for m in run.until(Failure) if isinstance(m, Failure))
+    assert "no checkpoint folder" in failure.message
+    states = [m for m in run.until(EngineState) if isinstance(m, EngineState)]
+    assert states[-1].state is AppState.NO_MODEL and engine.loads == [] and engine.conversations == []
+
+
+def test_both_engines_are_ports_and_the_real_one_refuses_a_model_it_did_not_load(tmp_path: Path) -> None:
+    ports: list[EnginePort] = [MLXEngine(), FakeEngine()]
+    assert all(callable(port.start_conversation) for port in ports)
+    with pytest.raises(TypeError, match="FakeModel"):
+        MLXEngine().start_conversation(FakeModel(tmp_path), system_prompt=None, max_seconds=None)
+    with pytest.raises(ValueError, match="exact, fast"):
+        FakeEngine().check_numerics("quick")
+    partial = FakeEngine().start_conversation(FakeModel(tmp_path), system_prompt=None, max_seconds=None)
+    assert partial.push(np.zeros(100, np.float32), 16_000) == [], "less than a frame completes none"
