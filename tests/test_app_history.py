@@ -92,7 +92,7 @@ def test_a_conversation_is_kept_when_it_ends_with_its_transcript_audio_and_profi
     (conversation,) = profile["conversations"]
     assert conversation["conversation"] == 1 and conversation["frames"] >= 20
     assert conversation["numerics"] == "exact" and conversation["model"]["quantization"] == "4-bit"
-    assert (loaded.entry.model or "").endswith("· 4-bit") and loaded.entry.numerics == "exact", "told apart"
+    assert "· 4-bit" in (loaded.entry.model or "") and loaded.entry.numerics == "exact", "told apart"
     assert any(isinstance(m, ConversationStarted) and m.number == 2 for m in messages)
 
 

@@ -96,7 +96,8 @@ def test_a_failing_frame_is_reported_and_a_new_conversation_recovers(harness, tm
     failure = next(m for m in run.until(Failure) if isinstance(m, Failure))
     assert "boom" in failure.message and "Traceback" in failure.details
     assert engine.conversations[-1].closed
-    run.worker.submit(NewConversation())
+    run.worker.submit(NewConversation())  # a new conversation waits for the talk key, as after a load
+    run.worker.submit(StartConversation())
     frames = [m for m in run.until(FrameStats, 2) if isinstance(m, FrameStats)]
     assert [f.timing.frame_index for f in frames] == [0, 1], "a fresh conversation, from its first frame"
 

@@ -40,7 +40,9 @@ def test_save_conversation_makes_a_folder_named_and_filled_as_history_export_mak
     controller.new_conversation()  # the first conversation goes to the history, to compare with its export
     seen = wait_for(controller, lambda seen: any(isinstance(m, HistorySaved) for m in seen))
     kept = next(m for m in seen if isinstance(m, HistorySaved))
-    wait_for(controller, lambda seen: frame_count(seen) >= 6)  # the second one, saved by hand below
+    controller.set_talking(True)  # a new conversation waits for the talk key; this one is saved by hand below
+    wait_for(controller, lambda seen: frame_count(seen) >= 6)
+    controller.set_talking(False)
     chosen = tmp_path / "Documents"
     chosen.mkdir()
     (chosen / "user.wav").write_bytes(b"someone else's file")  # what a loose save used to overwrite
