@@ -235,7 +235,7 @@ class AppController:
         try:
             factory = self._audio_factory
             if factory is None:
-                from .audio_io import AudioIO
+                from .audio.streams import AudioIO
 
                 factory = AudioIO
             settings = self.settings
@@ -574,7 +574,7 @@ class AppController:
 
     def refresh_devices(self) -> tuple[list[str], list[str]]:
         """Find devices plugged in or out since start; returns (input names, output names)."""
-        from .audio_io import AudioUnavailable, list_devices, refresh_devices
+        from .audio.devices import AudioUnavailable, list_devices, refresh_devices
 
         try:
             streams = self.port.streams

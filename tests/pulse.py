@@ -20,7 +20,7 @@ runs, this process's environment points every PulseAudio client (the code under 
 paplay, parecord, pactl) at it; ``close()`` restores the environment. PortAudio
 enumerates devices only when it initialises, so after ``start()``, ``stop()``,
 ``no_server()`` or ``reset()`` the code under test must call
-``app.audio_io.refresh_devices()`` to see the change.
+``app.audio.devices.refresh_devices()`` to see the change.
 
 Usage::
 

@@ -15,8 +15,9 @@ import pytest
 import soundfile
 import soxr
 
-from app import audio_io
-from app.audio_io import AudioIO, AudioState, AudioUnavailable, list_devices, refresh_devices
+from app.audio import devices as audio_devices
+from app.audio.devices import AudioUnavailable, list_devices, refresh_devices
+from app.audio.streams import AudioIO, AudioState
 from app.messages import DeviceStatus
 from tests.pulse import ALSA_MIC, PulseServer, check_heard, virtual_devices, xcorr_match
 
@@ -184,18 +185,18 @@ def test_no_audio_server_gives_a_clear_error(devices: PulseServer) -> None:
 
 
 def test_missing_portaudio_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    audio_io._sounddevice.cache_clear()
+    audio_devices._sounddevice.cache_clear()
     monkeypatch.delitem(sys.modules, "sounddevice")
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     try:
         with pytest.raises(AudioUnavailable, match=r"PortAudio.*libportaudio2"):
             list_devices()
     finally:
-        audio_io._sounddevice.cache_clear()
+        audio_devices._sounddevice.cache_clear()
 
 
 def test_app_imports_without_loading_sounddevice() -> None:
-    code = "import sys, app.audio_io, app.ring_buffer; assert 'sounddevice' not in sys.modules"
+    code = "import sys, app.audio.streams, app.ring_buffer; assert 'sounddevice' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1], timeout=60)
 
 

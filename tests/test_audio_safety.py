@@ -14,17 +14,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.audio_io import AUDIBLE_PEAK, OUTPUT_CEILING, AudioDevice, AudioIO, _Endpoint
+from app.audio.devices import AudioDevice
+from app.audio.endpoint import Endpoint
+from app.audio.output import AUDIBLE_PEAK, OUTPUT_CEILING
+from app.audio.streams import AudioIO
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 BLOCK = 512
 OK = SimpleNamespace(output_underflow=False, input_overflow=False)
 
 
-def speaker(io: AudioIO) -> tuple[_Endpoint, object]:
+def speaker(io: AudioIO) -> tuple[Endpoint, object]:
     """An output endpoint at the engine's rate (no resampling) and its callback."""
     device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
     endpoint.latency_s = 0.05
     return endpoint, io._output_callback(endpoint)
 
@@ -129,7 +132,7 @@ def test_the_reply_delay_runs_from_key_release_to_the_first_audible_block() -> N
 def test_the_microphone_fills_the_ring_only_while_the_engine_captures() -> None:
     io = AudioIO(capture=False, input_ring_s=1.0)
     device = AudioDevice("test mic", 0, "test", 1, float(INPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("input", device, INPUT_SAMPLE_RATE, io._in_ring)
+    endpoint = Endpoint("input", device, INPUT_SAMPLE_RATE, io._reader.ring)
     callback = io._input_callback(endpoint)
     block = np.full((INPUT_FRAME_SAMPLES, 1), 0.25, dtype=np.float32)
     io.talking = True

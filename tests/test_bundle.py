@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.audio_io import NO_MICROPHONE
+from app.audio.devices import NO_MICROPHONE
 from app.echo import BLOCK_SAMPLES
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, stream_test_input
 from engine.timeline import FRAME_SECONDS, INPUT_FRAME_SAMPLES

@@ -234,7 +234,7 @@ def test_nothing_to_export_or_save_is_a_message_and_no_file(make_controller, tin
 
 
 def test_no_audio_device_is_one_consistent_state(make_controller, tiny_q4):
-    from app.audio_io import NO_MICROPHONE, AudioUnavailable
+    from app.audio.devices import NO_MICROPHONE, AudioUnavailable
 
     def no_audio(*args, **kwargs):
         raise AudioUnavailable(NO_MICROPHONE)

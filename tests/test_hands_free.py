@@ -35,7 +35,10 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 import pytest
 
-from app.audio_io import OUTPUT_CEILING, USER_VOICE_RMS, AudioDevice, AudioIO, _Endpoint
+from app.audio.devices import AudioDevice
+from app.audio.endpoint import Endpoint
+from app.audio.output import OUTPUT_CEILING
+from app.audio.streams import USER_VOICE_RMS, AudioIO
 from app.echo import BLOCK_SAMPLES, REFERENCE_HISTORY_S, EchoCanceller
 from engine.timeline import FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
@@ -90,15 +93,15 @@ class Watched(EchoCanceller):
         return super().clean_capture(samples, adc_time=adc_time)
 
 
-def speaker(io: AudioIO) -> tuple[_Endpoint, object]:
+def speaker(io: AudioIO) -> tuple[Endpoint, object]:
     device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
     return endpoint, io._output_callback(endpoint)
 
 
-def microphone(io: AudioIO) -> tuple[_Endpoint, object]:
+def microphone(io: AudioIO) -> tuple[Endpoint, object]:
     device = AudioDevice("test mic", 0, "test", 1, float(INPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("input", device, INPUT_SAMPLE_RATE, io._in_ring)
+    endpoint = Endpoint("input", device, INPUT_SAMPLE_RATE, io._reader.ring)
     return endpoint, io._input_callback(endpoint)
 
 
@@ -240,7 +243,7 @@ def test_a_replay_is_mixed_into_the_speaker_at_the_volume_and_is_not_the_assista
     duration = io.start_replay(tone, OUTPUT_SAMPLE_RATE)
     assert duration == pytest.approx(1.0)
     deadline = time.monotonic() + 5
-    while (io._replay_ring is None or io._replay_ring.available < BLOCK * 4) and time.monotonic() < deadline:
+    while (io.replayer.ring is None or io.replayer.ring.available < BLOCK * 4) and time.monotonic() < deadline:
         time.sleep(0.01)
     out = np.concatenate([output_block(callback) for _ in range(6)])
     np.testing.assert_allclose(out[BLOCK:], tone[BLOCK : len(out)] * 0.5, atol=1e-5)
@@ -317,7 +320,7 @@ def _captured(controller: AppController, messages: list[object]) -> int:
 @pytest.fixture
 def echo_room() -> Iterator[PulseServer]:
     """Virtual devices whose speaker comes back into the microphone after 60 ms (plus the devices' latency)."""
-    from app.audio_io import refresh_devices
+    from app.audio.devices import refresh_devices
     from tests.pulse import MIC_FEED, SPEAKER, virtual_devices
 
     with virtual_devices() as pulse:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app import selftest
-from app.audio_io import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
+from app.audio.devices import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
 from app.demo import ensure_demo_checkpoint
 from app.messages import DeviceStatus
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, play_answer, run_self_test, self_test_command

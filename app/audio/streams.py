@@ -1,8 +1,7 @@
-"""Real audio: devices, PortAudio streams, rings, resampling, level meters and hot-plug.
+"""The app's microphone and speaker streams: :class:`AudioIO` (rings, resampling, level meters, hot-plug).
 
-This is the only module that imports ``sounddevice``, and it does so lazily: ``app``
-imports on machines without PortAudio, and the first call that needs it raises
-``AudioUnavailable`` with a plain-words message instead of ``OSError``.
+The devices are listed in ``app.audio.devices``, the output chain (volume, ducking, limiter) lives in
+``app.audio.output``, a history replay in ``app.audio.replay``.
 
 Data path::
 
@@ -21,9 +20,6 @@ times are turned into ``time.monotonic()`` in its own callback (PortAudio's cloc
 differs between host APIs; the offsets within one callback do not). In hands-free the talk
 key opens and closes the microphone, ducking follows the user's voice in the cleaned
 microphone instead of the key, and the canceller is reset whenever the streams reopen.
-
-A history replay (``start_replay``) is mixed into the output in the callback, after the
-audibility check (it is not the assistant speaking) and before volume and the limiter.
 
 Microphone audio enters the input ring only while ``capturing`` (the engine worker is
 consuming frames, or is about to: the talk key went down). While the engine loads, sleeps
@@ -62,58 +58,42 @@ returns (finding it means re-initialising PortAudio, which interrupts both strea
 from __future__ import annotations
 
 import enum
-import functools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import soxr
 
 from app.messages import DeviceStatus
 from app.ring_buffer import RingBuffer
+from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
+
+from .devices import (
+    NO_MICROPHONE,
+    NO_SPEAKER,
+    AudioDevice,
+    AudioUnavailable,
+    Direction,
+    list_devices,
+    refresh_devices,
+)
+from .endpoint import Endpoint, decayed_peak, monotonic_time, start_stream, stop_stream
+from .frames import FrameReader
+from .output import AUDIBLE_PEAK, peak_of
+from .replay import Replayer
 
 if TYPE_CHECKING:
     from app.echo import EchoCanceller
-from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 log = logging.getLogger(__name__)
-
-OUTPUT_CEILING_DBFS: Final = -6.0
-OUTPUT_CEILING: Final = 10.0 ** (OUTPUT_CEILING_DBFS / 20.0)
-"""No sample reaches the speaker louder than this (0.50 of full scale), at any volume."""
-LIMITER_RELEASE_DB_PER_S: Final = 20.0  # how fast the limiter gives back gain after a loud block
-AUDIBLE_PEAK: Final = 10.0 ** (-45.0 / 20.0)
-"""Assistant audio above this peak (-45 dBFS, before the volume) counts as audible: speaking, and the reply's start."""
-
-NO_PORTAUDIO = (
-    "The PortAudio sound library is not installed, so Parley cannot use the microphone or speakers. "
-    "On Debian or Ubuntu install it with: sudo apt install libportaudio2"
-)
-NO_MICROPHONE = "No microphone found. Connect one or check the sound settings."
-NO_SPEAKER = "No speaker or headphones found. Connect them or check the sound settings."
 
 USER_VOICE_RMS: Final = 10.0 ** (-42.0 / 20.0)
 """Hands-free: a cleaned microphone frame this loud (RMS) is the user speaking (AEC3's residual stays near
 -65 dBFS once converged and under -50 dBFS before: docs/echo.md)."""
 USER_VOICE_HOLD_S: Final = 0.5  # ducking holds this long after the user's last loud frame
-REPLAY_AHEAD_S: Final = 1.0  # a replay keeps this much queued ahead of the speaker
-
-PEAK_RELEASE_S = 0.3  # level meters fall by 1/e every 300 ms, so short peaks stay visible between UI polls
-CLOSE_TIMEOUT_S = 2.0  # a stream that takes longer than this to stop is abandoned, never waited on
-
-PA_INVALID_CHANNEL_COUNT = -9998  # PaErrorCode paInvalidChannelCount
-
-Direction = Literal["input", "output"]
-
-
-class AudioUnavailable(RuntimeError):
-    """Audio cannot be used; ``str(error)`` is a plain-words message for the user."""
 
 
 class AudioState(enum.Enum):
@@ -122,162 +102,6 @@ class AudioState(enum.Enum):
     STOPPED = "stopped"  # not started, or closed
     RUNNING = "running"
     PAUSED = "paused"  # started, but no usable device right now; poll_health() retries
-
-
-@functools.cache
-def _sounddevice() -> ModuleType:
-    """Import sounddevice on first use (a failed import is retried on the next call)."""
-    try:
-        import sounddevice
-    except OSError as error:  # "PortAudio library not found"
-        raise AudioUnavailable(NO_PORTAUDIO) from error
-    module: ModuleType = sounddevice
-    return module
-
-
-# --------------------------------------------------------------------------- devices
-
-
-@dataclass(frozen=True)
-class AudioDevice:
-    """One PortAudio device, seen from one direction (input or output)."""
-
-    name: str
-    index: int  # PortAudio's index; only valid until the next refresh_devices()
-    hostapi: str
-    channels: int  # the most channels in this direction
-    default_samplerate: float
-    is_default: bool  # the system default for this direction
-
-
-@dataclass(frozen=True)
-class DeviceList:
-    """The devices of the default host API (ALSA, Core Audio, WASAPI...), so each appears once."""
-
-    inputs: tuple[AudioDevice, ...]
-    outputs: tuple[AudioDevice, ...]
-
-    @property
-    def default_input(self) -> AudioDevice | None:
-        """The system's default microphone, if there is one."""
-        return next((d for d in self.inputs if d.is_default), None)
-
-    @property
-    def default_output(self) -> AudioDevice | None:
-        """The system's default speaker, if there is one."""
-        return next((d for d in self.outputs if d.is_default), None)
-
-    def find_input(self, name: str) -> AudioDevice | None:
-        """The input called ``name``, or the only one whose name contains it (case-insensitive)."""
-        return _find(self.inputs, name)
-
-    def find_output(self, name: str) -> AudioDevice | None:
-        """The output called ``name``, or the only one whose name contains it (case-insensitive)."""
-        return _find(self.outputs, name)
-
-
-def _find(devices: Sequence[AudioDevice], name: str) -> AudioDevice | None:
-    for device in devices:
-        if device.name == name:
-            return device
-    matches = [d for d in devices if name.casefold() in d.name.casefold()]
-    return matches[0] if len(matches) == 1 else None
-
-
-def list_devices() -> DeviceList:
-    """The input and output devices PortAudio knows now (empty lists when there are none).
-
-    PortAudio enumerates devices once, when it starts; call ``refresh_devices()`` first to
-    see devices plugged in since.
-
-    Raises:
-        AudioUnavailable: PortAudio is not installed.
-    """
-    sd = _sounddevice()
-    try:
-        hostapi = sd.query_hostapis(sd.default.hostapi)
-        infos = [sd.query_devices(index) for index in hostapi["devices"]]
-    except sd.PortAudioError:
-        log.warning("PortAudio could not list devices", exc_info=True)
-        return DeviceList((), ())
-    inputs = [_device(info, hostapi, "input") for info in infos if info["max_input_channels"] > 0]
-    outputs = [_device(info, hostapi, "output") for info in infos if info["max_output_channels"] > 0]
-    return DeviceList(tuple(inputs), tuple(outputs))
-
-
-def _device(info: dict[str, Any], hostapi: dict[str, Any], direction: Direction) -> AudioDevice:
-    return AudioDevice(
-        name=info["name"],
-        index=info["index"],
-        hostapi=hostapi["name"],
-        channels=info[f"max_{direction}_channels"],
-        default_samplerate=float(info["default_samplerate"]),
-        is_default=info["index"] == hostapi[f"default_{direction}_device"],
-    )
-
-
-def refresh_devices() -> None:
-    """Re-initialise PortAudio so that devices plugged in (or out) since it started are seen.
-
-    This closes every PortAudio stream of the process: stop them first (``AudioIO`` does
-    this itself when it reopens its streams).
-
-    Raises:
-        AudioUnavailable: PortAudio is not installed or cannot start.
-    """
-    sd = _sounddevice()
-    # PortAudio only enumerates at initialisation; sounddevice has no public call for this.
-    try:
-        if sd._initialized:
-            sd._terminate()
-        sd._initialize()
-    except sd.PortAudioError as error:
-        raise AudioUnavailable(f"The sound system could not be started ({error}).") from error
-
-
-# --------------------------------------------------------------------------- streams
-
-
-@dataclass(eq=False)
-class _Endpoint:
-    """One open stream and what its callback needs; the callback is its only writer."""
-
-    direction: Direction
-    device: AudioDevice
-    rate: int
-    ring: RingBuffer
-    stream: Any = None  # sounddevice.InputStream / OutputStream
-    opened_at: float = field(default_factory=time.monotonic)
-    last_callback: float = 0.0  # set to opened_at when it starts, then by every callback
-    closing: bool = False  # set before we stop it, so finished() is not taken for a failure
-    failed: bool = False  # PortAudio finished the stream on its own
-    # Output only: jitter buffer and ducking state.
-    playing: bool = False
-    waited: int = 0  # samples played as silence while something short was queued
-    gain: float = 1.0  # ducking × volume, as last applied
-    limit: float = 1.0  # the limiter's gain
-    latency_s: float = 0.0  # from handing a block to PortAudio to hearing it, or from capture to us
-    scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
-    replay_scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
-
-    @property
-    def label(self) -> str:
-        return f"{'microphone' if self.direction == 'input' else 'speaker'} '{self.device.name}'"
-
-    @property
-    def delivered(self) -> bool:
-        """Whether the callback has run since the stream started."""
-        return self.last_callback > self.opened_at
-
-    def finished(self) -> None:
-        if not self.closing:
-            self.failed = True
-
-
-def _decayed_peak(block: np.ndarray, previous: float, frames: int, rate: int) -> float:
-    peak = max(float(block.max(initial=0.0)), -float(block.min(initial=0.0)))
-    held = previous * math.exp(-frames / (rate * PEAK_RELEASE_S))
-    return min(1.0, max(peak, held))
 
 
 class AudioIO:
@@ -341,20 +165,18 @@ class AudioIO:
         self._last_audible = 0.0
         self._input_pref = input_device
         self._output_pref = output_device
-        self._input_ring_s = input_ring_s
         self._output_ring_s = output_ring_s
         self._prefill_s = prefill_frames * frame_samples / engine_input_rate
         self._latency = latency
         self._retry_interval_s = retry_interval_s
         self._stall_timeout_s = stall_timeout_s
-        self._engine_in_rate = engine_input_rate
         self._engine_out_rate = engine_output_rate
         self._frame_samples = frame_samples
 
         self._lifecycle = threading.RLock()
         self._state = AudioState.STOPPED
-        self._input: _Endpoint | None = None
-        self._output: _Endpoint | None = None
+        self._input: Endpoint | None = None
+        self._output: Endpoint | None = None
         self._statuses: list[DeviceStatus] = []
         self._next_retry = 0.0
         self._abandoned_streams = 0  # streams that would not stop; PortAudio is not re-initialised under them
@@ -362,28 +184,14 @@ class AudioIO:
         self._resuming = False  # reopened after a pause, not yet confirmed by audio flowing
         self._resume_notes: list[str] = []
 
-        # Reader side of the microphone: device-rate ring -> resampler -> 16 kHz pending samples.
-        self._in_lock = threading.Lock()
-        self._in_rate = engine_input_rate
-        self._in_ring = RingBuffer(round(input_ring_s * engine_input_rate))
-        self._in_resampler = soxr.ResampleStream(engine_input_rate, engine_input_rate, 1, dtype="float32")
-        self._pending = np.zeros(0, dtype=np.float32)
-        self._input_ready = threading.Event()
-        # Where each frame was captured, for the echo canceller: device samples entered into the ring since it
-        # was last cleared, the latest input block's (sample number, ADC time), and 16 kHz samples resampled.
-        self._in_captured = 0
-        self._adc_anchor: tuple[int, float] | None = None
-        self._resampled = 0
-        self._dropped_at_clear = 0
+        self._reader = FrameReader(input_ring_s, engine_input_rate, frame_samples)  # the microphone's reader side
         self._user_voice_until = 0.0  # hands-free: the user spoke until then (ducking, unhushing)
         # Writer side of the speaker: 22.05 kHz -> resampler -> device-rate ring.
         self._out_lock = threading.Lock()
         self._out_rate = engine_output_rate
         self._out_ring = RingBuffer(round(output_ring_s * engine_output_rate))
         self._out_resampler = soxr.ResampleStream(engine_output_rate, engine_output_rate, 1, dtype="float32")
-        # A history replay: its own ring at the speaker's rate, topped up by a feeder thread.
-        self._replay_ring: RingBuffer | None = None
-        self._replay: _Replay | None = None
+        self.replayer = Replayer(lambda: self._out_rate)  # a history replay, mixed into the speaker
 
         # Written only by the callbacks; read by anyone.
         self._input_peak = 0.0
@@ -391,8 +199,6 @@ class AudioIO:
         self._input_device_overflows = 0
         self._output_device_underflows = 0
         # Counters of rings replaced after a sample-rate change.
-        self._retired_input_lost_s = 0.0
-        self._retired_input_overflows = 0
         self._retired_output_overflows = 0
         self._retired_output_underruns = 0
         self._output_skipped_s = 0.0  # live silence skipped to win back an underrun's delay (play())
@@ -540,57 +346,16 @@ class AudioIO:
 
         Replaces a replay in progress. Volume, mute and the limiter apply; the echo canceller hears it.
         """
-        self.stop_replay()
-        data = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32).reshape(-1)), -1.0, 1.0)
-        replay = _Replay(data, int(rate))
-        self._replay = replay
-        replay.thread = threading.Thread(target=self._feed_replay, args=(replay,), name="parley-replay", daemon=True)
-        replay.thread.start()
-        return replay.duration_s
+        return self.replayer.start(samples, rate)
 
     def stop_replay(self) -> None:
         """Stop a replay now (what is queued is dropped)."""
-        replay, self._replay = self._replay, None
-        if replay is not None:
-            replay.stop.set()
-        ring = self._replay_ring
-        if ring is not None:
-            ring.clear()
+        self.replayer.stop()
 
     @property
     def replay_position(self) -> tuple[float, float] | None:
         """``(seconds played, seconds in all)`` of the replay in progress, or None when none plays."""
-        replay = self._replay
-        if replay is None:
-            return None
-        ring = self._replay_ring
-        queued = ring.available / self._out_rate if ring is not None else 0.0
-        played = max(0.0, replay.fed_s - queued)
-        if replay.done.is_set() and queued == 0.0:
-            if self._replay is replay:
-                self._replay = None
-            return None
-        return played, replay.duration_s
-
-    def _feed_replay(self, replay: _Replay) -> None:
-        """The replay's feeder thread: resample once, then keep ``REPLAY_AHEAD_S`` queued until the end."""
-        rate = self._out_rate
-        data = replay.samples if replay.rate == rate else soxr.resample(replay.samples, replay.rate, rate)
-        data = np.asarray(data, dtype=np.float32)
-        ring = self._replay_ring
-        if ring is None or ring.capacity < round(2 * REPLAY_AHEAD_S * rate):
-            ring = self._replay_ring = RingBuffer(round(2 * REPLAY_AHEAD_S * rate))
-        ring.clear()
-        position = 0
-        while position < len(data) and not replay.stop.is_set():
-            room = round(REPLAY_AHEAD_S * rate) - ring.available
-            if room > 0:
-                chunk = data[position : position + room]
-                ring.write(chunk)
-                position += len(chunk)
-                replay.fed_s = position / rate
-            replay.stop.wait(0.05)
-        replay.done.set()
+        return self.replayer.position
 
     # ------------------------------------------------------------------ state for anyone
 
@@ -619,7 +384,7 @@ class AudioIO:
     @property
     def input_rate(self) -> int:
         """The microphone stream's sample rate: the device's native rate once started."""
-        return self._in_rate
+        return self._reader.rate
 
     @property
     def output_rate(self) -> int:
@@ -639,12 +404,12 @@ class AudioIO:
     @property
     def input_overflows(self) -> int:
         """Microphone blocks that pushed out unread audio because the engine fell more than ``input_ring_s`` behind."""
-        return self._retired_input_overflows + self._in_ring.overflows
+        return self._reader.overflows
 
     @property
     def input_lost_s(self) -> float:
         """Seconds of captured microphone audio dropped unread (the engine fell more than ``input_ring_s`` behind)."""
-        return self._retired_input_lost_s + self._in_ring.dropped / self._in_rate
+        return self._reader.lost_s
 
     @property
     def input_device_overflows(self) -> int:
@@ -675,8 +440,7 @@ class AudioIO:
     @property
     def input_backlog_frames(self) -> int:
         """Whole engine frames of microphone audio waiting for ``read_frame()``."""
-        in_ring = self._in_ring.available * self._engine_in_rate / self._in_rate
-        return int((in_ring + len(self._pending)) // self._frame_samples)
+        return self._reader.backlog_frames
 
     @property
     def output_backlog_s(self) -> float:
@@ -692,10 +456,11 @@ class AudioIO:
         While the talk key is up the frames are silence, so the timeline keeps running.
         """
         deadline = time.monotonic() + timeout
+        reader = self._reader
         while True:
-            self._input_ready.clear()
-            with self._in_lock:
-                taken = self._take_frame()
+            reader.ready.clear()
+            with reader.lock:
+                taken = reader.take_frame()
             if taken is not None:
                 frame, adc_time = taken
                 echo = self._echo
@@ -703,7 +468,7 @@ class AudioIO:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            self._input_ready.wait(remaining)
+            reader.ready.wait(remaining)
 
     def _clean(self, echo: EchoCanceller, frame: np.ndarray, adc_time: float | None) -> np.ndarray:
         """Hands-free: the frame without the assistant's echo; notes whether the user is speaking."""
@@ -724,8 +489,8 @@ class AudioIO:
         """
         if self.capturing:
             return
-        with self._in_lock:
-            self._clear_input_locked()
+        with self._reader.lock:
+            self._reader.clear_locked()
             self.capturing = True
 
     def stop_capture(self) -> None:
@@ -766,57 +531,14 @@ class AudioIO:
 
     def clear_input(self) -> None:
         """Drop microphone audio not yet read (e.g. when a new conversation starts)."""
-        with self._in_lock:
-            self._clear_input_locked()
-
-    def _clear_input_locked(self) -> None:
-        self._in_ring.clear()
-        self._in_resampler.clear()
-        self._pending = np.zeros(0, dtype=np.float32)
-        self._in_captured = self._resampled = 0
-        self._adc_anchor = None
-        self._dropped_at_clear = self._in_ring.dropped
+        with self._reader.lock:
+            self._reader.clear_locked()
 
     def clear_output(self) -> None:
         """Drop queued assistant audio that has not been played (e.g. on reset)."""
         with self._out_lock:
             self._out_ring.clear()
             self._out_resampler.clear()
-
-    def _take_frame(self) -> tuple[np.ndarray, float | None] | None:
-        """Resample just enough from the ring for one frame, with its ADC time (caller holds ``_in_lock``)."""
-        frame_samples = self._frame_samples
-        while len(self._pending) < frame_samples:
-            available = self._in_ring.available
-            if available == 0:
-                return None
-            missing = frame_samples - len(self._pending)
-            # Pull only what this frame needs (plus a little for the resampler's delay), so a
-            # slow engine leaves the backlog in the bounded ring instead of growing it here.
-            wanted = min(available, math.ceil(missing * self._in_rate / self._engine_in_rate) + 64)
-            chunk = self._in_ring.read(wanted)
-            if chunk is None:  # only the writer could have removed samples: a full ring dropped them
-                continue
-            resampled = self._in_resampler.resample_chunk(chunk)
-            self._resampled += len(resampled)
-            self._pending = np.concatenate((self._pending, resampled))
-        adc_time = self._frame_adc_time()
-        frame, self._pending = self._pending[:frame_samples].copy(), self._pending[frame_samples:]
-        return frame, adc_time
-
-    def _frame_adc_time(self) -> float | None:
-        """When the next pending frame's first sample was captured (``time.monotonic()``), or None if unknown.
-
-        Counted in device samples from the latest input block's ADC time: the sample count is exact while
-        nothing is dropped (dropped samples are added back), and the echo canceller re-anchors on a jump.
-        """
-        anchor = self._adc_anchor
-        if anchor is None:
-            return None
-        first = (self._resampled - len(self._pending)) * self._in_rate / self._engine_in_rate
-        first += self._in_ring.dropped - self._dropped_at_clear
-        index, adc_time = anchor
-        return adc_time + (first - index) / self._in_rate
 
     # ------------------------------------------------------------------ opening and recovering
 
@@ -853,7 +575,7 @@ class AudioIO:
         find: Callable[[str], AudioDevice | None],
         preferred: str | None,
         notes: list[str],
-    ) -> _Endpoint:
+    ) -> Endpoint:
         """Open the chosen device, else the default one (or the first, when there is no default)."""
         kind = "microphone" if direction == "input" else "speaker"
         chosen = find(preferred) if preferred is not None else None
@@ -873,59 +595,17 @@ class AudioIO:
             return endpoint
         raise AudioUnavailable(" ".join(errors))
 
-    def _open_endpoint(self, direction: Direction, device: AudioDevice) -> _Endpoint:
+    def _open_endpoint(self, direction: Direction, device: AudioDevice) -> Endpoint:
         """Open and start one stream at the device's native rate (mono, else its first channel)."""
-        sd = _sounddevice()
         rate = round(device.default_samplerate)
         if direction == "input":
-            ring = self._adopt_input_rate(rate)
+            ring = self._reader.adopt_rate(rate)
         else:
             ring = self._adopt_output_rate(rate)
-        endpoint = _Endpoint(direction=direction, device=device, rate=rate, ring=ring)
-        stream_type = sd.InputStream if direction == "input" else sd.OutputStream
+        endpoint = Endpoint(direction=direction, device=device, rate=rate, ring=ring)
         callback = self._input_callback(endpoint) if direction == "input" else self._output_callback(endpoint)
-        kind = "microphone" if direction == "input" else "speaker"
-        channels = 1
-        while True:
-            try:
-                endpoint.stream = stream_type(
-                    device=device.index,
-                    samplerate=rate,
-                    channels=channels,
-                    dtype="float32",
-                    latency=self._latency,
-                    callback=callback,
-                    finished_callback=endpoint.finished,
-                )
-                break
-            except sd.PortAudioError as error:
-                # Some interfaces have no mono mode: open two channels and use the first.
-                if error.args[1:2] == (PA_INVALID_CHANNEL_COUNT,) and channels == 1 and device.channels >= 2:
-                    channels = 2
-                    continue
-                raise AudioUnavailable(f"The {kind} '{device.name}' could not be opened ({error}).") from error
-        endpoint.opened_at = endpoint.last_callback = time.monotonic()
-        endpoint.latency_s = float(endpoint.stream.latency)
-        try:
-            endpoint.stream.start()
-        except sd.PortAudioError as error:
-            self._shutdown(endpoint)
-            raise AudioUnavailable(f"The {endpoint.label} could not be started ({error}).") from error
+        start_stream(endpoint, callback, self._latency)
         return endpoint
-
-    def _adopt_input_rate(self, rate: int) -> RingBuffer:
-        """Prepare the microphone ring and resampler for ``rate``, keeping audio already captured."""
-        with self._in_lock:
-            if rate != self._in_rate:
-                rest = self._in_ring.read(self._in_ring.available)
-                assert rest is not None  # no writer while the streams are closed
-                self._pending = np.concatenate((self._pending, self._in_resampler.resample_chunk(rest, last=True)))
-                self._retired_input_overflows += self._in_ring.overflows
-                self._retired_input_lost_s += self._in_ring.dropped / self._in_rate
-                self._in_ring = RingBuffer(round(self._input_ring_s * rate))
-                self._in_resampler = soxr.ResampleStream(rate, self._engine_in_rate, 1, dtype="float32")
-                self._in_rate = rate
-            return self._in_ring
 
     def _adopt_output_rate(self, rate: int) -> RingBuffer:
         """Prepare the playback ring and resampler for ``rate``, converting audio still queued."""
@@ -943,7 +623,7 @@ class AudioIO:
                 self._out_rate = rate
             return self._out_ring
 
-    def _lost_endpoints(self) -> list[tuple[_Endpoint, bool]]:
+    def _lost_endpoints(self) -> list[tuple[Endpoint, bool]]:
         """The streams that failed, went inactive or stalled, each with whether it (only) stalled."""
         now = time.monotonic()
         lost = []
@@ -957,7 +637,7 @@ class AudioIO:
                 lost.append((endpoint, not broken))
         return lost
 
-    def _recover(self, lost: list[tuple[_Endpoint, bool]]) -> None:
+    def _recover(self, lost: list[tuple[Endpoint, bool]]) -> None:
         what = " and the ".join(endpoint.label for endpoint, _ in lost)
         resuming, self._resuming = self._resuming, False
         if resuming or all(stalled and not endpoint.delivered for endpoint, stalled in lost):
@@ -1023,48 +703,39 @@ class AudioIO:
                 self._shutdown(endpoint)
         self._input = self._output = None
 
-    def _shutdown(self, endpoint: _Endpoint) -> None:
-        """Abort and close a stream on a helper thread, giving up after ``CLOSE_TIMEOUT_S``."""
-        endpoint.closing = True
-        stream = endpoint.stream
-        if stream is None:
-            return
-        worker = threading.Thread(target=_abort_and_close, args=(stream,), name="parley-audio-close", daemon=True)
-        worker.start()
-        worker.join(CLOSE_TIMEOUT_S)
-        if worker.is_alive():
+    def _shutdown(self, endpoint: Endpoint) -> None:
+        if not stop_stream(endpoint):
             # PortAudio would hang on re-initialisation under this stream, so refreshing stops from now on.
             self._abandoned_streams += 1
-            log.error("The %s did not stop within %.0f s; abandoning it", endpoint.label, CLOSE_TIMEOUT_S)
 
     # ------------------------------------------------------------------ callbacks (PortAudio threads)
 
-    def _input_callback(self, endpoint: _Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
-        ring, ready, rate = endpoint.ring, self._input_ready, endpoint.rate
+    def _input_callback(self, endpoint: Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
+        ring, reader, rate = endpoint.ring, self._reader, endpoint.rate
 
         def callback(indata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
             endpoint.last_callback = time.monotonic()
             if status.input_overflow:
                 self._input_device_overflows += 1
             mono = indata[:, 0]
-            self._input_peak = _decayed_peak(mono, self._input_peak, frames, rate)
+            self._input_peak = decayed_peak(mono, self._input_peak, frames, rate)
             if not self.capturing:
                 return  # nobody reads frames now: the meter shows the microphone, the ring stays empty
             if self._echo is not None:
-                adc = _monotonic_time(time_info, "inputBufferAdcTime")
+                adc = monotonic_time(time_info, "inputBufferAdcTime")
                 if adc is None:
                     adc = endpoint.last_callback - endpoint.latency_s - frames / rate
-                self._adc_anchor = (self._in_captured, adc)
-            self._in_captured += frames
+                reader.adc_anchor = (reader.captured, adc)
+            reader.captured += frames
             if self._talking:
                 ring.write(mono)
             else:
                 ring.write_zeros(frames)
-            ready.set()
+            reader.ready.set()
 
         return callback
 
-    def _output_callback(self, endpoint: _Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
+    def _output_callback(self, endpoint: Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
         ring, rate = endpoint.ring, endpoint.rate
         prefill = round(self._prefill_s * rate)
 
@@ -1089,7 +760,7 @@ class AudioIO:
                     endpoint.playing, endpoint.waited = False, 0
             else:
                 mono.fill(0.0)
-            source_peak = max(float(mono.max(initial=0.0)), -float(mono.min(initial=0.0)))
+            source_peak = peak_of(mono)
             if source_peak > AUDIBLE_PEAK:
                 now = time.monotonic()
                 self._last_audible = now
@@ -1098,7 +769,7 @@ class AudioIO:
                     # The reply's delay, as heard: this block reaches the ear after the stream's latency.
                     self._released_at = None
                     self._turn_latencies.append(now + endpoint.latency_s - released)
-            replay = self._replay_ring
+            replay = self.replayer.ring
             if replay is not None and replay.available:
                 if len(endpoint.replay_scratch) < frames:
                     endpoint.replay_scratch = np.zeros(frames, dtype=np.float32)
@@ -1110,73 +781,12 @@ class AudioIO:
             user_turn = self._talking if echo is None else time.monotonic() < self._user_voice_until
             duck = self.duck_gain if self.duck_while_talking and user_turn else 1.0
             target = 0.0 if self.muted else duck * self.volume
-            if endpoint.gain != target:
-                mono *= np.linspace(endpoint.gain, target, frames, dtype=np.float32)  # a ramp, not a click
-                endpoint.gain = target
-            elif target != 1.0:
-                mono *= target
-            self._limit(endpoint, mono, frames, rate)
+            endpoint.ramp.apply(mono, target)
+            endpoint.limiter.process(mono, rate)
             if outdata.shape[1] != 1:
                 outdata[:] = mono[:, np.newaxis]
-            self._output_peak = _decayed_peak(mono, self._output_peak, frames, rate)
+            self._output_peak = decayed_peak(mono, self._output_peak, frames, rate)
             if echo is not None and self.capturing:  # the reference: exactly what the speaker plays, and when
-                echo.feed_playback(mono, rate=rate, dac_time=_monotonic_time(time_info, "outputBufferDacTime"))
+                echo.feed_playback(mono, rate=rate, dac_time=monotonic_time(time_info, "outputBufferDacTime"))
 
         return callback
-
-    @staticmethod
-    def _limit(endpoint: _Endpoint, mono: np.ndarray, frames: int, rate: int) -> None:
-        """Peak limiter: a loud block is scaled under the ceiling at once; the gain comes back slowly.
-
-        Each block gets one gain, chosen from its own peak, so no sample exceeds the ceiling
-        (the final clip only guards against rounding); in place, allocating nothing.
-        """
-        peak = max(float(mono.max(initial=0.0)), -float(mono.min(initial=0.0)))
-        wanted = 1.0 if peak * endpoint.limit <= OUTPUT_CEILING else OUTPUT_CEILING / peak
-        if wanted < endpoint.limit:
-            endpoint.limit = wanted
-        elif endpoint.limit < 1.0:
-            recovered = endpoint.limit * 10.0 ** (LIMITER_RELEASE_DB_PER_S * frames / rate / 20.0)
-            endpoint.limit = min(1.0, recovered, OUTPUT_CEILING / peak if peak > 0 else 1.0)
-        if endpoint.limit < 1.0:
-            mono *= endpoint.limit
-        np.clip(mono, -OUTPUT_CEILING, OUTPUT_CEILING, out=mono)
-
-
-@dataclass(eq=False)
-class _Replay:
-    """One history replay in progress."""
-
-    samples: np.ndarray
-    rate: int
-    fed_s: float = 0.0  # seconds handed to the replay ring so far
-    stop: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-    @property
-    def duration_s(self) -> float:
-        return len(self.samples) / self.rate
-
-
-def _monotonic_time(time_info: Any, name: str) -> float | None:
-    """A PortAudio callback time (``outputBufferDacTime``, ``inputBufferAdcTime``) on ``time.monotonic()``.
-
-    Both times in one callback are on the stream's clock, so their difference carries over to ours; None
-    when the host API does not report them (zero), or in a test's hand-made call.
-    """
-    try:
-        when, now = float(getattr(time_info, name)), float(time_info.currentTime)
-    except (AttributeError, TypeError):
-        return None
-    if when <= 0.0 or now <= 0.0 or abs(when - now) > 2.0:
-        return None
-    return time.monotonic() + (when - now)
-
-
-def _abort_and_close(stream: Any) -> None:
-    try:
-        stream.abort(ignore_errors=True)
-        stream.close(ignore_errors=True)
-    except Exception:  # a dying device may fail in any way; the stream is gone either way
-        log.warning("Error while closing an audio stream", exc_info=True)
