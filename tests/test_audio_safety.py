@@ -27,7 +27,7 @@ OK = SimpleNamespace(output_underflow=False, input_overflow=False)
 def speaker(io: AudioIO) -> tuple[Endpoint, object]:
     """An output endpoint at the engine's rate (no resampling) and its callback."""
     device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
-    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._playback.ring)
     endpoint.latency_s = 0.05
     return endpoint, io._output_callback(endpoint)
 

@@ -95,7 +95,7 @@ class Watched(EchoCanceller):
 
 def speaker(io: AudioIO) -> tuple[Endpoint, object]:
     device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
-    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._playback.ring)
     return endpoint, io._output_callback(endpoint)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +50,7 @@ class Endpoint:
 
     @property
     def label(self) -> str:
-        return f"{'microphone' if self.direction == 'input' else 'speaker'} '{self.device.name}'"
+        return f"{'microphone' if self.direction == 'input' else 'speaker'} '{self.device.label}'"
 
     @property
     def delivered(self) -> bool:
@@ -95,15 +97,16 @@ def start_stream(
     channels = 1
     while True:
         try:
-            endpoint.stream = stream_type(
-                device=device.index,
-                samplerate=endpoint.rate,
-                channels=channels,
-                dtype="float32",
-                latency=latency,
-                callback=callback,
-                finished_callback=endpoint.finished,
-            )
+            with _routed_to(device.route, direction):
+                endpoint.stream = stream_type(
+                    device=device.index,
+                    samplerate=endpoint.rate,
+                    channels=channels,
+                    dtype="float32",
+                    latency=latency,
+                    callback=callback,
+                    finished_callback=endpoint.finished,
+                )
             break
         except sd.PortAudioError as error:
             # Some interfaces have no mono mode: open two channels and use the first.
@@ -118,6 +121,31 @@ def start_stream(
     except sd.PortAudioError as error:
         stop_stream(endpoint)
         raise AudioUnavailable(f"The {endpoint.label} could not be started ({error}).") from error
+
+
+_ROUTING = threading.Lock()  # one stream opened under the routing variables at a time
+
+
+@contextmanager
+def _routed_to(route: str | None, direction: Direction) -> Iterator[None]:
+    """While a stream opens, name the sound server's device it goes to (the ALSA plugin reads these when it
+    connects, and only then): ``PULSE_SINK`` / ``PULSE_SOURCE`` for PulseAudio's plugin, ``PIPEWIRE_NODE``
+    for PipeWire's. Without a route the stream goes to the server's default."""
+    if route is None:
+        yield
+        return
+    names = ("PULSE_SOURCE" if direction == "input" else "PULSE_SINK", "PIPEWIRE_NODE")
+    with _ROUTING:
+        saved = {name: os.environ.get(name) for name in names}
+        os.environ.update(dict.fromkeys(names, route))
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def stop_stream(endpoint: Endpoint) -> bool:

@@ -21,15 +21,12 @@ differs between host APIs; the offsets within one callback do not). In hands-fre
 key opens and closes the microphone, ducking follows the user's voice in the cleaned
 microphone instead of the key, and the canceller is reset whenever the streams reopen.
 
-Microphone audio enters the input ring only while ``capturing`` (the engine worker is
-consuming frames, or is about to: the talk key went down). While the engine loads, sleeps
-or waits for the first key press nobody reads the ring, so the callback keeps out of it
-rather than overwrite unread audio. Audio that a full ring does drop is counted in
-seconds (``input_lost_s``).
-
-Output, in the callback: jitter buffer, then one gain (ducking × master volume, 0 when
-muted, ramped), then a peak limiter whose ceiling (:data:`OUTPUT_CEILING`) no sample
-exceeds, whatever the model, the demo or the volume do.
+The microphone is open only while ``capturing`` (a conversation reads frames, or is about to: the
+talk key went down): while the engine loads, sleeps or waits for the first key press, no stream
+listens, so a desktop's microphone-in-use indicator stays off. Audio that a full ring drops is
+counted in seconds (``input_lost_s``). The output callback plays the jitter buffer through the
+chain of ``app.audio.output``, whose limiter no sample exceeds, whatever the model, the demo or
+the volume do.
 
 Concurrency contract
     - PortAudio callback threads run the input and output callbacks. They never block
@@ -37,9 +34,9 @@ Concurrency contract
       (only a short gain ramp when ducking starts or ends), and read ``talking`` /
       ``duck_while_talking`` once per block.
     - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` /
-      ``clear_output()``, ``start_capture()`` / ``stop_capture()``). ``_in_lock`` /
-      ``_out_lock`` guard the resamplers and the rings' identity on that side, so a reopen
-      at a new rate swaps them safely.
+      ``clear_output()``, ``start_capture()`` / ``stop_capture()``). The reader's and the
+      playback queue's locks guard the resamplers and the rings' identity on that side, so
+      a reopen at a new rate swaps them safely.
     - One controller thread calls ``start()``, ``set_devices()``, ``poll_health()`` and
       ``close()`` (serialised by a lock) and sets ``talking`` / ``duck_while_talking`` /
       ``volume`` / ``muted``, ``hush()`` and ``take_turn_latencies()``.
@@ -61,14 +58,12 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import soxr
 
 from app.messages import DeviceStatus
-from app.ring_buffer import RingBuffer
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 from .devices import (
@@ -76,6 +71,7 @@ from .devices import (
     NO_SPEAKER,
     AudioDevice,
     AudioUnavailable,
+    DeviceList,
     Direction,
     list_devices,
     refresh_devices,
@@ -83,6 +79,7 @@ from .devices import (
 from .endpoint import Endpoint, decayed_peak, monotonic_time, start_stream, stop_stream
 from .frames import FrameReader
 from .output import AUDIBLE_PEAK, peak_of
+from .playback import PlaybackQueue
 from .replay import Replayer
 
 if TYPE_CHECKING:
@@ -165,17 +162,16 @@ class AudioIO:
         self._last_audible = 0.0
         self._input_pref = input_device
         self._output_pref = output_device
-        self._output_ring_s = output_ring_s
         self._prefill_s = prefill_frames * frame_samples / engine_input_rate
         self._latency = latency
         self._retry_interval_s = retry_interval_s
         self._stall_timeout_s = stall_timeout_s
-        self._engine_out_rate = engine_output_rate
         self._frame_samples = frame_samples
 
         self._lifecycle = threading.RLock()
         self._state = AudioState.STOPPED
-        self._input: Endpoint | None = None
+        self._input: Endpoint | None = None  # open only while ``capturing``
+        self._input_device: AudioDevice | None = None  # the microphone in use, open or to open on demand
         self._output: Endpoint | None = None
         self._statuses: list[DeviceStatus] = []
         self._next_retry = 0.0
@@ -186,22 +182,14 @@ class AudioIO:
 
         self._reader = FrameReader(input_ring_s, engine_input_rate, frame_samples)  # the microphone's reader side
         self._user_voice_until = 0.0  # hands-free: the user spoke until then (ducking, unhushing)
-        # Writer side of the speaker: 22.05 kHz -> resampler -> device-rate ring.
-        self._out_lock = threading.Lock()
-        self._out_rate = engine_output_rate
-        self._out_ring = RingBuffer(round(output_ring_s * engine_output_rate))
-        self._out_resampler = soxr.ResampleStream(engine_output_rate, engine_output_rate, 1, dtype="float32")
-        self.replayer = Replayer(lambda: self._out_rate)  # a history replay, mixed into the speaker
+        self._playback = PlaybackQueue(output_ring_s, engine_output_rate, self._prefill_s)  # the speaker's writer side
+        self.replayer = Replayer(lambda: self._playback.rate)  # a history replay, mixed into the speaker
 
         # Written only by the callbacks; read by anyone.
         self._input_peak = 0.0
         self._output_peak = 0.0
         self._input_device_overflows = 0
         self._output_device_underflows = 0
-        # Counters of rings replaced after a sample-rate change.
-        self._retired_output_overflows = 0
-        self._retired_output_underruns = 0
-        self._output_skipped_s = 0.0  # live silence skipped to win back an underrun's delay (play())
 
     # ------------------------------------------------------------------ lifecycle (controller thread)
 
@@ -371,15 +359,32 @@ class AudioIO:
 
     @property
     def input_device_name(self) -> str | None:
-        """The microphone in use, or None while stopped or paused."""
-        endpoint = self._input
-        return endpoint.device.name if endpoint else None
+        """The microphone in use (open, or opened when a conversation reads it), or None while stopped or paused."""
+        device = self._input_device
+        return device.name if device else None
 
     @property
     def output_device_name(self) -> str | None:
         """The speaker in use, or None while stopped or paused."""
         endpoint = self._output
         return endpoint.device.name if endpoint else None
+
+    @property
+    def input_device_label(self) -> str | None:
+        """The microphone in use in the user's words (the sound server's description), or None."""
+        device = self._input_device
+        return device.label if device else None
+
+    @property
+    def output_device_label(self) -> str | None:
+        """The speaker in use in the user's words, or None."""
+        endpoint = self._output
+        return endpoint.device.label if endpoint else None
+
+    @property
+    def microphone_open(self) -> bool:
+        """Whether the microphone's stream is open (only while a conversation reads it)."""
+        return self._input is not None
 
     @property
     def input_rate(self) -> int:
@@ -389,7 +394,7 @@ class AudioIO:
     @property
     def output_rate(self) -> int:
         """The speaker stream's sample rate: the device's native rate once started."""
-        return self._out_rate
+        return self._playback.rate
 
     @property
     def input_peak(self) -> float:
@@ -420,17 +425,17 @@ class AudioIO:
     def output_underruns(self) -> int:
         """Times the speaker ran out of the assistant's audio mid-stream and played silence: the queue ran dry,
         or the device starved (``output_device_underflows``)."""
-        return self._retired_output_underruns + self._out_ring.underruns + self._output_device_underflows
+        return self._playback.underruns + self._output_device_underflows
 
     @property
     def output_skipped_s(self) -> float:
         """Seconds of inaudible live assistant audio skipped to win back the delay that underruns added."""
-        return self._output_skipped_s
+        return self._playback.skipped_s
 
     @property
     def output_overflows(self) -> int:
         """``play()`` calls that dropped the oldest queued audio because more than ``output_ring_s`` was queued."""
-        return self._retired_output_overflows + self._out_ring.overflows
+        return self._playback.overflows
 
     @property
     def output_device_underflows(self) -> int:
@@ -445,7 +450,7 @@ class AudioIO:
     @property
     def output_backlog_s(self) -> float:
         """Seconds of assistant audio queued and not yet played."""
-        return self._out_ring.available / self._out_rate
+        return self._playback.backlog_s
 
     # ------------------------------------------------------------------ engine side
 
@@ -492,11 +497,13 @@ class AudioIO:
         with self._reader.lock:
             self._reader.clear_locked()
             self.capturing = True
+        self._open_microphone()
 
     def stop_capture(self) -> None:
-        """The engine stops reading frames (loading, asleep, no conversation): keep the microphone out of the ring."""
+        """The engine stops reading frames (loading, asleep, no conversation): the microphone closes."""
         self.capturing = False
         self.clear_input()
+        self._close_microphone()
 
     def play(self, samples: np.ndarray, *, live: bool = False) -> None:
         """Queue assistant speech (mono, at the engine's 22.05 kHz) for playback; never blocks.
@@ -521,13 +528,7 @@ class AudioIO:
         data = np.clip(data, -1.0, 1.0)
         if self._hushed:
             return
-        duration_s = data.shape[0] / self._engine_out_rate
-        with self._out_lock:
-            late = live and self._out_ring.available / self._out_rate >= self._prefill_s + duration_s
-            if late and np.abs(data).max(initial=0.0) <= AUDIBLE_PEAK:
-                self._output_skipped_s += duration_s
-                return
-            self._out_ring.write(self._out_resampler.resample_chunk(data))
+        self._playback.queue(data, live=live)
 
     def clear_input(self) -> None:
         """Drop microphone audio not yet read (e.g. when a new conversation starts)."""
@@ -536,9 +537,7 @@ class AudioIO:
 
     def clear_output(self) -> None:
         """Drop queued assistant audio that has not been played (e.g. on reset)."""
-        with self._out_lock:
-            self._out_ring.clear()
-            self._out_resampler.clear()
+        self._playback.clear()
 
     # ------------------------------------------------------------------ opening and recovering
 
@@ -552,6 +551,7 @@ class AudioIO:
         return notes
 
     def _open_both(self) -> list[str]:
+        """The speaker, and the microphone only while ``capturing`` (else just chosen, to open on demand)."""
         if self._abandoned_streams == 0:
             refresh_devices()
         devices = list_devices()
@@ -560,27 +560,57 @@ class AudioIO:
         if not devices.outputs:
             raise AudioUnavailable(NO_SPEAKER)
         notes: list[str] = []
-        self._input = self._open_first("input", devices.inputs, devices.find_input, self._input_pref, notes)
+        if self.capturing:
+            self._input = self._open_first("input", devices, self._input_pref, notes)
+            self._input_device = self._input.device
+        else:
+            candidates, reason = devices.candidates("input", self._input_pref)
+            self._input_device = candidates[-1] if reason else candidates[0]
+            if reason:
+                notes.append(f"The microphone '{self._input_pref}' {reason}; using '{self._input_device.label}'.")
         try:
-            self._output = self._open_first("output", devices.outputs, devices.find_output, self._output_pref, notes)
+            self._output = self._open_first("output", devices, self._output_pref, notes)
         except AudioUnavailable:
             self._close_streams()
             raise
         return notes
 
+    def _open_microphone(self) -> None:
+        """Open the microphone for a conversation that starts reading it; with none to open, audio pauses."""
+        with self._lifecycle:
+            if self._state is not AudioState.RUNNING or self._input is not None or not self.capturing:
+                return
+            notes: list[str] = []
+            try:
+                devices = list_devices()  # the server's devices as they are now; PortAudio is not restarted under
+                if not devices.inputs:  # the speaker
+                    raise AudioUnavailable(NO_MICROPHONE)
+                self._input = self._open_first("input", devices, self._input_pref, notes)
+            except AudioUnavailable as error:
+                self._close_streams()
+                self._pause(f"{error} Audio is paused and resumes when a device is available.")
+                return
+            before, self._input_device = self._input_device, self._input.device
+            echo = self._echo
+            if echo is not None:  # a new echo path: the microphone's timing is known only now
+                echo.reset()
+                self._tell_latencies(echo)
+            if notes or (before is not None and before.name != self._input_device.name):
+                self._report(" ".join([*notes, f"Using the {self._input_label()}."]))
+
+    def _close_microphone(self) -> None:
+        with self._lifecycle:
+            endpoint, self._input = self._input, None
+            if endpoint is not None:
+                self._shutdown(endpoint)
+            self._input_peak = 0.0
+
     def _open_first(
-        self,
-        direction: Direction,
-        devices: Sequence[AudioDevice],
-        find: Callable[[str], AudioDevice | None],
-        preferred: str | None,
-        notes: list[str],
+        self, direction: Direction, device_list: DeviceList, preferred: str | None, notes: list[str]
     ) -> Endpoint:
         """Open the chosen device, else the default one (or the first, when there is no default)."""
         kind = "microphone" if direction == "input" else "speaker"
-        chosen = find(preferred) if preferred is not None else None
-        fallback = next((d for d in devices if d.is_default), devices[0])
-        candidates = [chosen, fallback] if chosen is not None and chosen != fallback else [fallback]
+        candidates, reason = device_list.candidates(direction, preferred)
         errors = []
         for device in candidates:
             try:
@@ -588,10 +618,10 @@ class AudioIO:
             except AudioUnavailable as error:
                 log.debug("Could not open the %s %r: %s", kind, device.name, error)
                 errors.append(str(error))
+                reason = "could not be opened"
                 continue
-            if preferred is not None and device != chosen:
-                reason = "could not be opened" if chosen is not None else "is not connected"
-                notes.append(f"The {kind} '{preferred}' {reason}; using '{device.name}' instead.")
+            if preferred is not None and reason:
+                notes.append(f"The {kind} '{preferred}' {reason}; using '{device.label}' instead.")
             return endpoint
         raise AudioUnavailable(" ".join(errors))
 
@@ -601,27 +631,11 @@ class AudioIO:
         if direction == "input":
             ring = self._reader.adopt_rate(rate)
         else:
-            ring = self._adopt_output_rate(rate)
+            ring = self._playback.adopt_rate(rate)
         endpoint = Endpoint(direction=direction, device=device, rate=rate, ring=ring)
         callback = self._input_callback(endpoint) if direction == "input" else self._output_callback(endpoint)
         start_stream(endpoint, callback, self._latency)
         return endpoint
-
-    def _adopt_output_rate(self, rate: int) -> RingBuffer:
-        """Prepare the playback ring and resampler for ``rate``, converting audio still queued."""
-        with self._out_lock:
-            if rate != self._out_rate:
-                queued = self._out_ring.read(self._out_ring.available)
-                assert queued is not None  # the reader (output callback) is stopped
-                tail = self._out_resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-                old = np.concatenate((queued, tail))
-                self._retired_output_overflows += self._out_ring.overflows
-                self._retired_output_underruns += self._out_ring.underruns
-                self._out_ring = RingBuffer(round(self._output_ring_s * rate))
-                self._out_ring.write(soxr.resample(old, self._out_rate, rate).astype(np.float32))
-                self._out_resampler = soxr.ResampleStream(self._engine_out_rate, rate, 1, dtype="float32")
-                self._out_rate = rate
-            return self._out_ring
 
     def _lost_endpoints(self) -> list[tuple[Endpoint, bool]]:
         """The streams that failed, went inactive or stalled, each with whether it (only) stalled."""
@@ -677,7 +691,8 @@ class AudioIO:
         self._resuming = True
 
     def _confirm_resumed(self) -> None:
-        if all(endpoint is not None and endpoint.delivered for endpoint in (self._input, self._output)):
+        opened = [endpoint for endpoint in (self._input, self._output) if endpoint is not None]
+        if self._output is not None and all(endpoint.delivered for endpoint in opened):
             self._resuming = False
             resumed = f"Audio resumed on the {self._input_label()} and the {self._output_label()}."
             self._report(" ".join([resumed, *self._resume_notes]))
@@ -692,7 +707,7 @@ class AudioIO:
         self._statuses.append(DeviceStatus(self.input_device_name, self.output_device_name, message))
 
     def _input_label(self) -> str:
-        return self._input.label if self._input else "no microphone"
+        return f"microphone '{self._input_device.label}'" if self._input_device else "no microphone"
 
     def _output_label(self) -> str:
         return self._output.label if self._output else "no speaker"
@@ -702,6 +717,7 @@ class AudioIO:
             if endpoint is not None:
                 self._shutdown(endpoint)
         self._input = self._output = None
+        self._input_device = None
 
     def _shutdown(self, endpoint: Endpoint) -> None:
         if not stop_stream(endpoint):
