@@ -35,10 +35,14 @@ class Limiter:
         self.release_db_per_s = release_db_per_s
         self.gain = 1.0
 
-    def process(self, block: np.ndarray, rate: int) -> None:
-        """Limit ``block`` (float32, one channel, at ``rate``) in place."""
+    def process(self, block: np.ndarray, rate: int, *, peak: float | None = None) -> None:
+        """Limit ``block`` (float32, one channel, at ``rate``) in place.
+
+        ``peak``: the block's peak as the speaker will see it, where that is more than its samples' (at a lower
+        rate than the device's, the waveform between samples overshoots them: see :class:`TruePeakLimiter`).
+        """
         frames = len(block)
-        peak = peak_of(block)
+        peak = peak_of(block) if peak is None else max(peak, peak_of(block))
         ceiling = self.ceiling
         wanted = 1.0 if peak * self.gain <= ceiling else ceiling / peak
         if wanted < self.gain:
@@ -64,3 +68,20 @@ class GainRamp:
             self.gain = target
         elif target != 1.0:
             block *= target
+
+
+class TruePeakLimiter:
+    """The speaker's limiter for audio kept at the engine's rate: each block's gain comes from its peak at twice
+    the rate, as the speaker's limiter sees it after the resampler to the device (44.1 or 48 kHz), where the
+    waveform between the engine's samples shows (full-scale noise overshoots its samples by about 5 dB)."""
+
+    def __init__(self, rate: int) -> None:
+        import soxr
+
+        self.rate = rate
+        self._limiter = Limiter()
+        self._oversampler = soxr.ResampleStream(rate, 2 * rate, 1, dtype="float32")
+
+    def process(self, block: np.ndarray) -> None:
+        """Limit ``block`` (float32 at ``rate``) in place."""
+        self._limiter.process(block, self.rate, peak=peak_of(self._oversampler.resample_chunk(block)))
