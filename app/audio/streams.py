@@ -59,7 +59,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,16 +81,12 @@ from .frames import FrameReader
 from .output import AUDIBLE_PEAK, peak_of
 from .playback import PlaybackQueue
 from .replay import Replayer
+from .voice import UserVoice
 
 if TYPE_CHECKING:
     from app.echo import EchoCanceller
 
 log = logging.getLogger(__name__)
-
-USER_VOICE_RMS: Final = 10.0 ** (-42.0 / 20.0)
-"""Hands-free: a cleaned microphone frame this loud (RMS) is the user speaking (AEC3's residual stays near
--65 dBFS once converged and under -50 dBFS before: docs/echo.md)."""
-USER_VOICE_HOLD_S: Final = 0.5  # ducking holds this long after the user's last loud frame
 
 
 class AudioState(enum.Enum):
@@ -181,7 +177,7 @@ class AudioIO:
         self._resume_notes: list[str] = []
 
         self._reader = FrameReader(input_ring_s, engine_input_rate, frame_samples)  # the microphone's reader side
-        self._user_voice_until = 0.0  # hands-free: the user spoke until then (ducking, unhushing)
+        self._voice = UserVoice()  # hands-free: whether the user speaks (ducking, unhushing)
         self._playback = PlaybackQueue(output_ring_s, engine_output_rate, self._prefill_s)  # the speaker's writer side
         self.replayer = Replayer(lambda: self._playback.rate)  # a history replay, mixed into the speaker
 
@@ -311,6 +307,7 @@ class AudioIO:
         with self._lifecycle:
             if canceller is not None:
                 canceller.reset()  # what it knew may be of other devices
+                self._voice.reset()
                 self._tell_latencies(canceller)
             self._echo = canceller
 
@@ -321,7 +318,7 @@ class AudioIO:
     @property
     def user_speaking(self) -> bool:
         """Hands-free: the cleaned microphone carried the user's voice within the last half second."""
-        return time.monotonic() < self._user_voice_until
+        return self._voice.speaking(time.monotonic())
 
     def _tell_latencies(self, canceller: EchoCanceller) -> None:
         inp, out = self._input, self._output
@@ -480,11 +477,10 @@ class AudioIO:
         cleaned = echo.clean_capture(frame, adc_time=adc_time)
         if len(cleaned) != len(frame):  # whole 10 ms blocks in, whole blocks out: only after a canceller swap
             cleaned = np.resize(cleaned, len(frame)) if len(cleaned) else np.zeros_like(frame)
+        if self._talking and self._voice.judge(frame, cleaned, time.monotonic()):  # an open microphone
+            self._hushed = False  # the user took the turn (hands-free has no key press for it)
         if not frame.any():
             return frame  # the microphone is closed: the engine gets true silence, not AEC3's comfort noise
-        if float(np.sqrt(np.mean(np.square(cleaned)))) > USER_VOICE_RMS:
-            self._user_voice_until = time.monotonic() + USER_VOICE_HOLD_S
-            self._hushed = False  # the user took the turn (hands-free has no key press for it)
         return cleaned
 
     def start_capture(self) -> None:
@@ -547,6 +543,7 @@ class AudioIO:
         echo = self._echo
         if echo is not None:  # other devices (or the same ones, restarted): a new echo path and new timing
             echo.reset()
+            self._voice.reset()
             self._tell_latencies(echo)
         return notes
 
@@ -592,8 +589,7 @@ class AudioIO:
                 return
             before, self._input_device = self._input_device, self._input.device
             echo = self._echo
-            if echo is not None:  # a new echo path: the microphone's timing is known only now
-                echo.reset()
+            if echo is not None:  # the same room, kept; the microphone's timing is known only now
                 self._tell_latencies(echo)
             if notes or (before is not None and before.name != self._input_device.name):
                 self._report(" ".join([*notes, f"Using the {self._input_label()}."]))
@@ -793,8 +789,8 @@ class AudioIO:
                 got = replay.read_into(extra)
                 mono[:got] += extra[:got]
             echo = self._echo
-            # Hands-free has no key: duck while the cleaned microphone carries the user's voice.
-            user_turn = self._talking if echo is None else time.monotonic() < self._user_voice_until
+            # Hands-free has no key: duck while the microphone carries the user's voice (app.audio.voice).
+            user_turn = self._talking if echo is None else self._voice.speaking(time.monotonic())
             duck = self.duck_gain if self.duck_while_talking and user_turn else 1.0
             target = 0.0 if self.muted else duck * self.volume
             endpoint.ramp.apply(mono, target)
@@ -802,6 +798,8 @@ class AudioIO:
             if outdata.shape[1] != 1:
                 outdata[:] = mono[:, np.newaxis]
             self._output_peak = decayed_peak(mono, self._output_peak, frames, rate)
+            if echo is not None:
+                self._voice.heard_speaker(mono, rate)
             if echo is not None and self.capturing:  # the reference: exactly what the speaker plays, and when
                 echo.feed_playback(mono, rate=rate, dac_time=monotonic_time(time_info, "outputBufferDacTime"))
 
