@@ -93,3 +93,43 @@ def test_devices_are_named_by_the_sound_server_and_the_microphone_opens_only_for
         window.close()
         controller.shutdown()
     assert capture_streams(pulse) == []
+
+
+_STARVE = """
+import sys, time
+from tests.pulse import virtual_devices
+with virtual_devices():
+    if sys.argv[1] == "parley":
+        from app.audio.devices import _sounddevice
+        sd = _sounddevice()
+    else:
+        import sounddevice as sd
+    def late(outdata, frames, time_info, status):  # every block far too late: the speaker starves
+        outdata.fill(0.0)
+        time.sleep(0.15)
+    stream = sd.OutputStream(device="pulse", samplerate=44100, channels=1, latency=0.02, blocksize=256, callback=late)
+    stream.start()
+    time.sleep(1.5)
+    stream.close()
+    if sys.argv[1] == "parley":
+        from app.audio.alsa import xruns
+        print("underruns", xruns["underrun"])
+"""
+
+
+@pytest.mark.audio
+def test_alsa_lib_messages_go_to_the_log_not_the_terminal() -> None:
+    import subprocess
+    import sys
+
+    def starve(how: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", _STARVE, how]
+        root = Path(__file__).parents[1]
+        return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=120, check=True)
+
+    plain = starve("plain")
+    assert "ALSA lib pcm.c" in plain.stderr and "underrun occurred" in plain.stderr, "the speaker starved"
+    parley = starve("parley")
+    print(f"\nstarved speaker: {plain.stderr.count('underrun occurred')} ALSA lines on a plain stderr; {parley.stdout}")
+    assert "ALSA lib" not in parley.stderr
+    assert int(parley.stdout.split()[-1]) >= 1, "the underruns are counted"

@@ -47,6 +47,9 @@ class AudioUnavailable(RuntimeError):
 @functools.cache
 def _sounddevice() -> ModuleType:
     """Import sounddevice on first use (a failed import is retried on the next call)."""
+    from .alsa import route_alsa_messages
+
+    route_alsa_messages()  # before PortAudio starts: its probing of ALSA prints too
     try:
         import sounddevice
     except OSError as error:  # "PortAudio library not found"
