@@ -239,7 +239,7 @@ def play_answer(
         raise ValueError(f"gain must be in (0, 1], got {gain}")
     seconds = samples.shape[0] / sample_rate
     if audio is None:
-        audio = AudioIO(output_ring_s=max(10.0, seconds + 1.0), engine_output_rate=sample_rate)
+        audio = AudioIO(output_ring_s=max(10.0, seconds + 1.0), engine_output_rate=sample_rate, capture=False)
     try:
         audio.start()
     except AudioUnavailable as error:
@@ -247,7 +247,7 @@ def play_answer(
             raise
         return Playback(0.0, None, skipped=str(error))
     try:
-        device = audio.output_device_name
+        device = audio.output_device_label  # in the user's words: the sound server's description
         audio.play(samples * gain)
         deadline = time.monotonic() + seconds + grace_s
         next_poll = time.monotonic() + HEALTH_POLL_S
