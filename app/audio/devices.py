@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -164,16 +165,26 @@ class ServerDevices:
 
 
 def server_devices() -> ServerDevices | None:
-    """What the sound server has now, or None where there is none (not Linux, no pulsectl, nothing answers)."""
+    """What the sound server has now, or None where there is none (not Linux, no pulsectl, nothing answers within
+    ``SERVER_TIMEOUT_S``: a server that hangs is left to its helper thread, never waited on)."""
     if sys.platform != "linux":
         return None
+    found: list[ServerDevices | None] = []
+    worker = threading.Thread(target=lambda: found.append(_ask_server()), name="parley-device-list", daemon=True)
+    worker.start()
+    worker.join(SERVER_TIMEOUT_S)
+    return found[0] if found else None
+
+
+def _ask_server() -> ServerDevices | None:
     try:
         import pulsectl
     except ImportError:
         return None
     try:
+        # Without a timeout of pulsectl's own: with one it polls for all of it, even once connected.
         with pulsectl.Pulse("Parley device list", connect=False) as pulse:
-            pulse.connect(autospawn=False, timeout=SERVER_TIMEOUT_S)
+            pulse.connect(autospawn=False)
             info = pulse.server_info()
             sources = [(s.name, s.description) for s in pulse.source_list() if s.monitor_of_sink == _NO_INDEX]
             sinks = [(s.name, s.description) for s in pulse.sink_list()]
