@@ -1,55 +1,48 @@
 """The app's microphone and speaker streams: :class:`AudioIO` (rings, resampling, level meters, hot-plug).
 
 The devices are listed in ``app.audio.devices``, the output chain (volume, ducking, limiter) lives in
-``app.audio.output``, a history replay in ``app.audio.replay``.
+``app.audio.output``, a history replay in ``app.audio.replay``, hands-free's "the user speaks" in ``app.audio.voice``.
 
 Data path::
 
     mic ─► input callback ─► input ring (device rate) ─► read_frame(): soxr ─► 1280 samples @ 16 kHz
     play(22.05 kHz) : soxr ─► output ring (device rate) ─► output callback (jitter buffer, ducking) ─► speaker
 
-Both streams run at the device's native rate; all resampling happens on the engine
-worker's side, never in a callback.
+Both streams run at the device's native rate; all resampling happens on the engine worker's side, never in a callback.
 
-Hands-free (``set_echo_canceller``): an ``app.echo.EchoCanceller`` sits at the device edge.
-The output callback feeds it what the speaker actually plays (after volume, ducking and the
-limiter, with the block's DAC time); ``read_frame()`` cleans each 16 kHz frame with it on the
-engine worker (with the frame's ADC time, tracked from the input callback's timestamps by
-sample count), so the engine never hears the assistant's own voice. Each stream's PortAudio
-times are turned into ``time.monotonic()`` in its own callback (PortAudio's clock base
-differs between host APIs; the offsets within one callback do not). In hands-free the talk
-key opens and closes the microphone, ducking follows the user's voice in the cleaned
-microphone instead of the key, and the canceller is reset whenever the streams reopen.
+Hands-free (``set_echo_canceller``): an ``app.echo.EchoCanceller`` sits at the device edge. The output callback feeds
+it what the speaker actually plays (after volume, ducking and the limiter, with the block's DAC time); ``read_frame()``
+cleans each 16 kHz frame with it on the engine worker (with the frame's ADC time, tracked from the input callback's
+timestamps by sample count), so the engine never hears the assistant's own voice. Each stream's PortAudio times are
+turned into ``time.monotonic()`` in its own callback (PortAudio's clock base differs between host APIs; the offsets
+within one callback do not). In hands-free the talk key opens and closes the microphone, ducking follows the user's
+voice instead of the key, and the canceller is reset whenever the streams reopen.
 
-The microphone is open only while ``capturing`` (a conversation reads frames, or is about to: the
-talk key went down): while the engine loads, sleeps or waits for the first key press, no stream
-listens, so a desktop's microphone-in-use indicator stays off. Audio that a full ring drops is
-counted in seconds (``input_lost_s``). The output callback plays the jitter buffer through the
-chain of ``app.audio.output``, whose limiter no sample exceeds, whatever the model, the demo or
-the volume do.
+The microphone is open only while ``capturing`` (a conversation reads frames, or is about to: the talk key went down):
+while the engine loads, sleeps or waits for the first key press, no stream listens, so a desktop's microphone-in-use
+indicator stays off. Audio that a full ring drops is counted in seconds (``input_lost_s``). The output callback plays
+the jitter buffer through the chain of ``app.audio.output``, whose limiter no sample exceeds, whatever the model, the
+demo or the volume do.
 
 Concurrency contract
-    - PortAudio callback threads run the input and output callbacks. They never block
-      (the rings hold their locks only for a copy), allocate nothing in the steady state
-      (only a short gain ramp when ducking starts or ends), and read ``talking`` /
-      ``duck_while_talking`` once per block.
-    - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` /
-      ``clear_output()``, ``start_capture()`` / ``stop_capture()``). The reader's and the
-      playback queue's locks guard the resamplers and the rings' identity on that side, so
-      a reopen at a new rate swaps them safely.
-    - One controller thread calls ``start()``, ``set_devices()``, ``poll_health()`` and
-      ``close()`` (serialised by a lock) and sets ``talking`` / ``duck_while_talking`` /
-      ``volume`` / ``muted``, ``hush()`` and ``take_turn_latencies()``.
+    - PortAudio callback threads run the input and output callbacks. They never block (the rings hold their locks
+      only for a copy), allocate nothing in the steady state (only a short gain ramp when ducking starts or ends),
+      and read ``talking`` / ``duck_while_talking`` once per block.
+    - One engine thread calls ``read_frame()`` and ``play()`` (and ``clear_input()`` / ``clear_output()``,
+      ``start_capture()`` / ``stop_capture()``, which open and close the microphone under the lifecycle lock). The
+      reader's and the playback queue's locks guard the resamplers and the rings' identity on that side, so a
+      reopen at a new rate swaps them safely.
+    - One controller thread calls ``start()``, ``set_devices()``, ``poll_health()`` and ``close()`` (serialised by
+      a lock) and sets ``talking`` / ``duck_while_talking`` / ``volume`` / ``muted``, ``hush()`` and
+      ``take_turn_latencies()``; it may call ``start_capture()`` too (the talk key went down).
     - Any thread may read the levels, counters and backlogs: plain attribute reads.
 
-Hot-plug: the controller calls ``poll_health()`` periodically (every 0.25–1 s). A stream
-that PortAudio finished unexpectedly, that went inactive, or whose callbacks stopped is
-reopened on the chosen device, else on the default one; with nothing to open, audio is
-*paused* and retried on later polls until a device returns. What happened is reported
-as ``DeviceStatus`` messages in the list ``poll_health()`` returns (no callbacks).
-Running on a fallback, AudioIO does not switch back by itself when the chosen device
-returns (finding it means re-initialising PortAudio, which interrupts both streams);
-``set_devices()`` does, and so does any later reopen.
+Hot-plug: the controller calls ``poll_health()`` periodically (every 0.25–1 s). A stream that PortAudio finished
+unexpectedly, that went inactive, or whose callbacks stopped is reopened on the chosen device, else on the default
+one; with nothing to open, audio is *paused* and retried on later polls until a device returns. What happened is
+reported as ``DeviceStatus`` messages in the list ``poll_health()`` returns (no callbacks). Running on a fallback,
+AudioIO does not switch back by itself when the chosen device returns; ``set_devices()`` does, and so does any
+later reopen.
 """
 
 from __future__ import annotations
