@@ -154,6 +154,30 @@ def test_a_starved_device_counts_as_an_underrun_only_while_the_assistant_plays()
     assert io.output_underruns == 2
 
 
+def test_alsa_lib_s_underrun_recoveries_count_as_the_device_starving_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import Counter
+
+    from app.audio import streams
+
+    recoveries: Counter[str] = Counter()
+    monkeypatch.setattr(streams, "alsa_xruns", recoveries)
+    io = AudioIO()
+    _, callback = speaker(io)
+    recoveries["underrun"] += 1  # alsa-lib recovered the speaker while it idled: silence missed, nothing counted
+    played(callback, 1)
+    assert io.output_device_underflows == 0
+    io.play(noise(0.5, 0.2))
+    played(callback, 3)
+    recoveries["underrun"] += 1  # mid-answer, without PortAudio's flag
+    played(callback, 1)
+    assert io.output_device_underflows == 1
+    recoveries["underrun"] += 1  # and with it: one starving, counted once
+    callback(
+        np.zeros((BLOCK, 1), np.float32), BLOCK, None, SimpleNamespace(output_underflow=True, input_overflow=False)
+    )
+    assert io.output_device_underflows == 2
+
+
 def test_the_reply_delay_runs_from_key_release_to_the_first_audible_block() -> None:
     io = AudioIO(prefill_frames=0)
     endpoint, callback = speaker(io)

@@ -44,6 +44,7 @@ class Endpoint:
     waited: int = 0  # samples played as silence while something short was queued
     ramp: GainRamp = field(default_factory=GainRamp)  # ducking × volume
     limiter: Limiter = field(default_factory=Limiter)
+    alsa_underruns: int = 0  # alsa-lib's underrun recoveries (app.audio.alsa) seen by the output callback so far
     latency_s: float = 0.0  # from handing a block to PortAudio to hearing it, or from capture to us
     scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
     replay_scratch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))

@@ -59,6 +59,7 @@ import numpy as np
 from app.messages import DeviceStatus
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
+from .alsa import xruns as alsa_xruns
 from .devices import (
     NO_MICROPHONE,
     NO_SPEAKER,
@@ -320,10 +321,7 @@ class AudioIO:
     # ------------------------------------------------------------------ history replay
 
     def start_replay(self, samples: np.ndarray, rate: int) -> float:
-        """Play ``samples`` (mono, at ``rate``) through the speaker, mixed with the assistant; returns seconds.
-
-        Replaces a replay in progress. Volume, mute and the limiter apply; the echo canceller hears it.
-        """
+        """Play ``samples`` (mono, at ``rate``) mixed with the assistant, replacing a replay; returns its seconds."""
         return self.replayer.start(samples, rate)
 
     def stop_replay(self) -> None:
@@ -743,10 +741,13 @@ class AudioIO:
     def _output_callback(self, endpoint: Endpoint) -> Callable[[np.ndarray, int, Any, Any], None]:
         ring, rate = endpoint.ring, endpoint.rate
         prefill = round(self._prefill_s * rate)
+        endpoint.alsa_underruns = alsa_xruns["underrun"]  # those of earlier streams are not this one's
 
         def callback(outdata: np.ndarray, frames: int, time_info: Any, status: Any) -> None:
             endpoint.last_callback = time.monotonic()
-            if status.output_underflow and endpoint.playing:
+            recovered = alsa_xruns["underrun"] != endpoint.alsa_underruns  # alsa-lib's recovery, not always flagged
+            endpoint.alsa_underruns = alsa_xruns["underrun"]
+            if (status.output_underflow or recovered) and endpoint.playing:
                 # The device starved mid-stream: the machine called back too late, and the speaker went silent.
                 self._output_device_underflows += 1
             if outdata.shape[1] == 1:
