@@ -179,7 +179,7 @@ def server_devices() -> ServerDevices | None:
 def _ask_server() -> ServerDevices | None:
     try:
         import pulsectl
-    except ImportError:
+    except (ImportError, OSError, AttributeError):  # not installed, or no libpulse to load
         return None
     try:
         # Without a timeout of pulsectl's own: with one it polls for all of it, even once connected.
