@@ -1,6 +1,6 @@
 """The engine worker's one connection to the sound devices: :class:`AudioPort`.
 
-The controller owns the streams (``app.audio_io.AudioIO``, or a test's stand-in) and may
+The controller owns the streams (``app.audio.streams.AudioIO``, or a test's stand-in) and may
 replace them, or have none when no device is usable; it attaches whatever it has to the
 port. The worker holds only the port, and the port behaves sensibly with no streams
 attached: no frames to read, nothing to play. ``AudioStreams`` is what the controller
@@ -63,6 +63,10 @@ class AudioStreams(Protocol):
     def input_device_name(self) -> str | None: ...
     @property
     def output_device_name(self) -> str | None: ...
+    @property
+    def input_device_label(self) -> str | None: ...
+    @property
+    def output_device_label(self) -> str | None: ...
     @property
     def input_peak(self) -> float: ...
     @property

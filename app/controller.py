@@ -283,7 +283,7 @@ class AppController:
         try:
             factory = self._audio_factory
             if factory is None:
-                from .audio_io import AudioIO
+                from .audio.streams import AudioIO
 
                 factory = AudioIO
             settings = self.settings
@@ -315,7 +315,7 @@ class AppController:
         if streams.paused:
             self.board.set_audio(None, None, problem or "Audio is paused until a sound device is available.")
         else:
-            self.board.set_audio(streams.input_device_name, streams.output_device_name)
+            self.board.set_audio(streams.input_device_label, streams.output_device_label)
 
     def _report_crash(self, message: str, details: str) -> None:
         # Called from any thread by the crash hooks: only the queue is touched here.
@@ -720,9 +720,9 @@ class AppController:
 
     # ------------------------------------------------------------------ devices and export
 
-    def refresh_devices(self) -> tuple[list[str], list[str]]:
-        """Find devices plugged in or out since start; returns (input names, output names)."""
-        from .audio_io import AudioUnavailable, list_devices, refresh_devices
+    def refresh_devices(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """Find devices plugged in or out since start; returns the inputs and the outputs, each (name, description)."""
+        from .audio.devices import AudioUnavailable, list_devices, refresh_devices
 
         try:
             streams = self.port.streams
@@ -737,7 +737,7 @@ class AppController:
             return [], []
         if self.port.streams is None:
             self._open_audio()
-        return [d.name for d in devices.inputs], [d.name for d in devices.outputs]
+        return [(d.name, d.label) for d in devices.inputs], [(d.name, d.label) for d in devices.outputs]
 
     def profile_frames(self) -> int:
         """Frames in the session profile (every conversation since launch)."""

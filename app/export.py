@@ -27,6 +27,7 @@ import numpy as np
 from engine.events import AssistantTextDelta, FrameTiming, ToolCall, UserTranscriptDelta
 from engine.timeline import FRAME_SECONDS, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
+from .audio.output import TruePeakLimiter
 from .audio_files import write_wav
 from .files import PRIVATE_DIR_MODE, make_private, write_text_file
 from .history import conversation_folder
@@ -42,7 +43,11 @@ class NothingToExport(Exception):
 
 
 class ConversationRecording:
-    """Both sides of the current conversation, as the model heard and as it played them (thread-safe)."""
+    """Both sides of the current conversation, as the model heard and as it played them (thread-safe).
+
+    The assistant's side goes through the speaker's limiter (``app.audio.output``), so what is kept is what
+    was heard at full volume: never above -6 dBFS, never clipped.
+    """
 
     def __init__(self, input_rate: int = INPUT_SAMPLE_RATE, output_rate: int = OUTPUT_SAMPLE_RATE) -> None:
         self.input_rate = input_rate
@@ -50,19 +55,23 @@ class ConversationRecording:
         self._lock = threading.Lock()
         self._input: list[np.ndarray] = []
         self._output: list[np.ndarray] = []
+        self._limiter = TruePeakLimiter(output_rate)
 
     def add_input(self, frame: np.ndarray) -> None:
         with self._lock:
             self._input.append(np.asarray(frame, dtype=np.float32).copy())
 
     def add_output(self, samples: np.ndarray) -> None:
+        block = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32), posinf=0.0, neginf=0.0), -1.0, 1.0)
         with self._lock:
-            self._output.append(np.asarray(samples, dtype=np.float32).copy())
+            self._limiter.process(block)  # as AudioIO.play() and its output callback do
+            self._output.append(block)
 
     def clear(self) -> None:
         with self._lock:
             self._input.clear()
             self._output.clear()
+            self._limiter = TruePeakLimiter(self.output_rate)
 
     @property
     def empty(self) -> bool:

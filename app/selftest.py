@@ -41,7 +41,7 @@ from .paths import is_frozen
 if TYPE_CHECKING:
     from engine.events import FrameTiming
 
-    from .audio_io import AudioIO
+    from .audio.streams import AudioIO
 
 SELF_TEST_FRAMES = 30  # 2.4 s: the 1.9 s question, then silence
 MIN_FRAMES = 25
@@ -121,7 +121,7 @@ class SelfTestReport:
 def _message(error: BaseException) -> str:
     from engine.errors import EngineError
 
-    from .audio_io import AudioUnavailable
+    from .audio.devices import AudioUnavailable
 
     if isinstance(error, (EngineError, AudioUnavailable)):
         return str(error)  # written for users already
@@ -133,7 +133,7 @@ def _step(name: str, *, hint: str = "") -> Iterator[None]:
     """Turn any failure inside the block into a ``SelfTestError`` for step ``name``."""
     from engine.errors import EngineError
 
-    from .audio_io import AudioUnavailable
+    from .audio.devices import AudioUnavailable
 
     try:
         yield
@@ -237,13 +237,14 @@ def play_answer(
         RuntimeError: the speaker did not play the audio within its length plus ``grace_s``, or audio paused.
         ValueError: ``gain`` is not in (0, 1].
     """
-    from .audio_io import NO_PORTAUDIO, AudioIO, AudioUnavailable
+    from .audio.devices import NO_PORTAUDIO, AudioUnavailable
+    from .audio.streams import AudioIO
 
     if not 0.0 < gain <= 1.0:
         raise ValueError(f"gain must be in (0, 1], got {gain}")
     seconds = samples.shape[0] / sample_rate
     if audio is None:
-        audio = AudioIO(output_ring_s=max(10.0, seconds + 1.0), engine_output_rate=sample_rate)
+        audio = AudioIO(output_ring_s=max(10.0, seconds + 1.0), engine_output_rate=sample_rate, capture=False)
     try:
         audio.start()
     except AudioUnavailable as error:
@@ -251,7 +252,7 @@ def play_answer(
             raise
         return Playback(0.0, None, skipped=str(error))
     try:
-        device = audio.output_device_name
+        device = audio.output_device_label  # in the user's words: the sound server's description
         audio.play(samples * gain)
         deadline = time.monotonic() + seconds + grace_s
         next_poll = time.monotonic() + HEALTH_POLL_S

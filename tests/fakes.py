@@ -241,9 +241,9 @@ class FakeController:
     def cancel_download(self) -> None:
         self._record("cancel_download")
 
-    def refresh_devices(self) -> tuple[list[str], list[str]]:
+    def refresh_devices(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         self._record("refresh_devices")
-        return list(self.inputs), list(self.outputs)
+        return [(name, f"{name} (described)") for name in self.inputs], [(n, f"{n} (described)") for n in self.outputs]
 
     def profile_frames(self) -> int:
         self._record("profile_frames")
@@ -410,6 +410,14 @@ class ScriptedAudio:
         self.health: list[DeviceStatus] = []
         self.input_device_name: str | None = "Scripted microphone"
         self.output_device_name: str | None = "Scripted speaker"
+
+    @property
+    def input_device_label(self) -> str | None:
+        return self.input_device_name
+
+    @property
+    def output_device_label(self) -> str | None:
+        return self.output_device_name
 
     @property
     def talking(self):

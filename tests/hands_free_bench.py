@@ -22,7 +22,7 @@ import numpy as np
 import soundfile
 import soxr
 
-from app.audio_io import refresh_devices
+from app.audio.devices import refresh_devices
 from app.audio_port import AudioPort
 from app.controller import AppController
 from app.echo import EchoCanceller

@@ -5,7 +5,8 @@ Topology (platform-lab.md §4)::
     paplay -d virt_mic_feed ─► virt_mic_feed (null sink) ─► monitor ─► virt_mic (remap source) ─► app input
     app output ─► virt_speaker (null sink) ─► virt_speaker.monitor ─► parecord
 
-``virt_mic`` is the default source and ``virt_speaker`` the default sink. Both null sinks
+``virt_mic`` is the default source and ``virt_speaker`` the default sink; each has a description
+(``MIC_DESCRIPTION``, ``SPEAKER_DESCRIPTION``), as a real device does. Both null sinks
 use ``norewinds=1``: without it the start of every clip is lost. Never use
 ``module-pipe-source`` instead: it hangs ``InputStream.stop()``.
 
@@ -20,7 +21,7 @@ runs, this process's environment points every PulseAudio client (the code under 
 paplay, parecord, pactl) at it; ``close()`` restores the environment. PortAudio
 enumerates devices only when it initialises, so after ``start()``, ``stop()``,
 ``no_server()`` or ``reset()`` the code under test must call
-``app.audio_io.refresh_devices()`` to see the change.
+``app.audio.devices.refresh_devices()`` to see the change.
 
 Usage::
 
@@ -51,6 +52,9 @@ import soundfile
 MIC_FEED = "virt_mic_feed"
 MIC = "virt_mic"
 SPEAKER = "virt_speaker"
+MIC_DESCRIPTION = "Parley test microphone"
+MIC_FEED_DESCRIPTION = "Parley test microphone feed"
+SPEAKER_DESCRIPTION = "Parley test speaker"
 ALSA_MIC = "parley_virt_mic"
 ALSA_SPEAKER = "parley_virt_speaker"
 SYSTEM_ALSA_CONF = Path("/usr/share/alsa/alsa.conf")
@@ -186,9 +190,15 @@ class PulseServer:
     def load_mic(self) -> None:
         """Create the virtual microphone (feed sink + remap source) and make it the default source."""
         if "mic_feed" not in self._modules:
-            self._load("mic_feed", "module-null-sink", f"sink_name={MIC_FEED}", "norewinds=1", "rate=48000")
+            self._load(
+                "mic_feed", "module-null-sink", f"sink_name={MIC_FEED}", "norewinds=1", "rate=48000",
+                _described(MIC_FEED_DESCRIPTION, "sink"),
+            )  # fmt: skip
         if "mic" not in self._modules:
-            self._load("mic", "module-remap-source", f"master={MIC_FEED}.monitor", f"source_name={MIC}")
+            self._load(
+                "mic", "module-remap-source", f"master={MIC_FEED}.monitor", f"source_name={MIC}",
+                _described(MIC_DESCRIPTION, "source"),
+            )  # fmt: skip
         self.pactl("set-default-source", MIC)
 
     def unload_mic(self) -> None:
@@ -200,7 +210,10 @@ class PulseServer:
     def load_speaker(self) -> None:
         """Create the virtual speaker and make it the default sink."""
         if "speaker" not in self._modules:
-            self._load("speaker", "module-null-sink", f"sink_name={SPEAKER}", "norewinds=1", "rate=48000")
+            self._load(
+                "speaker", "module-null-sink", f"sink_name={SPEAKER}", "norewinds=1", "rate=48000",
+                _described(SPEAKER_DESCRIPTION, "sink"),
+            )  # fmt: skip
         self.pactl("set-default-sink", SPEAKER)
 
     def unload_speaker(self) -> None:
@@ -299,6 +312,11 @@ class PulseServer:
             if time.monotonic() > deadline:
                 raise PulseError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.02)
+
+
+def _described(description: str, kind: str) -> str:
+    """The module argument that gives a sink or source its description (what the app shows)."""
+    return f"{kind}_properties=\"device.description='{description}'\""
 
 
 def _set_env(key: str, value: str | None) -> None:

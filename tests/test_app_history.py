@@ -208,7 +208,7 @@ def test_replay_mix_puts_both_sides_on_one_timeline() -> None:
 
 
 def test_replay_without_a_speaker_says_so(make, tmp_path: Path) -> None:
-    from app.audio_io import NO_SPEAKER, AudioUnavailable
+    from app.audio.devices import NO_SPEAKER, AudioUnavailable
 
     def no_audio(*args: object, **kwargs: object) -> ReplayingAudio:
         raise AudioUnavailable(NO_SPEAKER)

@@ -16,10 +16,23 @@ import pytest
 import soundfile
 import soxr
 
-from app import audio_io
-from app.audio_io import AudioIO, AudioState, AudioUnavailable, list_devices, refresh_devices
+from app.audio import devices as audio_devices
+from app.audio.devices import AudioUnavailable, list_devices, refresh_devices
+from app.audio.streams import AudioIO, AudioState
 from app.messages import DeviceStatus
-from tests.pulse import ALSA_MIC, PulseServer, check_heard, virtual_devices, xcorr_match
+from tests.pulse import (
+    ALSA_MIC,
+    MIC,
+    MIC_DESCRIPTION,
+    MIC_FEED,
+    MIC_FEED_DESCRIPTION,
+    SPEAKER,
+    SPEAKER_DESCRIPTION,
+    PulseServer,
+    check_heard,
+    virtual_devices,
+    xcorr_match,
+)
 
 pytestmark = pytest.mark.audio
 
@@ -89,15 +102,70 @@ def speak_and_read(devices: PulseServer, audio: AudioIO, wav: Path) -> np.ndarra
     return np.concatenate(frames)
 
 
-def test_lists_the_virtual_devices_and_finds_them_by_name(devices: PulseServer) -> None:
+def test_lists_the_sound_servers_devices_with_their_descriptions(devices: PulseServer) -> None:
     found = list_devices()
+    assert found.server
+    assert [(d.name, d.label) for d in found.inputs] == [(MIC, MIC_DESCRIPTION)]  # monitors are not microphones
+    assert {(d.name, d.label) for d in found.outputs} == {
+        (SPEAKER, SPEAKER_DESCRIPTION),
+        (MIC_FEED, MIC_FEED_DESCRIPTION),
+    }
+    assert found.default_input is not None and found.default_input.name == MIC
+    assert found.default_output is not None and found.default_output.name == SPEAKER
+    assert found.find_output("test speaker") == found.find_output(SPEAKER)  # a unique part of the description
+    assert found.find_output("parley test") is None  # ambiguous: speaker and feed
+    assert found.find_input("no such device") is None
+    assert found.find_input("pulse") == found.default_input  # chosen from PortAudio's list before: the default
+
+
+def test_without_a_sound_server_the_list_is_portaudios(devices: PulseServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(audio_devices, "server_devices", lambda: None)
+    found = list_devices()
+    assert not found.server
     names = [device.name for device in found.inputs]
     assert {"default", ALSA_MIC} <= set(names)
     assert found.default_input is not None and found.default_input.name == "default"
-    assert found.default_output is not None and found.default_output.name == "default"
     assert found.find_input(ALSA_MIC) == found.find_input("VIRT_MIC")  # a unique part, any case
     assert found.find_input("parley_virt") is None  # ambiguous: mic and speaker
-    assert found.find_input("no such device") is None
+
+
+def _stream_devices(pulse: PulseServer, kind: str) -> list[str]:
+    """The sound server's device of each client stream of ``kind`` ("source-outputs", "sink-inputs") now."""
+    names = {
+        line.split()[0]: line.split()[1] for line in pulse.pactl("list", "short", kind.split("-")[0] + "s").splitlines()
+    }
+    streams = [line.split() for line in pulse.pactl("list", "short", kind).splitlines()]
+    return [names[fields[1]] for fields in streams if fields[2] != "-"]  # "-": a module's own stream
+
+
+def test_a_chosen_speaker_is_really_played_to(devices: PulseServer) -> None:
+    with AudioIO(None, MIC_FEED, capture=False) as io:
+        assert (io.output_device_name, io.output_device_label) == (MIC_FEED, MIC_FEED_DESCRIPTION)
+        assert _stream_devices(devices, "sink-inputs") == [MIC_FEED]
+        io.set_devices(None, SPEAKER)
+        assert _stream_devices(devices, "sink-inputs") == [SPEAKER]
+        assert io.output_device_label == SPEAKER_DESCRIPTION
+        with devices.record_speaker() as recording:
+            io.play(np.full(11_025, 0.1, dtype=np.float32))
+            time.sleep(1.0)
+    assert np.abs(recording.samples).max() > 0.05, "the chosen speaker played nothing"
+
+
+def test_the_microphone_is_open_only_while_frames_are_read(devices: PulseServer) -> None:
+    io = AudioIO(capture=False)
+    with io:
+        assert io.input_device_label == MIC_DESCRIPTION  # named before it opens
+        assert _stream_devices(devices, "source-outputs") == [], "nothing listens before a conversation reads"
+        assert not io.microphone_open
+        io.start_capture()
+        assert _stream_devices(devices, "source-outputs") == [MIC]
+        assert io.read_frame(timeout=1.0) is not None
+        io.stop_capture()
+        assert _stream_devices(devices, "source-outputs") == [], "the microphone closes when reading stops"
+        assert io.input_peak == 0.0
+        io.start_capture()
+        assert io.read_frame(timeout=1.0) is not None, "and opens again for the next conversation"
+    assert _stream_devices(devices, "source-outputs") == []
 
 
 def test_microphone_delivers_speech_resampled_to_16k_frames(
@@ -185,27 +253,27 @@ def test_no_audio_server_gives_a_clear_error(devices: PulseServer) -> None:
 
 
 def test_missing_portaudio_gives_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    audio_io._sounddevice.cache_clear()
+    audio_devices._sounddevice.cache_clear()
     monkeypatch.delitem(sys.modules, "sounddevice")
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     try:
         with pytest.raises(AudioUnavailable, match=r"PortAudio.*libportaudio2"):
             list_devices()
     finally:
-        audio_io._sounddevice.cache_clear()
+        audio_devices._sounddevice.cache_clear()
 
 
 def test_app_imports_without_loading_sounddevice() -> None:
-    code = "import sys, app.audio_io, app.ring_buffer; assert 'sounddevice' not in sys.modules"
+    code = "import sys, app.audio.streams, app.ring_buffer; assert 'sounddevice' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1], timeout=60)
 
 
 def test_unknown_device_name_falls_back_to_the_default_and_says_so(devices: PulseServer) -> None:
     with AudioIO("USB headset that is not plugged in") as io:
-        assert io.input_device_name == "default"
+        assert io.input_device_name == MIC
         (status,) = io.poll_health()
-    assert "'USB headset that is not plugged in' is not connected; using 'default'" in status.message
-    assert status.input_name == "default"
+    assert f"'USB headset that is not plugged in' is not connected; using '{MIC_DESCRIPTION}'" in status.message
+    assert status.input_name == MIC
 
 
 def test_lost_devices_pause_audio_and_it_resumes_when_they_return(
@@ -222,31 +290,40 @@ def test_lost_devices_pause_audio_and_it_resumes_when_they_return(
     devices.load_speaker()
     devices.load_mic()
     resumed = poll_until(audio, lambda statuses: bool(statuses))
-    assert [s.message for s in resumed] == ["Audio resumed on the microphone 'default' and the speaker 'default'."]
+    assert [s.message for s in resumed] == [
+        f"Audio resumed on the microphone '{MIC_DESCRIPTION}' and the speaker '{SPEAKER_DESCRIPTION}'."
+    ]
     assert audio.state is AudioState.RUNNING
     _, r = xcorr_match(question[1], speak_and_read(devices, audio, question_wav))
     assert r > 0.9, f"after resuming, the microphone frames do not match the speech (r={r:.3f})"
 
 
 def test_lost_chosen_microphone_falls_back_to_the_default_and_returns_on_request(devices: PulseServer) -> None:
-    with AudioIO(ALSA_MIC, retry_interval_s=0.1) as io:
-        assert io.input_device_name == ALSA_MIC
+    # A second microphone, the default, so that the chosen one has somewhere to fall back to.
+    devices.pactl(
+        "load-module", "module-remap-source", f"master={SPEAKER}.monitor", "source_name=backup_mic",
+        "source_properties=\"device.description='Backup microphone'\"",
+    )  # fmt: skip
+    devices.pactl("set-default-source", "backup_mic")
+    with AudioIO(MIC, retry_interval_s=0.1) as io:
+        assert io.input_device_name == MIC
         assert io.read_frame(timeout=1.0) is not None
         devices.unload_mic()
         devices.kill_recording_streams()
-        statuses = poll_until(io, lambda _: io.input_device_name == "default")
+        statuses = poll_until(io, lambda _: io.input_device_name == "backup_mic")
         assert io.state is AudioState.RUNNING
         (status,) = statuses
-        assert status.message.startswith(f"The microphone '{ALSA_MIC}' stopped working.")
-        assert f"The microphone '{ALSA_MIC}' could not be opened; using 'default' instead." in status.message
+        assert status.message.startswith(f"The microphone '{MIC_DESCRIPTION}' stopped working.")
+        assert f"The microphone '{MIC}' is not connected; using 'Backup microphone' instead." in status.message
         assert io.read_frame(timeout=1.0) is not None, "frames flow from the fallback microphone"
 
         devices.load_mic()
-        io.set_devices(ALSA_MIC, None)
-        assert io.input_device_name == ALSA_MIC
-        assert [s.input_name for s in io.poll_health()] == [ALSA_MIC]
+        io.set_devices(MIC, None)
+        assert io.input_device_name == MIC
+        assert _stream_devices(devices, "source-outputs") == [MIC]
+        assert [s.input_name for s in io.poll_health()] == [MIC]
         assert io.read_frame(timeout=1.0) is not None
-        io.set_devices(ALSA_MIC, None)  # a refresh of the device lists reopens the same devices
+        io.set_devices(MIC, None)  # a refresh of the device lists reopens the same devices
         assert io.poll_health() == [], "reopening the devices already in use is nothing to report"
 
 
@@ -266,8 +343,8 @@ def test_stalled_microphone_is_reopened_then_paused_once_and_resumes_when_audio_
         devices.suspend_mic()
         statuses = poll_until(io, lambda _: io.paused)
         assert [s.message for s in statuses] == [
-            "The microphone 'default' stopped working. It was reopened.",
-            "The microphone 'default' is not delivering audio. Audio is paused and resumes when it does.",
+            f"The microphone '{MIC_DESCRIPTION}' stopped working. It was reopened.",
+            f"The microphone '{MIC_DESCRIPTION}' is not delivering audio. Audio is paused and resumes when it does.",
         ]
         quiet = time.monotonic() + 1.0  # several reopen-and-stall cycles
         while time.monotonic() < quiet:
@@ -276,7 +353,9 @@ def test_stalled_microphone_is_reopened_then_paused_once_and_resumes_when_audio_
 
         devices.suspend_mic(False)
         (resumed,) = poll_until(io, lambda statuses: bool(statuses))
-        assert resumed.message == "Audio resumed on the microphone 'default' and the speaker 'default'."
+        assert resumed.message == (
+            f"Audio resumed on the microphone '{MIC_DESCRIPTION}' and the speaker '{SPEAKER_DESCRIPTION}'."
+        )
         assert io.read_frame(timeout=1.0) is not None
 
 
@@ -285,7 +364,7 @@ def test_play_validates_and_sanitises_input() -> None:
     with pytest.raises(ValueError, match=r"shape \(10, 2\)"):
         io.play(np.zeros((10, 2), dtype=np.float32))
     io.play(np.array([np.nan, np.inf, -np.inf, 2.0, -2.0, 0.5] * 400, dtype=np.float32))
-    queued = io._out_ring.read(io._out_ring.available)
+    queued = io._playback.ring.read(io._playback.ring.available)
     assert queued is not None and np.isfinite(queued).all() and np.abs(queued).max() <= 1.0
 
 

@@ -3,28 +3,34 @@
 The limiter, master volume, mute and Stop act in the output callback; the reply delay is
 measured there; the microphone enters the input ring only while the engine captures, and
 what a full ring drops is counted in seconds. The callbacks are called here the way
-PortAudio calls them, block by block, so every sample they produce can be checked.
+PortAudio calls them, block by block, so every sample they produce can be checked. One test
+compares the saved assistant audio with what reached PulseAudio's virtual speaker.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from app.audio_io import AUDIBLE_PEAK, OUTPUT_CEILING, AudioDevice, AudioIO, _Endpoint
+from app.audio.devices import AudioDevice
+from app.audio.endpoint import Endpoint
+from app.audio.output import AUDIBLE_PEAK, OUTPUT_CEILING, OUTPUT_CEILING_DBFS
+from app.audio.streams import AudioIO
+from app.audio_files import write_wav
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
 BLOCK = 512
 OK = SimpleNamespace(output_underflow=False, input_overflow=False)
 
 
-def speaker(io: AudioIO) -> tuple[_Endpoint, object]:
+def speaker(io: AudioIO) -> tuple[Endpoint, object]:
     """An output endpoint at the engine's rate (no resampling) and its callback."""
     device = AudioDevice("test speaker", 0, "test", 1, float(OUTPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._out_ring)
+    endpoint = Endpoint("output", device, OUTPUT_SAMPLE_RATE, io._playback.ring)
     endpoint.latency_s = 0.05
     return endpoint, io._output_callback(endpoint)
 
@@ -57,6 +63,52 @@ def test_no_sample_exceeds_the_ceiling_at_any_volume() -> None:
     io.play(quiet)
     after = played(callback, 30)
     np.testing.assert_allclose(after[: quiet.size], quiet, atol=1e-6)
+
+
+def level_dbfs(samples: np.ndarray) -> tuple[float, float, float]:
+    """RMS and peak in dBFS, and the percentage of samples at full scale."""
+    rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+    peak = float(np.abs(samples).max())
+    return (
+        20 * np.log10(max(rms, 1e-10)),
+        20 * np.log10(max(peak, 1e-10)),
+        100.0 * float(np.mean(np.abs(samples) >= 0.999)),
+    )
+
+
+@pytest.mark.audio
+def test_the_saved_assistant_audio_is_what_the_speaker_played(tmp_path: Path) -> None:
+    import soundfile
+
+    from app.audio.devices import refresh_devices
+    from app.export import ConversationRecording
+    from tests.pulse import virtual_devices
+
+    loud = noise(3.0, 1.0, seed=7)  # full-scale noise: what random weights make
+    recording = ConversationRecording()
+    with virtual_devices() as pulse:
+        refresh_devices()
+        with AudioIO(capture=False) as io, pulse.record_speaker() as heard:
+            for start in range(0, loud.size, 1764):  # one 80 ms engine frame at a time, as the worker plays them
+                chunk = loud[start : start + 1764]
+                io.play(chunk)
+                recording.add_output(chunk)  # and as the controller keeps them
+            while io.output_backlog_s > 0:
+                time.sleep(0.05)
+            time.sleep(0.3)
+    _, assistant = recording.snapshot()
+    write_wav(tmp_path / "assistant.wav", assistant, OUTPUT_SAMPLE_RATE)  # as History and Save Conversation do
+    saved, _ = soundfile.read(tmp_path / "assistant.wav", dtype="float32")
+    speaker = heard.samples[np.flatnonzero(np.abs(heard.samples) > 1e-3)[0] :][: saved.size]
+    saved_rms, saved_peak, saved_full = level_dbfs(saved[saved.size // 10 :])  # past the limiter's first block
+    heard_rms, heard_peak, _ = level_dbfs(speaker[speaker.size // 10 :])
+    print(
+        f"\nfull-scale noise: saved RMS {saved_rms:.1f} dBFS, peak {saved_peak:.2f} dBFS, {saved_full:.1f} % at full "
+        f"scale; the speaker got RMS {heard_rms:.1f} dBFS, peak {heard_peak:.2f} dBFS"
+    )
+    assert saved_full == 0.0, "nothing clipped"
+    assert saved_peak <= OUTPUT_CEILING_DBFS + 0.01, "never above the speaker's ceiling"
+    assert abs(saved_rms - heard_rms) < 1.0, "saved at the level that was heard"
 
 
 def test_volume_and_mute_scale_what_is_played() -> None:
@@ -102,6 +154,30 @@ def test_a_starved_device_counts_as_an_underrun_only_while_the_assistant_plays()
     assert io.output_underruns == 2
 
 
+def test_alsa_lib_s_underrun_recoveries_count_as_the_device_starving_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from collections import Counter
+
+    from app.audio import streams
+
+    recoveries: Counter[str] = Counter()
+    monkeypatch.setattr(streams, "alsa_xruns", recoveries)
+    io = AudioIO()
+    _, callback = speaker(io)
+    recoveries["underrun"] += 1  # alsa-lib recovered the speaker while it idled: silence missed, nothing counted
+    played(callback, 1)
+    assert io.output_device_underflows == 0
+    io.play(noise(0.5, 0.2))
+    played(callback, 3)
+    recoveries["underrun"] += 1  # mid-answer, without PortAudio's flag
+    played(callback, 1)
+    assert io.output_device_underflows == 1
+    recoveries["underrun"] += 1  # and with it: one starving, counted once
+    callback(
+        np.zeros((BLOCK, 1), np.float32), BLOCK, None, SimpleNamespace(output_underflow=True, input_overflow=False)
+    )
+    assert io.output_device_underflows == 2
+
+
 def test_the_reply_delay_runs_from_key_release_to_the_first_audible_block() -> None:
     io = AudioIO(prefill_frames=0)
     endpoint, callback = speaker(io)
@@ -129,7 +205,7 @@ def test_the_reply_delay_runs_from_key_release_to_the_first_audible_block() -> N
 def test_the_microphone_fills_the_ring_only_while_the_engine_captures() -> None:
     io = AudioIO(capture=False, input_ring_s=1.0)
     device = AudioDevice("test mic", 0, "test", 1, float(INPUT_SAMPLE_RATE), True)
-    endpoint = _Endpoint("input", device, INPUT_SAMPLE_RATE, io._in_ring)
+    endpoint = Endpoint("input", device, INPUT_SAMPLE_RATE, io._reader.ring)
     callback = io._input_callback(endpoint)
     block = np.full((INPUT_FRAME_SAMPLES, 1), 0.25, dtype=np.float32)
     io.talking = True

@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.audio_io import NO_MICROPHONE
+from app.audio.devices import NO_MICROPHONE
 from app.echo import BLOCK_SAMPLES
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, stream_test_input
 from engine.timeline import FRAME_SECONDS, INPUT_FRAME_SAMPLES
-from tests.pulse import PulseServer, check_heard, virtual_devices
+from tests.pulse import SPEAKER_DESCRIPTION, PulseServer, check_heard, virtual_devices
 
 pytestmark = [pytest.mark.slow, pytest.mark.audio, pytest.mark.gui]
 
@@ -186,7 +186,7 @@ def test_bundled_self_test_plays_the_answer_on_the_virtual_speaker(
     assert result.returncode == 0, result.stderr
     (line,) = result.stdout.splitlines()
     assert line.startswith(f"parley self-test passed (bundle): {SELF_TEST_FRAMES} frames")
-    assert "realtime factor " in line and "played 2.4 s on 'default'" in line
+    assert "realtime factor " in line and f"played 2.4 s on '{SPEAKER_DESCRIPTION}'" in line
 
     # The answer the bundle played is the one the sources compute on the checkpoint the bundle generated.
     from engine.model import load_voicechat

@@ -101,11 +101,12 @@ def test_a_loaded_model_waits_for_the_talk_key_then_hears_the_microphone_and_sil
     assert audio.played and all(p.shape == (OUTPUT_FRAME_SAMPLES,) for p in audio.played)
 
 
-def test_worker_exception_is_reported_and_conversation_recovers(make_controller, tmp_path):
-    """The worker over the fake engine (app/engine_port.py): no model needed to see a failing frame contained."""
+def test_worker_exception_is_reported_and_conversation_recovers(make_controller, tiny_q4):
+    """The worker over the fake engine (app/engine_port.py): no model runs to see a failing frame contained (the
+    controller checks the folder before it asks for a load, so the folder is a real checkpoint's)."""
     engine = FakeEngine()
     worker_factory = functools.partial(EngineWorker, engine=engine)
-    controller = make_controller(q4(tmp_path), worker_factory=worker_factory)
+    controller = make_controller(q4(tiny_q4), worker_factory=worker_factory)
     controller.start()
     controller.start_conversation()  # queued behind the load: it runs once the model is ready
     wait_for(controller, lambda seen: any(isinstance(m, FrameStats) for m in seen))
@@ -236,7 +237,7 @@ def test_nothing_to_export_or_save_is_a_message_and_no_file(make_controller, tin
 
 
 def test_no_audio_device_is_one_consistent_state(make_controller, tiny_q4):
-    from app.audio_io import NO_MICROPHONE, AudioUnavailable
+    from app.audio.devices import NO_MICROPHONE, AudioUnavailable
 
     def no_audio(*args, **kwargs):
         raise AudioUnavailable(NO_MICROPHONE)

@@ -120,19 +120,19 @@ def test_a_checkpoint_in_the_wrong_slot_is_named_and_refused_not_filed_elsewhere
 def test_a_load_that_fails_after_its_checks_brings_the_previous_model_back(
     make_controller, tiny_q4, tiny_q8, monkeypatch
 ):
-    import engine.model
+    import engine
 
     controller = make_controller(Settings(checkpoints={"4bit": tiny_q4, "8bit": tiny_q8}, active_variant="4bit"))
     controller.start()
     wait_for(controller, lambda seen: loaded_models(seen))
-    real = engine.model.load_voicechat
+    real = engine.load_voicechat  # the facade, through which the worker's engine port loads
 
     def out_of_memory(path, **options):
         if Path(path) == tiny_q8:
             raise MemoryError("out of memory while loading the weights")
         return real(path, **options)
 
-    monkeypatch.setattr(engine.model, "load_voicechat", out_of_memory)
+    monkeypatch.setattr(engine, "load_voicechat", out_of_memory)
     controller.switch_variant("8bit")  # the folder passes its checks; loading it fails (memory, say)
     messages = wait_for(controller, lambda seen: loaded_models(seen))
     from app.messages import ModelFallback

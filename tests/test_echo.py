@@ -368,7 +368,7 @@ def test_availability_is_reported_in_words(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.mark.audio
 def test_echo_is_cancelled_through_real_streams_and_a_pulseaudio_loop() -> None:
-    from app.audio_io import refresh_devices
+    from app.audio.devices import refresh_devices
     from tests.echo_bench import assistant_voice
     from tests.pulse import MIC_FEED, SPEAKER, virtual_devices
 

@@ -22,7 +22,7 @@ import pytest
 import soundfile
 import soxr
 
-from app.audio_io import refresh_devices
+from app.audio.devices import refresh_devices
 from app.controller import AppController
 from app.messages import Failure, FrameStats, ModelLoaded, SpeedCheck
 from app.settings import Settings

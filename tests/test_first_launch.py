@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from pytestqt.qtbot import QtBot
 
-from app.audio_io import OUTPUT_CEILING, refresh_devices
+from app.audio.devices import refresh_devices
+from app.audio.output import OUTPUT_CEILING
 from app.controller import AppController
 from app.messages import AppState
 from app.settings import load_settings

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from app import selftest
-from app.audio_io import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
+from app.audio.devices import NO_MICROPHONE, NO_PORTAUDIO, AudioUnavailable
 from app.demo import ensure_demo_checkpoint
 from app.messages import DeviceStatus
 from app.selftest import PLAYBACK_GAIN, SELF_TEST_FRAMES, play_answer, run_self_test, self_test_command
-from tests.pulse import PulseServer, check_heard, virtual_devices
+from tests.pulse import SPEAKER_DESCRIPTION, PulseServer, check_heard, virtual_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 RATE = 22_050
@@ -52,7 +52,7 @@ class StuckSpeaker:
         self.start_error = start_error
         self.queued = 0.0
         self.closed = False
-        self.output_device_name = "Stuck speaker"
+        self.output_device_label = "Stuck speaker"
 
     def start(self) -> None:
         if self.start_error is not None:
@@ -86,7 +86,7 @@ def test_self_test_plays_the_answer_on_the_default_speaker(pulse: PulseServer, d
     assert report.frames == SELF_TEST_FRAMES >= 25
     assert report.answer.shape[0] >= SELF_TEST_FRAMES * 1764
     assert report.realtime_factor > 0 and report.p50_ms > 0
-    assert report.playback.skipped is None and report.playback.device == "default"
+    assert report.playback.skipped is None and report.playback.device == SPEAKER_DESCRIPTION
     assert report.playback.seconds == pytest.approx(report.answer.shape[0] / RATE)
     # What reached the virtual speaker is the answer, at the self-test's gain.
     played = report.answer * PLAYBACK_GAIN
@@ -96,7 +96,8 @@ def test_self_test_plays_the_answer_on_the_default_speaker(pulse: PulseServer, d
     summary = report.summary()
     assert "\n" not in summary
     assert summary.startswith("parley self-test passed (source): 30 frames")
-    assert f"realtime factor {report.realtime_factor:.2f}" in summary and "played 2.4 s on 'default'" in summary
+    assert f"realtime factor {report.realtime_factor:.2f}" in summary
+    assert f"played 2.4 s on '{SPEAKER_DESCRIPTION}'" in summary
     print(f"\n{summary}")
     assert summary.endswith("at -20 dB") == (report.playback.underruns == 0), "the clip's own end is no underrun"
 

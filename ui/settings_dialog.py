@@ -461,11 +461,13 @@ class SettingsDialog(QDialog):
         self.device_status.setText(f"{len(inputs)} microphones, {len(outputs)} speakers found.")
 
     @staticmethod
-    def _fill_devices(combo: QComboBox, names: list[str], chosen: str | None) -> None:
+    def _fill_devices(combo: QComboBox, devices: list[tuple[str, str]], chosen: str | None) -> None:
+        """One item per device: its description shown, its name kept (and shown as the tooltip)."""
         combo.clear()
         combo.addItem("System default", None)
-        for name in names:
-            combo.addItem(name, name)
-        if chosen is not None and chosen not in names:
+        for name, description in devices:
+            combo.addItem(description, name)
+            combo.setItemData(combo.count() - 1, name, Qt.ItemDataRole.ToolTipRole)
+        if chosen is not None and chosen not in [name for name, _ in devices]:
             combo.addItem(f"{chosen} (not connected)", chosen)
         combo.setCurrentIndex(max(0, combo.findData(chosen)) if chosen is not None else 0)

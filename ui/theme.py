@@ -29,7 +29,8 @@ class ThemeColors:
     surface: str
     surface_alt: str
     text: str
-    muted: str
+    muted: str  # secondary text, still enabled
+    disabled: str  # text and marks of disabled controls: dimmer than muted, so a disabled control looks it
     border: str
     accent: str
     accent_hover: str
@@ -59,6 +60,7 @@ LIGHT = ThemeColors(
     surface_alt="#eceef2",
     text="#1d2026",
     muted="#5c6370",
+    disabled="#a3a9b3",
     border="#d5d9e0",
     accent="#2f6feb",
     accent_hover="#255ed0",
@@ -85,6 +87,7 @@ DARK = ThemeColors(
     surface_alt="#2b2f35",
     text="#e6e8eb",
     muted="#9aa1ab",
+    disabled="#5c626b",
     border="#393e46",
     accent="#5a8ff2",
     accent_hover="#7aa5f5",
@@ -149,7 +152,9 @@ def build_palette(theme: ThemeColors) -> QPalette:
     for role, value in roles.items():
         palette.setColor(role, QColor(value))
     for role in (QPalette.ColorRole.WindowText, QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText):
-        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(theme.muted))
+        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(theme.disabled))  # labels and check marks
+    for role in (QPalette.ColorRole.Base, QPalette.ColorRole.Button):
+        palette.setColor(QPalette.ColorGroup.Disabled, role, QColor(theme.window))  # a box that is not there to click
     return palette
 
 

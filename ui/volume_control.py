@@ -2,7 +2,7 @@
 
 Volume and mute act at once (``controller.set_volume``), and the controller remembers them
 between launches. Stop drops what the assistant was about to say; it speaks again after
-the user's next turn. Every output also passes the limiter in ``app.audio_io``, so no
+the user's next turn. Every output also passes the limiter in ``app.audio.output``, so no
 setting here can make it louder than the ceiling. Main thread only.
 """
 

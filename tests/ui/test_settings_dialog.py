@@ -172,8 +172,11 @@ def test_refresh_button_lists_devices(qtbot: QtBot, custom: Settings) -> None:
     dialog.refresh_button.click()
     assert fake.calls_to("refresh_devices") == [()]
     items = [dialog.input_combo.itemText(i) for i in range(dialog.input_combo.count())]
-    assert items == ["System default", "Mic A", "Mic B", "USB Headset"]
-    assert dialog.input_combo.currentText() == "USB Headset"
+    # Each device by its description, keeping its name (what the settings store) as data and tooltip.
+    assert items == ["System default", "Mic A (described)", "Mic B (described)", "USB Headset (described)"]
+    assert dialog.input_combo.currentText() == "USB Headset (described)"
+    assert dialog.input_combo.currentData() == "USB Headset"
+    assert dialog.input_combo.itemData(1, Qt.ItemDataRole.ToolTipRole) == "Mic A"
     assert "3 microphones" in dialog.device_status.text()
 
 
