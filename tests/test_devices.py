@@ -89,6 +89,12 @@ def test_devices_are_named_by_the_sound_server_and_the_microphone_opens_only_for
         qtbot.waitUntil(lambda: not window.status.conversation, timeout=60_000)
         qtbot.waitUntil(lambda: capture_streams(pulse) == [], timeout=10_000)
         assert window.device_label.text() == expected, "a closed microphone is still the one in use"
+
+        controller.set_talking(True)  # the next conversation opens it again ...
+        qtbot.waitUntil(lambda: capture_streams(pulse) == [MIC], timeout=10_000)
+        controller.set_talking(False)
+        controller.stop_speaking()  # ... and Stop, which puts the conversation to sleep, closes it
+        qtbot.waitUntil(lambda: capture_streams(pulse) == [], timeout=10_000)
     finally:
         window.close()
         controller.shutdown()
