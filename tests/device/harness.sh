@@ -23,6 +23,9 @@
 # fastkernels   420  each fast kernel admitted against its fallback: difference and time per call
 # fused          60  which kernels MLX generated add to a product (a GPU compiler contracts them to FMA)
 # long          400  fresh against aged by 7,300 frames (ten minutes), alternating in one process, fast numerics
+# abfast4       590  fast numerics, 4-bit, full size: this build against the build in .baseline/ (carried: `git archive
+#                    REV app engine ui tests assets pyproject.toml | tar -x -C .baseline`), alternating processes on one
+#                    checkpoint written once (A B A B), 100 frames each; the p50/mean of each from its report
 # coldstart     400  process start to model ready (structure model, 4-bit: the full size's layers and kernels with
 #                    little weight to make; NUMERICS=exact or fast): an empty kernel cache,
 #                    then the cache the first process left, then a new user seeded from those kernels shipped in
@@ -43,7 +46,8 @@ if [ -n "$DRY" ]; then exec 3>&1; else exec 3>/dev/null; fi  # fd 3: what is rea
 failed=()
 
 # limit STEP: the step's limit in the table above (nothing for an unknown step).
-limit() { awk -v step="$1" '$1 == "#" && $2 == step && $3 ~ /^[0-9]+$/ { print $3; exit }' "$0"; }
+HARNESS=$(readlink -f "$0")  # read by limit() from any folder (abfast4 runs the baseline from .baseline/)
+limit() { awk -v step="$1" '$1 == "#" && $2 == step && $3 ~ /^[0-9]+$/ { print $3; exit }' "$HARNESS"; }
 # x COMMAND...: run it, or with DRY print it.
 x() { if [ -n "$DRY" ]; then echo "+ $*"; else "$@"; fi; }
 # run NAME COMMAND...: under the limit of NAME's step (NAME up to a "-"), logged to $OUT/NAME.log.
@@ -125,9 +129,26 @@ print(pack_kernel_cache(Path(sys.argv[1]), Path('assets/kernels'), mlx_version=m
   x cp -r /tmp/ptx-cold/. /tmp/ptx/
 }
 
+# This build and the one in .baseline/ in alternating processes on one full-size 4-bit checkpoint, fast numerics.
+abfast4() {
+  local round build
+  [ -n "$DRY" ] || [ -d .baseline/engine ] || { echo "abfast4: no .baseline/ (see the table above)"; failed+=(abfast4); return; }
+  [ -f /tmp/full4/config.json ] || x python3 -m app.cli make-checkpoint /tmp/full4 --size full --quantize 4 --overwrite
+  for round in 1 2; do
+    for build in after before; do
+      if [ "$build" = before ]; then
+        (cd .baseline && run "abfast4-$build$round" parley bench --model /tmp/full4 --numerics fast --frames 100 >&3)
+      else
+        run "abfast4-$build$round" parley bench --model /tmp/full4 --numerics fast --frames 100 >&3
+      fi
+      grep -hE "p50|mean|ready in" "$OUT/abfast4-$build$round.log" 2>/dev/null | head -4 | sed "s/^/$build $round: /"
+    done
+  done
+}
+
 for arg in "$@"; do  # every step known before any runs: a misspelt one costs no device time
   [ -n "$(limit "$arg")" ] && continue
-  echo "unknown step $arg; the steps:" >&2; grep -E '^# [a-z0-9]+ +[0-9]+ ' "$0" >&2; exit 2
+  echo "unknown step $arg; the steps:" >&2; grep -E '^# [a-z0-9]+ +[0-9]+ ' "$HARNESS" >&2; exit 2
 done
 for arg in "$@"; do
   case "$arg" in
@@ -148,6 +169,7 @@ for arg in "$@"; do
     fused) run fused python3 tests/device/fused_products.py /tmp/ptx ;;
     long) run long python3 tests/device/long.py fast ;;
     coldstart) coldstart ;;
+    abfast4) abfast4 ;;
   esac
 done
 [ ${#failed[@]} = 0 ] || { echo "failed: ${failed[*]}"; exit 1; }
