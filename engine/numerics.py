@@ -231,15 +231,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import mlx.core as mx
 import numpy as np
 
 from .kernels.admission import admit_kernel, fast_part, gpu_kernel_backend
-
-if TYPE_CHECKING:
-    from .kernels.quantized_product import RowRole
+from .kernels.plan import FastPlan
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -316,7 +314,6 @@ def apply_numerics(
         relative_attention_samples,
         relative_window_samples,
     )
-    from .kernels.fused_step import FusedStep, fused_step_ops, fused_step_sample
     from .kernels.residual_vq import (
         NearestRoundProduct,
         nearest_code_ops,
@@ -337,7 +334,7 @@ def apply_numerics(
         attend_relative_window,
     )
     from .networks.linear import KeepsCopy, QuantizedLinear
-    from .networks.llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
+    from .networks.llm import NemotronH
     from .networks.rnnt import RNNTJoint, RNNTPredictor
     from .networks.tts import (
         GUIDED_ROWS,
@@ -353,19 +350,10 @@ def apply_numerics(
     fast = check_numerics(numerics) == "fast"
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     changes: dict[str, bool] = {}
-    mixers = [module for module in modules if isinstance(module, Mamba2Mixer)]
-    step: Callable[..., Any] | None = None
-    if fast and mixers:
-        first = mixers[0]
-        step, changes["fused_mamba_step"] = fast_part(
-            ("mamba", first.num_heads, first.head_dim, first.n_groups, first.state_size, first.conv1d.weight.dtype),
-            "Mamba-2 step",
-            functools.partial(fused_step_ops, groups=first.n_groups),
-            lambda backend: FusedStep(backend, first.num_heads, first.head_dim, first.n_groups, first.state_size),
-            lambda: fused_step_sample(first),
-        )
-    for mixer in mixers:
-        mixer.use_fast_step(step)
+    plan = FastPlan.for_this_device(release=release, characters=characters) if fast else None
+    llms = [module for module in modules if isinstance(module, NemotronH)]
+    for llm in llms:
+        changes.update(llm.use_numerics(plan))
 
     attentions = [module for module in modules if isinstance(module, BackboneAttention)]
     attention: Callable[..., Any] | None = None
@@ -415,34 +403,6 @@ def apply_numerics(
         module.fast_heads = None
         module.heads_in_attention = False
         module.cache_dtype = cache_dtype
-    # The LLM's attention blocks: the writing form of the same kernel for their heads (CUDA only), reading the
-    # projections' rows as heads and writing each new position into the cache's buffers.
-    llm_attentions = [module for module in modules if isinstance(module, CausalSelfAttention)]
-    llm_attention: DecodeAttention | None = None
-    if fast and llm_attentions:
-        llm_heads = (llm_attentions[0].num_heads, llm_attentions[0].num_kv_heads, llm_attentions[0].head_dim)
-        writing_part, changes["llm_attention"] = fast_part(
-            ("llm_attention_writing", *llm_heads),
-            "the LLM's single-position attention writing its cache",
-            decode_attention_writing_ops,
-            lambda backend: DecodeAttention(backend, *llm_heads).writing_kernel(),
-            lambda: decode_attention_writing_samples(*llm_heads),
-        )
-        owner = getattr(writing_part, "__self__", None)  # the admitted check is a method of its DecodeAttention
-        llm_attention = owner if changes["llm_attention"] and isinstance(owner, DecodeAttention) else None
-        changes["llm_attention_merges_shares"] = False
-        if llm_attention is not None:
-            merges = _merges_shares(
-                llm_attention,
-                "writing",
-                ("llm_attention_writing_merged", *llm_heads),
-                decode_attention_writing_ops,
-                lambda: decode_attention_writing_samples(*llm_heads),
-            )
-            llm_attention.merged_forms = frozenset({"writing"} if merges else ())
-            changes["llm_attention_merges_shares"] = merges
-    for llm_module in llm_attentions:
-        llm_module.fast_attention = llm_attention
     if fast:
         # The norm-and-rotate kernel per RoPE base (local and global layers differ), its fallback per base too.
         for base in sorted({module.rope.base for module in attentions}):
@@ -584,45 +544,15 @@ def apply_numerics(
     if fast and characters is not None:
         changes["condition_table"] = gpu_kernel_backend() == "cuda" and use_condition_table(model, characters)
 
-    quantized = [module for module in modules if isinstance(module, QuantizedLinear)]
-    every_row = bool(quantized)
-    for module in quantized:
-        module.fast_row, used = _quantized_row_part(module) if fast else (None, False)
-        module.fused_row = None
-        module.chained_row = None
-        every_row = every_row and used
-    for attention_mixer in (module for module in modules if isinstance(module, CausalSelfAttention)):
-        attention_mixer.one_row_views = fast
-    for block in (module for module in modules if isinstance(module, HybridBlock)):
-        # A block runs fused only when every projection of it has its fused part (kernel or operations).
-        fused = block.fused_projections()
-        block.fused_rows = fast and all(
-            isinstance(projection, QuantizedLinear) and "bias" not in projection for projection, _ in fused
-        )
-        if block.fused_rows:
-            for projection, role in fused:
-                norm_dtype = block.mixer.norm.weight.dtype if role.prologue == "group_norm" else None
-                projection.fused_row, used = _quantized_row_part(projection, role, norm_dtype)
-                block.fused_rows = block.fused_rows and projection.fused_row is not None
-                every_row = every_row and used
-    for llm in (module for module in modules if isinstance(module, NemotronH)):
-        # With every block fused, each block's last projection also writes the next block's norm of its output
-        # (the LLM's chained step): all of them, or none.
-        if fast and all(block.fused_rows for block in llm.layers):
-            lasts = [block.fused_projections()[-1] for block in llm.layers]
-            for index, (block, (projection, role)) in enumerate(zip(llm.layers, lasts, strict=True)):
-                norm_dtype = block.mixer.norm.weight.dtype if role.prologue == "group_norm" else None
-                next_norm = llm.next_norm(index)
-                chained_role = dataclasses.replace(role, epilogue="residual_norm", next_eps=next_norm.eps)
-                projection.chained_row, used = _quantized_row_part(
-                    projection, chained_role, norm_dtype, next_norm.weight.dtype
-                )
-                every_row = every_row and used
-            if any(projection.chained_row is None for projection, _ in lasts):
-                for projection, _ in lasts:
-                    projection.chained_row = None
-    if fast and quantized:
-        changes["quantized_rows"] = every_row
+    # The quantized projections outside the LLM (the text and function heads) take their one-row product too.
+    in_llm = {id(module) for llm in llms for module in llm.modules()}
+    heads_rows = [
+        module.use_numerics(plan)
+        for module in modules
+        if isinstance(module, QuantizedLinear) and id(module) not in in_llm
+    ]
+    if fast and (heads_rows or "quantized_rows" in changes):
+        changes["quantized_rows"] = changes.get("quantized_rows", True) and all(heads_rows)
 
     joints = [module for module in modules if isinstance(module, RNNTJoint)]
     for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
@@ -843,47 +773,6 @@ def _heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[...,
     """The attention kernel that makes its heads (:meth:`engine.kernels.decode_attention.DecodeAttention.heads_kernel`),
     as :func:`engine.kernels.admission.fast_part` makes kernels: by backend (the attention's is fixed already)."""
     return attention.heads_kernel(rope)
-
-
-def _quantized_row_part(
-    module: Any,
-    role: RowRole | None = None,
-    norm_dtype: mx.Dtype | None = None,
-    next_dtype: mx.Dtype | None = None,
-) -> tuple[Callable[..., Any] | None, bool]:
-    """The one-row product for an affine-quantized projection (:mod:`engine.kernels.quantized_product`), plain or in
-    the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
-    in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout
-    the kernel does not read)."""
-    import functools
-
-    from .kernels.quantized_product import (
-        QuantizedRowProduct,
-        QuantizedRowShape,
-        RowRole,
-        quantized_row_ops,
-        quantized_row_samples,
-    )
-
-    role = role or RowRole()
-    if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
-        return None, False
-    outputs, words = module.weight.shape
-    try:
-        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size, role)
-    except ValueError:
-        return None, False
-    scale_dtype = module.scales.dtype
-    parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
-    return fast_part(
-        ("quantized_row", shape, scale_dtype, norm_dtype, next_dtype),
-        f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
-        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
-        functools.partial(QuantizedRowProduct, shape=shape),
-        functools.partial(
-            quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32, next_dtype or mx.float32
-        ),
-    )
 
 
 # One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the

@@ -166,7 +166,7 @@ class Session:
         self.caches = SessionCaches(
             perception=self._stt.perception.make_cache(),
             rnnt=make_rnnt_state(self.config.rnnt_blank_id),
-            language=self._stt.llm.make_cache(),
+            language=self._stt.llm.make_state(),
             tts=tts_cache,
             codec=self._speech.audio_codec.make_cache(),
             previous_code=previous_code,
@@ -246,7 +246,7 @@ class Session:
             probe("language.fusion", fused)
         if self.observer is not None:
             self.observer("language.input", fused)
-        hidden = self._stt.llm(fused, self.caches.language)
+        hidden = self._stt.llm.step(self.caches.language, fused)
         if self.observer is not None:
             self.observer("language.hidden", hidden)
         if probe is not None:

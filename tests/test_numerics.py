@@ -36,8 +36,9 @@ from engine.loading.random_checkpoint import random_voicechat
 from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
+from engine.networks.llm.fast import AttentionFast, fused_projections
+from engine.networks.llm.ssm import silu_gate, ssm_scan
 from engine.networks.rnnt import RNNTPredictor
-from engine.networks.ssm import silu_gate, ssm_scan
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
@@ -88,7 +89,7 @@ def test_fused_step_fallback_computes_the_exact_step(size: str) -> None:
     voicechat = random_voicechat(size, quantize=4)  # type: ignore[arg-type]
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     for seed in range(3):
-        inputs = fused_step_sample(mixer, seed)
+        inputs = fused_step_sample(mixer.step_shape, *mixer.step_weights(), seed)
         fast = fused_step_ops(*inputs, groups=mixer.n_groups)
         exact = _exact_step(mixer, *inputs)
         for got, want in zip(fast, exact, strict=True):
@@ -100,7 +101,7 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     fallback = functools.partial(fused_step_ops, groups=mixer.n_groups)
-    inputs = fused_step_sample(mixer, 7)
+    inputs = fused_step_sample(mixer.step_shape, *mixer.step_weights(), 7)
     assert admit_kernel("exact step", functools.partial(_exact_step, mixer), fallback, inputs)
 
     def wrong(*args: mx.array) -> tuple[mx.array, ...]:
@@ -144,7 +145,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "condition_table": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
-    assert mixers and all(m.fast_step is not None for m in mixers)
+    assert mixers and all(m.fast is not None for m in mixers)
     attentions = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneAttention)]
     assert attentions and all(m.fast_attention is decode_attention_ops for m in attentions)
     relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
@@ -152,7 +153,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert all(m.fast_window is attend_relative_window for m in relatives)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
-    assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
+    assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
     assert all(m.fast_attention is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
     layers = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneLayer)]
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
@@ -196,10 +197,11 @@ def test_the_constants_kernels_read_stay_out_of_the_host_pool() -> None:
     assert kernel_constants(1e-5, 2.0).tolist()[:2] == [np.float32(1e-5).item(), 2.0]
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
-    assert mixers and all(m.fast_step is not None for m in mixers)
+    assert mixers and all(m.fast is not None for m in mixers)
     for mixer in mixers:
-        assert mixer._step_limits.nbytes > 8 and mixer._norm_params.nbytes > 8
-        assert mixer._step_limits.tolist()[:2] == [np.float32(mixer.dt_min).item(), np.float32(mixer.dt_max).item()]
+        assert mixer.fast is not None
+        assert mixer.fast.limits.nbytes > 8 and mixer.fast.norm_params.nbytes > 8
+        assert mixer.fast.limits.tolist()[:2] == [np.float32(mixer.dt_min).item(), np.float32(mixer.dt_max).item()]
     role = RowRole("residual", "group_norm", norm_groups=2, norm_partials=8, norm_eps=1e-6)
     eps = quantized_row_samples(QuantizedRowShape(64, 32, 4, 32, role), mx.bfloat16)[7]
     assert eps.nbytes > 8 and eps.tolist()[0] == np.float32(1e-6).item()
@@ -228,14 +230,14 @@ def test_a_loaded_model_switches_numerics_in_place() -> None:
     mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
     exact_before = _llm_steps(voicechat)
     set_numerics(voicechat, "fast")
-    assert voicechat.numerics == "fast" and all(m.fast_step is not None for m in mixers)
+    assert voicechat.numerics == "fast" and all(m.fast is not None for m in mixers)
     switched_fast = _llm_steps(voicechat)
     fresh_fast = _llm_steps(random_voicechat("tiny", quantize=4, numerics="fast"))
     assert mx.array_equal(switched_fast, fresh_fast).item()
     assert not mx.array_equal(switched_fast, exact_before).item(), "fast mode's step sums in another order"
     set_numerics(voicechat, "exact")
     assert voicechat.numerics == "exact" and voicechat.fast_changes == {}
-    assert all(m.fast_step is None for m in mixers)
+    assert all(m.fast is None for m in mixers)
     assert mx.array_equal(_llm_steps(voicechat), exact_before).item()
 
 
@@ -875,7 +877,8 @@ def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     mixer.norm.weight = 1.0 + 0.1 * mx.random.normal(mixer.norm.weight.shape, key=mx.random.key(3))
-    role = mixer.norm_role()
+    layer = next(layer for layer in voicechat.model.stt_model.llm.layers if layer.mixer is mixer)
+    ((_, role),) = fused_projections(layer)
     assert role.norm_eps == mixer.norm.eps and role.norm_groups == mixer.n_groups
 
     def finished(gated: mx.array, squares: mx.array) -> mx.array:
@@ -885,7 +888,9 @@ def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
         rows = gated.reshape(role.norm_groups, -1) * factors[:, None]
         return mixer.norm.weight * rows.reshape(gated.shape)
 
-    gated, _, _, squares = fused_step_ops(*fused_step_sample(mixer, 11), groups=mixer.n_groups)
+    gated, _, _, squares = fused_step_ops(
+        *fused_step_sample(mixer.step_shape, *mixer.step_weights(), 11), groups=mixer.n_groups
+    )
     assert squares.shape == (role.norm_partials,)
     assert relative_l2(finished(gated, squares), mixer.norm.normalize(gated)) < 1e-6
     assert relative_l2(finished(gated, 1.1 * squares), mixer.norm.normalize(gated)) > 1e-3
@@ -899,23 +904,24 @@ def test_a_fused_llm_block_is_its_operations_on_the_fallbacks() -> None:
     llm = voicechat.model.stt_model.llm
     apply_numerics(voicechat.model, "fast")
     kinds = {layer.kind: layer for layer in llm.layers}
-    assert set(kinds) == {"M", "*", "-"} and all(layer.fused_rows for layer in llm.layers)
+    assert set(kinds) == {"M", "*", "-"} and all(layer.fast is not None for layer in llm.layers)
+    block_fast = kinds["-"].fast
     x = 3.0 * mx.random.normal((1, 1, llm.config.hidden_size), key=mx.random.key(5))
     for kind, layer in kinds.items():
         results = []
         for fused in (True, False):
-            layer.fused_rows = fused
+            layer.fast = block_fast if fused else None
             cache = None
             if kind == "M":
-                _, conv_state, *_, ssm_state, _ = fused_step_sample(layer.mixer)
+                _, conv_state, *_, ssm_state, _ = fused_step_sample(layer.mixer.step_shape, *layer.mixer.step_weights())
                 cache = MambaCache(conv_state=conv_state, ssm_state=ssm_state)
             results.append([layer(x, None, cache), *([] if cache is None else cache.arrays())])
-        layer.fused_rows = True
+        layer.fast = block_fast
         assert all(mx.array_equal(a, b).item() for a, b in zip(*results, strict=True)), kind
     up = kinds["-"].mixer.up_proj
     assert isinstance(up, QuantizedLinear) and up.fused_row is not None
     apply_numerics(voicechat.model, "exact")
-    assert not any(layer.fused_rows for layer in llm.layers) and up.fused_row is None
+    assert not any(layer.fast is not None for layer in llm.layers) and up.fused_row is None
 
 
 def test_the_chained_llm_step_is_the_unchained_one_on_the_fallbacks() -> None:
@@ -925,14 +931,15 @@ def test_the_chained_llm_step_is_the_unchained_one_on_the_fallbacks() -> None:
     several positions. Exact mode never chains."""
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     llm = voicechat.model.stt_model.llm
-    last_projections = [block.fused_projections()[-1][0] for block in llm.layers]
+    last_projections = [fused_projections(block)[-1][0] for block in llm.layers]
     chained_rows = [projection.chained_row for projection in last_projections]
     assert all(row is not None for row in chained_rows) and llm._chained
     inputs = 3.0 * mx.random.normal((4, 1, 1, llm.config.hidden_size), key=mx.random.key(9))
     results = []
+    bound = llm.fast
+    assert bound is not None
     for chained in (True, False):
-        for projection, row in zip(last_projections, chained_rows, strict=True):
-            projection.chained_row = row if chained else None
+        llm.fast = dataclasses.replace(bound, chained=chained)
         assert llm._chained == chained
         cache = llm.make_cache()
         outputs = [llm(inputs[position], cache) for position in range(inputs.shape[0])]
@@ -1261,7 +1268,9 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     layers: collections.Counter[str] = collections.Counter()
     for module in modules:
         if isinstance(module, Mamba2Mixer):
-            module.fast_step, layers["mamba"] = counted("mamba", module.fast_step), layers["mamba"] + 1
+            assert module.fast is not None
+            module.fast = dataclasses.replace(module.fast, step=counted("mamba", module.fast.step))
+            layers["mamba"] += 1
         elif isinstance(module, BackboneAttention):
             module.fast_attention = counted("tts attention", module.fast_attention)
             module.fast_heads = counted("tts heads", module.fast_heads)
@@ -1537,7 +1546,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
     mixers = [
         layer.mixer for layer in voicechat.model.stt_model.llm.layers if isinstance(layer.mixer, CausalSelfAttention)
     ]
-    assert mixers and all(mixer.fast_attention is None for mixer in mixers), "the CPU admits no kernel"
+    assert mixers and all(mixer.fast is not None and mixer.fast.kernel is None for mixer in mixers), "no kernel"
     stand_in = _WritingAttentionOps(mixers[0].num_heads, mixers[0].num_kv_heads, mixers[0].head_dim, {})
     frames = 30
     rng = np.random.default_rng(3)
@@ -1545,7 +1554,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
 
     def conversation(kernel: DecodeAttention | None) -> tuple[list[int], list[int], list[list[int]], np.ndarray]:
         for mixer in mixers:
-            mixer.fast_attention = kernel
+            mixer.fast = AttentionFast(kernel)
         return _conversation(voicechat, audio, frames)
 
     operations = conversation(None)
@@ -1591,7 +1600,7 @@ def test_a_kernel_writing_the_llm_cache_in_place_runs_when_the_cache_is_evaluate
 
     stand_in.attend_writing = recorded  # type: ignore[method-assign]
     for mixer in mixers:
-        mixer.fast_attention = stand_in
+        mixer.fast = AttentionFast(stand_in)  # type: ignore[arg-type]
     evaluate = mx.eval
     reached_writes = 0
 

@@ -2,7 +2,7 @@
 
 * :mod:`.mel` and :mod:`.encoder`: perception — streaming log-mel features and the cache-aware FastConformer.
 * :mod:`.rnnt`: the RN-T predictor and joint (the user's transcript).
-* :mod:`.llm` and :mod:`.ssm`: Nemotron-H, its attention blocks and its Mamba-2 mixers.
+* :mod:`.llm`: Nemotron-H, its attention blocks and its Mamba-2 mixers (the scan in :mod:`.llm.ssm`), and its fast form.
 * :mod:`.tts` and :mod:`.subword`: EAR-TTS — the Gemma-3 backbone, the character-aware subword encoder and the
   MoG head (their draws are :mod:`engine.ops.sampling`).
 * :mod:`.codec`: the codec decoder (residual-VQ codes to samples).
