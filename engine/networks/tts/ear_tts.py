@@ -24,21 +24,21 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..jit import compile_enabled, jit
-from ..kernels.decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
-from ..kernels.mixture_sample import gaussian_of, low_rank_mean
-from ..kernels.residual_vq import nearest_code_ops
-from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
-from ..kernels.row_product import RowProductShape
-from ..kernels.step_draws import Draw
-from ..loading.config import MoGConfig, TTSConfig
-from ..ops.cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
-from ..ops.sampling import draw_component, draw_latent_noise, gaussian_latent, guide
-from ..profiler import Probe
-from ..weight_names import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
-from .fused import Stacked, stack_projections
-from .linear import Linear
-from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
+from ...jit import compile_enabled, jit
+from ...kernels.decode_attention import DecodeAttention, NormRope, decode_attention_ops, norm_rope_ops
+from ...kernels.mixture_sample import gaussian_of, low_rank_mean
+from ...kernels.residual_vq import nearest_code_ops
+from ...kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
+from ...kernels.row_product import RowProductShape
+from ...kernels.step_draws import Draw
+from ...loading.config import MoGConfig, TTSConfig
+from ...ops.cache import AttentionMask, KVCache, PositionLayout, SlidingKVCache, causal_mask, stored
+from ...ops.sampling import draw_component, draw_latent_noise, gaussian_latent, guide
+from ...profiler import Probe
+from ...weight_names import GATHER_MARK, TRANSPOSE_MARK, VIEW_MARK
+from ..fused import Stacked, stack_projections
+from ..linear import Linear
+from ..subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, FloatRMSNorm, GeluGatedMLP
 
 # Rows of a guided backbone step: the text-conditioned one, then the one conditioned on ``null_emb``.
 GUIDED_ROWS = 2
