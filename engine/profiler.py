@@ -57,6 +57,11 @@ class FrameProfiler:
         self._syncs = 0
         self._stage = STAGES[0]
 
+    @property
+    def sub_stages(self) -> bool:
+        """Whether sub-stages are timed (:class:`engine.hooks.FrameHooks`): networks close theirs only then."""
+        return self.sub_stages_enabled
+
     def begin_frame(self, frame_index: int) -> None:
         now = time.perf_counter()
         self._frame_index = frame_index

@@ -39,6 +39,7 @@ from .events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
+from .hooks import NO_HOOKS, FrameHooks
 from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
 from .networks.codec import CodecCache, replace_control_codes
@@ -53,7 +54,7 @@ from .networks.rnnt import (
     rnnt_commit,
     rnnt_propose,
 )
-from .networks.tts import SpeakerPrompt, TTSCache, build_speaker_prompt
+from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .profiler import FrameProfiler, Probe
 from .tools import ToolCallParser
 
@@ -161,7 +162,7 @@ class Session:
 
         mx.random.seed(seed)
         tts = self._speech.tts_model
-        tts_cache = tts.make_cache()
+        tts_cache = tts.make_state()
         previous_code = tts.warmup(speaker_prompt(voicechat), tts_cache, voicechat.characters)
         self.caches = SessionCaches(
             perception=self._stt.perception.make_cache(),
@@ -269,15 +270,12 @@ class Session:
         token = mx.array([[text_id]], dtype=mx.int32)
         if self.observer is not None:
             self.observer("tts.input", (caches.previous_code, caches.previous_code_sum, text_id))
-        result = self._speech.tts_model.step(
-            caches.previous_code,
-            token,
-            caches.tts,
-            self.voicechat.characters,
-            caches.previous_code_sum,
-            probe,
-            text_id=text_id,
+        tts_input = TTSInput(
+            caches.previous_code, token, self.voicechat.characters, caches.previous_code_sum, text_id=text_id
         )
+        # The profiler closes the TTS's sub-stages where it is given a probe (no launch otherwise: as before).
+        hooks: FrameHooks = self.profiler if probe is not None else NO_HOOKS  # type: ignore[assignment]
+        result = self._speech.tts_model.step(caches.tts, tts_input, hooks)
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         if self.observer is not None:
             self.observer("tts.output", result)
@@ -287,7 +285,8 @@ class Session:
     def _tts_spells_on_device(self) -> bool:
         """Whether this frame's TTS takes the text id on the device (one sync a frame): in fast numerics, unless
         something watches the networks' inputs on the host (an observer) or times every sub-stage."""
-        return self.voicechat.numerics == "fast" and self.observer is None and not self.profiler.sub_stages_enabled
+        tts = self._speech.tts_model
+        return tts.takes_text_on_device and self.observer is None and not self.profiler.sub_stages_enabled
 
     def _tts_step_on_device(self, text_array: mx.array) -> mx.array:
         """:meth:`_tts_step` for a text id (1,) still on the device: the end-of-speech rule as a select and the
@@ -303,15 +302,9 @@ class Session:
             # What the host form recomputes from the silence codes after an end of speech: the same sum.
             previous_code_sum = mx.where(ends, self._silence_code_sum, previous_code_sum)
         spelling = self.voicechat.characters.on_device(self._stt.text_vocabulary_size)
-        result = tts.step(
-            previous_code,
-            token,
-            caches.tts,
-            self.voicechat.characters,
-            previous_code_sum,
-            condition=tts.condition_on_device(token, spelling),
-            launch=self.profiler.launch_part,
-        )
+        condition = tts.condition_on_device(token, spelling)
+        tts_input = TTSInput(previous_code, token, self.voicechat.characters, previous_code_sum, condition=condition)
+        result = tts.step(caches.tts, tts_input, self.profiler)  # type: ignore[arg-type]
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
 

@@ -39,7 +39,7 @@ from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.networks.llm.fast import AttentionFast, fused_projections
 from engine.networks.llm.ssm import silu_gate, ssm_scan
 from engine.networks.rnnt import RNNTPredictor
-from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
+from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead, TTSInput
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.timeline import INPUT_FRAME_SAMPLES
@@ -636,7 +636,7 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
     """Fast mode's bf16 caches need the attention kernel to read bf16 buffers: where a GPU's does not (here a stand-in
     admission that passes float32 buffers only), the caches stay float32 with the kernel admitted on those, and the
     log says why. The CPU has no kernel either way and keeps bf16 (its fallback reads any dtype)."""
-    import engine.numerics as numerics
+    import engine.networks.tts.fast as tts_fast
 
     admitted: list[Any] = []
 
@@ -645,10 +645,10 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
         used = backend is not None and key[-1] == mx.float32
         return ("kernel" if used else fallback), used
 
-    monkeypatch.setattr(numerics, "fast_part", fast_part)
-    monkeypatch.setattr(numerics, "gpu_kernel_backend", lambda: backend)
-    with caplog.at_level("WARNING", logger="engine.numerics"):
-        attention, used, cache_dtype = numerics._backbone_attention((4, 2, 8), mx.bfloat16)
+    monkeypatch.setattr(tts_fast, "fast_part", fast_part)
+    monkeypatch.setattr(tts_fast, "gpu_kernel_backend", lambda: backend)
+    with caplog.at_level("WARNING", logger="engine.networks.tts.fast"):
+        attention, used, cache_dtype = tts_fast.backbone_attention((4, 2, 8), mx.bfloat16)
     if backend is None:
         assert (attention, used, cache_dtype, admitted) == (decode_attention_ops, False, mx.bfloat16, [mx.bfloat16])
         assert not caplog.records
@@ -1402,7 +1402,7 @@ def test_fast_tts_steps_carry_their_draws_key_and_draw_what_exact_steps_draw() -
         previous = tts.warmup(speaker_prompt(voicechat), cache, voicechat.characters)
         codes = []
         for token in (3, 4, 4):
-            step = tts.step(previous, mx.array([[token]]), cache, voicechat.characters, text_id=token)
+            step = tts.step(cache, TTSInput(previous, mx.array([[token]]), voicechat.characters, text_id=token))
             previous = step.codes
             codes.append(step.codes)
             assert (cache.draw_key is not None) == (numerics == "fast")
@@ -1879,3 +1879,59 @@ def test_the_quantized_mog_measurement_rounds_only_the_mlp_and_sees_the_change()
     assert drift.draws == 8 and 0 <= drift.same_component <= 8
     assert 1e-4 < drift.features_l2 < 0.2, drift  # a real change, far above fast mode's float32 reorderings
     assert drift.mean_l2 > 0 and drift.log_std_l2 > 0, drift
+
+
+def test_the_llm_and_the_tts_each_choose_their_own_fast_form() -> None:
+    """Each network binds its fast form itself (``use_numerics(plan)``), in one slot of its own that reaches its
+    submodules; None undoes it. On the CPU's plan every part is a fallback, and the TTS's caches store the plan's
+    dtype."""
+    from engine.kernels.plan import FastPlan
+    from engine.networks.llm import LLMFast
+    from engine.networks.tts.fast import TTSFast
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    llm, tts = voicechat.model.stt_model.llm, voicechat.model.tts_model.tts_model
+    assert llm.fast is None and tts.fast is None and not tts.takes_text_on_device
+    plan = FastPlan(backend=None, backbone_cache_dtype=mx.bfloat16)
+    llm_changes = llm.use_numerics(plan)
+    assert llm_changes == dict.fromkeys(
+        ("fused_mamba_step", "llm_attention", "llm_attention_merges_shares", "quantized_rows"), False
+    )
+    assert isinstance(llm.fast, LLMFast) and llm.fast.chained and llm._chained
+    assert all(layer.fast is not None and layer.mixer.fast is not None for layer in llm.layers if layer.kind == "M")
+    tts_changes = tts.use_numerics(plan, vocabulary_size=voicechat.model.stt_model.text_vocabulary_size)
+    assert {"decode_attention", "tts_row_products", "mog_sample", "residual_vq", "step_draws"} <= set(tts_changes)
+    assert "condition_table" not in tts_changes, "no characters in the plan: no table"
+    assert isinstance(tts.fast, TTSFast) and tts.fast.cache_dtype == mx.bfloat16 and tts.takes_text_on_device
+    state = tts.make_state()
+    filled = mx.zeros((2, 1, tts.config.hidden_size))
+    state.layers[0].update(*tts.backbone.layers[0].self_attn.project(filled, 0)[1:])
+    assert state.layers[0].keys is not None and state.layers[0].keys.dtype == mx.bfloat16
+    assert llm.use_numerics(None) == {} and tts.use_numerics(None) == {}
+    assert llm.fast is None and not llm._chained and all(layer.fast is None for layer in llm.layers)
+    assert all(layer.mixer.fast is None for layer in llm.layers if layer.kind != "-")
+    assert tts.fast is None and tts.step_draws is None and tts.mog_head.rows is None
+    assert all(layer.rows is None and layer.self_attn.fast_attention is None for layer in tts.backbone.layers)
+
+
+def test_the_llm_and_the_tts_step_through_the_streaming_contract() -> None:
+    """``make_state()`` and ``step(state, x, hooks)``: the LLM's step is its call on a cache, bit for bit, the TTS's
+    its frame; each state lists its arrays and their bytes."""
+    from engine.hooks import NO_HOOKS
+    from engine.session import speaker_prompt
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    llm, tts = voicechat.model.stt_model.llm, voicechat.model.tts_model.tts_model
+    inputs = mx.random.normal((3, 1, 1, llm.config.hidden_size), key=mx.random.key(4))
+    state, cache = llm.make_state(), llm.make_cache()
+    for position in range(inputs.shape[0]):
+        stepped, called = llm.step(state, inputs[position], NO_HOOKS), llm(inputs[position], cache)
+        assert mx.array_equal(stepped, called).item()
+    assert state.nbytes() == sum(array.nbytes for array in state.arrays()) > 0
+    assert all(layer is None or layer.nbytes() > 0 for layer in state.layers)
+    tts_state = tts.make_state()
+    previous = tts.warmup(speaker_prompt(voicechat), tts_state, voicechat.characters)
+    token = mx.array([[3]], dtype=mx.int32)
+    result = tts.step(tts_state, TTSInput(previous, token, voicechat.characters, text_id=3), NO_HOOKS)
+    assert result.codes.shape == (1, 1, tts.config.num_quantizers)
+    assert tts_state.nbytes() == sum(array.nbytes for array in tts_state.arrays()) > 0

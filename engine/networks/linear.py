@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -73,6 +74,10 @@ class KeepsCopy:
             mx.eval(held.copy)
             self.copied = held
         return held.copy
+
+    def forget_copy(self) -> None:
+        """Let the copy go (exact mode reads none)."""
+        self.copied = None
 
     def copy_views(self) -> dict[str, mx.array]:
         """The current copy, named for :func:`engine.counters.named_weights`."""
@@ -179,7 +184,7 @@ def quantized_row_part(
     role: RowRole | None = None,
     norm_dtype: mx.Dtype | None = None,
     next_dtype: mx.Dtype | None = None,
-) -> tuple[Callable[..., mx.array] | None, bool]:
+) -> tuple[Callable[..., Any] | None, bool]:
     """The one-row product for an affine-quantized projection (:mod:`engine.kernels.quantized_product`), plain or in
     the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
     in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout

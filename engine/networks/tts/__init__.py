@@ -1,21 +1,20 @@
-"""EAR-TTS, moving into a package of its own (its modules follow)."""
+"""EAR-TTS, VoiceChat's speech-token generator: the network (:mod:`.ear_tts`), its Gemma-3 backbone
+(:mod:`.backbone`), its mixture-of-Gaussians head (:mod:`.mixture`), the character-aware subword encoder
+(:mod:`.subword`), its streaming state (:mod:`.state`) and its fast form (:mod:`.fast`)."""
 
+from .backbone import GUIDED_ROWS, Backbone, BackboneAttention, BackboneLayer, GemmaRMSNorm, LayerRowParts
 from .ear_tts import (
-    GUIDED_ROWS,
-    Backbone,
-    BackboneAttention,
-    BackboneLayer,
     EarTTS,
-    LayerRowParts,
-    MixtureHead,
-    MixtureLayer,
-    MixtureRowParts,
+    GatedFusion,
     RefinementRound,
     SpeakerPrompt,
-    TTSCache,
+    TTSInput,
+    TTSStepResult,
     build_speaker_prompt,
     refinement_plan,
 )
+from .mixture import MixtureHead, MixtureLayer, MixtureRowParts
+from .state import LayerCache, TTSCache
 
 __all__ = [
     "GUIDED_ROWS",
@@ -23,6 +22,9 @@ __all__ = [
     "BackboneAttention",
     "BackboneLayer",
     "EarTTS",
+    "GatedFusion",
+    "GemmaRMSNorm",
+    "LayerCache",
     "LayerRowParts",
     "MixtureHead",
     "MixtureLayer",
@@ -30,6 +32,8 @@ __all__ = [
     "RefinementRound",
     "SpeakerPrompt",
     "TTSCache",
+    "TTSInput",
+    "TTSStepResult",
     "build_speaker_prompt",
     "refinement_plan",
 ]
