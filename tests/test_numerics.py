@@ -1169,7 +1169,8 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     audio = (0.1 * np.random.default_rng(5).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
 
     _, _, step_codes, step_samples = _conversation(voicechat, audio, frames)
-    tts.nearest_rounds = {count: round_part(count) for count in counts}
+    assert tts.fast is not None
+    tts.fast = dataclasses.replace(tts.fast, rounds={count: round_part(count) for count in counts})
     _, _, round_codes, round_samples = _conversation(voicechat, audio, frames)
     assert all(calls[count] >= 1 for count in counts)
     assert round_codes == step_codes and len(step_codes) >= frames - 2
@@ -1309,9 +1310,10 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             module.fast_row = counted("quantized row", module.fast_row)
             layers["quantized row"] += 1
         elif isinstance(module, EarTTS):
-            module.nearest_code = counted("residual vq", module.nearest_code)
+            assert module.fast is not None
+            nearest, draws = counted("residual vq", module.nearest_code), counted("step draws", module.step_draws)
+            module.fast = dataclasses.replace(module.fast, nearest=nearest, draws=draws)
             layers["residual vq"] = module.config.num_quantizers
-            module.step_draws = counted("step draws", module.step_draws)  # type: ignore[assignment]
             layers["step draws"] = 1  # all of a step's draws at once
         elif isinstance(module, MixtureHead):
             assert module.rows is not None

@@ -177,14 +177,6 @@ class EarTTS(nn.Module):
         self.audio_prompt_projection_W = mx.zeros((config.hidden_size, config.hidden_size))
         self.mog_head = MixtureHead(config.hidden_size, config.latent_size, config.mog_head)
         self.rvq_embs = mx.zeros((config.num_quantizers, config.codebook_size, config.latent_size))
-        # One quantizer's greedy step after its product: the operations, or fast numerics' kernel.
-        self.nearest_code: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
-        # Fast numerics on CUDA: a round's quantizers in one launch, by the round's count (rounds of one quantizer
-        # and counts not admitted take nearest_code quantizer by quantizer).
-        self.nearest_rounds: dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]] = {}
-        # Fast numerics: a step's draws made at once from the generator's key (engine.kernels.step_draws), or None (one
-        # by one, as each round needs them).
-        self.step_draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
         # Fast numerics' form as bound (engine.networks.tts.fast), set by use_numerics; None in exact mode.
         self.fast: TTSFast | None = None
 
@@ -206,6 +198,21 @@ class EarTTS(nn.Module):
         """Whether a frame may hand this TTS its text id on the device (fast numerics: one sync a frame,
         :meth:`condition_on_device`), rather than read back to the host."""
         return self.fast is not None
+
+    @property
+    def nearest_code(self) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
+        """One quantizer's greedy step after its product: the operations, or fast numerics' kernel."""
+        return nearest_code_ops if self.fast is None else self.fast.nearest
+
+    @property
+    def nearest_rounds(self) -> dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]]:
+        """Fast numerics on CUDA: a round's quantizers in one launch, by the round's count."""
+        return {} if self.fast is None else self.fast.rounds
+
+    @property
+    def step_draws(self) -> Callable[[mx.array], tuple[mx.array, ...]] | None:
+        """Fast numerics: a step's draws made at once from the generator's key, or None (one by one)."""
+        return None if self.fast is None else self.fast.draws
 
     def draw_plan(self) -> tuple[Draw, ...]:
         """The draws of a step's MaskGIT rounds, in order: per round the component's uniform over the guided

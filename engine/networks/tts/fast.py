@@ -61,13 +61,20 @@ EarTTS = Any
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TTSFast:
-    """What :func:`bind` gave the TTS: the dtype its backbone's caches store keys and values in (None: the
-    reference's float32), and which of fast mode's changes run as kernels."""
+    """What :func:`bind` gave the TTS itself (its backbone and MoG head keep their own parts, set by :func:`bind`):
+    the dtype the backbone's caches store keys and values in (None: the reference's float32), one quantizer's greedy
+    step after its product (fast numerics' kernel, or the operations), on CUDA a round's quantizers in one launch by
+    the round's count (rounds of one quantizer and counts not admitted take ``nearest`` quantizer by quantizer), a
+    step's draws made at once from the generator's key (engine.kernels.step_draws; None: one by one, as each round
+    needs them), and which of fast mode's changes run as kernels."""
 
     cache_dtype: mx.Dtype | None
-    changes: tuple[tuple[str, bool], ...]
+    nearest: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
+    rounds: dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]] = dataclasses.field(default_factory=dict)
+    draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
+    changes: tuple[tuple[str, bool], ...] = ()
 
 
 def bind(
@@ -228,7 +235,6 @@ def bind(
             functools.partial(nearest_code_sample, *shape, *types),
             tolerance=0.0,  # the operations' codes and rows, bit for bit, or not used
         )
-    tts.nearest_code = nearest
     # A round's quantizers in one launch, per round size, where the step with its product was admitted.
     rounds: dict[int, Callable[..., Any]] = {}
     if plan is not None and changes.get("residual_vq") and reads_stored_codebook(plan.backend):
@@ -248,7 +254,6 @@ def bind(
         changes["residual_vq_rounds"] = every_round
     elif plan is not None:
         changes["residual_vq_rounds"] = False
-    tts.nearest_rounds = rounds
     draws: Callable[..., Any] | None = None
     if plan is not None:
         draw_plan = tts.draw_plan()
@@ -262,14 +267,13 @@ def bind(
         )
         if on_gpu and not changes["step_draws"]:
             draws = None  # drawn one by one, as in exact mode
-    tts.step_draws = draws
     if plan is not None and plan.characters is not None and vocabulary_size is not None:
         changes["condition_table"] = plan.backend == "cuda" and use_condition_table(
             tts, plan.characters, vocabulary_size
         )
     if plan is None:
         return None, changes
-    return TTSFast(cache_dtype, tuple(changes.items())), changes
+    return TTSFast(cache_dtype, nearest, rounds, draws, tuple(changes.items())), changes
 
 
 def bf16_weight_names(tts: EarTTS, backend: str | None) -> set[str]:
