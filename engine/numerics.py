@@ -35,9 +35,8 @@ ENCODER_ROWS = 1
 # primitives a frame fewer.
 RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 # The dtype fast mode's TTS backbone caches store keys and values in (docs/numerics.md; the plan carries it to the
-# TTS, engine.networks.tts.fast). float32 here
-# would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight
-# bounds check, with this so set).
+# TTS, engine.networks.tts.fast). float32 here would leave fast mode's arithmetic the reference's but for the order of
+# its sums (what the drift test's tight bounds check, with this so set).
 BACKBONE_CACHE_DTYPE: mx.Dtype = mx.bfloat16
 
 log = logging.getLogger(__name__)
@@ -117,7 +116,8 @@ def apply_numerics(
     llms = [module for module in modules if isinstance(module, NemotronH)]
     for llm in llms:
         changes.update(llm.use_numerics(fast_plan))
-    vocabulary = model.stt_model.text_vocabulary_size if hasattr(model, "stt_model") else None
+    # The text vocabulary a conditioning table covers (the text head's rows).
+    vocabulary = model.stt_model.text_vocabulary_size if hasattr(model, "stt_model") else None  # type: ignore[attr-defined]
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         changes.update(tts.use_numerics(fast_plan, release=release, vocabulary_size=vocabulary))
 
