@@ -40,6 +40,7 @@ from engine.networks.llm.fast import AttentionFast, fused_projections
 from engine.networks.llm.ssm import silu_gate, ssm_scan
 from engine.networks.rnnt import RNNTPredictor
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead, TTSInput
+from engine.networks.tts.backbone import AttentionParts
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.timeline import INPUT_FRAME_SAMPLES
@@ -147,14 +148,14 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
     assert mixers and all(m.fast is not None for m in mixers)
     attentions = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneAttention)]
-    assert attentions and all(m.fast_attention is decode_attention_ops for m in attentions)
+    assert attentions and all(m.fast is not None and m.fast.attention is decode_attention_ops for m in attentions)
     relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
     assert relatives and all(m.fast_attention is attend_relative for m in relatives)
     assert all(m.fast_window is attend_relative_window for m in relatives)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
-    assert all(m.fast_attention is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
+    assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
     layers = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneLayer)]
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
     assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
@@ -309,9 +310,9 @@ def test_fast_attention_fallbacks_are_the_exact_attention() -> None:
     exact_cache, fast_cache = KVCache(), KVCache()
     for position in range(4):
         exact_out = layer.step(rows, exact_cache, mx.array(position))
-        attention.fast_attention, attention.fast_heads = decode_attention_ops, heads
+        attention.fast = AttentionParts(decode_attention_ops, heads)
         fast_out = layer.step(rows, fast_cache, mx.array(position))
-        attention.fast_attention = attention.fast_heads = None
+        attention.fast = None
         assert mx.array_equal(exact_out, fast_out).item()
         rows = exact_out
 
@@ -770,7 +771,7 @@ def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_att
         assert mx.array_equal(got[1][:, :, slot : slot + 1], keys).item()
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     attentions = [m for _, m in voicechat.model.named_modules() if isinstance(m, BackboneAttention)]
-    assert attentions and not any(attention.heads_in_attention for attention in attentions)
+    assert attentions and not any(attention.fast and attention.fast.heads_in_attention for attention in attentions)
 
 
 def test_a_sliding_cache_reserves_into_buffers_of_its_own() -> None:
@@ -1273,8 +1274,12 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             module.fast = dataclasses.replace(module.fast, step=counted("mamba", module.fast.step))
             layers["mamba"] += 1
         elif isinstance(module, BackboneAttention):
-            module.fast_attention = counted("tts attention", module.fast_attention)
-            module.fast_heads = counted("tts heads", module.fast_heads)
+            assert module.fast is not None
+            module.fast = dataclasses.replace(
+                module.fast,
+                attention=counted("tts attention", module.fast.attention),
+                heads=counted("tts heads", module.fast.heads),
+            )
             layers["tts attention"] += 1
             layers["tts heads"] += 1
         elif isinstance(module, RelativePositionAttention):
@@ -1660,10 +1665,11 @@ def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch:
         backbone.trace_rows = True
         for attention in attentions:
             if form != "scatter":
-                attention.fast_attention = stand_in
-                attention.heads_in_attention = form == "heads"
-                if form == "heads":
-                    attention.fast_heads = heads_parts[attention.rope.base]
+                assert attention.fast is not None
+                heads = heads_parts[attention.rope.base] if form == "heads" else attention.fast.heads
+                attention.fast = dataclasses.replace(
+                    attention.fast, attention=stand_in, heads_in_attention=form == "heads", heads=heads
+                )
         session = Session(voicechat, seed=0)
         codes: list[list[int]] = []
         samples: list[np.ndarray] = []
@@ -1913,7 +1919,7 @@ def test_the_llm_and_the_tts_each_choose_their_own_fast_form() -> None:
     assert llm.fast is None and not llm._chained and all(layer.fast is None for layer in llm.layers)
     assert all(layer.mixer.fast is None for layer in llm.layers if layer.kind != "-")
     assert tts.fast is None and tts.step_draws is None and tts.mog_head.rows is None
-    assert all(layer.rows is None and layer.self_attn.fast_attention is None for layer in tts.backbone.layers)
+    assert all(layer.rows is None and layer.self_attn.fast is None for layer in tts.backbone.layers)
 
 
 def test_the_llm_and_the_tts_step_through_the_streaming_contract() -> None:

@@ -43,6 +43,21 @@ class GemmaRMSNorm(nn.Module):
         return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
 
 
+@dataclass(frozen=True, eq=False)
+class AttentionParts:
+    """A backbone attention's fast numerics parts: one position's attention over the cache buffer as one kernel
+    (``attention``), and the query and key heads normed and rotated as one kernel (``heads``), or their fallbacks
+    (engine.kernels.decode_attention); where the attention kernel writes the cache it may also norm and rotate the
+    heads itself (``heads_in_attention``: CUDA, DecodeAttention.attend_heads, admitted per RoPE base), and the traced
+    step then launches no heads. ``cache_dtype``: what the layer's cache stores keys and values in (None: the
+    reference's, the keys' own float32), which EarTTS.make_cache gives the caches it makes."""
+
+    attention: Callable[..., mx.array]
+    heads: Callable[..., tuple[mx.array, mx.array]] | None = None
+    heads_in_attention: bool = False
+    cache_dtype: mx.Dtype | None = None
+
+
 class BackboneAttention(nn.Module):
     """Causal self-attention with q/k norms and RoPE (local or global base)."""
 
@@ -62,16 +77,8 @@ class BackboneAttention(nn.Module):
         base = config.rope_global_base_freq if is_global else config.rope_local_base_freq
         self.rope = nn.RoPE(head_dim, traditional=False, base=base)
         self.stacked: Stacked | None = None  # q, k and v in one product, after fuse_projections()
-        # Fast numerics: one position's attention over the cache buffer as one kernel, and the query and key
-        # heads normed and rotated as one kernel (engine.kernels.decode_attention), or their fallbacks.
-        self.fast_attention: Callable[..., mx.array] | None = None
-        self.fast_heads: Callable[..., tuple[mx.array, mx.array]] | None = None
-        # Where the attention kernel writes the cache, it may also norm and rotate the heads itself (CUDA, fast
-        # numerics: DecodeAttention.attend_heads, admitted per RoPE base): the traced step then launches no heads.
-        self.heads_in_attention = False
-        # The dtype this layer's cache stores keys and values in: None keeps the reference's (the keys' own, float32);
-        # fast numerics stores the plan's (bf16, engine.networks.tts.fast), which EarTTS.make_cache gives its caches.
-        self.cache_dtype: mx.Dtype | None = None
+        # Fast numerics' parts (AttentionParts, given by engine.networks.tts.fast), or None: exact mode.
+        self.fast: AttentionParts | None = None
 
     def fuse_projections(self) -> int:
         self.stacked = stack_projections(self, ("q_proj", "k_proj", "v_proj"))
@@ -108,20 +115,20 @@ class BackboneAttention(nn.Module):
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
     def project_fast(self, rows: mx.array, position: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """:meth:`project` for one position's rows (B, H) through :attr:`fast_heads` (fast numerics): the
-        queries and keys normed and rotated together, the values a view of their rows."""
-        assert self.fast_heads is not None
+        """:meth:`project` for one position's rows (B, H) through the fast heads (:attr:`AttentionParts.heads`):
+        the queries and keys normed and rotated together, the values a view of their rows."""
+        assert self.fast is not None and self.fast.heads is not None
         q, k, v = self.projections(rows)
         queries, keys = self.heads(q, k, position)
         return queries, keys, v.reshape(v.shape[0], self.num_kv_heads, 1, self.head_dim)
 
     def heads(self, q: mx.array, k: mx.array, position: mx.array) -> tuple[mx.array, mx.array]:
         """One position's query and key rows (B, H·D) as normed, rotated heads (B, heads, 1, D): through
-        :attr:`fast_heads` where it reads them (float32), else the reference's operations."""
+        the fast heads (:attr:`AttentionParts.heads`) where they read them (float32), else the reference's
+        operations."""
         q_scale, k_scale = self._norm_scales()
-        fast = self.fast_heads is not None and q.dtype == k.dtype == mx.float32
-        heads = self.fast_heads if fast else self._heads_ops
-        assert heads is not None
+        fast_heads = None if self.fast is None else self.fast.heads
+        heads = fast_heads if fast_heads is not None and q.dtype == k.dtype == mx.float32 else self._heads_ops
         return heads(q, k, q_scale, k_scale, position)
 
     def _heads_ops(
@@ -164,8 +171,8 @@ class BackboneAttention(nn.Module):
 
     def attend_rows(self, queries: mx.array, keys: mx.array, values: mx.array, cache: LayerCache) -> mx.array:
         """Fast numerics' single-position attention: store the new keys/values and return the mixed values
-        as rows (B, heads·D), through :attr:`fast_attention` (see :mod:`engine.kernels.decode_attention`)."""
-        assert self.fast_attention is not None
+        as rows (B, heads·D), through :attr:`AttentionParts.attention` (see :mod:`engine.kernels.decode_attention`)."""
+        assert self.fast is not None
         key_buffer, value_buffer, filled = cache.store(keys, values)
         attention = self._attention_by_count(key_buffer.dtype, value_buffer.dtype)
         return attention(queries, key_buffer, value_buffer, filled, self.scale)
@@ -173,15 +180,17 @@ class BackboneAttention(nn.Module):
     def kernel_reads(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> bool:
         """Whether the attention kernel reads buffers of these dtypes: those it was admitted for, the dtype the
         cache stores (float32 where the cache keeps the keys' own)."""
-        wanted = self.cache_dtype or mx.float32
-        return isinstance(self.fast_attention, DecodeAttention) and key_dtype == value_dtype == wanted
+        if self.fast is None:
+            return False
+        wanted = self.fast.cache_dtype or mx.float32
+        return isinstance(self.fast.attention, DecodeAttention) and key_dtype == value_dtype == wanted
 
     def _attention_by_count(self, key_dtype: mx.Dtype, value_dtype: mx.Dtype) -> Callable[..., mx.array]:
-        """:attr:`fast_attention`, or its fallback where the kernel does not read these buffers."""
-        assert self.fast_attention is not None
-        if isinstance(self.fast_attention, DecodeAttention) and not self.kernel_reads(key_dtype, value_dtype):
+        """:attr:`AttentionParts.attention`, or its fallback where the kernel does not read these buffers."""
+        assert self.fast is not None
+        if isinstance(self.fast.attention, DecodeAttention) and not self.kernel_reads(key_dtype, value_dtype):
             return decode_attention_ops
-        return self.fast_attention
+        return self.fast.attention
 
     def attend_slot(
         self,
@@ -204,21 +213,24 @@ class BackboneAttention(nn.Module):
         way when the buffer can be donated (the program's graph holds the only other reference). Where the
         attention kernel writes the position itself (``slot.index`` None, :meth:`DecodeAttention.attend_writing`)
         there is no scatter, and None is appended: the cache keeps its buffers, written; with
-        :attr:`heads_in_attention` that kernel also makes the heads (:meth:`DecodeAttention.attend_heads`)."""
+        :attr:`AttentionParts.heads_in_attention` that kernel also makes the heads
+        (:meth:`DecodeAttention.attend_heads`)."""
+        fast = self.fast
+        assert fast is not None
         if slot.index is None:
-            assert isinstance(self.fast_attention, DecodeAttention) and slot.bounds is not None
+            assert isinstance(fast.attention, DecodeAttention) and slot.bounds is not None
             written.append(None)
-            if self.heads_in_attention:
-                assert isinstance(self.fast_heads, NormRope)
+            if fast.heads_in_attention:
+                assert isinstance(fast.heads, NormRope)
                 q_scale, k_scale = self._norm_scales()
-                return self.fast_attention.attend_heads(
+                return fast.attention.attend_heads(
                     q,
                     k,
                     values,
                     q_scale,
                     k_scale,
                     position,
-                    self.fast_heads.params,
+                    fast.heads.params,
                     key_buffer,
                     value_buffer,
                     slot.bounds,
@@ -226,7 +238,7 @@ class BackboneAttention(nn.Module):
                     self.scale,
                 )
             queries, keys = self.heads(q, k, position)
-            return self.fast_attention.attend_writing(
+            return fast.attention.attend_writing(
                 queries, keys, values, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
             )
         queries, keys = self.heads(q, k, position)
@@ -234,8 +246,8 @@ class BackboneAttention(nn.Module):
         value_buffer = mx.put_along_axis(value_buffer, slot.index, stored(values, value_buffer.dtype), axis=2)
         written.append((key_buffer, value_buffer))
         if slot.bounds is not None:
-            assert isinstance(self.fast_attention, DecodeAttention)
-            return self.fast_attention.attend_bounded(
+            assert isinstance(fast.attention, DecodeAttention)
+            return fast.attention.attend_bounded(
                 queries, key_buffer, value_buffer, slot.bounds, slot.splits, self.scale
             )
         assert slot.count is not None
@@ -454,12 +466,13 @@ class BackboneLayer(nn.Module):
         parts around the cache read run compiled."""
         before, after, after_rows = self._compiled
         attention = self.self_attn
-        if attention.fast_attention is not None:
-            if attention.fast_heads is not None:
+        fast = attention.fast
+        if fast is not None:
+            if fast.heads is not None:
                 programs = self._compiled_fast_before
-                if attention.fast_heads not in programs:
-                    programs[attention.fast_heads] = jit(self._before_attention_fast)
-                queries, keys, values = programs[attention.fast_heads](x, position)
+                if fast.heads not in programs:
+                    programs[fast.heads] = jit(self._before_attention_fast)
+                queries, keys, values = programs[fast.heads](x, position)
             else:
                 queries, keys, values = before(x, position)
             return after_rows(x, attention.attend_rows(queries, keys, values, cache))
@@ -572,8 +585,8 @@ class Backbone(nn.Module):
         in use)."""
         if self.trace_rows is not None:
             return self.trace_rows
-        attention = self.layers[0].self_attn.fast_attention
-        return compile_enabled() and isinstance(attention, DecodeAttention)
+        fast = self.layers[0].self_attn.fast
+        return compile_enabled() and fast is not None and isinstance(fast.attention, DecodeAttention)
 
     @functools.cached_property
     def _traced_steps(self) -> dict[Any, Callable[..., Any]]:
@@ -600,7 +613,7 @@ class Backbone(nn.Module):
             assert cache.keys is not None and cache.values is not None
             if kind in slots:
                 continue
-            attention = layer.self_attn.fast_attention
+            attention = None if layer.self_attn.fast is None else layer.self_attn.fast.attention
             if isinstance(attention, DecodeAttention) and layer.self_attn.kernel_reads(
                 cache.keys.dtype, cache.values.dtype
             ):
@@ -613,11 +626,13 @@ class Backbone(nn.Module):
             capacities[kind] = cache.keys.shape[2]
         kinds = sorted(slots)
         # Whether each kind's attention makes its heads (admitted per RoPE base, so per kind of layer).
-        folded = tuple(self.layers[self.global_layers.index(kind)].self_attn.heads_in_attention for kind in kinds)
+        fasts = [self.layers[self.global_layers.index(kind)].self_attn.fast for kind in kinds]
+        folded = tuple(fast is not None and fast.heads_in_attention for fast in fasts)
         chains = tuple(self.row_chains.chains.values())
-        attention = first.fast_attention
+        attention = None if first.fast is None else first.fast.attention
         merging = attention.merged_forms if isinstance(attention, DecodeAttention) else None
-        parts = (self.layers[0].rows, attention, merging, first.fast_heads, folded, chains)
+        heads = None if first.fast is None else first.fast.heads
+        parts = (self.layers[0].rows, attention, merging, heads, folded, chains)
         key = (parts, tuple(slots[kind].key(capacities[kind]) for kind in kinds))
         programs = self._traced_steps
         if key not in programs:

@@ -51,7 +51,7 @@ from ...kernels.row_chain import ChainBook
 from ...kernels.row_parts import kernel_weight_dtype, row_chains, row_product_part, row_product_parts
 from ...kernels.row_product import RowProductShape
 from ...kernels.step_draws import StepDraws, step_draws_ops, step_draws_samples
-from .backbone import GUIDED_ROWS, LayerRowParts
+from .backbone import GUIDED_ROWS, AttentionParts, LayerRowParts
 from .mixture import MixtureRowParts
 from .subword import CharacterTable
 
@@ -128,11 +128,7 @@ def bind(
                     lambda: decode_attention_writing_samples(*heads, buffers),
                 )
         changes["attention_writes_cache"] = writes
-    for module in attentions:
-        module.fast_attention = attention
-        module.fast_heads = None
-        module.heads_in_attention = False
-        module.cache_dtype = cache_dtype
+    parts: dict[float, AttentionParts] = {}  # by RoPE base
     if plan is not None:
         # The norm-and-rotate kernel per RoPE base (local and global layers differ), its fallback per base too.
         for base in sorted({module.rope.base for module in attentions}):
@@ -173,10 +169,10 @@ def bind(
                         functools.partial(decode_attention_heads_samples, *layout, scale_dtype, buffers),
                         rope=heads_part.params,
                     )
-            for module in attentions:
-                if module.rope.base == base:
-                    module.fast_heads = heads_part
-                    module.heads_in_attention = folded
+            assert attention is not None
+            parts[base] = AttentionParts(attention, heads_part, folded, cache_dtype)
+    for module in attentions:
+        module.fast = parts.get(module.rope.base)
     if isinstance(attention, DecodeAttention):
         attention.merged_forms = frozenset(form for form, merges in merged_forms.items() if merges)
     if plan is not None and attentions:
