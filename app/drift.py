@@ -115,7 +115,7 @@ def _llm_replay(voicechat: Any, inputs: list[mx.array], prompt_steps: int = 0) -
 
 def _tts_replay(voicechat: Any, inputs: list[tuple[mx.array, mx.array | None, int]], seed: int) -> list[Any]:
     """Each recorded TTS step through a fresh, speaker-prompted cache, drawing seeded random numbers."""
-    from engine import speaker_prompt
+    from engine import TTSInput, speaker_prompt
 
     tts = voicechat.model.tts_model.tts_model
     cache = tts.make_cache()
@@ -125,7 +125,7 @@ def _tts_replay(voicechat: Any, inputs: list[tuple[mx.array, mx.array | None, in
         mx.random.seed(seed * 100_003 + index)
         cache.draw_key = None  # fast mode's carried key would miss the reseed: draw from the generator, as exact does
         token = mx.array([[text_id]], dtype=mx.int32)
-        result = tts.step(code, token, cache, voicechat.characters, code_sum, text_id=text_id)
+        result = tts.step(cache, TTSInput(code, token, voicechat.characters, code_sum, text_id=text_id))
         mx.eval(result.codes, result.hidden, cache.arrays())
         results.append(result)
     return results

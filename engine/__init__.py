@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .model import VoiceChat as VoiceChat
     from .model import assemble_voicechat as assemble_voicechat
     from .model import load_voicechat as load_voicechat
+    from .networks.tts import TTSInput as TTSInput
     from .numerics import NUMERICS as NUMERICS
     from .numerics import Numerics as Numerics
     from .numerics import check_numerics as check_numerics
@@ -106,6 +107,7 @@ _EXPORTS: dict[str, str] = {
     "random_voicechat": ".random_model",
     # a conversation
     "Session": ".session",
+    "TTSInput": ".networks.tts",
     "warm_up": ".session",
     "speaker_prompt": ".session",
     # numerics

@@ -32,9 +32,9 @@ from .networks.fused import fuse_projections
 from .networks.linear import Linear, prepare_transposed_weights
 from .networks.llm import NemotronH
 from .networks.rnnt import RNNTJoint, RNNTPredictor
-from .networks.subword import CharacterTable
 from .networks.tts import EarTTS
-from .numerics import Numerics, apply_numerics, fast_bf16_weights
+from .networks.tts.subword import CharacterTable
+from .numerics import Numerics, apply_numerics, kept_bf16_weights
 
 
 class DuplexSTT(nn.Module):
@@ -184,7 +184,7 @@ def assemble_voicechat(
     With ``precast`` the weights that only meet float32 activations are converted once
     (see :mod:`engine.loading.precast`; exact, faster, more memory), unless the copies would take
     more than ``precast_budget`` bytes; the rest stays lazy. ``numerics`` picks exact or fast
-    arithmetic (see :mod:`engine.numerics`); for fast, the weights its row products read stay bf16.
+    arithmetic (see docs/numerics.md); for fast, the weights its row products read stay bf16.
     """
     if tokenizer.vocab_size > config.text_config.vocab_size:
         raise TokenizerError(
@@ -198,7 +198,7 @@ def assemble_voicechat(
     model = VoiceChatModel(config)
     load_into(model, weights, quantized)
     # Fast numerics' kernels read some weights in bf16: loaded for it, those are not cast.
-    keep = fast_bf16_weights(model, gpu_kernel_backend()) if numerics == "fast" else frozenset()
+    keep = kept_bf16_weights(model, numerics, gpu_kernel_backend())
     added = precast_float32(model, budget=precast_budget, keep=keep) if precast else 0
     fuse_projections(model)
     prepare_transposed_weights(model)  # after every change of weights: views of the final ones

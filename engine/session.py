@@ -53,7 +53,7 @@ from .networks.rnnt import (
     rnnt_commit,
     rnnt_propose,
 )
-from .networks.tts import SpeakerPrompt, TTSCache, build_speaker_prompt
+from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
 from .tools import ToolCallParser
 
@@ -152,12 +152,12 @@ class Session:
 
         mx.random.seed(seed)
         tts = self._speech.tts_model
-        tts_cache = tts.make_cache()
+        tts_cache = tts.make_state()
         previous_code = tts.warmup(speaker_prompt(voicechat), tts_cache, voicechat.characters)
         self.caches = SessionCaches(
             perception=self._stt.perception.make_cache(),
             rnnt=make_rnnt_state(self.config.rnnt_blank_id),
-            language=self._stt.llm.make_cache(),
+            language=self._stt.llm.make_state(),
             tts=tts_cache,
             codec=self._speech.audio_codec.make_cache(),
             previous_code=previous_code,
@@ -237,7 +237,7 @@ class Session:
             probe("language.fusion", fused)
         if self._hooks.observing:
             self._hooks.observe("language.input", fused)
-        hidden = self._stt.llm(fused, self.caches.language)
+        hidden = self._stt.llm.step(self.caches.language, fused)
         if self._hooks.observing:
             self._hooks.observe("language.hidden", hidden)
         if probe is not None:
@@ -260,15 +260,12 @@ class Session:
         token = mx.array([[text_id]], dtype=mx.int32)
         if self._hooks.observing:
             self._hooks.observe("tts.input", (caches.previous_code, caches.previous_code_sum, text_id))
-        result = self._speech.tts_model.step(
-            caches.previous_code,
-            token,
-            caches.tts,
-            self.voicechat.characters,
-            caches.previous_code_sum,
-            probe,
-            text_id=text_id,
+        tts_input = TTSInput(
+            caches.previous_code, token, self.voicechat.characters, caches.previous_code_sum, text_id=text_id
         )
+        # The hooks close the TTS's sub-stages where a probe is asked for (no launch otherwise: as before).
+        hooks = self._hooks if probe is not None else NO_HOOKS
+        result = self._speech.tts_model.step(caches.tts, tts_input, hooks)
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         if self._hooks.observing:
             self._hooks.observe("tts.output", result)
@@ -278,7 +275,8 @@ class Session:
     def _tts_spells_on_device(self) -> bool:
         """Whether this frame's TTS takes the text id on the device (one sync a frame): in fast numerics, unless
         the hooks watch the networks' inputs on the host (observe) or time every sub-stage."""
-        return self.voicechat.numerics == "fast" and not self._hooks.observing and not self._hooks.sub_stages
+        tts = self._speech.tts_model
+        return tts.takes_text_on_device and not self._hooks.observing and not self._hooks.sub_stages
 
     def _tts_step_on_device(self, text_array: mx.array) -> mx.array:
         """:meth:`_tts_step` for a text id (1,) still on the device: the end-of-speech rule as a select and the
@@ -294,15 +292,9 @@ class Session:
             # What the host form recomputes from the silence codes after an end of speech: the same sum.
             previous_code_sum = mx.where(ends, self._silence_code_sum, previous_code_sum)
         spelling = self.voicechat.characters.on_device(self._stt.text_vocabulary_size)
-        result = tts.step(
-            previous_code,
-            token,
-            caches.tts,
-            self.voicechat.characters,
-            previous_code_sum,
-            condition=tts.condition_on_device(token, spelling),
-            launch=self._hooks.launch_part,
-        )
+        condition = tts.condition_on_device(token, spelling)
+        tts_input = TTSInput(previous_code, token, self.voicechat.characters, previous_code_sum, condition=condition)
+        result = tts.step(caches.tts, tts_input, self._hooks)
         caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
         return result.codes
 

@@ -1,4 +1,4 @@
-"""Fast numerics' table of every token's text conditioning (:func:`engine.numerics.use_condition_table`).
+"""Fast numerics' table of every token's text conditioning (:func:`engine.networks.tts.fast.use_condition_table`).
 
 On CUDA a load makes it and a frame gathers its token's row where it ran the character encoder on the token's
 spelling. The CPU never makes it at load (at full size that would take hours here), so these tests make it
@@ -16,7 +16,8 @@ from app.bench import bench_input
 from engine import numerics
 from engine.counters import GraphCensus, named_weights
 from engine.events import AudioChunk
-from engine.networks.subword import CharAwareSubwordEncoder
+from engine.networks.tts.fast import use_condition_table
+from engine.networks.tts.subword import CharAwareSubwordEncoder
 from engine.profiler import FrameProfiler
 from engine.random_model import random_voicechat
 from engine.session import Session
@@ -59,7 +60,7 @@ def test_the_table_holds_each_token_as_a_frame_encoded_it_and_changes_no_output(
     tts.forget_condition_tables()
     codes, audio, encoded_primitives = _conversation(voicechat)
 
-    assert numerics.use_condition_table(voicechat.model, voicechat.characters)
+    assert use_condition_table(tts, voicechat.characters, size)
     assert tts.has_condition_table(size)
     spelling = voicechat.characters.on_device(size)
     ids = mx.arange(size, dtype=mx.int32)
@@ -96,5 +97,5 @@ def test_a_table_unlike_the_tokens_encoded_alone_is_not_used(voicechat: Any, mon
         return mx.roll(made(self, *args, **kwargs), 1, axis=0)  # each row one token off
 
     monkeypatch.setattr(CharAwareSubwordEncoder, "encode_vocabulary", shifted)
-    assert not numerics.use_condition_table(voicechat.model, voicechat.characters)
+    assert not use_condition_table(tts, voicechat.characters, _vocabulary(voicechat))
     assert not tts.has_condition_table(_vocabulary(voicechat))

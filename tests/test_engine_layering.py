@@ -51,8 +51,6 @@ PENDING_NETWORK_REFACTOR: frozenset[tuple[str, str]] = frozenset(
     {
         ("engine.networks.codec", "engine.profiler"),
         ("engine.networks.encoder", "engine.profiler"),
-        ("engine.networks.tts", "engine.profiler"),
-        ("engine.kernels.fused_step", "engine.networks.llm"),
     }
 )
 

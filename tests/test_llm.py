@@ -1,4 +1,4 @@
-"""Unit tests of the Nemotron-H LLM (:mod:`engine.networks.llm`) and the Mamba-2 scan (:mod:`engine.networks.ssm`).
+"""Unit tests of the Nemotron-H LLM (:mod:`engine.networks.llm`) and the Mamba-2 scan (:mod:`engine.networks.llm.ssm`).
 
 Tolerances: the chunked scan and a step-by-step run are different float32 summation
 orders of the same recurrence; on the tiny checkpoint they agree to about 1e-6 (values
@@ -17,7 +17,7 @@ import pytest
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import LLMConfig
 from engine.networks.llm import CausalSelfAttention, HybridBlock, LLMCache, Mamba2Mixer, MambaCache, NemotronH, ReLU2MLP
-from engine.networks.ssm import ssm_scan
+from engine.networks.llm.ssm import ssm_scan
 from engine.ops.cache import KVCache
 
 BF16, F32 = mx.bfloat16, mx.float32
@@ -315,7 +315,7 @@ def test_unknown_block_type_is_rejected(llm: NemotronH) -> None:
 
 def test_single_position_scan_equals_the_general_chunk() -> None:
     """The one-position fast path leaves out only identities: same values as the chunked form."""
-    from engine.networks.ssm import _scan_chunk, _scan_single
+    from engine.networks.llm.ssm import _scan_chunk, _scan_single
 
     batch, heads, head_dim, groups, state_size = 1, 8, 16, 2, 16
     dt_x = mx.random.normal((batch, 1, heads, head_dim))

@@ -31,9 +31,11 @@ from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
 from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
+from engine.networks.llm.fast import AttentionFast, fused_projections
+from engine.networks.llm.ssm import silu_gate, ssm_scan
 from engine.networks.rnnt import RNNTPredictor
-from engine.networks.ssm import silu_gate, ssm_scan
-from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead
+from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead, TTSInput
+from engine.networks.tts.backbone import AttentionParts
 from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.random_model import random_voicechat
@@ -84,7 +86,7 @@ def test_fused_step_fallback_computes_the_exact_step(size: str) -> None:
     voicechat = random_voicechat(size, quantize=4)  # type: ignore[arg-type]
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     for seed in range(3):
-        inputs = fused_step_sample(mixer, seed)
+        inputs = fused_step_sample(mixer.step_shape, *mixer.step_weights(), seed)
         fast = fused_step_ops(*inputs, groups=mixer.n_groups)
         exact = _exact_step(mixer, *inputs)
         for got, want in zip(fast, exact, strict=True):
@@ -96,7 +98,7 @@ def test_admit_kernel_takes_a_matching_kernel_and_refuses_others() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     fallback = functools.partial(fused_step_ops, groups=mixer.n_groups)
-    inputs = fused_step_sample(mixer, 7)
+    inputs = fused_step_sample(mixer.step_shape, *mixer.step_weights(), 7)
     assert admit_kernel("exact step", functools.partial(_exact_step, mixer), fallback, inputs)
 
     def wrong(*args: mx.array) -> tuple[mx.array, ...]:
@@ -140,16 +142,16 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "condition_table": False,
     }, "the CPU runs every fallback, no kernel"
     mixers = [m for _, m in fast.model.named_modules() if isinstance(m, Mamba2Mixer)]
-    assert mixers and all(m.fast_step is not None for m in mixers)
+    assert mixers and all(m.fast is not None for m in mixers)
     attentions = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneAttention)]
-    assert attentions and all(m.fast_attention is decode_attention_ops for m in attentions)
+    assert attentions and all(m.fast is not None and m.fast.attention is decode_attention_ops for m in attentions)
     relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
     assert relatives and all(m.fast_attention is attend_relative for m in relatives)
     assert all(m.fast_window is attend_relative_window for m in relatives)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
-    assert all(m.fast_step is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
-    assert all(m.fast_attention is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
+    assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
+    assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, BackboneAttention))
     layers = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneLayer)]
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
     assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
@@ -192,10 +194,11 @@ def test_the_constants_kernels_read_stay_out_of_the_host_pool() -> None:
     assert kernel_constants(1e-5, 2.0).tolist()[:2] == [np.float32(1e-5).item(), 2.0]
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
-    assert mixers and all(m.fast_step is not None for m in mixers)
+    assert mixers and all(m.fast is not None for m in mixers)
     for mixer in mixers:
-        assert mixer._step_limits.nbytes > 8 and mixer._norm_params.nbytes > 8
-        assert mixer._step_limits.tolist()[:2] == [np.float32(mixer.dt_min).item(), np.float32(mixer.dt_max).item()]
+        assert mixer.fast is not None
+        assert mixer.fast.limits.nbytes > 8 and mixer.fast.norm_params.nbytes > 8
+        assert mixer.fast.limits.tolist()[:2] == [np.float32(mixer.dt_min).item(), np.float32(mixer.dt_max).item()]
     role = RowRole("residual", "group_norm", norm_groups=2, norm_partials=8, norm_eps=1e-6)
     eps = quantized_row_samples(QuantizedRowShape(64, 32, 4, 32, role), mx.bfloat16)[7]
     assert eps.nbytes > 8 and eps.tolist()[0] == np.float32(1e-6).item()
@@ -224,14 +227,14 @@ def test_a_loaded_model_switches_numerics_in_place() -> None:
     mixers = [m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer)]
     exact_before = _llm_steps(voicechat)
     set_numerics(voicechat, "fast")
-    assert voicechat.numerics == "fast" and all(m.fast_step is not None for m in mixers)
+    assert voicechat.numerics == "fast" and all(m.fast is not None for m in mixers)
     switched_fast = _llm_steps(voicechat)
     fresh_fast = _llm_steps(random_voicechat("tiny", quantize=4, numerics="fast"))
     assert mx.array_equal(switched_fast, fresh_fast).item()
     assert not mx.array_equal(switched_fast, exact_before).item(), "fast mode's step sums in another order"
     set_numerics(voicechat, "exact")
     assert voicechat.numerics == "exact" and voicechat.fast_changes == {}
-    assert all(m.fast_step is None for m in mixers)
+    assert all(m.fast is None for m in mixers)
     assert mx.array_equal(_llm_steps(voicechat), exact_before).item()
 
 
@@ -303,9 +306,9 @@ def test_fast_attention_fallbacks_are_the_exact_attention() -> None:
     exact_cache, fast_cache = KVCache(), KVCache()
     for position in range(4):
         exact_out = layer.step(rows, exact_cache, mx.array(position))
-        attention.fast_attention, attention.fast_heads = decode_attention_ops, heads
+        attention.fast = AttentionParts(decode_attention_ops, heads)
         fast_out = layer.step(rows, fast_cache, mx.array(position))
-        attention.fast_attention = attention.fast_heads = None
+        attention.fast = None
         assert mx.array_equal(exact_out, fast_out).item()
         rows = exact_out
 
@@ -631,7 +634,7 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
     """Fast mode's bf16 caches need the attention kernel to read bf16 buffers: where a GPU's does not (here a stand-in
     admission that passes float32 buffers only), the caches stay float32 with the kernel admitted on those, and the
     log says why. The CPU has no kernel either way and keeps bf16 (its fallback reads any dtype)."""
-    import engine.numerics as numerics
+    import engine.networks.tts.fast as tts_fast
 
     admitted: list[Any] = []
 
@@ -640,10 +643,10 @@ def test_the_backbone_caches_stay_float32_where_the_gpu_kernel_reads_no_bf16(
         used = backend is not None and key[-1] == mx.float32
         return ("kernel" if used else fallback), used
 
-    monkeypatch.setattr(numerics, "fast_part", fast_part)
-    monkeypatch.setattr(numerics, "gpu_kernel_backend", lambda: backend)
-    with caplog.at_level("WARNING", logger="engine.numerics"):
-        attention, used, cache_dtype = numerics._backbone_attention((4, 2, 8), mx.bfloat16)
+    monkeypatch.setattr(tts_fast, "fast_part", fast_part)
+    monkeypatch.setattr(tts_fast, "gpu_kernel_backend", lambda: backend)
+    with caplog.at_level("WARNING", logger="engine.networks.tts.fast"):
+        attention, used, cache_dtype = tts_fast.backbone_attention((4, 2, 8), mx.bfloat16)
     if backend is None:
         assert (attention, used, cache_dtype, admitted) == (decode_attention_ops, False, mx.bfloat16, [mx.bfloat16])
         assert not caplog.records
@@ -764,7 +767,7 @@ def test_the_attention_making_its_heads_is_the_heads_kernel_then_the_writing_att
         assert mx.array_equal(got[1][:, :, slot : slot + 1], keys).item()
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     attentions = [m for _, m in voicechat.model.named_modules() if isinstance(m, BackboneAttention)]
-    assert attentions and not any(attention.heads_in_attention for attention in attentions)
+    assert attentions and not any(attention.fast and attention.fast.heads_in_attention for attention in attentions)
 
 
 def test_a_sliding_cache_reserves_into_buffers_of_its_own() -> None:
@@ -871,7 +874,8 @@ def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
     voicechat = random_voicechat("tiny", quantize=4)
     mixer = next(m for _, m in voicechat.model.named_modules() if isinstance(m, Mamba2Mixer))
     mixer.norm.weight = 1.0 + 0.1 * mx.random.normal(mixer.norm.weight.shape, key=mx.random.key(3))
-    role = mixer.norm_role()
+    layer = next(layer for layer in voicechat.model.stt_model.llm.layers if layer.mixer is mixer)
+    ((_, role),) = fused_projections(layer)
     assert role.norm_eps == mixer.norm.eps and role.norm_groups == mixer.n_groups
 
     def finished(gated: mx.array, squares: mx.array) -> mx.array:
@@ -881,7 +885,9 @@ def test_the_step_s_partial_sums_give_the_mixer_s_norm() -> None:
         rows = gated.reshape(role.norm_groups, -1) * factors[:, None]
         return mixer.norm.weight * rows.reshape(gated.shape)
 
-    gated, _, _, squares = fused_step_ops(*fused_step_sample(mixer, 11), groups=mixer.n_groups)
+    gated, _, _, squares = fused_step_ops(
+        *fused_step_sample(mixer.step_shape, *mixer.step_weights(), 11), groups=mixer.n_groups
+    )
     assert squares.shape == (role.norm_partials,)
     assert relative_l2(finished(gated, squares), mixer.norm.normalize(gated)) < 1e-6
     assert relative_l2(finished(gated, 1.1 * squares), mixer.norm.normalize(gated)) > 1e-3
@@ -895,23 +901,24 @@ def test_a_fused_llm_block_is_its_operations_on_the_fallbacks() -> None:
     llm = voicechat.model.stt_model.llm
     apply_numerics(voicechat.model, "fast")
     kinds = {layer.kind: layer for layer in llm.layers}
-    assert set(kinds) == {"M", "*", "-"} and all(layer.fused_rows for layer in llm.layers)
+    assert set(kinds) == {"M", "*", "-"} and all(layer.fast is not None for layer in llm.layers)
+    block_fast = kinds["-"].fast
     x = 3.0 * mx.random.normal((1, 1, llm.config.hidden_size), key=mx.random.key(5))
     for kind, layer in kinds.items():
         results = []
         for fused in (True, False):
-            layer.fused_rows = fused
+            layer.fast = block_fast if fused else None
             cache = None
             if kind == "M":
-                _, conv_state, *_, ssm_state, _ = fused_step_sample(layer.mixer)
+                _, conv_state, *_, ssm_state, _ = fused_step_sample(layer.mixer.step_shape, *layer.mixer.step_weights())
                 cache = MambaCache(conv_state=conv_state, ssm_state=ssm_state)
             results.append([layer(x, None, cache), *([] if cache is None else cache.arrays())])
-        layer.fused_rows = True
+        layer.fast = block_fast
         assert all(mx.array_equal(a, b).item() for a, b in zip(*results, strict=True)), kind
     up = kinds["-"].mixer.up_proj
     assert isinstance(up, QuantizedLinear) and up.fused_row is not None
     apply_numerics(voicechat.model, "exact")
-    assert not any(layer.fused_rows for layer in llm.layers) and up.fused_row is None
+    assert not any(layer.fast is not None for layer in llm.layers) and up.fused_row is None
 
 
 def test_the_chained_llm_step_is_the_unchained_one_on_the_fallbacks() -> None:
@@ -921,14 +928,15 @@ def test_the_chained_llm_step_is_the_unchained_one_on_the_fallbacks() -> None:
     several positions. Exact mode never chains."""
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     llm = voicechat.model.stt_model.llm
-    last_projections = [block.fused_projections()[-1][0] for block in llm.layers]
+    last_projections = [fused_projections(block)[-1][0] for block in llm.layers]
     chained_rows = [projection.chained_row for projection in last_projections]
     assert all(row is not None for row in chained_rows) and llm._chained
     inputs = 3.0 * mx.random.normal((4, 1, 1, llm.config.hidden_size), key=mx.random.key(9))
     results = []
+    bound = llm.fast
+    assert bound is not None
     for chained in (True, False):
-        for projection, row in zip(last_projections, chained_rows, strict=True):
-            projection.chained_row = row if chained else None
+        llm.fast = dataclasses.replace(bound, chained=chained)
         assert llm._chained == chained
         cache = llm.make_cache()
         outputs = [llm(inputs[position], cache) for position in range(inputs.shape[0])]
@@ -1158,7 +1166,8 @@ def test_the_rounds_in_one_launch_are_wired_as_their_steps() -> None:
     audio = (0.1 * np.random.default_rng(5).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
 
     _, _, step_codes, step_samples = _conversation(voicechat, audio, frames)
-    tts.nearest_rounds = {count: round_part(count) for count in counts}
+    assert tts.fast is not None
+    tts.fast = dataclasses.replace(tts.fast, rounds={count: round_part(count) for count in counts})
     _, _, round_codes, round_samples = _conversation(voicechat, audio, frames)
     assert all(calls[count] >= 1 for count in counts)
     assert round_codes == step_codes and len(step_codes) >= frames - 2
@@ -1257,10 +1266,16 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
     layers: collections.Counter[str] = collections.Counter()
     for module in modules:
         if isinstance(module, Mamba2Mixer):
-            module.fast_step, layers["mamba"] = counted("mamba", module.fast_step), layers["mamba"] + 1
+            assert module.fast is not None
+            module.fast = dataclasses.replace(module.fast, step=counted("mamba", module.fast.step))
+            layers["mamba"] += 1
         elif isinstance(module, BackboneAttention):
-            module.fast_attention = counted("tts attention", module.fast_attention)
-            module.fast_heads = counted("tts heads", module.fast_heads)
+            assert module.fast is not None
+            module.fast = dataclasses.replace(
+                module.fast,
+                attention=counted("tts attention", module.fast.attention),
+                heads=counted("tts heads", module.fast.heads),
+            )
             layers["tts attention"] += 1
             layers["tts heads"] += 1
         elif isinstance(module, RelativePositionAttention):
@@ -1296,9 +1311,10 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             module.fast_row = counted("quantized row", module.fast_row)
             layers["quantized row"] += 1
         elif isinstance(module, EarTTS):
-            module.nearest_code = counted("residual vq", module.nearest_code)
+            assert module.fast is not None
+            nearest, draws = counted("residual vq", module.nearest_code), counted("step draws", module.step_draws)
+            module.fast = dataclasses.replace(module.fast, nearest=nearest, draws=draws)
             layers["residual vq"] = module.config.num_quantizers
-            module.step_draws = counted("step draws", module.step_draws)  # type: ignore[assignment]
             layers["step draws"] = 1  # all of a step's draws at once
         elif isinstance(module, MixtureHead):
             assert module.rows is not None
@@ -1389,7 +1405,7 @@ def test_fast_tts_steps_carry_their_draws_key_and_draw_what_exact_steps_draw() -
         previous = tts.warmup(speaker_prompt(voicechat), cache, voicechat.characters)
         codes = []
         for token in (3, 4, 4):
-            step = tts.step(previous, mx.array([[token]]), cache, voicechat.characters, text_id=token)
+            step = tts.step(cache, TTSInput(previous, mx.array([[token]]), voicechat.characters, text_id=token))
             previous = step.codes
             codes.append(step.codes)
             assert (cache.draw_key is not None) == (numerics == "fast")
@@ -1533,7 +1549,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
     mixers = [
         layer.mixer for layer in voicechat.model.stt_model.llm.layers if isinstance(layer.mixer, CausalSelfAttention)
     ]
-    assert mixers and all(mixer.fast_attention is None for mixer in mixers), "the CPU admits no kernel"
+    assert mixers and all(mixer.fast is not None and mixer.fast.kernel is None for mixer in mixers), "no kernel"
     stand_in = _WritingAttentionOps(mixers[0].num_heads, mixers[0].num_kv_heads, mixers[0].head_dim, {})
     frames = 30
     rng = np.random.default_rng(3)
@@ -1541,7 +1557,7 @@ def test_the_llm_attention_s_cuda_form_is_wired_as_its_operations(monkeypatch: p
 
     def conversation(kernel: DecodeAttention | None) -> tuple[list[int], list[int], list[list[int]], np.ndarray]:
         for mixer in mixers:
-            mixer.fast_attention = kernel
+            mixer.fast = AttentionFast(kernel)
         return _conversation(voicechat, audio, frames)
 
     operations = conversation(None)
@@ -1587,7 +1603,7 @@ def test_a_kernel_writing_the_llm_cache_in_place_runs_when_the_cache_is_evaluate
 
     stand_in.attend_writing = recorded  # type: ignore[method-assign]
     for mixer in mixers:
-        mixer.fast_attention = stand_in
+        mixer.fast = AttentionFast(stand_in)  # type: ignore[arg-type]
     evaluate = mx.eval
     reached_writes = 0
 
@@ -1645,10 +1661,11 @@ def test_the_traced_step_s_cuda_forms_are_wired_as_their_operations(monkeypatch:
         backbone.trace_rows = True
         for attention in attentions:
             if form != "scatter":
-                attention.fast_attention = stand_in
-                attention.heads_in_attention = form == "heads"
-                if form == "heads":
-                    attention.fast_heads = heads_parts[attention.rope.base]
+                assert attention.fast is not None
+                heads = heads_parts[attention.rope.base] if form == "heads" else attention.fast.heads
+                attention.fast = dataclasses.replace(
+                    attention.fast, attention=stand_in, heads_in_attention=form == "heads", heads=heads
+                )
         session = Session(voicechat, seed=0)
         codes: list[list[int]] = []
         samples: list[np.ndarray] = []
@@ -1866,3 +1883,59 @@ def test_the_quantized_mog_measurement_rounds_only_the_mlp_and_sees_the_change()
     assert drift.draws == 8 and 0 <= drift.same_component <= 8
     assert 1e-4 < drift.features_l2 < 0.2, drift  # a real change, far above fast mode's float32 reorderings
     assert drift.mean_l2 > 0 and drift.log_std_l2 > 0, drift
+
+
+def test_the_llm_and_the_tts_each_choose_their_own_fast_form() -> None:
+    """Each network binds its fast form itself (``use_numerics(plan)``), in one slot of its own that reaches its
+    submodules; None undoes it. On the CPU's plan every part is a fallback, and the TTS's caches store the plan's
+    dtype."""
+    from engine.kernels.plan import FastPlan
+    from engine.networks.llm import LLMFast
+    from engine.networks.tts.fast import TTSFast
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    llm, tts = voicechat.model.stt_model.llm, voicechat.model.tts_model.tts_model
+    assert llm.fast is None and tts.fast is None and not tts.takes_text_on_device
+    plan = FastPlan(backend=None, backbone_cache_dtype=mx.bfloat16)
+    llm_changes = llm.use_numerics(plan)
+    assert llm_changes == dict.fromkeys(
+        ("fused_mamba_step", "llm_attention", "llm_attention_merges_shares", "quantized_rows"), False
+    )
+    assert isinstance(llm.fast, LLMFast) and llm.fast.chained and llm._chained
+    assert all(layer.fast is not None and layer.mixer.fast is not None for layer in llm.layers if layer.kind == "M")
+    tts_changes = tts.use_numerics(plan, vocabulary_size=voicechat.model.stt_model.text_vocabulary_size)
+    assert {"decode_attention", "tts_row_products", "mog_sample", "residual_vq", "step_draws"} <= set(tts_changes)
+    assert "condition_table" not in tts_changes, "no characters in the plan: no table"
+    assert isinstance(tts.fast, TTSFast) and tts.fast.cache_dtype == mx.bfloat16 and tts.takes_text_on_device
+    state = tts.make_state()
+    filled = mx.zeros((2, 1, tts.config.hidden_size))
+    state.layers[0].update(*tts.backbone.layers[0].self_attn.project(filled, 0)[1:])
+    assert state.layers[0].keys is not None and state.layers[0].keys.dtype == mx.bfloat16
+    assert llm.use_numerics(None) == {} and tts.use_numerics(None) == {}
+    assert llm.fast is None and not llm._chained and all(layer.fast is None for layer in llm.layers)
+    assert all(layer.mixer.fast is None for layer in llm.layers if layer.kind != "-")
+    assert tts.fast is None and tts.step_draws is None and tts.mog_head.rows is None
+    assert all(layer.rows is None and layer.self_attn.fast is None for layer in tts.backbone.layers)
+
+
+def test_the_llm_and_the_tts_step_through_the_streaming_contract() -> None:
+    """``make_state()`` and ``step(state, x, hooks)``: the LLM's step is its call on a cache, bit for bit, the TTS's
+    its frame; each state lists its arrays and their bytes."""
+    from engine.hooks import NO_HOOKS
+    from engine.session import speaker_prompt
+
+    voicechat = random_voicechat("tiny", quantize=4)
+    llm, tts = voicechat.model.stt_model.llm, voicechat.model.tts_model.tts_model
+    inputs = mx.random.normal((3, 1, 1, llm.config.hidden_size), key=mx.random.key(4))
+    state, cache = llm.make_state(), llm.make_cache()
+    for position in range(inputs.shape[0]):
+        stepped, called = llm.step(state, inputs[position], NO_HOOKS), llm(inputs[position], cache)
+        assert mx.array_equal(stepped, called).item()
+    assert state.nbytes() == sum(array.nbytes for array in state.arrays()) > 0
+    assert all(layer is None or layer.nbytes() > 0 for layer in state.layers)
+    tts_state = tts.make_state()
+    previous = tts.warmup(speaker_prompt(voicechat), tts_state, voicechat.characters)
+    token = mx.array([[3]], dtype=mx.int32)
+    result = tts.step(tts_state, TTSInput(previous, token, voicechat.characters, text_id=3), NO_HOOKS)
+    assert result.codes.shape == (1, 1, tts.config.num_quantizers)
+    assert tts_state.nbytes() == sum(array.nbytes for array in tts_state.arrays()) > 0

@@ -13,8 +13,8 @@ from engine.errors import TokenizerError
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import TTSConfig, VoiceChatConfig
 from engine.loading.tokenizer import TextTokenizer
-from engine.networks.subword import CharacterTable, spell_tokens
-from engine.networks.tts import EarTTS, RefinementRound, SpeakerPrompt, build_speaker_prompt, refinement_plan
+from engine.networks.tts import EarTTS, RefinementRound, SpeakerPrompt, TTSInput, build_speaker_prompt, refinement_plan
+from engine.networks.tts.subword import CharacterTable, spell_tokens
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.ops.sampling import draw_component, top_p_mask
 from tests.conftest import CheckpointFactory
@@ -315,7 +315,7 @@ def test_codes_stay_in_the_codebook(loaded: Loaded) -> None:
         for token in tokens * 2:
             if token == config.eos_token_id:
                 previous = mx.broadcast_to(loaded.silence[None, None, :], previous.shape)
-            result = tts.step(previous, mx.array([[token]], dtype=mx.int32), cache, loaded.chars)
+            result = tts.step(cache, TTSInput(previous, mx.array([[token]], dtype=mx.int32), loaded.chars))
             mx.eval(result.codes, result.hidden, cache.arrays())
             codes = np.asarray(result.codes)
             assert codes.shape == (1, 1, 31) and codes.dtype == np.int32

@@ -1,4 +1,4 @@
-"""Fast mode's custom kernels, each beside its operations fallback (see :mod:`engine.numerics`).
+"""Fast mode's custom kernels, each beside its operations fallback (see docs/numerics.md).
 
 Each module holds one kernel's CUDA and Metal sources, the operations it replaces (the fallback, which the CPU
 runs) and the sample inputs it is admitted on. :mod:`.admission` builds a kernel from its sources and uses it only

@@ -5,7 +5,7 @@
 memory that MLX's CUDA allocator keeps small arrays in; :func:`admit_kernel` runs a kernel and its operations
 fallback on the same inputs and says whether they agree (relative L2 ≤ :data:`KERNEL_TOLERANCE`); :func:`fast_part`
 makes and admits a kernel once per process and key, and gives the fallback where no kernel can run here or the kernel
-did not match. Which parts fast mode asks for, and why each is safe, is :mod:`engine.numerics`.
+did not match. Which parts fast mode asks for, and why each is safe, is docs/numerics.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,32 @@
-"""Fast mode's fused Mamba-2 step: one position of a mixer as one kernel (see :mod:`engine.numerics`).
+"""Fast mode's fused Mamba-2 step: one position of a mixer as one kernel (see docs/numerics.md).
 
 :class:`FusedStep` is the kernel (CUDA and Metal sources below), :func:`fused_step_ops` its fallback and fast mode's
 step on the CPU, :func:`fused_step_sample` the inputs it is admitted on, and :func:`block_rows` the rows of a block,
 whose sums of squares the output projection's kernel turns into the mixer's norm
-(:mod:`engine.kernels.quantized_product`). The exact step is :func:`engine.networks.ssm.ssm_scan`.
+(:mod:`engine.kernels.quantized_product`). The exact step is :func:`engine.networks.llm.ssm.ssm_scan`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .admission import custom_kernel, kernel_constants
+from .admission import custom_kernel
 
-if TYPE_CHECKING:
-    from ..networks.llm import Mamba2Mixer
+
+@dataclass(frozen=True)
+class MambaShape:
+    """A Mamba-2 mixer's sizes as its step reads them: heads of ``head_dim`` in ``groups`` groups, a state of
+    ``state_size`` per head, a depthwise convolution of ``kernel_size`` taps over ``conv_dim`` channels."""
+
+    heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    kernel_size: int
+    conv_dim: int
 
 
 def block_rows(heads: int, head_dim: int, groups: int) -> int:
@@ -195,27 +205,36 @@ def fused_step_ops(
     return gated.reshape(*projected.shape[:-1], inner), window[1:][None], new_state[None], squares
 
 
-def fused_step_sample(mixer: Mamba2Mixer, seed: int = 1234) -> tuple[mx.array, ...]:
-    """Random inputs of one mixer's step (a projection, an earlier convolution window and state) with the
-    mixer's own convolution and parameters: for admitting the kernel, and for testing the fallback."""
+def fused_step_sample(
+    shape: MambaShape,
+    conv_weight: mx.array,
+    conv_bias: mx.array,
+    dt_bias: mx.array,
+    a_log: mx.array,
+    skip: mx.array,
+    limits: mx.array,
+    seed: int = 1234,
+) -> tuple[mx.array, ...]:
+    """Random inputs of one mixer's step (a projection, an earlier convolution window and state) of ``shape``
+    with the mixer's own convolution and parameters (:meth:`engine.networks.llm.Mamba2Mixer.step_weights`): for
+    admitting the kernel, and for testing the fallback."""
     keys = mx.random.split(mx.random.key(seed), 3)
-    heads, head_dim, conv_dim = mixer.num_heads, mixer.head_dim, mixer.conv_dim
-    bias = getattr(mixer.conv1d, "bias", None)
+    heads, head_dim, conv_dim = shape.heads, shape.head_dim, shape.conv_dim
     return (
         mx.random.normal((heads * head_dim + conv_dim + heads,), key=keys[0]),
-        mx.random.normal((1, mixer.kernel_size - 1, conv_dim), key=keys[1]),
-        mixer.conv1d.weight,
-        mx.zeros((conv_dim,)) if bias is None else bias,
-        mixer.dt_bias,
-        mixer.A_log,
-        mixer.D,
-        0.1 * mx.random.normal((1, heads, head_dim, mixer.state_size), key=keys[2]),
-        kernel_constants(mixer.dt_min, mixer.dt_max),
+        mx.random.normal((1, shape.kernel_size - 1, conv_dim), key=keys[1]),
+        conv_weight,
+        conv_bias,
+        dt_bias,
+        a_log,
+        skip,
+        0.1 * mx.random.normal((1, heads, head_dim, shape.state_size), key=keys[2]),
+        limits,
     )
 
 
 class FusedStep:
-    """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see :mod:`engine.numerics`):
+    """The fused Mamba-2 step kernel for one layer shape, on CUDA or Metal (see docs/numerics.md):
     the causal convolution of one position, the state update, its readout, the skip term and the gate, and
     the sums of the gated readout's squares per block (:func:`fused_step_ops` says what each output is)."""
 

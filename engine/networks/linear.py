@@ -18,12 +18,23 @@ and kept like the view; the census names it ``<parameter>%``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels.admission import fast_part
+from ..kernels.plan import FastPlan
+from ..kernels.quantized_product import (
+    QuantizedRowProduct,
+    QuantizedRowShape,
+    RowRole,
+    quantized_row_ops,
+    quantized_row_samples,
+)
 from ..weight_names import COPY_MARK, TRANSPOSE_MARK
 
 TRANSPOSED = f"weight{TRANSPOSE_MARK}"  # the view's name in engine.counters: the whole weight, read transposed
@@ -63,6 +74,10 @@ class KeepsCopy:
             mx.eval(held.copy)
             self.copied = held
         return held.copy
+
+    def forget_copy(self) -> None:
+        """Let the copy go (exact mode reads none)."""
+        self.copied = None
 
     def copy_views(self) -> dict[str, mx.array]:
         """The current copy, named for :func:`engine.counters.named_weights`."""
@@ -125,6 +140,14 @@ class QuantizedLinear(nn.QuantizedLinear):
     fused_row: Callable[..., mx.array] | None = None
     chained_row: Callable[..., tuple[mx.array, mx.array]] | None = None
 
+    def use_numerics(self, plan: FastPlan | None) -> bool:
+        """Take the one-row product for ``plan`` (None: exact mode, none), and no block's fused or chained rows
+        (the block that owns this projection gives those); True where the product is a kernel."""
+        self.fast_row, used = quantized_row_part(self) if plan is not None else (None, False)
+        self.fused_row = None
+        self.chained_row = None
+        return used
+
     def __call__(self, x: mx.array) -> mx.array:
         fast = self.fast_row
         if fast is None or x.dtype != mx.float32 or x.size != x.shape[-1]:
@@ -154,6 +177,37 @@ class QuantizedLinear(nn.QuantizedLinear):
         squares, norm_weight, norm_params = norm or (None, None, None)
         weight, scales, biases = self["weight"], self["scales"], self["biases"]
         return self.chained_row(x, weight, scales, biases, base, squares, norm_weight, norm_params, next_weight)
+
+
+def quantized_row_part(
+    module: QuantizedLinear,
+    role: RowRole | None = None,
+    norm_dtype: mx.Dtype | None = None,
+    next_dtype: mx.Dtype | None = None,
+) -> tuple[Callable[..., Any] | None, bool]:
+    """The one-row product for an affine-quantized projection (:mod:`engine.kernels.quantized_product`), plain or in
+    the ``role`` of its place in a block (a group norm's weight in ``norm_dtype``, the next block's norm weight
+    in ``next_dtype``): the kernel where admitted, else MLX's own operations (the fallback; None for a layout
+    the kernel does not read)."""
+    role = role or RowRole()
+    if module.mode != "affine" or module.get("biases") is None or module.bits not in (4, 8):
+        return None, False
+    outputs, words = module.weight.shape
+    try:
+        shape = QuantizedRowShape(words * 32 // module.bits, outputs, module.bits, module.group_size, role)
+    except ValueError:
+        return None, False
+    scale_dtype = module.scales.dtype
+    parts = "".join(f" {part}" for part in (role.prologue, role.epilogue) if part != "none")
+    return fast_part(
+        ("quantized_row", shape, scale_dtype, norm_dtype, next_dtype),
+        f"{shape.bits}-bit {shape.width}→{shape.outputs}{parts} row product",
+        functools.partial(quantized_row_ops, group_size=shape.group_size, bits=shape.bits, role=role),
+        functools.partial(QuantizedRowProduct, shape=shape),
+        functools.partial(
+            quantized_row_samples, shape, scale_dtype, norm_dtype or mx.float32, next_dtype or mx.float32
+        ),
+    )
 
 
 def prepare_transposed_weights(model: nn.Module) -> int:

@@ -40,6 +40,8 @@ from typing import ClassVar
 
 import mlx.core as mx
 
+from ..streaming import arrays_nbytes
+
 # What sdpa accepts as a mask: nothing, the "causal" shortcut, or a boolean (L, S) array.
 AttentionMask = mx.array | str | None
 
@@ -187,6 +189,9 @@ class KVCache:
     def arrays(self) -> list[mx.array]:
         return [a for a in (self.keys, self.values, self.written_by) if a is not None]
 
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())
+
 
 @dataclass(eq=False)
 class SlidingKVCache:
@@ -323,3 +328,6 @@ class SlidingKVCache:
         if self.keys is None or self.values is None:
             return []
         return [self.keys, self.values, *([] if self.written_by is None else [self.written_by])]
+
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())

@@ -65,9 +65,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 HELD: set[str] = set()
-_fast_part = numerics.fast_part
-_row_chains = numerics._row_chains
-_use_condition_table = numerics.use_condition_table
+import engine.kernels.admission as admission  # noqa: E402
+import engine.kernels.row_parts as row_parts  # noqa: E402
+import engine.model  # noqa: E402, F401  (every network and its fast form imported: the names below are bound)
+import engine.networks.tts.fast as tts_fast  # noqa: E402
+
+_fast_part = admission.fast_part
+_row_chains = row_parts.row_chains
+_use_condition_table = tts_fast.use_condition_table
 _cache_dtype = numerics.BACKBONE_CACHE_DTYPE
 
 
@@ -85,13 +90,21 @@ def _held_row_chains(network: str, runs: Any, backend: str) -> Any:
     return _row_chains(network, runs, backend)
 
 
-def _held_condition_table(model: Any, characters: Any) -> bool:
-    return False if "condition_table" in HELD else _use_condition_table(model, characters)
+def _held_condition_table(tts: Any, characters: Any, size: int) -> bool:
+    return False if "condition_table" in HELD else _use_condition_table(tts, characters, size)
 
 
-numerics.fast_part = _held_fast_part
-numerics._row_chains = _held_row_chains
-numerics.use_condition_table = _held_condition_table
+def _rebind(original: Any, replacement: Any) -> None:
+    """Point every engine module's name for ``original`` (each imported the function by name) at ``replacement``."""
+    for module in [module for name, module in sys.modules.items() if name.startswith("engine")]:
+        for attribute, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attribute, replacement)
+
+
+_rebind(_fast_part, _held_fast_part)
+_rebind(_row_chains, _held_row_chains)
+_rebind(_use_condition_table, _held_condition_table)
 
 
 def hold(names: tuple[str, ...]) -> None:

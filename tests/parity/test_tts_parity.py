@@ -21,8 +21,8 @@ import pytest
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import VoiceChatConfig
 from engine.loading.tokenizer import TextTokenizer
-from engine.networks.subword import CharacterTable
-from engine.networks.tts import EarTTS, SpeakerPrompt, TTSCache, build_speaker_prompt
+from engine.networks.tts import EarTTS, SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
+from engine.networks.tts.subword import CharacterTable
 from engine.ops.cache import KVCache, SlidingKVCache
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
@@ -275,7 +275,7 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
 
     def our_step(previous: mx.array, token: mx.array) -> tuple[mx.array, mx.array]:
         # As the session does: evaluate the frame's outputs and the caches once per step.
-        result = pair.mine.step(previous, token, state["cache"], pair.chars)
+        result = pair.mine.step(state["cache"], TTSInput(previous, token, pair.chars))
         mx.eval(result.codes, result.hidden, state["cache"].arrays())
         return result.codes, result.hidden
 

@@ -32,7 +32,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..jit import materialize
+from ...jit import materialize
 
 # Positions per chunk of the quadratic form; the quadratic work is O(chunk²) per head.
 SCAN_CHUNK = 256

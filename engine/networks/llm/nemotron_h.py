@@ -7,72 +7,35 @@ ends in ``norm_f``. The model takes input embeddings (VoiceChat fuses text, func
 and audio channels before the LLM) and returns the final hidden states; the
 vocabulary heads live with the caller.
 
-Streaming state is explicit: :meth:`NemotronH.make_cache` returns an :class:`LLMCache`
-holding one :class:`MambaCache` per Mamba block and one :class:`KVCache` per
-attention block. The caches reproduce the reference runtime's dtype behaviour
-exactly (see :class:`KVCache`), because the attention results depend on it.
+Streaming state is explicit (:mod:`engine.streaming`): :meth:`NemotronH.make_state` returns an
+:class:`LLMCache` holding one :class:`MambaCache` per Mamba block and one :class:`KVCache` per
+attention block, and :meth:`NemotronH.step` advances it by one position. The caches reproduce the
+reference runtime's dtype behaviour exactly (see :class:`KVCache`), because the attention results
+depend on it. Fast numerics' forms are :mod:`.fast`'s, kept in each module's ``fast`` slot and
+chosen by :meth:`NemotronH.use_numerics`.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..jit import jit
-from ..kernels.admission import kernel_constants
-from ..kernels.decode_attention import DecodeAttention
-from ..kernels.fused_step import block_rows
-from ..kernels.quantized_product import RowRole, grouped_rms_norm
-from ..loading.config import LLMConfig
-from ..ops.cache import AttentionMask, KVCache, PositionLayout
-from .linear import Linear, QuantizedLinear
+from ...hooks import NO_HOOKS, FrameHooks
+from ...jit import jit
+from ...kernels.admission import kernel_constants
+from ...kernels.fused_step import MambaShape
+from ...kernels.plan import FastPlan
+from ...kernels.quantized_product import grouped_rms_norm
+from ...loading.config import LLMConfig
+from ...ops.cache import AttentionMask, KVCache
+from ..linear import Linear
+from .fast import AttentionFast, BlockFast, LLMFast, MambaFast, bind
 from .ssm import silu_gate, ssm_scan
-
-MAMBA: Literal["M"] = "M"
-ATTENTION: Literal["*"] = "*"
-MLP: Literal["-"] = "-"
-BLOCK_KINDS = (MAMBA, ATTENTION, MLP)
-
-
-# --------------------------------------------------------------------------- caches
-
-
-@dataclass(eq=False)
-class MambaCache:
-    """Recurrent state of one Mamba block.
-
-    ``conv_state`` (B, K-1, conv_dim): the last K-1 inputs of the causal depthwise
-    convolution. ``ssm_state`` (B, H, head_dim, N), float32: the scan state. Both are
-    ``None`` until the first call, which (like the reference) starts from zeros; the
-    convolution window then takes the dtype of the inputs it was last fed.
-    """
-
-    conv_state: mx.array | None = None
-    ssm_state: mx.array | None = None
-
-    def arrays(self) -> list[mx.array]:
-        return [a for a in (self.conv_state, self.ssm_state) if a is not None]
-
-
-LayerCache = MambaCache | KVCache | None
-
-
-@dataclass(eq=False)
-class LLMCache:
-    """All streaming state of :class:`NemotronH`: one entry per block (``None`` for MLP blocks)."""
-
-    layers: list[LayerCache] = field(default_factory=list)
-    position: int = 0  # positions consumed so far
-
-    def arrays(self) -> list[mx.array]:
-        """Every array the next call reads; evaluate these once per frame."""
-        return [array for layer in self.layers if layer is not None for array in layer.arrays()]
-
+from .state import ATTENTION, BLOCK_KINDS, MAMBA, LayerCache, LLMCache, MambaCache
 
 # --------------------------------------------------------------------------- mixers
 
@@ -126,75 +89,23 @@ class Mamba2Mixer(nn.Module):
             self.inner_size, self.inner_size // self.n_groups, eps=config.layer_norm_epsilon
         )
         self.out_proj = Linear(self.inner_size, config.hidden_size, bias=config.mamba_proj_bias)
-        # Fast numerics: one position's step from its input projection (convolution included) as one kernel, or
-        # its operations fallback; returns the gated readout, both new states and the readout's partial sums
-        # of squares (engine.kernels.fused_step.fused_step_ops).
-        self.fast_step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None = None
+        # Fast numerics: one position's step as one part (engine.networks.llm.fast.MambaFast), or None.
+        self.fast: MambaFast | None = None
 
-    def use_fast_step(self, step: Callable[..., tuple[mx.array, mx.array, mx.array, mx.array]] | None) -> None:
-        """Run single-position steps through ``step`` (:class:`engine.kernels.fused_step.FusedStep` or its fallback), or
-        not."""
-        self.fast_step = step
-        self._step_limits = kernel_constants(self.dt_min, self.dt_max)
-        self._norm_params = kernel_constants(self.norm.eps)  # what a kernel finishing the norm reads
+    @property
+    def step_shape(self) -> MambaShape:
+        """The sizes a single-position step reads (engine.kernels.fused_step)."""
+        return MambaShape(
+            self.num_heads, self.head_dim, self.n_groups, self.state_size, self.kernel_size, self.conv_dim
+        )
+
+    def step_weights(self) -> tuple[mx.array, ...]:
+        """The parameters a single-position step reads, as it reads them: the convolution's weight and bias
+        (zeros where the checkpoint has none), ``dt_bias``, ``A_log``, ``D`` and the time-step clip."""
         bias = getattr(self.conv1d, "bias", None)
-        # A kernel takes the convolution's bias as an array: zeros when the checkpoint has none.
-        self._step_conv_bias = mx.zeros((self.conv_dim,)) if bias is None else bias
-
-    def _takes_fast_step(self, projected: mx.array, cache: MambaCache | None) -> bool:
-        """One position of one row with both states from earlier positions, in float32 (the step's types)."""
-        return (
-            self.steps_fast(cache) and projected.shape[0] == projected.shape[1] == 1 and projected.dtype == mx.float32
-        )
-
-    def steps_fast(self, cache: MambaCache | None) -> bool:
-        """Whether a position's step runs through ``fast_step``: given one, and both states from earlier ones."""
-        return (
-            self.fast_step is not None
-            and cache is not None
-            and cache.conv_state is not None
-            and cache.ssm_state is not None
-        )
-
-    def _step_fast(self, projected: mx.array, cache: MambaCache) -> tuple[mx.array, mx.array]:
-        """One position's projected row through ``fast_step`` (updating both states): the gated readout, in the
-        row's shape, and its partial sums of squares."""
-        assert self.fast_step is not None and cache.conv_state is not None and cache.ssm_state is not None
-        gated, cache.conv_state, cache.ssm_state, squares = self.fast_step(
-            projected,
-            cache.conv_state,
-            self.conv1d.weight,
-            self._step_conv_bias,
-            self.dt_bias,
-            self.A_log,
-            self.D,
-            cache.ssm_state,
-            self._step_limits,
-        )
-        return gated, squares
-
-    def norm_role(self) -> RowRole:
-        """The output projection's part in fast numerics' fused block: it finishes the gated norm from the
-        step's partial sums of squares, and adds the block's residual."""
-        partials = self.inner_size // block_rows(self.num_heads, self.head_dim, self.n_groups)
-        return RowRole(
-            "residual", "group_norm", norm_groups=self.n_groups, norm_partials=partials, norm_eps=self.norm.eps
-        )
-
-    def fused_block(self, x: mx.array, normed: mx.array, cache: MambaCache) -> mx.array:
-        """Fast numerics' block for one float32 row ``x``, normed ``normed``, with both states (:meth:`steps_fast`):
-        ``x`` plus the mixer's output, the gated norm's last step and the add inside the output projection's
-        kernel."""
-        gated, squares = self._step_fast(self.in_proj(normed), cache)
-        return self.out_proj.fused(gated, base=x, norm=(squares, self.norm.weight, self._norm_params))
-
-    def chained_block(
-        self, x: mx.array, normed: mx.array, cache: MambaCache, next_weight: mx.array
-    ) -> tuple[mx.array, mx.array]:
-        """:meth:`fused_block`, whose output projection also writes the next block's norm of its output (weight
-        ``next_weight``): the block's output and the next block's input."""
-        gated, squares = self._step_fast(self.in_proj(normed), cache)
-        return self.out_proj.chained(gated, x, next_weight, norm=(squares, self.norm.weight, self._norm_params))
+        conv_bias = mx.zeros((self.conv_dim,)) if bias is None else bias
+        limits = kernel_constants(self.dt_min, self.dt_max)
+        return self.conv1d.weight, conv_bias, self.dt_bias, self.A_log, self.D, limits
 
     def _causal_conv(self, conv_input: mx.array, cache: MambaCache | None) -> mx.array:
         keep = self.kernel_size - 1
@@ -211,9 +122,9 @@ class Mamba2Mixer(nn.Module):
     def __call__(self, x: mx.array, cache: MambaCache | None = None) -> mx.array:
         batch, length, _ = x.shape
         projected = self.in_proj(x)
-        if self._takes_fast_step(projected, cache):
+        if self.fast is not None and self.fast.takes(projected, cache):
             assert cache is not None
-            gated, _ = self._step_fast(projected, cache)
+            gated, _ = self.fast.step_row(self, projected, cache)
             return self.out_proj(self.norm.normalize(gated))
         conv_start = self.inner_size
         dt_start = conv_start + self.conv_dim
@@ -256,61 +167,29 @@ class CausalSelfAttention(nn.Module):
         self.k_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        # Fast numerics: one position's heads and rows as one reshape each, where the reference reshapes and
-        # transposes (the same elements in the same order when the length is one: a view fewer each way).
-        self.one_row_views = False
-        # Fast numerics on CUDA, once admitted: the single-position attention kernel that writes the new position
-        # into the cache's buffers itself and reads the projections' rows as heads (attend_rows).
-        self.fast_attention: DecodeAttention | None = None
+        # Fast numerics: one position's heads and rows as one reshape each, and on CUDA the attention kernel that
+        # writes its cache (engine.networks.llm.fast.AttentionFast), or None.
+        self.fast: AttentionFast | None = None
 
-    def _heads(self, projected: mx.array, count: int) -> mx.array:
+    def heads(self, projected: mx.array, count: int) -> mx.array:
+        """``projected`` (B, L, count·D) as heads (B, count, L, D)."""
         batch, length, _ = projected.shape
-        if self.one_row_views and length == 1:
+        if self.fast is not None and length == 1:
             return projected.reshape(batch, count, 1, -1)
         return projected.reshape(batch, length, count, -1).transpose(0, 2, 1, 3)
 
     def project(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """Queries, keys and values of ``x`` (B, L, D), split into heads."""
         return (
-            self._heads(self.q_proj(x), self.num_heads),
-            self._heads(self.k_proj(x), self.num_kv_heads),
-            self._heads(self.v_proj(x), self.num_kv_heads),
+            self.heads(self.q_proj(x), self.num_heads),
+            self.heads(self.k_proj(x), self.num_kv_heads),
+            self.heads(self.v_proj(x), self.num_kv_heads),
         )
 
     def project_rows(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """The query, key and value projections of one position ``x`` (B, 1, D) as rows (B, 1, heads·D): the
-        memory of its heads, for :meth:`attend_rows`."""
+        memory of its heads, for fast numerics' attention kernel (:meth:`.fast.AttentionFast.attend_rows`)."""
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-
-    def attend_rows(self, q_rows: mx.array, k_rows: mx.array, v_rows: mx.array, cache: KVCache) -> mx.array:
-        """One position's attention from its projections' rows (:meth:`project_rows`), stored in ``cache``; the
-        mixed values as rows (B, 1, heads·D). Through :attr:`fast_attention` where it reads this cache (float32
-        rows and buffers): one launch that writes the position into the buffers the cache keeps, where the
-        reference's update slices the buffers around two writes and the attention takes heads made by views."""
-        attention = self.fast_attention
-        if attention is not None and q_rows.dtype == k_rows.dtype == v_rows.dtype == mx.float32:
-            layout = PositionLayout(
-                q_rows.shape[0], self.num_kv_heads, self.head_dim, self.head_dim, mx.float32, mx.float32
-            )
-            slot, filled = cache.reserve(layout)
-            assert cache.keys is not None and cache.values is not None
-            if cache.keys.dtype == cache.values.dtype == mx.float32:
-                mixed = attention.attend_writing(
-                    q_rows,
-                    k_rows,
-                    v_rows,
-                    cache.keys,
-                    cache.values,
-                    attention.bounds(filled, slot),
-                    attention.splits(filled),
-                    self.scale,
-                    position_axis=True,
-                )
-                # The kernel writes the position into these very buffers as it runs (engine.ops.cache).
-                cache.advance(cache.keys, cache.values, written_by=mixed)
-                return mixed
-        heads = self._heads(q_rows, self.num_heads), self._heads(k_rows, self.num_kv_heads)
-        return self._rows(self.attend(*heads, self._heads(v_rows, self.num_kv_heads), None, cache))
 
     def attend(
         self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: KVCache | None
@@ -320,23 +199,16 @@ class CausalSelfAttention(nn.Module):
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=self.scale, mask=mask)
 
     def output(self, attended: mx.array) -> mx.array:
-        return self.o_proj(self._rows(attended))
+        return self.o_proj(self.rows(attended))
 
-    def _rows(self, attended: mx.array) -> mx.array:
+    def rows(self, attended: mx.array) -> mx.array:
+        """Attended heads (B, heads, L, D) as rows (B, L, heads·D)."""
         if attended.ndim == 3:  # rows already (attend_rows)
             return attended
         batch, _, length, _ = attended.shape
-        if self.one_row_views and length == 1:
+        if self.fast is not None and length == 1:
             return attended.reshape(batch, 1, -1)
         return attended.transpose(0, 2, 1, 3).reshape(batch, length, -1)
-
-    def output_fused(self, attended: mx.array, base: mx.array) -> mx.array:
-        """``base + output(attended)`` for one row, the add inside the output projection's kernel."""
-        return self.o_proj.fused(self._rows(attended), base=base)
-
-    def output_chained(self, attended: mx.array, base: mx.array, next_weight: mx.array) -> tuple[mx.array, mx.array]:
-        """:meth:`output_fused` and the next block's norm of it (weight ``next_weight``), from one kernel."""
-        return self.o_proj.chained(self._rows(attended), base, next_weight)
 
     def __call__(self, x: mx.array, mask: AttentionMask, cache: KVCache | None = None) -> mx.array:
         return self.output(self.attend(*self.project(x), mask, cache))
@@ -363,9 +235,9 @@ class HybridBlock(nn.Module):
             raise ValueError(f"unsupported Nemotron-H block type {kind!r} (expected one of {BLOCK_KINDS})")
         self.kind = kind
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
-        # Fast numerics: the projections of fused_projections have their fused rows (engine.numerics), so a
-        # single row runs the block with the residual add (and the MLP's squared ReLU) inside their kernels.
-        self.fused_rows = False
+        # Fast numerics: the block's projections have their fused rows, so a single row runs the block with the
+        # residual add (and the MLP's squared ReLU) inside their kernels (engine.networks.llm.fast.BlockFast).
+        self.fast: BlockFast | None = None
         self.mixer: Mamba2Mixer | CausalSelfAttention | ReLU2MLP
         if kind == MAMBA:
             self.mixer = Mamba2Mixer(config)
@@ -374,20 +246,9 @@ class HybridBlock(nn.Module):
         else:
             self.mixer = ReLU2MLP(config)
 
-    def fused_projections(self) -> list[tuple[nn.Module, RowRole]]:
-        """The projections that fold the block's arithmetic around them into their kernels, each with its
-        role (:mod:`engine.kernels.quantized_product`): the last adds the residual (Mamba's also finishes the gated
-        norm), the MLP's up projection squares its ReLU."""
-        mixer = self.mixer
-        if isinstance(mixer, Mamba2Mixer):
-            return [(mixer.out_proj, mixer.norm_role())]
-        if isinstance(mixer, CausalSelfAttention):
-            return [(mixer.o_proj, RowRole("residual"))]
-        return [(mixer.up_proj, RowRole("relu2")), (mixer.down_proj, RowRole("residual"))]
-
     def __call__(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array:
-        if self.fused_rows and x.dtype == mx.float32 and x.size == x.shape[-1]:
-            fused = self._fused(x, mask, cache)
+        if self.fast is not None and x.dtype == mx.float32 and x.size == x.shape[-1]:
+            fused = self.fast(self, x, mask, cache)
             if fused is not None:
                 return fused
         normed = self.norm(x)
@@ -401,31 +262,6 @@ class HybridBlock(nn.Module):
             update = self.mixer(normed)
         return x + update
 
-    def _fused(self, x: mx.array, mask: AttentionMask, cache: LayerCache) -> mx.array | None:
-        """The block for one float32 row with its fused projections (None where the Mamba step cannot run
-        yet: the states start with the first call)."""
-        mixer = self.mixer
-        if isinstance(mixer, Mamba2Mixer):
-            assert cache is None or isinstance(cache, MambaCache)
-            return mixer.fused_block(x, self.norm(x), cache) if mixer.steps_fast(cache) else None
-        if isinstance(mixer, ReLU2MLP):
-            return mixer.down_proj.fused(mixer.up_proj.fused(self.norm(x)), base=x)
-        assert cache is None or isinstance(cache, KVCache)
-        return mixer.output_fused(mixer.attend(*mixer.project(self.norm(x)), mask, cache), x)
-
-    def chained(
-        self, x: mx.array, normed: mx.array, cache: LayerCache, next_weight: mx.array
-    ) -> tuple[mx.array, mx.array]:
-        """A Mamba or MLP block in the LLM's chained step (:meth:`NemotronH._step`, chained): ``x`` and its norm
-        ``normed`` (written by the block before) in; the block's output and the next block's norm of it (weight
-        ``next_weight``) out, both from its last projection's kernel."""
-        mixer = self.mixer
-        if isinstance(mixer, Mamba2Mixer):
-            assert isinstance(cache, MambaCache)
-            return mixer.chained_block(x, normed, cache, next_weight)
-        assert isinstance(mixer, ReLU2MLP), "an attention block is chained around its cache by the model's step"
-        return mixer.down_proj.chained(mixer.up_proj.fused(normed), x, next_weight)
-
 
 # --------------------------------------------------------------------------- model
 
@@ -438,6 +274,23 @@ class NemotronH(nn.Module):
         self.config = config
         self.layers = [HybridBlock(config, kind) for kind in config.hybrid_override_pattern]
         self.norm_f = nn.RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        # Fast numerics' form (engine.networks.llm.fast), set by use_numerics; None in exact mode.
+        self.fast: LLMFast | None = None
+
+    def use_numerics(self, plan: FastPlan | None) -> dict[str, bool]:
+        """Run fast numerics' forms for ``plan`` (None: exact mode's operations); returns which of fast mode's
+        changes to the LLM run as kernels (:func:`.fast.bind`)."""
+        self.fast, changes = bind(self, plan)
+        return changes
+
+    def make_state(self) -> LLMCache:
+        """The streaming contract's state (:mod:`engine.streaming`): :meth:`make_cache`."""
+        return self.make_cache()
+
+    def step(self, state: LLMCache, x: mx.array, hooks: FrameHooks = NO_HOOKS) -> mx.array:
+        """The streaming contract's step: the hidden states after ``norm_f`` for input embeddings ``x`` (B, L, D),
+        advancing ``state`` by L (compiled for one position once every state is ready)."""
+        return self(x, state)
 
     def make_cache(self) -> LLMCache:
         """Fresh, empty streaming state for one sequence (any batch size)."""
@@ -476,34 +329,15 @@ class NemotronH(nn.Module):
 
     @property
     def _fast_parts(self) -> tuple[Any, ...]:
-        """The fast parts a step's programs are traced with: the Mamba step and the quantized row products
-        (engine.numerics gives every mixer and every quantized projection of one shape and role the same ones),
-        and the last block's chained row (given to every block's last projection, or to none). The attention
-        counts with the forms whose blocks merge their own shares, which change its launches."""
-        step = self._first_mixer.fast_step if self._first_mixer is not None else None
-        attention = self._first_attention.fast_attention if self._first_attention is not None else None
-        merging = None if attention is None else attention.merged_forms
-        projection = self._first_quantized
-        if projection is None:
-            return step, (attention, merging), None, None, None
-        chained_row = getattr(self._last_projection, "chained_row", None)
-        return step, (attention, merging), projection.fast_row, projection.fused_row, chained_row
-
-    @functools.cached_property
-    def _last_projection(self) -> nn.Module:
-        """The last block's last projection, whose chained row (if any) writes ``norm_f``'s norm."""
-        return self.layers[-1].fused_projections()[-1][0]
+        """What a step's programs are traced with: the fast form's parts (:meth:`.fast.LLMFast.key`), or exact
+        mode's none."""
+        return EXACT_PARTS if self.fast is None else self.fast.key(self)
 
     @property
     def _chained(self) -> bool:
         """Whether the step runs chained: every block's last projection also writes the next block's norm of its
-        output (fast numerics, :meth:`HybridBlock.chained`), so that no block launches a norm of its own."""
-        return self._fast_parts[-1] is not None
-
-    @functools.cached_property
-    def _first_quantized(self) -> QuantizedLinear | None:
-        """The first quantized projection (after loading: the checkpoint decides which are quantized)."""
-        return next((module for module in self.modules() if isinstance(module, QuantizedLinear)), None)
+        output (fast numerics, :meth:`.fast.BlockFast.chained`), so that no block launches a norm of its own."""
+        return self.fast is not None and self.fast.chained
 
     @property
     def _segments(self) -> list[tuple[str, tuple[int, ...], Callable[..., Any]]]:
@@ -513,16 +347,6 @@ class NemotronH(nn.Module):
         if parts not in self._segment_sets:
             self._segment_sets[parts] = self._build_segments()
         return self._segment_sets[parts]
-
-    @functools.cached_property
-    def _first_mixer(self) -> Mamba2Mixer | None:
-        """The first Mamba block's mixer: every mixer gets the same step (engine.numerics.apply_numerics)."""
-        return next((layer.mixer for layer in self.layers if isinstance(layer.mixer, Mamba2Mixer)), None)
-
-    @functools.cached_property
-    def _first_attention(self) -> CausalSelfAttention | None:
-        """The first attention block's mixer: every one gets the same attention kernel (engine.numerics)."""
-        return next((layer.mixer for layer in self.layers if isinstance(layer.mixer, CausalSelfAttention)), None)
 
     @functools.cached_property
     def _segment_sets(self) -> dict[Any, list[tuple[str, tuple[int, ...], Callable[..., Any]]]]:
@@ -564,7 +388,8 @@ class NemotronH(nn.Module):
             if normed is None:
                 hidden = layer(hidden, None, cache)
             else:
-                hidden, normed = layer.chained(hidden, normed, cache, self.next_norm(index).weight)
+                assert layer.fast is not None
+                hidden, normed = layer.fast.chained(layer, hidden, normed, cache, self.next_norm(index).weight)
             if cache is not None:
                 assert cache.conv_state is not None and cache.ssm_state is not None
                 updated += [cache.conv_state, cache.ssm_state]
@@ -573,11 +398,11 @@ class NemotronH(nn.Module):
     def _attention_inputs(self, index: int, chained: bool, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """An attention block's queries, keys and values of its input ``x`` (chained: ``x`` normed already, by the
         block before): heads, or rows where its attention kernel reads them so
-        (:meth:`CausalSelfAttention.attend_rows`)."""
+        (:meth:`.fast.AttentionFast.attend_rows`)."""
         layer = self.layers[index]
         assert isinstance(layer.mixer, CausalSelfAttention)
         normed = x if chained else layer.norm(x)
-        if layer.mixer.fast_attention is not None:
+        if layer.mixer.fast is not None and layer.mixer.fast.kernel is not None:
             return layer.mixer.project_rows(normed)
         return layer.mixer.project(normed)
 
@@ -604,8 +429,8 @@ class NemotronH(nn.Module):
                 layer_cache = cache.layers[index]
                 assert isinstance(mixer, CausalSelfAttention) and isinstance(layer_cache, KVCache)
                 queries, keys, values = program(hidden if normed is None else normed)
-                if mixer.fast_attention is not None:
-                    attended = mixer.attend_rows(queries, keys, values, layer_cache)
+                if mixer.fast is not None and mixer.fast.kernel is not None:
+                    attended = mixer.fast.attend_rows(mixer, queries, keys, values, layer_cache)
                 else:
                     attended = mixer.attend(queries, keys, values, None, layer_cache)
                 if normed is None:
@@ -626,11 +451,16 @@ class NemotronH(nn.Module):
             layer = self.layers[index]
             mixer = layer.mixer
             assert isinstance(mixer, CausalSelfAttention)
+            fast = mixer.fast
             if self._chained:
+                assert fast is not None
                 next_norm = self.next_norm(index)
-                programs[key] = jit(lambda hidden, attended: mixer.output_chained(attended, hidden, next_norm.weight))
-            elif layer.fused_rows:
-                programs[key] = jit(lambda hidden, attended: mixer.output_fused(attended, hidden))
+                programs[key] = jit(
+                    lambda hidden, attended: fast.output_chained(mixer, attended, hidden, next_norm.weight)
+                )
+            elif layer.fast is not None:
+                assert fast is not None
+                programs[key] = jit(lambda hidden, attended: fast.output_fused(mixer, attended, hidden))
             else:
                 programs[key] = jit(lambda hidden, attended: hidden + mixer.output(attended))
         return programs[key]
@@ -639,6 +469,10 @@ class NemotronH(nn.Module):
     def _residual_programs(self) -> dict[tuple[int, Any], Callable[[mx.array, mx.array], Any]]:
         # Held in the instance __dict__ (not the module's parameter tree), like every cached_property here.
         return {}
+
+
+# What a step's programs hold in exact mode (no fast part): the shape of LLMFast.key.
+EXACT_PARTS: tuple[Any, ...] = (None, (None, None), None, None, False)
 
 
 def _mamba_states(cache: LLMCache, indices: tuple[int, ...]) -> list[mx.array]:

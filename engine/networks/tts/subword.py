@@ -25,11 +25,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..errors import TokenizerError
-from ..loading.config import CharEncoderConfig
-from ..loading.layout import SUBWORD_TABLE_SIZE
-from .fused import Stacked, stack_projections
-from .linear import Linear
+from ...errors import TokenizerError
+from ...loading.config import CharEncoderConfig
+from ...loading.layout import SUBWORD_TABLE_SIZE
+from ..fused import Stacked, stack_projections
+from ..linear import Linear
 
 # Score given to padded character keys; finite, so a row with no character still softmaxes.
 _MASKED_SCORE = -1e30
@@ -358,7 +358,7 @@ class CharAwareSubwordEncoder(nn.Module):
         longest spelling's width (the whole vocabulary at the table's widest would be mostly padding). The same
         function of each token, its sums over fewer padded (zero) terms and its products over more rows, so a
         value may round differently from the one-token form: within one bf16 step, which the load checks
-        (:func:`engine.numerics.use_condition_table`)."""
+        (:func:`engine.networks.tts.fast.use_condition_table`)."""
         lengths = np.array(spelling.lengths, dtype=np.int32)
         order = np.argsort(lengths, kind="stable")
         parts: list[mx.array] = []
