@@ -11,7 +11,7 @@ with the first press of the talk key or :meth:`start_conversation` (a start butt
 switch, New Conversation and a numerics switch alike end the conversation and wait for the
 key again (``ConversationCleared`` tells the window to drop the old one).
 
-Switching is checked first (``app.model_check``): a folder that is not a VoiceChat checkpoint,
+Switching is checked first (``app.model_switch``): a folder that is not a VoiceChat checkpoint,
 or holds another variant than its slot, is refused before anything is unloaded, and the
 loaded model and the settings stay. At launch a refused folder falls back to another
 configured model that passes (or the demo), and ``ModelFallback`` says so.
@@ -23,13 +23,14 @@ What else it owns:
     - **Hands-free**: one ``app.echo.EchoCanceller`` per launch, handed to the streams while
       the setting is on (``AudioIO.set_echo_canceller``); its stats go to the log at the end
       of each conversation and to the overlay with every frame's stats.
-    - **The global talk key** (``app.hotkey.GlobalTalkKey``): its events arrive on the
+    - **The global talk key** (``app.global_key_control``): its events arrive on the
       listener's thread and are queued as ``GlobalTalk`` messages, so the window's talk
       control handles them on its own thread like the in-window key.
-    - **Conversation history**: when the worker reports ``ConversationEnded`` (in queue
-      order, after everything that conversation said), the conversation is handed to a
-      saver thread that writes it with ``app.history.ConversationHistory``; at shutdown the
-      last one is saved before the process exits. With saving off, a conversation not
+    - **Conversation history** (``app.history_keeping``): when the worker reports
+      ``ConversationEnded`` (in queue order, after everything that conversation said), the
+      conversation is handed to a saver thread that writes it with
+      ``app.history.ConversationHistory``; at shutdown the last one is saved before the
+      process exits. With saving off, a conversation not
       saved by hand is "at risk" (:meth:`conversation_at_risk`) and the window asks before
       New Conversation or Quit drops it. Replays go through the speaker (``start_replay``).
 
@@ -46,20 +47,18 @@ from __future__ import annotations
 import logging
 import platform
 import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from importlib import metadata
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from engine.events import AssistantTextDelta, AudioChunk, ToolCall, UserTranscriptDelta
 from engine.timeline import OUTPUT_SAMPLE_RATE
 
+from .about import mlx_device, package_version, parley_version
 from .audio_port import AudioPort, AudioStreams
+from .download_runner import DownloadRunner
 from .echo import EchoCanceller, echo_cancellation_unavailable
 from .export import (
     ConversationRecording,
@@ -71,27 +70,11 @@ from .export import (
     export_profile,
     save_conversation,
 )
+from .global_key_control import GlobalKeyControl
 from .hf_cache import CacheListing, list_cached_checkpoints
-from .history import (
-    ConversationHistory,
-    ConversationRecord,
-    HistoryError,
-    HistoryListing,
-    LoadedConversation,
-    TranscriptLine,
-    default_history_dir,
-)
-from .hotkey import (
-    GlobalKeySupport,
-    GlobalTalkKey,
-    HotkeyBackend,
-    HotkeyUnavailable,
-    KeySpecError,
-    TalkEvent,
-    TalkMode,
-    global_key_support,
-    parse_key_spec,
-)
+from .history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
+from .history_keeping import ConversationKeeper, now, replay_mix
+from .hotkey import GlobalKeySupport, HotkeyBackend, global_key_support
 from .logs import CrashHandlers, configure_logging, install_crash_handlers
 from .messages import (
     ConversationCleared,
@@ -99,17 +82,13 @@ from .messages import (
     ConversationStarted,
     ConversationTime,
     DeviceStatus,
-    DownloadProgress,
     EchoSummary,
     EngineInfo,
     EngineState,
     Failure,
     FrameStats,
-    GlobalTalk,
-    HistorySaved,
     InputFrame,
     Levels,
-    ModelFallback,
     ModelLoaded,
     Notice,
     NumericsChanged,
@@ -117,21 +96,11 @@ from .messages import (
     StateChanged,
     TurnLatency,
 )
-from .model_check import CheckedCheckpoint, CheckpointRefused, check_checkpoint
+from .model_switch import AdoptCheckpoint, ModelSwitcher, check_changed_folders
 from .paths import config_dir, data_dir, log_dir
 from .settings import Settings, save_settings
 from .status import StatusBoard
-from .variants import MODEL_VARIANTS, variant, variant_for_repo
-from .worker import (
-    EngineWorker,
-    Load,
-    LoadDemo,
-    NewConversation,
-    SetIdlePause,
-    SetNumerics,
-    Sleep,
-    StartConversation,
-)
+from .worker import EngineWorker, NewConversation, SetIdlePause, SetNumerics, Sleep, StartConversation
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +135,6 @@ class AppController:
         self.settings = settings
         self._settings_path = settings_path
         self._audio_factory = audio_factory
-        self._auto_demo = auto_demo
         self._log_folder = log_folder or log_dir()
         self._messages: queue.Queue[object] = queue.Queue()
         self.recording = ConversationRecording()
@@ -180,25 +148,23 @@ class AppController:
         self._shown: StateChanged | None = None
         self._next_health = 0.0
         self._save_due: float | None = None
-        self._download: tuple[threading.Thread, threading.Event] | None = None
+        self._downloads = DownloadRunner(self._post)
         self._crash_handlers: CrashHandlers | None = None
         self.history = ConversationHistory(
             history_folder or default_history_dir(), max_bytes=settings.history_max_bytes, enabled=settings.history
         )
-        self._saver = _HistorySaver(self.history, self._post)
-        self._kept = False  # the current conversation was saved (to the history, or by hand)
-        self._serial = 0  # counts conversations seen here, to match a failed save to its conversation
-        self._history_failing = False  # the last save to the history failed (until one succeeds)
+        self._keeper = ConversationKeeper(self.history, self._post)
         self._echo_factory = echo_factory
         self._echo: EchoCanceller | None = None
-        self._hotkey_backend = hotkey_backend
-        self._global_key: GlobalTalkKey | None = None
+        self._global_key = GlobalKeyControl(self._post, hotkey_backend)
+        self._models = ModelSwitcher(
+            self.worker, self.board, self._post, lambda: self.settings, self._keep_settings, auto_demo=auto_demo
+        )
         self._replaying: str | None = None
         self._next_replay_report = 0.0
         self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
         self._stopped = False  # Stop was pressed and the worker has not reported its sleep yet: drop its frames
         self._audible_at_release = False  # the assistant was still heard as the talk key went up
-        self._requested: Path | None = None  # the folder of the load asked for last (None: the demo)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -215,58 +181,20 @@ class AppController:
     def start(self) -> None:
         configure_logging(self._log_folder)
         self._crash_handlers = install_crash_handlers(self._report_crash, self._log_folder)
-        log.info(
-            "Parley %s starting (Python %s, %s)", _parley_version(), platform.python_version(), platform.platform()
-        )
+        log.info("Parley %s starting (Python %s, %s)", parley_version(), platform.python_version(), platform.platform())
         self.worker.start()
         self._set_idle_pause()
         self._open_audio()
-        self._configure_global_key()
-        self._load_configured()
+        self._global_key.configure(self.settings)
+        self._models.load_configured()
 
     def _set_idle_pause(self) -> None:
         settings = self.settings
         self.worker.submit(SetIdlePause(settings.idle_pause, settings.idle_pause_delay_s, settings.hands_free))
 
-    def _load_configured(self) -> None:
-        """At launch: the active model if its folder passes the checks, else another configured one, else the demo."""
-        active = self.settings.active_variant
-        path = self.settings.active_checkpoint
-        if active is None or path is None:
-            self._no_model()
-            return
-        try:
-            self._load(check_checkpoint(path, active))
-            return
-        except CheckpointRefused as exc:
-            reason = f"The {variant(active).label} folder cannot be used: {exc}"
-        log.warning("%s", reason)
-        for other in MODEL_VARIANTS:
-            folder = self.settings.checkpoint_for(other.key)
-            if other.key == active or folder is None:
-                continue
-            try:
-                checked = check_checkpoint(folder, other.key)
-            except CheckpointRefused as exc:
-                log.warning("The %s folder cannot be used either: %s", other.label, exc)
-                continue
-            self._post(ModelFallback(f"{reason} The {other.label} model loads instead (Settings → Model)."))
-            self._load(checked)
-            return
-        if self._auto_demo:
-            self._post(ModelFallback(f"{reason} The demo loads instead (File → Get a Model… for a model)."))
-        else:
-            self._post(Failure(reason))
-        self._no_model()
-
-    def _no_model(self) -> None:
-        if self._auto_demo:
-            # Loaded, not started: "Try the demo" (or the talk key) starts it at once, and nothing plays before.
-            self.start_demo()
-
     def shutdown(self) -> None:
         self.cancel_download()
-        self._stop_global_key()
+        self._global_key.stop()
         self.worker.stop()
         self._keep_what_is_left()
         self._flush_settings()
@@ -377,17 +305,11 @@ class AppController:
                 return False  # from frames run after Stop was pressed: never heard, so never "said"
         if self.board.observe(message):
             return False
-        if isinstance(message, _AdoptCheckpoint):
-            self._adopt(message)
+        if isinstance(message, AdoptCheckpoint):
+            self._models.adopt(message)
             return False
-        if isinstance(message, _NotKept):
-            # Until a save works again the history cannot be relied on: the window asks before dropping anything.
-            self._history_failing = True
-            if message.serial == self._serial:
-                self._kept = False  # still the current conversation: Save Conversation… can keep it
+        if self._keeper.observe(message):
             return False
-        if isinstance(message, HistorySaved):
-            self._history_failing = False
         if isinstance(message, EngineInfo):
             self.engine_info = message
             return False
@@ -407,7 +329,7 @@ class AppController:
         elif isinstance(message, ConversationStarted):
             # In queue order: whatever the previous conversation still said is already in, so nothing mixes.
             self._drop_conversation()
-            self._serial += 1
+            self._keeper.conversation_began()
             self.profile.begin(
                 message.number,
                 message.model.variant.key,
@@ -417,7 +339,7 @@ class AppController:
             )
         elif isinstance(message, ModelLoaded):
             self._numerics = str(message.checkpoint.get("numerics", "exact"))
-            self._came_back(message)
+            self._models.came_back(message)
         elif isinstance(message, NumericsChanged):
             self._numerics = message.numerics
         elif isinstance(message, FrameStats):
@@ -429,23 +351,11 @@ class AppController:
             self.transcript.add(message)
         return True
 
-    def _came_back(self, loaded: ModelLoaded) -> None:
-        """The worker reloaded the previous model because the one asked for failed after its checks: the active
-        model setting goes back with it (the worker's ModelFallback said why)."""
-        requested, self._requested = self._requested, None
-        if requested is None or loaded.path == requested or loaded.variant.demo:
-            return
-        key = loaded.variant.key
-        if self.settings.checkpoint_for(key) == loaded.path and self.settings.active_variant != key:
-            self.settings = self.settings.with_changes(active_variant=key)
-            self._save()
-
     def _drop_conversation(self) -> None:
-        if not self._kept:
-            self._keep_in_history()  # never reported as ended (it should have been): keep it all the same
+        self._keep_in_history()  # if never reported as ended (it should have been): keep it all the same
         self.transcript.clear()
         self.recording.clear()
-        self._kept = False
+        self._keeper.kept = False
 
     def _add_latency(self, latency_s: float) -> TurnLatency:
         from engine import percentile
@@ -532,6 +442,10 @@ class AppController:
             log.warning("Could not save settings: %s", exc)
             self._post(Failure(f"Could not save settings: {exc}"))
 
+    def _keep_settings(self, settings: Settings) -> None:
+        self.settings = settings
+        self._save()
+
     def _flush_settings(self) -> None:
         if self._save_due is not None:
             self._save()
@@ -543,7 +457,7 @@ class AppController:
             CheckpointRefused: a changed folder cannot be used; nothing was applied or saved.
         """
         old = self.settings
-        checked = self._check_changed_folders(old, settings)
+        checked = check_changed_folders(old, settings)
         self.settings = settings
         self._save()
         streams = self.port.streams
@@ -564,159 +478,38 @@ class AppController:
             self._configure_hands_free()
         global_key = ("global_talk_key_enabled", "global_talk_key", "talk_mode", "hands_free")
         if any(getattr(old, name) != getattr(settings, name) for name in global_key):
-            self._configure_global_key()
+            self._global_key.configure(settings)
         if (old.history, old.history_limit_gb) != (settings.history, settings.history_limit_gb):
-            self.history.enabled, self.history.max_bytes = settings.history, settings.history_max_bytes
             log.info("History %s, limit %.1f GB", "on" if settings.history else "off", settings.history_limit_gb)
-            if settings.history_limit_gb < old.history_limit_gb:
-                self._saver.prune()
+            lowered = settings.history_limit_gb < old.history_limit_gb
+            self._keeper.set_limits(settings.history, settings.history_max_bytes, lowered=lowered)
         if old.numerics != settings.numerics:
             log.info("Numerics chosen: %s", settings.numerics)
             self.worker.submit(SetNumerics(settings.numerics))
         active = settings.active_checkpoint
         if active is not None and (active != old.active_checkpoint or settings.active_variant != old.active_variant):
-            self._load(checked[settings.active_variant or ""])  # checked above: the active model is switching
+            self._models.load(checked[settings.active_variant or ""])  # checked above: the active model is switching
         elif settings.system_prompt != old.system_prompt:
             self.new_conversation()
 
-    @staticmethod
-    def _check_changed_folders(old: Settings, new: Settings) -> dict[str, CheckedCheckpoint]:
-        """Check each model folder that changed, and the active one if the active model changes; by variant key.
-
-        Raises:
-            CheckpointRefused: the first that cannot be used, in words that name the slot.
-        """
-        checked: dict[str, CheckedCheckpoint] = {}
-        switching = new.active_checkpoint != old.active_checkpoint or new.active_variant != old.active_variant
-        for offered in MODEL_VARIANTS:
-            folder = new.checkpoint_for(offered.key)
-            if folder is None:
-                continue
-            if folder == old.checkpoint_for(offered.key) and not (switching and offered.key == new.active_variant):
-                continue
-            try:
-                checked[offered.key] = check_checkpoint(folder, offered.key)
-            except CheckpointRefused as exc:
-                raise CheckpointRefused(f"The {offered.label} folder cannot be used: {exc}") from None
-        return checked
-
     def switch_variant(self, key: str) -> None:
         """Load the configured ``key`` model once its folder passes the checks; refused, nothing changes."""
-        chosen = variant(key)
-        path = self.settings.checkpoint_for(key)
-        if path is None:
-            self._post(Failure(f"No {chosen.label} checkpoint folder is configured; choose one in Settings."))
-            return
-        try:
-            checked = check_checkpoint(path, key)
-        except CheckpointRefused as exc:
-            self._refused(f"Not switched to {chosen.label}: {exc}")
-            return
-        log.info("Switching to the %s model in %s", chosen.label, path)
-        self.settings = self.settings.with_changes(active_variant=key)
-        self._save()
-        self._load(checked)
+        self._models.switch_variant(key)
 
     def use_checkpoint(self, path: Path) -> None:
         """Adopt a local checkpoint folder, stored as the variant its tensors' quantization makes it."""
-        try:
-            checked = check_checkpoint(Path(path))
-        except CheckpointRefused as exc:
-            self._refused(f"Not used: {exc}")
-            return
-        chosen = checked.variant
-        log.info("Using the %s checkpoint in %s", chosen.label, checked.path)
-        self.settings = self.settings.with_checkpoint(chosen.key, checked.path).with_changes(active_variant=chosen.key)
-        self._save()
-        self._load(checked)
-
-    def _adopt(self, finished: _AdoptCheckpoint) -> None:
-        log.info("Downloaded the %s model to %s", finished.variant, finished.path)
-        try:
-            checked = check_checkpoint(finished.path, finished.variant)
-        except CheckpointRefused as exc:
-            self._refused(f"The downloaded {variant(finished.variant).label} model cannot be used: {exc}")
-            return
-        self.settings = self.settings.with_checkpoint(finished.variant, finished.path).with_changes(
-            active_variant=finished.variant
-        )
-        self._save()
-        self._load(checked)
-
-    def _refused(self, message: str) -> None:
-        """A folder failed its checks before anything was unloaded: say so in one line; what is loaded stays."""
-        loaded = self.board.model
-        message = message.rstrip(".") + "."
-        if loaded is not None:
-            named = "The demo" if loaded.variant.demo else f"{loaded.name} ({loaded.variant.label})"
-            message += f" {named} stays loaded."
-        log.warning("%s", message)
-        self._post(Failure(message))
+        self._models.use_checkpoint(path)
 
     def start_demo(self) -> None:
-        self._requested = None
-        self.worker.submit(LoadDemo(self.settings.system_prompt, numerics=self.settings.numerics))
-
-    def _load(self, checked: CheckedCheckpoint) -> None:
-        self._requested = checked.path
-        self.worker.submit(
-            Load(
-                checked.path,
-                demo=checked.demo,
-                system_prompt=self.settings.system_prompt,
-                numerics=self.settings.numerics,
-                random_weights=checked.random_weights,
-            )
-        )
+        self._models.start_demo()
 
     # ------------------------------------------------------------------ downloads
 
     def start_download(self, repo_id: str, target: Path) -> None:
-        from .download import DownloadCancelled, DownloadError, download_checkpoint
-
-        if self._download is not None and self._download[0].is_alive():
-            self._post(Failure("A download is already running."))
-            return
-        cancel = threading.Event()
-        last = DownloadProgress(repo_id, 0, None)  # bytes done and total, to report what was kept when it stops
-        log.info("Downloading %s to %s", repo_id, target)
-
-        def progress(done: int, total: int | None, message: str) -> None:
-            nonlocal last
-            last = DownloadProgress(repo_id, done, total, message)
-            self._post(last)
-
-        def run() -> None:
-            try:
-                path = download_checkpoint(repo_id, Path(target), on_progress=progress, cancel=cancel)
-            except DownloadCancelled:
-                log.info("Download of %s cancelled", repo_id)
-                self._post(replace(last, message="Download cancelled; it resumes where it stopped."))
-                return
-            except DownloadError as exc:
-                log.warning("Download of %s failed: %s", repo_id, exc)
-                self._post(replace(last, message=str(exc), failed=True))
-                self._post(Failure(str(exc)))
-                return
-            except Exception as exc:  # a bug or an input nobody foresaw: the user must hear of it, not a dead thread
-                log.exception("Download of %s failed unexpectedly", repo_id)
-                text = f"The download of {repo_id} failed unexpectedly ({type(exc).__name__}: {exc}). What was "
-                text += "downloaded so far is kept; the log has the details."
-                self._post(replace(last, message=text, failed=True))
-                self._post(Failure(text))
-                return
-            self._post(replace(last, message="Download complete", finished=True))
-            downloaded = variant_for_repo(repo_id)
-            if downloaded is not None:
-                self._post(_AdoptCheckpoint(downloaded.key, path))
-
-        thread = threading.Thread(target=run, name="parley-download", daemon=True)
-        self._download = (thread, cancel)
-        thread.start()
+        self._downloads.start(repo_id, target)
 
     def cancel_download(self) -> None:
-        if self._download is not None:
-            self._download[1].set()
+        self._downloads.cancel()
 
     # ------------------------------------------------------------------ devices and export
 
@@ -786,7 +579,7 @@ class AppController:
         profile = None
         if current is not None and current.timings:
             profile = build_session_profile_log([conversation_log(current)])
-        started = current.started if current is not None else _now()
+        started = current.started if current is not None else now()
         try:
             paths = save_conversation(Path(folder), self.recording, self.transcript, started=started, profile=profile)
         except NothingToExport as exc:
@@ -797,7 +590,7 @@ class AppController:
             self._post(Failure(f"{exc} The conversation is still in memory; choose another folder and try again."))
             return []
         log.info("Saved the conversation to %s", paths[0].parent)
-        self._kept = True
+        self._keeper.kept = True
         self._post(Notice(f"Conversation saved to {paths[0].parent}", tuple(paths)))
         return paths
 
@@ -809,11 +602,11 @@ class AppController:
         info = self.engine_info
         status = self.board.snapshot()
         return {
-            "Parley": _parley_version(),
-            "MLX": info.mlx_version if info is not None else _package_version("mlx"),
+            "Parley": parley_version(),
+            "MLX": info.mlx_version if info is not None else package_version("mlx"),
             "Device": self.mlx_device(),
             "Python": platform.python_version(),
-            "PySide6": _package_version("PySide6-Essentials"),
+            "PySide6": package_version("PySide6-Essentials"),
             "System": platform.platform(),
             "Model": status.model.description if status.model is not None else "none loaded",
             "Numerics": self._numerics or self.settings.numerics,
@@ -866,54 +659,16 @@ class AppController:
         """Whether a talk key can work while other apps are in front, in words for Settings."""
         return global_key_support()
 
-    def _configure_global_key(self) -> None:
-        settings = self.settings
-        if not settings.global_talk_key_enabled:
-            self._stop_global_key()
-            return
-        try:
-            spec = parse_key_spec(settings.global_talk_key)
-        except KeySpecError as exc:
-            self._stop_global_key()
-            self._post(Failure(f"The talk key for other apps cannot be used: {exc}"))
-            return
-        mode = TalkMode.TOGGLE if settings.talk_mode == "toggle" or settings.hands_free else TalkMode.HOLD
-        if self._global_key is not None:
-            self._global_key.configure(spec, mode)
-            log.info("Global talk key: %s (%s)", settings.global_talk_key, mode.value)
-            return
-        backend = self._hotkey_backend() if self._hotkey_backend is not None else None
-        key = GlobalTalkKey(spec, self._global_talk, mode=mode, backend=backend)
-        try:
-            key.start()
-        except HotkeyUnavailable as exc:
-            log.warning("Global talk key unavailable: %s", exc)
-            self._post(Notice(f"{exc} The talk key still works in Parley's window."))
-            return
-        self._global_key = key
-        log.info("Global talk key: %s (%s)", settings.global_talk_key, mode.value)
-
-    def _global_talk(self, event: TalkEvent) -> None:
-        # On the key listener's thread: only the queue is touched here.
-        self._post(GlobalTalk(event is TalkEvent.START))
-
-    def _stop_global_key(self) -> None:
-        key, self._global_key = self._global_key, None
-        if key is not None:
-            key.stop()
-
     @property
     def global_key_active(self) -> bool:
-        return self._global_key is not None and self._global_key.running
+        return self._global_key.active
 
     # ------------------------------------------------------------------ conversation history
 
     def conversation_at_risk(self) -> bool:
         """Whether ending the conversation now would lose it: not saved by hand, and the history will not keep
         it (saving is off, or saving it failed)."""
-        if self._kept or (self.recording.empty and not self.transcript.entries):
-            return False
-        return not self.history.enabled or self._history_failing
+        return self._keeper.at_risk(self.recording, self.transcript)
 
     def _conversation_ended(self, ended: ConversationEnded) -> None:
         log.info("Conversation %d ended", ended.number)
@@ -942,28 +697,11 @@ class AppController:
                 figures.reference_lead_s * 1000.0,
                 figures.cost_per_block_s * 1e6,
             )
-        if not self._kept:
-            self._keep_in_history()
+        self._keep_in_history()
 
     def _keep_in_history(self) -> None:
-        """Hand the current conversation to the saver thread (when saving is on and there is something)."""
-        if not self.history.enabled or (self.recording.empty and not self.transcript.entries):
-            return
-        current = self.profile.current
-        user, assistant = self.recording.snapshot()
-        record = ConversationRecord(
-            started=current.started if current is not None else _now(),
-            transcript=[TranscriptLine(e.role, e.seconds, e.text) for e in self.transcript.entries],
-            user_audio=user,
-            assistant_audio=assistant,
-            user_rate=self.recording.input_rate,
-            assistant_rate=self.recording.output_rate,
-            model=current.model if current is not None else None,
-            numerics=current.numerics if current is not None else None,
-        )
-        profile = conversation_log(current) if current is not None and current.timings else None
-        self._saver.save(record, profile, self._serial)
-        self._kept = True
+        """Hand the current conversation to the saver thread, once (when saving is on and there is something)."""
+        self._keeper.keep(self.recording, self.transcript, self.profile.current)
 
     def _keep_what_is_left(self) -> None:
         """At shutdown: fold in what the stopped worker still reported, keep the last conversation, wait."""
@@ -972,12 +710,11 @@ class AppController:
                 message = self._messages.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(message, _AdoptCheckpoint):
+            if isinstance(message, AdoptCheckpoint):
                 continue  # a download that finished as the app quit: adopted at the next start, not now
             self._consume(message)
-        if not self._kept:
-            self._keep_in_history()
-        self._saver.close(SHUTDOWN_SAVE_TIMEOUT_S)
+        self._keep_in_history()
+        self._keeper.close(SHUTDOWN_SAVE_TIMEOUT_S)
 
     def history_folder(self) -> Path:
         return self.history.folder
@@ -1048,143 +785,8 @@ class AppController:
 
     def mlx_device(self) -> str:
         """The device MLX computes on ("gpu: NVIDIA H100 …"), and on Linux's CPU why not the GPU (for About)."""
-        from engine import device_description
-
-        from .cuda_check import device_note
-
-        if self.engine_info is not None:
-            device = self.engine_info.device
-        else:
-            described = device_description()
-            device = f"{described['type']}: {described['name']}"
-        note = device_note(device.startswith("gpu"))
-        return device + (f" — {note}" if note else "")
-
-
-def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:
-    """Both sides of a saved conversation as one track at ``rate``: they share a timeline from its start."""
-    import soxr
-
-    def at_rate(samples: np.ndarray, source: int) -> np.ndarray:
-        data = np.asarray(samples, dtype=np.float32).reshape(-1)
-        return data if source == rate or not len(data) else np.asarray(soxr.resample(data, source, rate), np.float32)
-
-    user = at_rate(loaded.user_audio, loaded.user_rate)
-    assistant = at_rate(loaded.assistant_audio, loaded.assistant_rate)
-    mixed = np.zeros(max(len(user), len(assistant)), dtype=np.float32)
-    mixed[: len(user)] += user
-    mixed[: len(assistant)] += assistant
-    return np.clip(mixed, -1.0, 1.0)
-
-
-def _now() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)
-
-
-class _HistorySaver:
-    """Writes conversations to the history on its own thread (a long one is tens of MB), in order.
-
-    The controller calls ``save`` / ``prune`` / ``close`` on its thread; results come back through ``post``
-    (``HistorySaved`` or ``Failure``).
-    """
-
-    def __init__(self, history: ConversationHistory, post: Callable[[object], None]) -> None:
-        self._history = history
-        self._post = post
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-
-    def save(self, record: ConversationRecord, profile: Any, serial: int) -> None:
-        """Keep ``record`` with the profile of ``profile`` (an ``engine.profile_log.ConversationLog``, or None)."""
-        self._submit(lambda: self._save(record, profile, serial))
-
-    def prune(self) -> None:
-        self._submit(self._prune)
-
-    def close(self, timeout: float) -> None:
-        """Finish what is queued (for at most ``timeout`` seconds) and stop."""
-        thread = self._thread
-        if thread is None:
-            return
-        self._jobs.put(None)
-        thread.join(timeout)
-        if thread.is_alive():
-            log.error("The history is still being written after %.0f s; quitting without waiting", timeout)
-        self._thread = None
-
-    def _submit(self, job: Callable[[], None]) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="parley-history", daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                job()
-            except Exception as exc:  # a failed save is reported; the saver keeps going
-                log.exception("History job failed")
-                self._post(Failure(f"Could not keep the conversation in the history: {exc}"))
-
-    def _save(self, record: ConversationRecord, profile: Any, serial: int) -> None:
-        if profile is not None:
-            from engine import build_session_profile_log
-
-            record = replace(record, profile=build_session_profile_log([profile]))
-        try:
-            entry = self._history.save(record)
-        except HistoryError as exc:
-            log.warning("Could not keep the conversation: %s", exc)
-            self._post(_NotKept(serial))
-            self._post(
-                Failure(
-                    f"Could not keep the conversation in the history: {exc} Until saving works again, New "
-                    "Conversation and Quit ask before dropping a conversation (File → Save Conversation… keeps it)."
-                )
-            )
-            return
-        if entry is None:
-            return
-        log.info("Kept the conversation in %s (%.1f s, %d bytes)", entry.path, entry.duration_s, entry.size_bytes)
-        self._post(HistorySaved(entry.id, entry.path))
-
-    def _prune(self) -> None:
-        removed = self._history.prune()
-        if removed:
-            log.info("History limit lowered: removed the %d oldest conversations", len(removed))
-
-
-def _package_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def _parley_version() -> str:
-    version = _package_version("parley")
-    return "0+unknown" if version == "not installed" else version
-
-
-@dataclass(frozen=True)
-class _NotKept:
-    """Internal: saving conversation ``serial`` to the history failed."""
-
-    serial: int
+        return mlx_device(self.engine_info)
 
 
 _FROM_FRAMES = (UserTranscriptDelta, AssistantTextDelta, ToolCall, AudioChunk, FrameStats, InputFrame, ConversationTime)
 """What the worker reports from running frames (dropped between Stop and the worker's sleep)."""
-
-
-class _AdoptCheckpoint:
-    """Internal: a finished download to adopt (handled in :meth:`AppController.poll`)."""
-
-    def __init__(self, variant: str, path: Path) -> None:
-        self.variant = variant
-        self.path = path

@@ -175,6 +175,8 @@ class FakeController:
         self.talking = talking
         if talking and self.board.model is not None and not self.board.engine.conversation:
             self._start_conversation()
+        elif talking and self.board.engine.state is AppState.PAUSED:
+            self.queue(EngineState(AppState.READY, conversation=True))  # as the real worker: the key wakes it
         if self._loaded and self.live:
             self._script_turn(talking)
 

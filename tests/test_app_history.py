@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.controller import AppController, replay_mix
+from app.controller import AppController
 from app.history import ConversationHistory, ConversationRecord, LoadedConversation, TranscriptLine
+from app.history_keeping import replay_mix
 from app.messages import ConversationStarted, Failure, FrameStats, HistorySaved, ModelLoaded, ReplayProgress
 from app.settings import Settings
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES, OUTPUT_SAMPLE_RATE

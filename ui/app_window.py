@@ -238,6 +238,8 @@ class MainWindow(QMainWindow):
             detail = f"{detail} ({status.progress:.0%})" if detail else f"{status.progress:.0%}"
         self.indicator.set_state(state, detail)
         self.conversation.talk.set_available(state in TALKABLE, NOT_TALKABLE.get(state, ""))
+        if state is AppState.PAUSED and previous.state is not AppState.PAUSED:
+            self.conversation.talk.conversation_slept()
         self.header.show_model(status.model)
         self._set_model_actions_enabled(status.model is not None)
         self._show_devices(status)

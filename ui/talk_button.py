@@ -10,7 +10,8 @@ only when the state really changes. Main thread only.
 
 Hands-free: the key and the button open and close the microphone (toggle mode, whatever the
 talk mode says). The talk key in other apps (``handle_global``) and the tray's Talk item
-(``request_talking``) reach the same state.
+(``request_talking``) reach the same state. When the conversation falls asleep the microphone
+closes, and a toggled control closes with it (``conversation_slept``): one press wakes it.
 """
 
 from __future__ import annotations
@@ -272,6 +273,13 @@ class TalkControl(QWidget):
     def request_talking(self, talking: bool) -> None:
         """Talk (or stop) from elsewhere (the tray's Talk item): as if the button were toggled."""
         self._set_talking(talking)
+
+    def conversation_slept(self) -> None:
+        """The conversation fell asleep (the idle pause, or Stop), and that closed the microphone: an open toggle
+        closes too, so the next press opens it and wakes the conversation (instead of closing a microphone that is
+        already closed, and only the press after waking it). A held key in hold mode ends with its release."""
+        if self.mode == "toggle":
+            self._set_talking(False)
 
     def set_available(self, available: bool, reason: str = "Load a model to talk") -> None:
         """Whether talking is possible now; stops talking when it is not. ``reason`` is the hint then."""
