@@ -212,3 +212,17 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         write_profile_log(_log(), target)
     assert not target.exists()
+
+
+def test_the_chrome_trace_is_written_as_json_dumps_would_write_it_without_its_one_shot_encoder() -> None:
+    """The trace goes through the encoder in Python (which lets the frame thread run between its pieces, where
+    json.dumps's C encoder held the GIL for the whole trace); its text is json.dumps's to the byte."""
+    import json
+
+    from engine.profile_log import to_chrome_trace
+
+    frames = [_staged(index, 40.0 + index) for index in range(12)]
+    log = build_profile_log(frames, checkpoint=CHECKPOINT, settings={"talk_mode": "hold"}, drop_first=2)
+    text = to_chrome_trace(log)
+    assert text == json.dumps(json.loads(text)) + "\n"
+    assert len(json.loads(text)["traceEvents"]) > len(frames)
