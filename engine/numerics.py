@@ -237,6 +237,7 @@ import mlx.core as mx
 import numpy as np
 
 from .kernels.admission import admit_kernel, fast_part, gpu_kernel_backend
+from .kernels.plan import FastPlan
 
 if TYPE_CHECKING:
     from .kernels.quantized_product import RowRole
@@ -296,11 +297,6 @@ def apply_numerics(
     import dataclasses
     import functools
 
-    from mlx.utils import tree_flatten
-
-    from .kernels.code_sum import CodeSum, code_sum_ops, code_sum_samples
-    from .kernels.conv_norm import ConvNorm, conv_norm_ops
-    from .kernels.conv_norm import variants_for as conv_norm_variants
     from .kernels.decode_attention import (
         DecodeAttention,
         NormRope,
@@ -351,6 +347,9 @@ def apply_numerics(
     )
 
     fast = check_numerics(numerics) == "fast"
+    fast_plan = (
+        FastPlan.for_this_device(release=release, rnnt_loop=rnnt_loop_wanted(), characters=characters) if fast else None
+    )
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     changes: dict[str, bool] = {}
     mixers = [module for module in modules if isinstance(module, Mamba2Mixer)]
@@ -684,55 +683,8 @@ def apply_numerics(
         tts.step_draws = draws
 
     for codec in (module for module in modules if isinstance(module, Codec)):
-        blocks = codec.decoder.blocks
-        conv_norm: Callable[..., Any] | None = None
-        dtype = codec.activation_dtype()
-        eps = {block.norm.eps for block in blocks}
-        taps = {block.dwconv.weight.shape[1] for block in blocks}
-        # The kernel rounds in the activations' dtype, which is every block parameter's dtype as published.
-        uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
-        if fast and blocks and uniform and len(eps) == len(taps) == 1:
-            (norm_eps,), (kernel_size,) = eps, taps
-            # The first variant whose outputs are the operations' bits on this device (engine.kernels.conv_norm).
-            for variant in conv_norm_variants(gpu_kernel_backend()):
-                conv_norm, changes["codec_conv_norm"] = fast_part(
-                    ("codec_conv_norm", norm_eps, kernel_size, dtype, variant),
-                    f"codec convolution and norm ({variant.label})",
-                    functools.partial(conv_norm_ops, eps=norm_eps),
-                    functools.partial(ConvNorm, eps=norm_eps, dtype=dtype, variant=variant),
-                    functools.partial(_conv_norm_samples, codec.decoder.stream_shapes(), kernel_size, dtype),
-                    tolerance=0.0,  # on inputs whose convolution sums are exact: the operations' bits, or not used
-                )
-                if changes["codec_conv_norm"]:
-                    break
-            if on_gpu and not changes["codec_conv_norm"]:
-                conv_norm = None  # the compiled step's operations, as in exact mode
-        for block in blocks:
-            block.fast_conv_norm = conv_norm
-        code_sum: Callable[..., Any] | None = None
-        if fast:
-            quantizers, table_dtype = len(codec.prvq.mus_list), codec.prvq.mus_list[0].dtype
-            size, width = codec.prvq.mus_list[0].shape
-            code_sum, changes["codec_code_sum"] = fast_part(
-                ("codec_code_sum", table_dtype),
-                "codec dequantization",
-                code_sum_ops,
-                CodeSum,
-                functools.partial(code_sum_samples, quantizers, size, width, table_dtype),
-                tolerance=0.0,  # bit-identical to the operations, or not used
-            )
-            if on_gpu and not changes["codec_code_sum"]:
-                code_sum = None
-        codec.prvq.fast_sum = code_sum
+        changes.update(codec.use_numerics(fast_plan))
     return changes
-
-
-def _conv_norm_samples(shapes: list[tuple[int, int]], taps: int, dtype: mx.Dtype) -> list[tuple[Any, ...]]:
-    """The codec kernel's admission inputs at each decoder stage's shape (see
-    :func:`engine.kernels.conv_norm.conv_norm_samples`)."""
-    from .kernels.conv_norm import conv_norm_samples
-
-    return [conv_norm_samples(positions, channels, taps, dtype) for positions, channels in shapes]
 
 
 def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:

@@ -39,9 +39,10 @@ from .events import (
     FunctionDelta,
     UserTranscriptDelta,
 )
+from .hooks import FrameHooks
 from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
-from .networks.codec import CodecCache, replace_control_codes
+from .networks.codec import CodecState, replace_control_codes
 from .networks.encoder import PerceptionCache
 from .networks.llm import LLMCache
 from .networks.rnnt import (
@@ -58,6 +59,43 @@ from .profiler import FrameProfiler, Probe
 from .tools import ToolCallParser
 
 
+class _ProfilerHooks:
+    """The session's profiler as the networks' :class:`engine.hooks.FrameHooks` (a seam for the profiler that
+    implements them itself)."""
+
+    def __init__(self, profiler: FrameProfiler) -> None:
+        self._profiler = profiler
+
+    @property
+    def sub_stages(self) -> bool:
+        return self._profiler.sub_stages_enabled
+
+    @property
+    def observing(self) -> bool:
+        return False
+
+    def stage(self, name: str, *arrays: Any) -> None:
+        self._profiler.stage(name, *arrays)
+
+    def sub_stage(self, name: str, *arrays: Any) -> None:
+        self._profiler.sub_stage(name, *arrays)
+
+    def launch(self, *arrays: Any) -> None:
+        self._profiler.launch(*arrays)
+
+    def launch_part(self, *arrays: Any) -> None:
+        self._profiler.launch_part(*arrays)
+
+    def sync(self, *arrays: Any) -> None:
+        self._profiler.sync(*arrays)
+
+    def read_back(self, array: Any) -> Any:
+        return self._profiler.readback(array)
+
+    def observe(self, name: str, value: Any) -> None:
+        pass
+
+
 @dataclass
 class SessionCaches:
     """All state that carries from one frame to the next (besides the token histories)."""
@@ -66,7 +104,7 @@ class SessionCaches:
     rnnt: RNNTState
     language: LLMCache
     tts: TTSCache
-    codec: CodecCache
+    codec: CodecState
     previous_code: mx.array  # (1, 1, 31) codes fed back into the next TTS step
     previous_code_sum: mx.array | None = None  # their codebook-vector sum, when the TTS produced them
 
@@ -168,7 +206,7 @@ class Session:
             rnnt=make_rnnt_state(self.config.rnnt_blank_id),
             language=self._stt.llm.make_cache(),
             tts=tts_cache,
-            codec=self._speech.audio_codec.make_cache(),
+            codec=self._speech.audio_codec.make_state(),
             previous_code=previous_code,
         )
         self._prefill(self.system_prompt)
@@ -316,6 +354,11 @@ class Session:
         return result.codes
 
     @functools.cached_property
+    def _hooks(self) -> FrameHooks:
+        """What the networks call at their boundaries: this session's profiler."""
+        return _ProfilerHooks(self.profiler)
+
+    @functools.cached_property
     def _silence_code_sum(self) -> mx.array:
         tts = self._speech.tts_model
         total = tts.code_sum(self._silence_codes)
@@ -413,7 +456,7 @@ class Session:
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         if self.observer is not None:
             self.observer("codec.codes", clean)
-        samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec, probe)[0]
+        samples = self._speech.audio_codec.step(caches.codec, clean.transpose(0, 2, 1), self._hooks)[0]
         if self.observer is not None:
             self.observer("codec.samples", samples)
         profiler.sync(
