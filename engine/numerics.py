@@ -229,7 +229,6 @@ figure.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -238,6 +237,11 @@ import numpy as np
 
 from .kernels.admission import admit_kernel, fast_part, gpu_kernel_backend
 from .kernels.plan import FastPlan
+from .kernels.row_parts import kernel_weight_dtype as _kernel_weight_dtype
+from .kernels.row_parts import row_chains as _row_chains
+from .kernels.row_parts import row_product_part as _row_product_part
+from .kernels.row_parts import row_product_parts as _row_product_parts
+from .networks.rnnt.fast import rnnt_loop_wanted
 
 if TYPE_CHECKING:
     from .kernels.quantized_product import RowRole
@@ -245,15 +249,6 @@ if TYPE_CHECKING:
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
 
-# Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
-ENCODER_ROWS = 1
-# The environment variable that can turn off fast mode's RN-T loop in one launch
-# (engine.kernels.greedy_attempt.GreedyLoop) on CUDA: "0" leaves the attempts one launch each. On by default since its
-# barrier's counters sit on a ticket line (kernel_tickets): in an array of 8 bytes, which MLX keeps on the host, the
-# loop took 20.3 ms a frame; on a line, 0.87 ms in isolation against its attempt kernels' 0.67, and whole frames level
-# with them within noise on an H100 (tests/device/greedy_loop_probe.py and row_chains_ab.py, in git history), for 51
-# primitives a frame fewer.
-RNNT_LOOP_SETTING = "PARLEY_RNNT_LOOP"
 # The dtype fast mode's TTS backbone caches store keys and values in (see the module docstring). float32 here
 # would leave fast mode's arithmetic the reference's but for the order of its sums (what the drift test's tight
 # bounds check, with this so set).
@@ -266,11 +261,6 @@ def check_numerics(value: str) -> Numerics:
     if value not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}; got {value!r}")
     return value  # type: ignore[return-value]
-
-
-def rnnt_loop_wanted() -> bool:
-    """Whether fast mode builds the RN-T loop in one launch: unless :data:`RNNT_LOOP_SETTING` turns it off."""
-    return os.environ.get(RNNT_LOOP_SETTING, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def apply_numerics(
@@ -300,7 +290,6 @@ def apply_numerics(
     from .kernels.decode_attention import (
         DecodeAttention,
         NormRope,
-        RelativeDecodeAttention,
         decode_attention_heads_ops,
         decode_attention_heads_samples,
         decode_attention_ops,
@@ -309,8 +298,6 @@ def apply_numerics(
         decode_attention_writing_samples,
         norm_rope_ops,
         norm_rope_samples,
-        relative_attention_samples,
-        relative_window_samples,
     )
     from .kernels.fused_step import FusedStep, fused_step_ops, fused_step_sample
     from .kernels.residual_vq import (
@@ -324,16 +311,9 @@ def apply_numerics(
     )
     from .kernels.step_draws import StepDraws, step_draws_ops, step_draws_samples
     from .networks.codec import Codec
-    from .networks.encoder import (
-        ConformerLayer,
-        ConformerRowParts,
-        FastConformer,
-        RelativePositionAttention,
-        attend_relative,
-        attend_relative_window,
-    )
     from .networks.linear import KeepsCopy, QuantizedLinear
     from .networks.llm import CausalSelfAttention, HybridBlock, Mamba2Mixer, NemotronH
+    from .networks.perception import FastConformer, Perception
     from .networks.rnnt import RNNTJoint, RNNTPredictor
     from .networks.tts import (
         GUIDED_ROWS,
@@ -491,50 +471,13 @@ def apply_numerics(
     if fast and attentions:
         changes["attention_merges_shares"] = bool(merged_forms) and all(merged_forms.values())
 
-    relatives = [module for module in modules if isinstance(module, RelativePositionAttention)]
-    relative: Callable[..., Any] | None = None
-    if fast and relatives:
-        first_relative = relatives[0]
-        shape = (first_relative.heads, first_relative.head_dim)
-        relative, changes["relative_attention"] = fast_part(
-            ("relative", *shape, first_relative.pos_bias_u.dtype),
-            "encoder attention",
-            attend_relative,
-            lambda backend: RelativeDecodeAttention(backend, *shape),
-            lambda: relative_attention_samples(*shape, first_relative.pos_bias_u.dtype),
-        )
-    window: Callable[..., Any] | None = None
-    if fast and relatives:
-        window, changes["relative_window"] = fast_part(
-            ("relative_window", *shape, first_relative.pos_bias_u.dtype),
-            "encoder attention window",
-            attend_relative_window,
-            lambda backend: RelativeDecodeAttention(backend, *shape).window,
-            lambda: relative_window_samples(*shape, first_relative.pos_bias_u.dtype),
-        )
-    for module in relatives:
-        module.fast_attention = relative
-        module.fast_window = window
-
     on_gpu = gpu_kernel_backend() is not None
-    conformers = [module for module in modules if isinstance(module, ConformerLayer)]
-    conformer_parts: ConformerRowParts | None = None
-    weight_dtype: mx.Dtype | None = None
-    projections = encoder_row_projections(model)
-    if fast and conformers and relative is not None and not any("bias" in module for module in projections):
-        weight_dtype = _kernel_weight_dtype(projections, on_gpu)
-        conformer_parts, changes["encoder_row_products"] = _conformer_row_parts(conformers[0], weight_dtype)
-        if on_gpu and not (changes["encoder_row_products"] and changes["relative_attention"]):
-            conformer_parts, weight_dtype = None, None  # the compiled encoder's operations, as in exact mode
-    for conformer in conformers:
-        conformer.rows = conformer_parts
-        conformer.row_weights = None if conformer_parts is None else conformer.make_row_weights(weight_dtype)
-    encoders = [module for module in modules if isinstance(module, FastConformer)]
-    _apply_row_chains("encoder", encoders, fast and conformer_parts is not None, fast, changes)
+    for perception in (module for module in modules if isinstance(module, Perception)):
+        changes.update(perception.use_numerics(fast_plan))
 
     layers = [module for module in modules if isinstance(module, BackboneLayer)]
     row_parts: LayerRowParts | None = None
-    weight_dtype = None
+    weight_dtype: mx.Dtype | None = None
     if fast and layers:
         projections = [linear for layer in layers for linear in layer.projection_layers()]
         weight_dtype = _kernel_weight_dtype(projections, on_gpu)
@@ -625,13 +568,7 @@ def apply_numerics(
 
     joints = [module for module in modules if isinstance(module, RNNTJoint)]
     for predictor in (module for module in modules if isinstance(module, RNNTPredictor)):
-        predictor.fused_cell = fast  # the cell update left to fuse, where the attempts run as operations
-        attempt_parts = None
-        if fast and len(joints) == 1:
-            attempt_parts, changes["rnnt_attempts"], changes["rnnt_loop"] = _attempt_parts(predictor, joints[0])
-            if on_gpu and not changes["rnnt_attempts"]:
-                attempt_parts = None  # the compiled loop's operations (the CPU keeps the fallbacks, tested there)
-        predictor.use_attempt_parts(attempt_parts)
+        changes.update(predictor.use_numerics(fast_plan, joints[0] if len(joints) == 1 else None))
 
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         nearest: Callable[..., Any] = nearest_code_ops
@@ -685,62 +622,6 @@ def apply_numerics(
     for codec in (module for module in modules if isinstance(module, Codec)):
         changes.update(codec.use_numerics(fast_plan))
     return changes
-
-
-def _kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
-    """bf16 — what the row-product kernels read — on a GPU when every weight of ``linears`` is a bf16 value
-    (as stored, or a float32 copy that :mod:`engine.loading.precast` made of one), so a bf16 copy loses nothing;
-    otherwise None (the weights as they are: the CPU's fallbacks read them so)."""
-    if not on_gpu:
-        return None
-    weights = [linear.weight for linear in linears]
-    same = [mx.array_equal(weight.astype(mx.bfloat16).astype(weight.dtype), weight) for weight in weights]
-    mx.eval(same)
-    return mx.bfloat16 if all(bool(flag.item()) for flag in same) else None
-
-
-def _row_product_part(
-    shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str, guidance: float | None = None
-) -> tuple[Callable[..., Any], bool]:
-    """The row product for ``shape`` (:class:`engine.kernels.row_product.RowProductShape`; a guided one mixes its rows
-    by ``guidance``): the kernel where admitted, else the operations fallback; the flag says which."""
-    import functools
-
-    from .kernels.row_product import RowProduct, row_product_ops, row_product_samples
-
-    return fast_part(
-        ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
-        name,
-        functools.partial(
-            row_product_ops,
-            eps=eps,
-            epilogue=shape.epilogue,
-            factor=shape.factor,
-            value_heads=shape.value_heads,
-            guidance=guidance,
-        ),
-        lambda backend: functools.partial(
-            RowProduct(backend, shape, weight_dtype, scale_dtype), eps=eps, guidance=guidance
-        ),
-        lambda: row_product_samples(shape, weight_dtype, scale_dtype),
-        # MLX's CUDA backend multiplies several float32 rows in reduced precision (TF32 inputs): the
-        # kernel, which does not, is held to a float32 reference computed on the CPU.
-        reference_device=mx.cpu,
-    )
-
-
-def _row_product_parts(
-    network: str, shapes: dict[str, Any], weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: dict[str, float]
-) -> tuple[dict[str, Callable[..., Any]], bool]:
-    """:func:`_row_product_part` for each of a network's named ``shapes`` (with its norm's ``eps``); the flag
-    says whether every one is a kernel."""
-    parts: dict[str, Callable[..., Any]] = {}
-    every = True
-    for name, shape in shapes.items():
-        label = f"{network} {name.replace('_', ' ')} row product"
-        parts[name], used = _row_product_part(shape, weight_dtype, scale_dtype, eps[name], label)
-        every = every and used
-    return parts, every
 
 
 def _backbone_attention(
@@ -838,99 +719,6 @@ def _quantized_row_part(
     )
 
 
-# One set of attempt parts per predictor layout and device, so that a model switched back and forth gets the
-# same object again and its compiled greedy loops are reused (engine.networks.rnnt.GreedyPrograms keys them by it).
-_ATTEMPT_PARTS: dict[tuple[Any, ...], tuple[Any, bool, bool]] = {}
-
-
-def _attempt_parts(predictor: Any, joint: Any) -> tuple[Any, bool, bool]:
-    """One RN-T greedy attempt's parts (:mod:`engine.kernels.greedy_attempt`: each the kernel where admitted, else its
-    operations), or None for a layout they do not take; the flags say whether every one is a kernel, and
-    whether the parts run a frame's attempts as one launch (:class:`engine.kernels.greedy_attempt.GreedyLoop`, built
-    unless :func:`rnnt_loop_wanted` says no, admitted bit for bit against the attempt kernels, and only where all of
-    them are kernels)."""
-    import dataclasses
-    import functools
-
-    from .kernels.greedy_attempt import (
-        AttemptParts,
-        GreedyLoop,
-        GreedyLoopShape,
-        JointRow,
-        LSTMStep,
-        greedy_loop_ops,
-        greedy_loop_samples,
-        joint_row_ops,
-        joint_row_samples,
-        lstm_step_ops,
-        lstm_step_samples,
-    )
-
-    lstm, table = predictor.prediction["dec_rnn"].lstm, predictor.prediction["embed"].weight
-    output = joint.joint_net[-1]
-    if any("bias" not in module for module in (*lstm, joint.pred, output)):
-        return None, False, False
-    weight_dtype, bias_dtype = lstm[0].Wx.dtype, lstm[0].bias.dtype
-    dtypes = {table.dtype, *(array.dtype for layer in lstm for array in (layer.Wx, layer.Wh, layer.bias))}
-    if not dtypes <= {mx.float32, mx.bfloat16} or len({(layer.Wx.dtype, layer.bias.dtype) for layer in lstm}) > 1:
-        return None, False, False
-    width = predictor.hidden_size
-    # The reference multiplies a bf16 embedding row by bf16 weights in bf16: one rounding of the sum, kept.
-    rounded = table.dtype == weight_dtype == bias_dtype == mx.bfloat16
-    layout = GreedyLoopShape(
-        width,
-        len(lstm),
-        table.shape[0],
-        joint.pred.weight.shape[0],
-        output.weight.shape[0],
-        joint.activation_name,
-        rounded,
-    )
-    steps, scores, hidden = layout.steps(), layout.scores(), layout.joint_row()
-    types = (table.dtype, weight_dtype, bias_dtype, joint.pred.weight.dtype, output.weight.dtype)
-    looping = rnnt_loop_wanted()
-    key = (layout, types, gpu_kernel_backend(), looping)
-    if key not in _ATTEMPT_PARTS:
-        made: dict[str, Callable[..., Any]] = {}
-        every = True
-        for name, step in steps.items():
-            made[name], used = fast_part(
-                ("lstm_step", step, table.shape[0], types[:3]),
-                f"RN-T {name} LSTM step",
-                functools.partial(lstm_step_ops, shape=step),
-                functools.partial(LSTMStep, shape=step),
-                functools.partial(lstm_step_samples, step, table.shape[0], *types[:3]),
-                reference_device=mx.cpu,
-            )
-            every = every and used
-        for name, shape, weight in (("joint_hidden", hidden, joint.pred), ("joint_partials", scores, output)):
-            made[name], used = fast_part(
-                ("joint_row", shape, weight.weight.dtype, weight.bias.dtype),
-                f"RN-T {name.replace('_', ' ')} row",
-                functools.partial(joint_row_ops, shape=shape),
-                functools.partial(JointRow, shape=shape),
-                functools.partial(joint_row_samples, shape, weight.weight.dtype, weight.bias.dtype),
-                reference_device=mx.cpu,
-            )
-            every = every and used
-        parts = AttemptParts(**made, loop_shape=layout)
-        looped = False
-        if every and looping:  # the loop in one launch, against the attempt kernels it runs in turn
-            projections = (joint.pred.weight, joint.pred.bias, output.weight, output.bias)
-            loop, looped = fast_part(
-                ("greedy_loop", layout, types, *(array.dtype for array in projections)),
-                "RN-T greedy loop",
-                functools.partial(greedy_loop_ops, parts, shape=layout),
-                functools.partial(GreedyLoop, shape=layout),
-                functools.partial(greedy_loop_samples, layout, *types[:3], *(a.dtype for a in projections)),
-                tolerance=0.0,
-            )
-            if looped:
-                parts = dataclasses.replace(parts, loop=loop)
-        _ATTEMPT_PARTS[key] = (parts, every, looped)
-    return _ATTEMPT_PARTS[key]
-
-
 def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     """Parameter names of the weights fast mode's kernels read in bf16, directly: the encoder's one-row
     projections, the TTS backbone's projections and the MoG head's MLP projections (the row products), the
@@ -939,6 +727,7 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     step forms the distance product (:func:`engine.kernels.residual_vq.reads_stored_codebook`) the codebooks. A
     model loaded for fast numerics does not precast them (:func:`engine.loading.precast.precast_float32`)."""
     from .kernels.residual_vq import reads_stored_codebook
+    from .networks.perception import encoder_row_projections
     from .networks.tts import BackboneLayer, EarTTS, MixtureHead, MixtureLayer
 
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
@@ -956,43 +745,6 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     return frozenset(names)
 
 
-def encoder_row_projections(model: object) -> list[Any]:
-    """The encoder's projections that fast numerics' row products read (every layer's
-    :meth:`engine.networks.encoder.ConformerLayer.projection_layers`)."""
-    from .networks.encoder import ConformerLayer
-
-    modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
-    layers = [module for module in modules if isinstance(module, ConformerLayer)]
-    return [projection for layer in layers for projection in layer.projection_layers()]
-
-
-def _conformer_row_parts(layer: Any, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
-    """The row-product parts of a Conformer layer for a stream's newest frame (the kernels where admitted,
-    else the fallbacks); the flag says whether every one is a kernel."""
-    from .kernels.row_product import RowProductShape
-    from .networks.encoder import ConformerRowParts
-
-    norm, conv = layer.norm_feed_forward1, layer.conv
-    width, hidden = norm.weight.shape[0], layer.feed_forward1.linear1.weight.shape[0]
-    dtype = weight_dtype if weight_dtype is not None else layer.feed_forward1.linear1.weight.dtype
-    taps = conv.depthwise_conv.weight.shape[1]
-    rows = ENCODER_ROWS
-    shapes = {
-        "feed_forward_up": RowProductShape(rows, width, (hidden,), "layer_norm", "silu"),
-        "feed_forward_down": RowProductShape(rows, hidden, (width,), "none", "residual", factor=0.5),
-        "qkv": RowProductShape(rows, width, (width, width, width), "layer_norm"),
-        "output": RowProductShape(rows, width, (width,), "none", "residual"),
-        "convolution_in": RowProductShape(rows, width, (2 * width,), "layer_norm", "glu"),
-        "convolution_out": RowProductShape(rows, width, (width,), "conv_norm", "residual", taps=taps),
-    }
-    if layer.norm_out.eps == norm.eps:  # one eps for both norms: the previous layer's output norm folds in
-        shapes["feed_forward_up_twice"] = RowProductShape(rows, width, (hidden,), "layer_norm_twice", "silu")
-    # The convolution module's norm may have an eps of its own.
-    eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
-    parts, every = _row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
-    return ConformerRowParts(**parts, shapes=tuple(shapes.items())), every
-
-
 def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: bool, changes: dict[str, bool]) -> None:
     """Give each of a network's ``modules`` (those with ``row_chains`` and ``row_runs()``) its chains where
     ``chained`` (fast numerics with the network's row parts) on CUDA (the only backend with a chain kernel: the
@@ -1006,39 +758,6 @@ def _apply_row_chains(network: str, modules: list[Any], chained: bool, fast: boo
             module.row_chains, changes[f"{network}_row_chains"] = _row_chains(network, module.row_runs(), "cuda")
         elif fast:
             changes[f"{network}_row_chains"] = False
-
-
-def _row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: str) -> tuple[Any, bool]:
-    """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
-    launch each on ``backend`` (:class:`engine.kernels.row_chain.RowChain`), each admitted bit for bit against its steps
-    one launch each. The flag says whether every run is a chain."""
-    import functools
-
-    from .kernels.row_chain import ChainBook, RowChain, run_steps
-    from .kernels.row_product import RowProduct
-
-    chains: dict[tuple[Any, ...], Any] = {}
-    every = bool(runs)
-    for key, calls in runs.items():
-        parts = [call.part for call in calls]
-        if not all(isinstance(part, functools.partial) and isinstance(part.func, RowProduct) for part in parts):
-            every = False
-            continue
-        products = [part.func for part in parts]  # type: ignore[attr-defined]
-        settings = [(part.keywords["eps"], part.keywords.get("guidance")) for part in parts]  # type: ignore[attr-defined]
-        try:
-            chain = RowChain(backend, key, products, settings)
-        except ValueError as exc:
-            log.info("no %s row chain of %d steps (%s)", network, len(calls), exc)
-            every = False
-            continue
-        flat = lambda run, made=chain: [array for outputs in made(run) for array in outputs]  # noqa: E731
-        reference = lambda run: [array for outputs in run_steps(run) for array in outputs]  # noqa: E731
-        if admit_kernel(f"{network} row chain of {len(calls)}", flat, reference, (calls,), tolerance=0.0):
-            chains[key] = chain
-        else:
-            every = False
-    return ChainBook(chains=chains), every
 
 
 def _backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:

@@ -43,15 +43,14 @@ from .hooks import FrameHooks
 from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
 from .networks.codec import CodecState, replace_control_codes
-from .networks.encoder import PerceptionCache
 from .networks.llm import LLMCache
+from .networks.perception import PerceptionState
 from .networks.rnnt import (
     RNNTProposal,
     RNNTState,
+    Transducer,
     first_pass_attempts,
-    make_rnnt_state,
     next_first_pass,
-    rnnt_commit,
     rnnt_propose,
 )
 from .networks.tts import SpeakerPrompt, TTSCache, build_speaker_prompt
@@ -100,7 +99,7 @@ class _ProfilerHooks:
 class SessionCaches:
     """All state that carries from one frame to the next (besides the token histories)."""
 
-    perception: PerceptionCache
+    perception: PerceptionState
     rnnt: RNNTState
     language: LLMCache
     tts: TTSCache
@@ -202,8 +201,8 @@ class Session:
         tts_cache = tts.make_cache()
         previous_code = tts.warmup(speaker_prompt(voicechat), tts_cache, voicechat.characters)
         self.caches = SessionCaches(
-            perception=self._stt.perception.make_cache(),
-            rnnt=make_rnnt_state(self.config.rnnt_blank_id),
+            perception=self._stt.perception.make_state(),
+            rnnt=self._rnnt.make_state(),
             language=self._stt.llm.make_cache(),
             tts=tts_cache,
             codec=self._speech.audio_codec.make_state(),
@@ -354,6 +353,17 @@ class Session:
         return result.codes
 
     @functools.cached_property
+    def _rnnt(self) -> Transducer:
+        """The RN-T over this model's predictor and joint, for its vocabulary."""
+        return Transducer(
+            self._stt.rnnt_decoder,
+            self._stt.rnnt_joint,
+            blank_id=self.config.rnnt_blank_id,
+            max_symbols=self.config.audio_config.max_symbols,
+            vocabulary=self.voicechat.rnnt_vocabulary,
+        )
+
+    @functools.cached_property
     def _hooks(self) -> FrameHooks:
         """What the networks call at their boundaries: this session's profiler."""
         return _ProfilerHooks(self.profiler)
@@ -382,18 +392,7 @@ class Session:
             config = self.config
             symbols = proposal.symbols.tolist()
             self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
-            transcript = rnnt_commit(
-                self._stt.rnnt_decoder,
-                self._stt.rnnt_joint,
-                self.caches.rnnt,
-                encoded,
-                proposal,
-                symbols,
-                blank_id=config.rnnt_blank_id,
-                max_symbols=config.audio_config.max_symbols,
-                vocabulary=self.voicechat.rnnt_vocabulary,
-                read_back=self.profiler.readback,
-            )
+            transcript = self._rnnt.commit(self.caches.rnnt, encoded, proposal, symbols, self._hooks)
             if transcript is not None:
                 events.append(UserTranscriptDelta(self._frame_index, *transcript))
         return text_id, function_id
@@ -410,21 +409,14 @@ class Session:
 
         # Phase 1 — perception, RNN-T and the LLM, built as one graph (read back here, or with the samples).
         probe = profiler.sub_stage if profiler.sub_stages_enabled else None
-        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
+        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), self._hooks)
         perceived = (projected, encoded, *caches.perception.arrays())
         profiler.stage("perception", *perceived)
         # The device starts on each part as soon as its graph is built, while the host builds the next one.
         profiler.launch(*perceived)
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
-            proposal = rnnt_propose(
-                self._stt.rnnt_decoder,
-                self._stt.rnnt_joint,
-                caches.rnnt,
-                encoded,
-                blank_id=config.rnnt_blank_id,
-                attempts=self._rnnt_attempts,
-            )
+            proposal = self._rnnt.propose(caches.rnnt, encoded, self._rnnt_attempts)
         rnnt_outputs = [proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []
         profiler.launch_part(*rnnt_outputs)
         profiler.stage("rnnt", *rnnt_outputs)

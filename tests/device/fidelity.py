@@ -23,6 +23,8 @@ from typing import Any
 
 import mlx.core as mx
 
+import engine.kernels.admission as admission
+import engine.kernels.row_parts as row_parts
 import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
@@ -65,8 +67,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 HELD: set[str] = set()
-_fast_part = numerics.fast_part
-_row_chains = numerics._row_chains
+_fast_part = admission.fast_part
+_row_chains = row_parts.row_chains
 _use_condition_table = numerics.use_condition_table
 _cache_dtype = numerics.BACKBONE_CACHE_DTYPE
 
@@ -89,8 +91,21 @@ def _held_condition_table(model: Any, characters: Any) -> bool:
     return False if "condition_table" in HELD else _use_condition_table(model, characters)
 
 
-numerics.fast_part = _held_fast_part
-numerics._row_chains = _held_row_chains
+def _hold_everywhere() -> None:
+    """Route every engine module's own name for ``fast_part`` and the row chains' admission (each network's fast
+    form imports them) through the holds."""
+    import engine.model  # noqa: F401  (imports every network, and with it every fast form)
+
+    for name, module in list(sys.modules.items()):
+        if name == "engine" or name.startswith("engine."):
+            for attribute, value in list(vars(module).items()):
+                if value is _fast_part:
+                    setattr(module, attribute, _held_fast_part)
+                elif value is _row_chains:
+                    setattr(module, attribute, _held_row_chains)
+
+
+_hold_everywhere()
 numerics.use_condition_table = _held_condition_table
 
 

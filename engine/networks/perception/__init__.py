@@ -1,0 +1,35 @@
+"""Perception: the streaming log-mel front end (:mod:`.mel`), the cache-aware FastConformer and its projection
+(:mod:`.encoder`), and the encoder's fast form (:mod:`.fast`)."""
+
+from .encoder import (
+    ConformerLayer,
+    FastConformer,
+    Perception,
+    PerceptionState,
+    RelativePositionAttention,
+    attend_relative,
+    attend_relative_window,
+    chunked_limited_mask,
+    relative_positions,
+)
+from .fast import EncoderFast, encoder_row_projections
+from .mel import MelState, StreamingMel, hann_window, log_mel_spectrogram, mel_filterbank
+
+__all__ = [
+    "ConformerLayer",
+    "EncoderFast",
+    "FastConformer",
+    "MelState",
+    "Perception",
+    "PerceptionState",
+    "RelativePositionAttention",
+    "StreamingMel",
+    "attend_relative",
+    "attend_relative_window",
+    "chunked_limited_mask",
+    "encoder_row_projections",
+    "hann_window",
+    "log_mel_spectrogram",
+    "mel_filterbank",
+    "relative_positions",
+]
