@@ -156,6 +156,8 @@ class ConvNeXtBlock(nn.Module):
 
 # --------------------------------------------------------------------------- encoder / decoder stacks
 
+BlockStep = Callable[[ConvNeXtBlock, mx.array, mx.array], tuple[mx.array, mx.array]]
+
 
 class CodecEncoder(nn.Module):
     """STFT features ``(B, F, 18)`` -> latents ``(B, F / 441, latent_dim)``.
@@ -203,14 +205,21 @@ class CodecDecoder(nn.Module):
     def blocks(self) -> list[ConvNeXtBlock]:
         return [layer for layer in self.layers if isinstance(layer, ConvNeXtBlock)]
 
-    def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
-        """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
+    def __call__(
+        self, latents: mx.array, histories: list[mx.array] | None = None, block_step: BlockStep | None = None
+    ) -> tuple[mx.array, list[mx.array]]:
+        """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls.
+        ``block_step(block, inputs, history)`` runs each ConvNeXt block in place of its own call (fast numerics'
+        streaming form, :meth:`engine.networks.codec.fast.CodecFast.block_step`)."""
         hidden = latents
         new_histories: list[mx.array] = []
         for layer in self.layers:
             if isinstance(layer, ConvNeXtBlock):
                 history = None if histories is None else histories[len(new_histories)]
-                hidden, history = layer(hidden, history)
+                if block_step is not None and history is not None:
+                    hidden, history = block_step(layer, hidden, history)
+                else:
+                    hidden, history = layer(hidden, history)
                 new_histories.append(history)
             else:
                 hidden = layer(hidden)

@@ -26,7 +26,12 @@ from ...kernels.conv_norm import variants_for as conv_norm_variants
 
 if TYPE_CHECKING:
     from ...kernels.plan import FastPlan
-    from .codec import Codec, CodecDecoder, ConvNeXtBlock
+
+# The codec's modules, named for the reader: this module imports nothing of engine.networks.codec.codec, which
+# imports it (Codec.use_numerics), so that the two make no import circle.
+Codec = Any  # engine.networks.codec.codec.Codec
+CodecDecoder = Any  # engine.networks.codec.codec.CodecDecoder
+ConvNeXtBlock = Any  # engine.networks.codec.codec.ConvNeXtBlock
 
 ConvNormPart = Callable[..., tuple[mx.array, mx.array]]
 CodeSumPart = Callable[[mx.array, mx.array, mx.array], mx.array]
@@ -49,19 +54,10 @@ class CodecFast:
     def decoder_step(
         self, decoder: CodecDecoder, latents: mx.array, histories: list[mx.array]
     ) -> tuple[mx.array, list[mx.array]]:
-        """:meth:`engine.networks.codec.CodecDecoder.__call__` for one frame of one stream, its ConvNeXt blocks
-        through :meth:`block_step`."""
-        from .codec import ConvNeXtBlock
-
-        hidden = latents
-        new_histories: list[mx.array] = []
-        for layer in decoder.layers:
-            if isinstance(layer, ConvNeXtBlock):
-                hidden, history = self.block_step(layer, hidden, histories[len(new_histories)])
-                new_histories.append(history)
-            else:
-                hidden = layer(hidden)
-        return hidden, new_histories
+        """``decoder`` (:class:`engine.networks.codec.CodecDecoder`) for one frame of one stream, its ConvNeXt
+        blocks through :meth:`block_step`."""
+        outputs: tuple[mx.array, list[mx.array]] = decoder(latents, histories, self.block_step)
+        return outputs
 
     def block_step(self, block: ConvNeXtBlock, inputs: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
         """One stream's ``inputs (1, T, C)`` through ``block`` with its ``history (1, kernel - 1, C)``: the

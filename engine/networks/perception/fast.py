@@ -22,19 +22,16 @@ from ...kernels.decode_attention import RelativeDecodeAttention, relative_attent
 from ...kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
 from ...kernels.row_parts import kernel_weight_dtype, row_chains, row_product_parts
 from ...kernels.row_product import RowProductShape
-from ..linear import Linear
-from .encoder import (
-    ConformerLayer,
-    PointwiseConv,
-    attend_relative,
-    attend_relative_window,
-    attention_window,
-    relative_positions,
-)
+from .attention import attend_relative, attend_relative_window, attention_window, relative_positions
 
 if TYPE_CHECKING:
     from ...kernels.plan import FastPlan
-    from .encoder import FastConformer, PerceptionState
+
+# The encoder's modules, named for the reader: this module imports nothing of engine.networks.perception.encoder,
+# which imports it (FastConformer.use_numerics), so that the two make no import circle.
+FastConformer = Any  # engine.networks.perception.encoder.FastConformer
+ConformerLayer = Any  # engine.networks.perception.encoder.ConformerLayer
+PerceptionState = Any  # engine.networks.perception.encoder.PerceptionState
 
 # Rows the encoder's streaming layers carry: one 80 ms frame of one conversation.
 ENCODER_ROWS = 1
@@ -370,11 +367,3 @@ def conformer_row_parts(layer: ConformerLayer, weight_dtype: mx.Dtype | None) ->
     eps = {name: conv.batch_norm.eps if name == "convolution_out" else norm.eps for name in shapes}
     parts, every = row_product_parts("encoder", shapes, dtype, norm.weight.dtype, eps)
     return ConformerRowParts(**parts, shapes=tuple(shapes.items())), every
-
-
-def encoder_row_projections(model: Any) -> list[Linear | PointwiseConv]:
-    """The encoder projections of ``model`` that fast numerics' row products read (every Conformer layer's
-    :meth:`engine.networks.perception.ConformerLayer.projection_layers`)."""
-    modules = [module for _, module in model.named_modules()]
-    layers = [module for module in modules if isinstance(module, ConformerLayer)]
-    return [projection for layer in layers for projection in layer.projection_layers()]

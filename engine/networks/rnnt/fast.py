@@ -36,7 +36,12 @@ from ...kernels.greedy_attempt import (
 
 if TYPE_CHECKING:
     from ...kernels.plan import FastPlan
-    from .rnnt import LSTMState, RNNTJoint, RNNTPredictor
+
+# The RN-T's modules, named for the reader: this module imports nothing of engine.networks.rnnt.rnnt, which imports
+# it (RNNTPredictor.use_numerics), so that the two make no import circle.
+RNNTPredictor = Any  # engine.networks.rnnt.rnnt.RNNTPredictor
+RNNTJoint = Any  # engine.networks.rnnt.rnnt.RNNTJoint
+LSTMState = tuple[mx.array, mx.array]
 
 # The environment variable that can turn off fast mode's RN-T loop in one launch
 # (engine.kernels.greedy_attempt.GreedyLoop) on CUDA: "0" leaves the attempts one launch each. On by default since its
