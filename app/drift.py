@@ -133,10 +133,10 @@ def _tts_replay(voicechat: Any, inputs: list[tuple[mx.array, mx.array | None, in
 
 def _codec_replay(voicechat: Any, codes: list[mx.array]) -> np.ndarray:
     codec = voicechat.model.tts_model.audio_codec
-    cache = codec.make_cache()
+    cache = codec.make_state()
     pieces = []
     for clean in codes:
-        samples = codec.decode_step(clean.transpose(0, 2, 1), cache)[0]
+        samples = codec.step(cache, clean.transpose(0, 2, 1))[0]
         mx.eval(samples, cache.arrays())
         pieces.append(np.array(samples, dtype=np.float64))
     return np.concatenate(pieces) if pieces else np.zeros(0)

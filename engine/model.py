@@ -27,10 +27,10 @@ from .loading.memory import check_fits, format_bytes, precast_budget
 from .loading.precast import precast_float32
 from .loading.tokenizer import RNNTVocabulary, TextTokenizer
 from .networks.codec import Codec
-from .networks.encoder import Perception
 from .networks.fused import fuse_projections
 from .networks.linear import Linear, prepare_transposed_weights
 from .networks.llm import NemotronH
+from .networks.perception import Perception
 from .networks.rnnt import RNNTJoint, RNNTPredictor
 from .networks.tts import EarTTS
 from .networks.tts.subword import CharacterTable

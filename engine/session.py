@@ -41,16 +41,15 @@ from .events import (
 from .hooks import NO_HOOKS, FrameHooks, Probe
 from .loading.tokenizer import StreamingDetokenizer
 from .model import VoiceChat
-from .networks.codec import CodecCache, replace_control_codes
-from .networks.encoder import PerceptionCache
+from .networks.codec import CodecState, replace_control_codes
 from .networks.llm import LLMCache
+from .networks.perception import PerceptionState
 from .networks.rnnt import (
     RNNTProposal,
     RNNTState,
+    Transducer,
     first_pass_attempts,
-    make_rnnt_state,
     next_first_pass,
-    rnnt_commit,
     rnnt_propose,
 )
 from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
@@ -62,11 +61,11 @@ from .tools import ToolCallParser
 class SessionCaches:
     """All state that carries from one frame to the next (besides the token histories)."""
 
-    perception: PerceptionCache
+    perception: PerceptionState
     rnnt: RNNTState
     language: LLMCache
     tts: TTSCache
-    codec: CodecCache
+    codec: CodecState
     previous_code: mx.array  # (1, 1, 31) codes fed back into the next TTS step
     previous_code_sum: mx.array | None = None  # their codebook-vector sum, when the TTS produced them
 
@@ -155,11 +154,11 @@ class Session:
         tts_cache = tts.make_state()
         previous_code = tts.warmup(speaker_prompt(voicechat), tts_cache, voicechat.characters)
         self.caches = SessionCaches(
-            perception=self._stt.perception.make_cache(),
-            rnnt=make_rnnt_state(self.config.rnnt_blank_id),
+            perception=self._stt.perception.make_state(),
+            rnnt=self._rnnt.make_state(),
             language=self._stt.llm.make_state(),
             tts=tts_cache,
-            codec=self._speech.audio_codec.make_cache(),
+            codec=self._speech.audio_codec.make_state(),
             previous_code=previous_code,
         )
         self._prefill(self.system_prompt)
@@ -299,6 +298,17 @@ class Session:
         return result.codes
 
     @functools.cached_property
+    def _rnnt(self) -> Transducer:
+        """The RN-T over this model's predictor and joint, for its vocabulary."""
+        return Transducer(
+            self._stt.rnnt_decoder,
+            self._stt.rnnt_joint,
+            blank_id=self.config.rnnt_blank_id,
+            max_symbols=self.config.audio_config.max_symbols,
+            vocabulary=self.voicechat.rnnt_vocabulary,
+        )
+
+    @functools.cached_property
     def _silence_code_sum(self) -> mx.array:
         tts = self._speech.tts_model
         total = tts.code_sum(self._silence_codes)
@@ -322,18 +332,7 @@ class Session:
             config = self.config
             symbols = proposal.symbols.tolist()
             self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
-            transcript = rnnt_commit(
-                self._stt.rnnt_decoder,
-                self._stt.rnnt_joint,
-                self.caches.rnnt,
-                encoded,
-                proposal,
-                symbols,
-                blank_id=config.rnnt_blank_id,
-                max_symbols=config.audio_config.max_symbols,
-                vocabulary=self.voicechat.rnnt_vocabulary,
-                read_back=self._hooks.read_back,
-            )
+            transcript = self._rnnt.commit(self.caches.rnnt, encoded, proposal, symbols, self._hooks)
             if transcript is not None:
                 events.append(UserTranscriptDelta(self._frame_index, *transcript))
         return text_id, function_id
@@ -350,21 +349,14 @@ class Session:
 
         # Phase 1 — perception, RNN-T and the LLM, built as one graph (read back here, or with the samples).
         probe = hooks.sub_stage if hooks.sub_stages else None
-        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), probe)
+        projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), hooks)
         perceived = (projected, encoded, *caches.perception.arrays())
         hooks.stage("perception", *perceived)
         # The device starts on each part as soon as its graph is built, while the host builds the next one.
         hooks.launch(*perceived)
         proposal = None
         if len(self.voicechat.rnnt_vocabulary):
-            proposal = rnnt_propose(
-                self._stt.rnnt_decoder,
-                self._stt.rnnt_joint,
-                caches.rnnt,
-                encoded,
-                blank_id=config.rnnt_blank_id,
-                attempts=self._rnnt_attempts,
-            )
+            proposal = self._rnnt.propose(caches.rnnt, encoded, self._rnnt_attempts)
         rnnt_outputs = [proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []
         hooks.launch_part(*rnnt_outputs)
         hooks.stage("rnnt", *rnnt_outputs)
@@ -396,7 +388,7 @@ class Session:
         clean = replace_control_codes(codes, self._speech.control_codes, self._speech.codec_silence_tokens)
         if hooks.observing:
             hooks.observe("codec.codes", clean)
-        samples = self._speech.audio_codec.decode_step(clean.transpose(0, 2, 1), caches.codec, probe)[0]
+        samples = self._speech.audio_codec.step(caches.codec, clean.transpose(0, 2, 1), hooks)[0]
         if hooks.observing:
             hooks.observe("codec.samples", samples)
         hooks.sync(

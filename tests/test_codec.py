@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from engine.loading.checkpoint import load_into, read_runtime_weights
-from engine.networks.codec import CODEC_PREFIX, Codec, CodecCache, _overlap_norm, replace_control_codes
+from engine.networks.codec import CODEC_PREFIX, Codec, CodecState, replace_control_codes
+from engine.networks.codec.codec import _overlap_norm
 
 SAMPLES = 1764
 
@@ -26,11 +27,11 @@ def _random_codes(codec: Codec, batch: int, frames: int, seed: int) -> mx.array:
     return mx.array(rng.integers(0, codec.config.codebook_size, shape).astype(np.int32))
 
 
-def _stream(codec: Codec, codes: mx.array, chunks: list[int], cache: CodecCache | None = None) -> np.ndarray:
-    cache = cache or codec.make_cache(codes.shape[0])
+def _stream(codec: Codec, codes: mx.array, chunks: list[int], cache: CodecState | None = None) -> np.ndarray:
+    cache = cache or codec.make_state(codes.shape[0])
     pieces, start = [], 0
     for size in chunks:
-        samples = codec.decode_step(codes[:, :, start : start + size], cache)
+        samples = codec.step(cache, codes[:, :, start : start + size])
         mx.eval(samples, *cache.arrays())
         pieces.append(np.asarray(samples))
         start += size
@@ -38,11 +39,11 @@ def _stream(codec: Codec, codes: mx.array, chunks: list[int], cache: CodecCache 
     return np.concatenate(pieces, axis=1)
 
 
-def test_decode_step_emits_1764_float32_samples_per_frame(codec: Codec) -> None:
-    cache = codec.make_cache(2)
+def test_step_emits_1764_float32_samples_per_frame(codec: Codec) -> None:
+    cache = codec.make_state(2)
     codes = _random_codes(codec, 2, 4, seed=0)
-    one = codec.decode_step(codes[:, :, :1], cache)
-    three = codec.decode_step(codes[:, :, 1:], cache)
+    one = codec.step(cache, codes[:, :, :1])
+    three = codec.step(cache, codes[:, :, 1:])
     assert one.shape == (2, SAMPLES) and one.dtype == mx.float32
     assert three.shape == (2, 3 * SAMPLES) and three.dtype == mx.float32
     assert codec.decode(codes).shape == (2, 4 * SAMPLES)
@@ -51,15 +52,16 @@ def test_decode_step_emits_1764_float32_samples_per_frame(codec: Codec) -> None:
 
 
 def test_cache_shapes_and_dtype(codec: Codec) -> None:
-    cache = codec.make_cache(2)
+    cache = codec.make_state(2)
     # Decoder stages run widest first: 4x, 2x, 1x base channels (tiny: 32, 16, 8).
     widths = [32] * 3 + [16] * 3 + [8] * 3
     assert [tuple(a.shape) for a in cache.block_inputs] == [(2, 6, width) for width in widths]
     assert cache.spectrum_real.shape == cache.spectrum_imag.shape == (2, 4, 9)
     assert all(a.dtype == mx.bfloat16 for a in cache.arrays())  # the decoder's activation dtype
     assert len(cache.arrays()) == 11
+    assert cache.nbytes() == sum(a.nbytes for a in cache.arrays()) == 2 * 2 * (6 * 3 * (32 + 16 + 8) + 2 * 4 * 9)
     assert all(not mx.any(a).item() for a in cache.arrays())
-    codec.decode_step(_random_codes(codec, 2, 2, seed=1), cache)
+    codec.step(cache, _random_codes(codec, 2, 2, seed=1))
     assert [tuple(a.shape) for a in cache.block_inputs] == [(2, 6, width) for width in widths]
     assert cache.spectrum_real.shape == (2, 4, 9)
     assert all(a.dtype == mx.bfloat16 for a in cache.arrays())
@@ -80,7 +82,7 @@ def test_stream_is_offline_delayed_by_8_samples_and_flush_completes_it(codec: Co
     frames = 12
     codes = _random_codes(codec, 2, frames, seed=3)
     offline = np.asarray(codec.decode(codes))
-    cache = codec.make_cache(2)
+    cache = codec.make_state(2)
     stream = _stream(codec, codes, [1] * frames, cache)
     before = cache.arrays()
     tail = codec.flush(cache)
@@ -106,7 +108,7 @@ def test_stream_is_offline_delayed_by_8_samples_and_flush_completes_it(codec: Co
 
 
 def test_flush_of_an_empty_stream_is_silent(codec: Codec) -> None:
-    tail = codec.flush(codec.make_cache(1))
+    tail = codec.flush(codec.make_state(1))
     assert tail.shape == (1, 8)
     assert not mx.any(tail).item()
 
@@ -182,16 +184,48 @@ def test_fast_numerics_streams_exact_bits_on_rows_with_a_program_per_part(codec:
     codes = _random_codes(codec, 1, 5, seed=7)
     exact = _stream(codec, codes, [1] * 5)
     try:
-        apply_numerics(codec, "fast")
-        assert codec.decoder.steps_stream() and codec.decoder.fast_part() is not None
-        assert codec.prvq.fast_sum is code_sum_ops  # the CPU's: the operations
+        changes = apply_numerics(codec, "fast")
+        assert changes == {"codec_conv_norm": False, "codec_code_sum": False}  # no kernel on the CPU
+        assert codec.fast is not None and codec.fast.conv_norm is not None
+        assert codec.fast.code_sum is code_sum_ops  # the CPU's: the operations
         fast = _stream(codec, codes, [1] * 5)
     finally:
         apply_numerics(codec, "exact")
-    assert not codec.decoder.steps_stream()
+    assert codec.fast is None
     assert np.array_equal(fast, exact)
     assert np.array_equal(_stream(codec, codes, [1] * 5), exact)
-    assert len(codec._compiled_steps) == 2 and (None, None) in codec._compiled_steps  # exact's step and fast's
+    assert len(codec._compiled_steps) == 2 and None in codec._compiled_steps  # exact's step and fast's
+
+
+def test_use_numerics_sets_the_codec_s_one_fast_slot_and_sub_stages_reach_its_hooks(codec: Codec) -> None:
+    """The codec takes its fast form from a plan itself (None: exact mode), and a step whose hooks time
+    sub-stages runs op by op, closing each of its three parts with its output: the same samples."""
+    from engine.hooks import NoHooks
+    from engine.kernels.plan import FastPlan
+
+    class Watching(NoHooks):
+        sub_stages = True
+
+        def __init__(self) -> None:
+            self.closed: list[str] = []
+
+        def sub_stage(self, name: str, *arrays: object) -> None:
+            self.closed.append(name)
+
+    codes = _random_codes(codec, 1, 1, seed=8)
+    plain = codec.step(codec.make_state(), codes)
+    watching = Watching()
+    watched = codec.step(codec.make_state(), codes, watching)
+    assert watching.closed == ["codec.dequantize", "codec.decoder", "codec.istft"]
+    assert mx.array_equal(plain, watched).item()
+    try:
+        assert codec.use_numerics(FastPlan(backend=None)) == {"codec_conv_norm": False, "codec_code_sum": False}
+        assert codec.fast is not None
+        fast = codec.step(codec.make_state(), codes)
+    finally:
+        assert codec.use_numerics(None) == {}
+    assert codec.fast is None
+    assert mx.array_equal(fast, plain).item()
 
 
 def test_conv_norm_admission_sample_makes_every_sum_exact() -> None:

@@ -10,8 +10,14 @@ import pytest
 
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import PerceptionConfig
-from engine.networks.encoder import Perception, PerceptionCache, chunked_limited_mask, relative_positions
-from engine.networks.mel import log_mel_spectrogram, make_mel_cache
+from engine.networks.perception import (
+    Perception,
+    PerceptionState,
+    StreamingMel,
+    chunked_limited_mask,
+    log_mel_spectrogram,
+    relative_positions,
+)
 
 FRAME = 1280
 
@@ -31,8 +37,8 @@ def _signal(speech: np.ndarray, frames: int) -> mx.array:
     return mx.array(np.concatenate([speech, tail])[: frames * FRAME])
 
 
-def _stream(perception: Perception, samples: mx.array) -> tuple[mx.array, mx.array, PerceptionCache]:
-    cache = perception.make_cache()
+def _stream(perception: Perception, samples: mx.array) -> tuple[mx.array, mx.array, PerceptionState]:
+    cache = perception.make_state()
     projected, encoded = [], []
     for index in range(samples.shape[0] // FRAME):
         out = perception.step(cache, samples[index * FRAME : (index + 1) * FRAME])
@@ -91,6 +97,55 @@ def test_step_shapes_and_bounded_caches(perception: Perception, speech_16k: np.n
     assert all(item is not None and item.shape == (1, 8, d_model) for item in cache.convolution)
     layers = len(perception.encoder.layers)
     assert len(cache.arrays()) == 2 + 2 * layers
+    assert cache.nbytes() == sum(array.nbytes for array in cache.arrays()) > 0
+
+
+def test_use_numerics_sets_the_encoder_s_one_fast_slot_and_sub_stages_reach_its_hooks(
+    perception: Perception, speech_16k: np.ndarray
+) -> None:
+    """Perception takes its fast form from a plan (the encoder's one slot; None: exact mode) and a frame whose hooks
+    time sub-stages closes each of its four parts with its output; the outputs stay exact mode's (the CPU's fallbacks
+    are the operations, the row products summed in another order)."""
+    from engine.hooks import NoHooks
+    from engine.kernels.plan import FastPlan
+    from engine.timeline import INPUT_FRAME_SAMPLES
+
+    class Watching(NoHooks):
+        sub_stages = True
+
+        def __init__(self) -> None:
+            self.closed: list[str] = []
+
+        def sub_stage(self, name: str, *arrays: object) -> None:
+            self.closed.append(name)
+
+    samples = _signal(speech_16k, 3)
+    assert INPUT_FRAME_SAMPLES == FRAME
+    watching = Watching()
+    state = perception.make_state()
+    watched = [perception.step(state, samples[i * FRAME : (i + 1) * FRAME], watching)[1] for i in range(3)]
+    assert watching.closed == 3 * [
+        "perception.mel",
+        "perception.subsampling",
+        "perception.layers",
+        "perception.projection",
+    ]
+    _, exact, _ = _stream(perception, samples)
+    assert mx.array_equal(mx.concatenate(watched, axis=1), exact).item()
+    try:
+        changes = perception.use_numerics(FastPlan(backend=None))
+        assert changes == dict.fromkeys(
+            ("relative_attention", "relative_window", "encoder_row_products", "encoder_row_chains"), False
+        )
+        fast_form = perception.encoder.fast
+        assert fast_form is not None and fast_form.rows is not None
+        assert len(fast_form.row_weights) == len(perception.encoder.layers)
+        _, fast, fast_state = _stream(perception, samples)
+        assert all(values is not None for values in fast_state.values)  # the row products cache projected values
+    finally:
+        assert perception.use_numerics(None) == {}
+    assert perception.encoder.fast is None
+    assert mx.abs(fast - exact).max().item() < 1e-4
 
 
 def test_step_is_causal(perception: Perception, speech_16k: np.ndarray) -> None:
@@ -105,7 +160,7 @@ def test_step_is_causal(perception: Perception, speech_16k: np.ndarray) -> None:
 
 
 def test_step_rejects_a_wrong_frame(perception: Perception) -> None:
-    cache = perception.make_cache()
+    cache = perception.make_state()
     with pytest.raises(ValueError, match=r"1280 mono samples, got shape \(1279,\)"):
         perception.step(cache, mx.zeros((1279,), dtype=mx.float32))
     with pytest.raises(ValueError, match=r"got shape \(1, 1280\)"):
@@ -115,8 +170,8 @@ def test_step_rejects_a_wrong_frame(perception: Perception) -> None:
 
 def test_step_raises_when_no_encoder_frame_comes_out(perception: Perception) -> None:
     # A front end that looks two frames ahead emits no mel on the first push, so no encoder frame.
-    cache = perception.make_cache()
-    cache.mel = make_mel_cache(perception.perception_config.preprocessor, 2 * FRAME)
+    cache = perception.make_state()
+    cache.mel = StreamingMel(perception.perception_config.preprocessor, 2 * FRAME).make_state()
     with pytest.raises(RuntimeError, match=r"exactly one encoder frame: mel=\(1, 0, 128\), encoded=\[\]"):
         perception.step(cache, mx.zeros((FRAME,), dtype=mx.float32))
 

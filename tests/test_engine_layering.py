@@ -44,16 +44,6 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("facade", frozenset({"engine"})),
 ]
 
-# Known upward edges that the network refactor of issue 50 (h50-fast, h50-perc) removes: the networks take
-# ``hooks`` instead of the profiler's ``Probe``, and the fused Mamba step takes a shape instead of the mixer.
-# The coordinator deletes this list once those branches are merged; the test is strict from then on.
-PENDING_NETWORK_REFACTOR: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("engine.networks.codec", "engine.profiler"),
-        ("engine.networks.encoder", "engine.profiler"),
-    }
-)
-
 # What app/ may import of the engine: the facade, and the modules the UI reads without MLX.
 APP_MAY_IMPORT = frozenset({"engine", "engine.events", "engine.timeline", "engine.errors"})
 
@@ -163,18 +153,12 @@ def test_every_engine_module_has_one_layer() -> None:
 
 def test_engine_modules_import_only_their_own_or_lower_layers() -> None:
     upward = upward_edges(engine_graph())
-    unexpected = sorted(upward - PENDING_NETWORK_REFACTOR)
-    described = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})" for a, b in unexpected]
+    described = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})" for a, b in sorted(upward)]
     assert not described, "imports that point up a layer:\n" + "\n".join(described)
-    stale = sorted(PENDING_NETWORK_REFACTOR - upward)
-    assert not stale, f"no longer imported, so drop them from PENDING_NETWORK_REFACTOR: {stale}"
 
 
 def test_the_engine_has_no_import_circle() -> None:
-    graph = engine_graph()
-    for module, target in PENDING_NETWORK_REFACTOR:
-        graph[module].discard(target)
-    assert cycles(graph) == []
+    assert cycles(engine_graph()) == []
 
 
 def test_the_walk_sees_late_and_type_checking_imports(tmp_path: Path) -> None:

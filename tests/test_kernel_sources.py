@@ -85,10 +85,16 @@ def test_the_row_chains_sources_compile(network: str, tmp_path: Path, monkeypatc
     monkeypatch.setattr(row_product, "custom_kernel", _no_kernel)
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     model = voicechat.model
-    module = model.stt_model.perception.encoder if network == "encoder" else model.tts_model.tts_model.backbone
-    parts = module.layers[0].rows
-    shapes = dict(parts.shapes)
-    runs = module.row_runs()
+    if network == "encoder":
+        encoder = model.stt_model.perception.encoder
+        assert encoder.fast is not None and encoder.fast.rows is not None
+        shapes = dict(encoder.fast.rows.shapes)
+        runs = encoder.fast.row_runs(encoder)
+    else:
+        module = model.tts_model.tts_model.backbone
+        parts = module.layers[0].rows
+        shapes = dict(parts.shapes)
+        runs = module.row_runs()
     assert runs
     for key in runs:
         products = [row_product.RowProduct("cuda", shapes[name], mx.bfloat16, mx.float32) for name, _ in key]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.loading.config import PreprocessorConfig
-from engine.networks.mel import hann_window, log_mel_spectrogram, make_mel_cache, mel_filterbank, mel_step
+from engine.networks.perception.mel import StreamingMel, hann_window, log_mel_spectrogram, mel_filterbank
 
 CONFIG = PreprocessorConfig()
 FRAME = 1280  # one 80 ms frame at 16 kHz
@@ -22,10 +22,11 @@ def _noise(frames: int, seed: int = 1) -> mx.array:
 
 def _stream(samples: mx.array, chunk: int, lookahead: int = FRAME) -> tuple[mx.array, list[int]]:
     """Push ``samples`` in ``chunk``-sample pieces; return all frames and the frame count of each push."""
-    cache = make_mel_cache(CONFIG, lookahead)
+    mel = StreamingMel(CONFIG, lookahead)
+    cache = mel.make_state()
     outputs, counts = [], []
     for start in range(0, samples.shape[0], chunk):
-        frames = mel_step(cache, samples[start : start + chunk], CONFIG)
+        frames = mel.step(cache, samples[start : start + chunk])
         mx.eval(frames, *cache.arrays())
         outputs.append(frames)
         counts.append(frames.shape[1])
@@ -91,11 +92,13 @@ def test_offline_rejects_non_mono() -> None:
 
 
 def test_emission_rule_one_then_eight_frames_and_bounded_buffer() -> None:
-    cache = make_mel_cache(CONFIG, FRAME)
+    mel = StreamingMel(CONFIG, FRAME)
+    cache = mel.make_state()
     samples = _noise(12)
     for push in range(12):
-        frames = mel_step(cache, samples[push * FRAME : (push + 1) * FRAME], CONFIG)
+        frames = mel.step(cache, samples[push * FRAME : (push + 1) * FRAME])
         mx.eval(frames, *cache.arrays())
+        assert cache.nbytes() == 4 * cache.samples.shape[0]  # the retained float32 tail
         assert frames.shape == (1, 1 if push == 0 else 8, 128)
         # After push k (1-based) the newest frame is centred on sample 1280·(k-1).
         assert cache.next_frame == 8 * push + 1
@@ -130,16 +133,17 @@ def test_streamed_frames_equal_offline_frames() -> None:
 
 def test_lookahead_and_input_validation() -> None:
     with pytest.raises(ValueError, match="lookahead"):
-        make_mel_cache(CONFIG, 255)
-    cache = make_mel_cache(CONFIG, FRAME)
+        StreamingMel(CONFIG, 255)
+    mel = StreamingMel(CONFIG, FRAME)
     with pytest.raises(ValueError, match="mono"):
-        mel_step(cache, mx.zeros((1, FRAME)), CONFIG)
+        mel.step(mel.make_state(), mx.zeros((1, FRAME)))
     with pytest.raises(NotImplementedError):
-        make_mel_cache(PreprocessorConfig(normalize="per_feature"), FRAME)
+        StreamingMel(PreprocessorConfig(normalize="per_feature"), FRAME)
 
 
 def test_empty_push_emits_nothing() -> None:
-    cache = make_mel_cache(CONFIG, FRAME)
-    frames = mel_step(cache, mx.zeros((0,), dtype=mx.float32), CONFIG)
+    mel = StreamingMel(CONFIG, FRAME)
+    cache = mel.make_state()
+    frames = mel.step(cache, mx.zeros((0,), dtype=mx.float32))
     assert frames.shape == (1, 0, 128)
     assert cache.total_samples == 0 and cache.next_frame == 0

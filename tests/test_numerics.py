@@ -28,15 +28,21 @@ from engine.kernels.norm_rope import norm_rope_ops
 from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
 from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
-from engine.networks.encoder import ConformerLayer, RelativePositionAttention, attend_relative, attend_relative_window
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.networks.llm.fast import AttentionFast, fused_projections
 from engine.networks.llm.ssm import silu_gate, ssm_scan
-from engine.networks.rnnt import RNNTPredictor
+from engine.networks.perception import (
+    ConformerLayer,
+    FastConformer,
+    attend_relative,
+    attend_relative_window,
+    encoder_row_projections,
+)
+from engine.networks.rnnt import RNNTFast, RNNTPredictor
 from engine.networks.tts import GUIDED_ROWS, BackboneAttention, BackboneLayer, MixtureHead, TTSInput
 from engine.networks.tts.backbone import AttentionParts
-from engine.numerics import apply_numerics, check_numerics, encoder_row_projections, fast_bf16_weights
+from engine.numerics import apply_numerics, check_numerics, fast_bf16_weights
 from engine.ops.cache import KVCache, PositionLayout, SlidingKVCache
 from engine.random_model import random_voicechat
 from engine.timeline import INPUT_FRAME_SAMPLES
@@ -145,9 +151,9 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert mixers and all(m.fast is not None for m in mixers)
     attentions = [m for _, m in fast.model.named_modules() if isinstance(m, BackboneAttention)]
     assert attentions and all(m.fast is not None and m.fast.attention is decode_attention_ops for m in attentions)
-    relatives = [m for _, m in fast.model.named_modules() if isinstance(m, RelativePositionAttention)]
-    assert relatives and all(m.fast_attention is attend_relative for m in relatives)
-    assert all(m.fast_window is attend_relative_window for m in relatives)
+    encoders = [m for _, m in fast.model.named_modules() if isinstance(m, FastConformer)]
+    assert encoders and all(m.fast is not None and m.fast.attention is attend_relative for m in encoders)
+    assert all(m.fast is not None and m.fast.window is attend_relative_window for m in encoders)
     exact = random_voicechat("tiny", quantize=4)
     assert apply_numerics(exact.model, "exact") == {} and exact.describe()["numerics"] == "exact"
     assert all(m.fast is None for _, m in exact.model.named_modules() if isinstance(m, Mamba2Mixer))
@@ -156,8 +162,11 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert layers and all(layer.rows is not None and layer.row_weights is not None for layer in layers)
     assert all(layer.row_weights.down is layer.mlp.down_proj.weight for layer in layers), "the CPU copies nothing"
     conformers = [m for _, m in fast.model.named_modules() if isinstance(m, ConformerLayer)]
-    assert conformers and all(layer.rows is not None and layer.row_weights is not None for layer in conformers)
-    assert all(layer.row_weights.output is layer.self_attn.linear_out.weight for layer in conformers), "no copies"
+    encoder_fast = encoders[0].fast
+    assert conformers and encoder_fast is not None and encoder_fast.rows is not None
+    assert len(encoder_fast.row_weights) == len(conformers)
+    weights = zip(encoder_fast.row_weights, encoders[0].layers, strict=True)
+    assert all(row.output is layer.self_attn.linear_out.weight for row, layer in weights), "no copies"
     head = fast.model.tts_model.tts_model.mog_head
     assert head.rows is not None and all(layer.row_weights is not None for layer in head.mlp_stack[:-1])
     assert head.rows.sample is not None and head.sample_weights is not None, "the draw's operations"
@@ -170,7 +179,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert all(layer.rows is None and layer.row_weights is None for layer in layers)
     assert head.rows is None and all(layer.row_weights is None for layer in head.mlp_stack[:-1])
     assert head.sample_weights is None and tts.step_draws is None
-    assert all(layer.rows is None and layer.row_weights is None for layer in conformers)
+    assert all(encoder.fast is None for encoder in encoders)
     with pytest.raises(ValueError, match="numerics must be one of exact, fast"):
         check_numerics("quick")
 
@@ -382,7 +391,7 @@ def test_the_fast_encoder_caches_the_window_each_frame_attended_to() -> None:
     fast_model = random_voicechat("tiny", quantize=4, numerics="fast")
     exact, fast = exact_model.model.stt_model.perception, fast_model.model.stt_model.perception
     left = fast.encoder.config.left_context
-    exact_cache, fast_cache = exact.make_cache(), fast.make_cache()
+    exact_cache, fast_cache = exact.make_state(), fast.make_state()
     step = INPUT_FRAME_SAMPLES
     noise = np.random.default_rng(3).standard_normal((left + 5) * step).astype(np.float32) * 0.1
     for index in range(left + 5):
@@ -442,9 +451,9 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
     once each — the keys' and values' too, where exact mode projects the whole window."""
     from collections import Counter
 
-    import engine.numerics
     from app.bench import bench_input, count_frames
     from engine.counters import WeightUse
+    from engine.networks.perception import fast as perception_fast
     from engine.pricing import full_size_prices
     from engine.weight_names import COPY_MARK
 
@@ -457,7 +466,7 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
     frame = perception.frame_samples
 
     def stream() -> list[mx.array]:
-        cache = perception.make_cache()
+        cache = perception.make_state()
         outputs = [perception.step(cache, audio[index * frame : (index + 1) * frame])[1] for index in range(frames)]
         mx.eval(outputs)
         return outputs
@@ -470,11 +479,13 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
         return uses
 
     exact, exact_reads = stream(), reads()
-    monkeypatch.setattr(engine.numerics, "_kernel_weight_dtype", lambda projections, on_gpu: mx.bfloat16)
+    monkeypatch.setattr(perception_fast, "kernel_weight_dtype", lambda projections, on_gpu: mx.bfloat16)
     changes = apply_numerics(model, "fast")
     assert not changes["encoder_row_products"], "the CPU has no kernels, only the fallbacks"
     layers = [module for _, module in model.named_modules() if isinstance(module, ConformerLayer)]
-    assert all(layer.row_weights is not None and layer.row_weights.pointwise1.dtype == mx.bfloat16 for layer in layers)
+    encoder_fast = perception.encoder.fast
+    assert encoder_fast is not None and len(encoder_fast.row_weights) == len(layers)
+    assert all(weights.pointwise1.dtype == mx.bfloat16 for weights in encoder_fast.row_weights)
     assert len(encoder_row_projections(model)) == 10 * len(layers)
     fast, fast_reads = stream(), reads()
     assert all(relative_l2(b, a) < 1e-6 for a, b in zip(exact, fast, strict=True))
@@ -974,7 +985,7 @@ def test_a_stream_refuses_an_encoder_cache_of_the_other_mode() -> None:
     audio = mx.zeros((perception.frame_samples,))
     for first, second in (("exact", "fast"), ("fast", "exact")):
         apply_numerics(voicechat.model, first)  # type: ignore[arg-type]
-        cache = perception.make_cache()
+        cache = perception.make_state()
         for _ in range(3):
             perception.step(cache, audio)
         apply_numerics(voicechat.model, second)  # type: ignore[arg-type]
@@ -1278,20 +1289,22 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
             )
             layers["tts attention"] += 1
             layers["tts heads"] += 1
-        elif isinstance(module, RelativePositionAttention):
-            module.fast_attention = counted("encoder attention", module.fast_attention)
-            module.fast_window = counted("encoder window", module.fast_window)
-            layers["encoder attention"] += 1
-            layers["encoder window"] += 1
-        elif isinstance(module, ConformerLayer):
-            assert module.rows is not None
+        elif isinstance(module, FastConformer):
+            # The encoder's one fast form: its parts, which every layer calls.
+            assert module.fast is not None and module.fast.rows is not None
+            module.fast.attention = counted("encoder attention", module.fast.attention)
+            module.fast.window = counted("encoder window", module.fast.window)  # type: ignore[arg-type]
             names = ("feed_forward_up", "feed_forward_down", "qkv", "output", "convolution_in", "convolution_out")
             names += ("feed_forward_up_twice",)
-            module.rows = dataclasses.replace(
-                module.rows, **{name: counted(f"encoder {name}", getattr(module.rows, name)) for name in names}
+            rows = module.fast.rows
+            module.fast.rows = dataclasses.replace(
+                rows, **{name: counted(f"encoder {name}", getattr(rows, name)) for name in names}
             )
+            count = len(module.layers)
+            layers["encoder attention"] += count
+            layers["encoder window"] += count
             for name in names:
-                layers[f"encoder {name}"] += 2 if name in ("feed_forward_up", "feed_forward_down") else 1
+                layers[f"encoder {name}"] += count * (2 if name in ("feed_forward_up", "feed_forward_down") else 1)
         elif isinstance(module, BackboneLayer):
             assert module.rows is not None
             names = ("first_qkv", "qkv", "output", "gate_up", "down")
@@ -1333,10 +1346,11 @@ def test_every_fast_part_runs_in_fast_frames(monkeypatch: pytest.MonkeyPatch) ->
         elif isinstance(module, RNNTPredictor):
             assert module.attempt_parts is not None
             names = ("upper", "joint_hidden", "joint_partials")  # every attempt's (the first layer's vary)
-            module.attempt_parts = dataclasses.replace(
+            counted_parts = dataclasses.replace(
                 module.attempt_parts,
                 **{name: counted(f"rnnt {name}", getattr(module.attempt_parts, name)) for name in names},
             )
+            module.use_fast(RNNTFast(counted_parts))
             layers["rnnt upper"] = len(module.prediction["dec_rnn"].lstm) - 1
             layers["rnnt joint_hidden"] = layers["rnnt joint_partials"] = 1
     # The first layer's q/k/v part takes no pending sublayer; every later layer's takes the one before it.
@@ -1719,7 +1733,7 @@ def test_the_greedy_loop_in_one_launch_is_wired_as_its_attempts() -> None:
         return transcript, _conversation(voicechat, audio, frames)
 
     by_attempt = run()
-    predictor.use_attempt_parts(dataclasses.replace(parts, loop=loop))
+    predictor.use_fast(RNNTFast(dataclasses.replace(parts, loop=loop)))
     looped = run()
     assert calls and {started for started, _ in calls} == {False, True}, calls
     assert by_attempt[0] == looped[0] and by_attempt[0], "the transcript, emitted at least once"
@@ -1739,9 +1753,10 @@ def test_the_rnnt_loop_in_one_launch_is_built_unless_turned_off(
     """Where every attempt part is a kernel (here each part stands in as admitted), fast mode builds and admits
     the RN-T loop in one launch by default and under ``PARLEY_RNNT_LOOP=1``; ``PARLEY_RNNT_LOOP=0`` leaves the
     attempts one launch each (the device's A/B of the two, and a way out should a GPU run it slower)."""
-    from engine import numerics
+    from engine.kernels.plan import FastPlan
     from engine.loading.config import JointConfig, PredictorConfig
-    from engine.networks.rnnt import RNNTJoint
+    from engine.networks.rnnt import RNNTJoint, rnnt_loop_wanted
+    from engine.networks.rnnt import fast as rnnt_fast
 
     asked: list[str] = []
 
@@ -1751,13 +1766,14 @@ def test_the_rnnt_loop_in_one_launch_is_built_unless_turned_off(
         asked.append(name)
         return fallback, True
 
-    monkeypatch.setattr(numerics, "fast_part", every_part_admitted)
-    monkeypatch.setattr(numerics, "_ATTEMPT_PARTS", {})
+    monkeypatch.setattr(rnnt_fast, "fast_part", every_part_admitted)
+    monkeypatch.setattr(rnnt_fast, "_ATTEMPT_PARTS", {})
     if setting is None:
-        monkeypatch.delenv(numerics.RNNT_LOOP_SETTING, raising=False)
+        monkeypatch.delenv(rnnt_fast.RNNT_LOOP_SETTING, raising=False)
     else:
-        monkeypatch.setenv(numerics.RNNT_LOOP_SETTING, setting)
-    parts, every, looped = numerics._attempt_parts(RNNTPredictor(PredictorConfig()), RNNTJoint(JointConfig()))
+        monkeypatch.setenv(rnnt_fast.RNNT_LOOP_SETTING, setting)
+    plan = FastPlan(backend=None, rnnt_loop=rnnt_loop_wanted())  # as numerics builds it
+    parts, every, looped = rnnt_fast.attempt_parts(RNNTPredictor(PredictorConfig()), RNNTJoint(JointConfig()), plan)
     wanted = setting != "0"
     assert every and looped == wanted and (parts.loop is not None) == wanted
     assert ("RN-T greedy loop" in asked) == wanted, asked
@@ -1773,8 +1789,8 @@ def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
 
     voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
     encoder = voicechat.model.stt_model.perception.encoder
-    assert encoder.row_chains.chains == {}, "the CPU admits no chain"
-    runs = encoder.row_runs()
+    assert encoder.fast is not None and encoder.fast.row_chains.chains == {}, "the CPU admits no chain"
+    runs = encoder.fast.row_runs(encoder)
     steps = sorted(tuple(call.name for call in calls) for calls in runs.values())
     tail = ("output", "convolution_in", "convolution_out", "feed_forward_up", "feed_forward_down")
     head = ("feed_forward_down", "qkv")
@@ -1783,7 +1799,7 @@ def test_the_encoder_s_runs_of_row_products_are_wired_as_their_steps() -> None:
     frames = 12
     audio = (0.1 * np.random.default_rng(9).standard_normal(frames * INPUT_FRAME_SAMPLES)).astype(np.float32)
     products = _conversation(voicechat, audio, frames)
-    encoder.row_chains = ChainBook(chains=_stand_in_chains(runs, calls))
+    encoder.fast.row_chains = ChainBook(chains=_stand_in_chains(runs, calls))
     chained = _conversation(voicechat, audio, frames)
     layers = len(encoder.layers)
     assert calls[3] == calls[5] and calls[8] == (layers - 1) * calls[3] and calls[3] >= frames - 2, calls

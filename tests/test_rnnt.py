@@ -10,25 +10,27 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
+from engine.hooks import NoHooks
 from engine.kernels.greedy_attempt import JointRowShape, LSTMStepShape, joint_row_ops
+from engine.kernels.plan import FastPlan
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import JointConfig, PredictorConfig
 from engine.loading.tokenizer import RNNTVocabulary
 from engine.networks.rnnt import (
     UNROLLED_ATTEMPTS,
     LSTMState,
+    RNNTFast,
     RNNTJoint,
     RNNTPredictor,
     RNNTState,
+    Transducer,
     first_pass_attempts,
-    make_rnnt_state,
     next_first_pass,
     rnnt_commit,
     rnnt_decode,
     rnnt_propose,
     rnnt_step,
 )
-from engine.numerics import _attempt_parts
 
 PIECES = ["<unk>", "\u2581a", "b", "c", "\u2581d", "<en-US>"]
 BLANK = len(PIECES)
@@ -71,6 +73,17 @@ def _frames(count: int, seed: int = 3) -> mx.array:
 VOCABULARY = RNNTVocabulary(PIECES)
 
 
+class CountingReads(NoHooks):
+    """Hooks that count the host readbacks a frame makes through them."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_back(self, array: mx.array) -> object:
+        self.reads += 1
+        return array.tolist()
+
+
 def _step(predictor: RNNTPredictor, joint: RNNTJoint, state, frame: mx.array, max_symbols: int = 10):
     return rnnt_step(predictor, joint, state, frame, blank_id=BLANK, max_symbols=max_symbols, vocabulary=VOCABULARY)
 
@@ -78,7 +91,7 @@ def _step(predictor: RNNTPredictor, joint: RNNTJoint, state, frame: mx.array, ma
 def test_blank_everywhere_emits_nothing_with_one_attempt_per_frame() -> None:
     predictor, joint = _modules()
     force_symbol(joint, BLANK)
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     frames = _frames(5)
     for index in range(5):
         assert _step(predictor, joint, state, frames[:, index : index + 1]) is None
@@ -94,7 +107,7 @@ def test_blank_everywhere_emits_nothing_with_one_attempt_per_frame() -> None:
 def test_max_symbols_caps_every_frame(max_symbols: int) -> None:
     predictor, joint = _modules()
     force_symbol(joint, 2)  # "b", never blank
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     frames = _frames(4)
     for index in range(4):
         update = _step(predictor, joint, state, frames[:, index : index + 1], max_symbols)
@@ -112,8 +125,8 @@ def test_max_symbols_caps_every_frame(max_symbols: int) -> None:
 def test_readback_callback_fires_once_per_attempt() -> None:
     predictor, joint = _modules(seed=6)
     frames = _frames(12, seed=11) * 3.0
-    readbacks: list[int] = []
-    state = make_rnnt_state(BLANK)
+    hooks = CountingReads()
+    state = RNNTState(BLANK)
     for index in range(12):
         rnnt_step(
             predictor,
@@ -123,10 +136,10 @@ def test_readback_callback_fires_once_per_attempt() -> None:
             blank_id=BLANK,
             max_symbols=4,
             vocabulary=VOCABULARY,
-            on_readback=lambda: readbacks.append(1),
+            hooks=hooks,
         )
-    assert len(readbacks) == predictor.calls > 12
-    readbacks.clear()
+    assert hooks.reads == predictor.calls > 12
+    hooks.reads = 0
     predictor.calls = 0
     rnnt_decode(
         predictor,
@@ -136,9 +149,9 @@ def test_readback_callback_fires_once_per_attempt() -> None:
         blank_id=BLANK,
         max_symbols=4,
         vocabulary=VOCABULARY,
-        on_readback=lambda: readbacks.append(1),
+        hooks=hooks,
     )
-    assert len(readbacks) == predictor.calls > 12
+    assert hooks.reads == predictor.calls > 12
 
 
 def test_offline_decode_stops_at_length() -> None:
@@ -152,7 +165,7 @@ def test_offline_decode_stops_at_length() -> None:
 def test_special_symbols_advance_the_predictor_but_not_the_text(special: int) -> None:
     predictor, joint = _modules()
     force_symbol(joint, special)
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     assert _step(predictor, joint, state, _frames(1), max_symbols=2) is None
     assert state.tokens == [] and state.text == ""
     assert state.last_token == special
@@ -165,7 +178,7 @@ def test_special_symbols_advance_the_predictor_but_not_the_text(special: int) ->
 
 def test_transcript_deltas() -> None:
     predictor, joint = _modules()
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     frames = _frames(3)
     force_symbol(joint, 1)  # "▁a": the leading space is stripped from the transcript
     assert _step(predictor, joint, state, frames[:, :1], max_symbols=1) == ("a", "a")
@@ -193,7 +206,7 @@ def test_transcript_cost_does_not_grow_with_the_conversation() -> None:
     """Each kept token is decoded once (not the whole history every frame), and the text is unchanged."""
     predictor, joint = _modules()
     vocabulary = CountingVocabulary(PIECES)
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     frames = _frames(1)
     pattern = [1, 2, 5, 4, 3, 0]  # words, a language tag and <unk> (skipped), leading "▁" stripped
     for index in range(60):
@@ -207,7 +220,7 @@ def test_transcript_cost_does_not_grow_with_the_conversation() -> None:
 def test_streaming_steps_equal_offline_decode() -> None:
     predictor, joint = _modules(seed=6)
     frames = _frames(40, seed=11) * 3.0  # random weights and frames: a mix of blanks, emissions and caps
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     emitted_per_frame = []
     for index in range(40):
         before = len(state.tokens)
@@ -223,7 +236,7 @@ def test_streaming_steps_equal_offline_decode() -> None:
 def test_empty_vocabulary_does_nothing() -> None:
     predictor, joint = _modules()
     force_symbol(joint, 2)
-    state = make_rnnt_state(BLANK)
+    state = RNNTState(BLANK)
     empty = RNNTVocabulary([])
     assert rnnt_step(predictor, joint, state, _frames(1), blank_id=BLANK, max_symbols=3, vocabulary=empty) is None
     assert rnnt_decode(predictor, joint, _frames(2), 2, blank_id=BLANK, max_symbols=3, vocabulary=empty) == ""
@@ -254,6 +267,7 @@ def _device_frame(
     Returns the transcript update and the first pass's symbols; each extra readback appends to ``readbacks``."""
     proposal = rnnt_propose(predictor, joint, state, frame, blank_id=BLANK, attempts=attempts)
     symbols = proposal.symbols.tolist()
+    hooks = CountingReads()
     update = rnnt_commit(
         predictor,
         joint,
@@ -264,8 +278,9 @@ def _device_frame(
         blank_id=BLANK,
         max_symbols=max_symbols,
         vocabulary=VOCABULARY,
-        read_back=lambda array: readbacks.append(1) or array.tolist(),
+        hooks=hooks,
     )
+    readbacks.extend([1] * hooks.reads)
     return update, symbols
 
 
@@ -278,9 +293,10 @@ def test_device_proposal_then_commit_equals_the_host_loop(max_symbols: int, fuse
     states, bit for bit, on the CPU."""
     host_predictor, joint = _modules(seed=4)  # frames that end at once and frames that run to the cap
     device_predictor, _ = _modules(seed=4)
-    device_predictor.fused_cell = fused_cell
+    device_predictor.use_fast(RNNTFast() if fused_cell else None)
+    assert device_predictor.fused_cell == fused_cell
     frames = _frames(40, seed=11)
-    host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    host, device = RNNTState(BLANK), RNNTState(BLANK)
     continued = finished_on_device = 0
     readbacks: list[int] = []
     for index in range(40):
@@ -321,7 +337,7 @@ def test_adaptive_first_pass_equals_the_host_loop_with_fewer_readbacks() -> None
     device_predictor, _ = _modules(seed=4)
     frames = _frames(60, seed=11)
     max_symbols = 5
-    host, device = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    host, device = RNNTState(BLANK), RNNTState(BLANK)
     readbacks: list[int] = []
     attempts = first_pass_attempts(max_symbols)
     used = set()
@@ -352,15 +368,17 @@ def test_fast_loop_keeps_the_state_of_the_last_emission(by_attempt: bool, lstm_d
     rows_predictor, _ = _modules(seed=29)
     for predictor in (exact_predictor, rows_predictor):
         predictor.update(tree_map(lambda array: array.astype(lstm_dtype), predictor.parameters()))
-    rows_predictor.fused_cell = True
     if by_attempt:
-        parts, kernels, looped = _attempt_parts(rows_predictor, joint)
-        assert parts is not None and not kernels and not looped  # the CPU runs the operations
-        rows_predictor.use_attempt_parts(parts)
+        changes = rows_predictor.use_numerics(FastPlan(backend=None), joint)
+        assert changes == {"rnnt_attempts": False, "rnnt_loop": False}  # the CPU runs the operations
+        assert rows_predictor.attempt_parts is not None and rows_predictor.fused_cell
         assert rows_predictor.embedding_table is not None  # the table the first layer reads rows of
+    else:
+        assert rows_predictor.use_numerics(FastPlan(backend=None), None) == {}  # no joint: no attempt parts
+        assert rows_predictor.attempt_parts is None and rows_predictor.fused_cell
     joint.pred.weight = joint.pred.weight * 10.0
     frames = _frames(30, seed=11)
-    exact, rows = make_rnnt_state(BLANK), make_rnnt_state(BLANK)
+    exact, rows = RNNTState(BLANK), RNNTState(BLANK)
     stopped_early = 0
     for index in range(30):
         frame = frames[:, index : index + 1]
@@ -407,3 +425,28 @@ def test_attempt_shapes_reject_what_the_kernels_do_not_take() -> None:
         LSTMStepShape("token", 8, 8)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no kernel for the activation"):
         JointRowShape(8, 8, "activation", "gelu")
+
+
+def test_transducer_steps_a_frame_as_propose_then_commit_and_states_declare_their_arrays() -> None:
+    """The RN-T's contract step (propose, read back, commit) gives the host loop's transcript, tokens and LSTM
+    states frame by frame; its state lists its arrays and their bytes; exact mode's use_numerics clears the
+    predictor's one fast slot."""
+    host_predictor, joint = _modules(seed=4)
+    predictor, _ = _modules(seed=4)
+    rnnt = Transducer(predictor, joint, blank_id=BLANK, max_symbols=5, vocabulary=VOCABULARY)
+    host, state = RNNTState(BLANK), rnnt.make_state()
+    assert state.last_token == BLANK and state.arrays() == [] and state.nbytes() == 0
+    frames = _frames(20, seed=11)
+    hooks = CountingReads()
+    for index in range(20):
+        frame = frames[:, index : index + 1]
+        assert rnnt.step(state, frame, hooks) == _step(host_predictor, joint, host, frame, 5), f"frame {index}"
+        assert (state.tokens, state.last_token) == (host.tokens, host.last_token)
+    assert host.hidden is not None and state.hidden is not None
+    assert all(mx.array_equal(a, b).item() for a, b in zip(state.hidden, host.hidden, strict=True))
+    assert state.nbytes() == sum(array.nbytes for array in host.hidden) > 0
+    assert 20 <= hooks.reads < 40  # one read a frame, a second on a frame whose first pass all emitted
+    predictor.use_numerics(FastPlan(backend=None), joint)
+    assert predictor.fast is not None
+    assert predictor.use_numerics(None, joint) == {}
+    assert predictor.fast is None and predictor.attempt_parts is None and predictor.embedding_table is None

@@ -5,7 +5,7 @@ causal depthwise convolution, adds its bias, normalizes every position over the 
 then the mean of the squared deviations, each stored before it is used) and applies the norm's
 affine map, then keeps its last inputs for the next frame: about nineteen primitives a block as
 operations. :class:`ConvNorm` does all of it in one launch, one block of threads per position;
-the block's pointwise convolutions stay MLX's (:meth:`engine.networks.codec.ConvNeXtBlock.step_stream`).
+the block's pointwise convolutions stay MLX's (:meth:`engine.networks.codec.fast.CodecFast.block_step`).
 
 Arithmetic: the operations' own, step by step in the activations' dtype (bf16 in the published
 checkpoints): every value the operations store is rounded to that dtype where they round it, and on CUDA

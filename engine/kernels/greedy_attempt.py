@@ -1,6 +1,6 @@
 """One RN-T greedy attempt in four launches (fast numerics).
 
-Each attempt of the streaming greedy loop (:func:`engine.networks.rnnt._greedy_rows`) embeds the last
+Each attempt of the streaming greedy loop (:func:`engine.networks.rnnt.rnnt._greedy_rows`) embeds the last
 token, steps the prediction network's LSTM layers, adds the joint's prediction projection to the
 frame's encoder projection, applies the activation, scores every class and takes the argmax,
 then selects the state to carry: about 28 primitives an attempt, and random weights reach the
@@ -23,7 +23,7 @@ same order; :func:`greedy_loop_ops`, the parts one attempt at a time, is its fal
 
 An attempt after one that emitted starts from that attempt's state; one after a blank is
 masked out by the loop's end, whatever it computed, so no attempt selects a state: the loop's
-end picks the state of the last emission once (:func:`engine.networks.rnnt._greedy_rows_by_attempt`).
+end picks the state of the last emission once (:func:`engine.networks.rnnt.fast.greedy_rows_by_attempt`).
 
 Arithmetic: float32 like the reference, each sum in another order. The reference multiplies the
 bf16 embedding row by the bf16 input weights in bf16 (the sum rounded to bf16 once, with the
@@ -665,7 +665,7 @@ def greedy_loop_samples(shape: GreedyLoopShape, *dtypes: mx.Dtype) -> list[tuple
 @dataclass(frozen=True)
 class AttemptParts:
     """One attempt's parts (each the kernel where admitted, else its operations fallback), made by
-    :func:`engine.numerics.apply_numerics`; :func:`engine.networks.rnnt._greedy_rows_by_attempt` runs them."""
+    :func:`engine.numerics.apply_numerics`; :func:`engine.networks.rnnt.fast.greedy_rows_by_attempt` runs them."""
 
     start: Callable[..., tuple[mx.array, mx.array]]  # the first layer from the start symbol ("zero")
     resume: Callable[..., tuple[mx.array, mx.array]]  # the first layer from the frame's incoming token (one pair)

@@ -1,6 +1,9 @@
-"""Fast numerics' row products and their chains as a network asks for them: each the kernel where it was admitted on
-this device against its fallback, else the fallback (:func:`engine.kernels.admission.fast_part`). The networks'
-fast forms (``engine/networks/<network>/fast.py``) build their parts through these.
+"""Admitting row products and their chains for a network's fast form (shared by the encoder's and the TTS's).
+
+:func:`row_product_part` admits one :class:`engine.kernels.row_product.RowProduct` against its operations,
+:func:`row_product_parts` a network's named set of them, and :func:`row_chains` a network's runs of them as
+:class:`engine.kernels.row_chain.RowChain` s (CUDA). :func:`kernel_weight_dtype` says which dtype the kernels read a
+network's weights in. Each network's ``fast`` module calls these from its ``use_numerics``.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from typing import Any
 import mlx.core as mx
 
 from .admission import admit_kernel, fast_part
-from .row_chain import ChainBook, RowChain, run_steps
-from .row_product import RowProduct, row_product_ops, row_product_samples
+from .row_chain import ChainBook, RowCall, RowChain, run_steps
+from .row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +35,15 @@ def kernel_weight_dtype(linears: list[Any], on_gpu: bool) -> mx.Dtype | None:
 
 
 def row_product_part(
-    shape: Any, weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: float, name: str, guidance: float | None = None
+    shape: RowProductShape,
+    weight_dtype: mx.Dtype,
+    scale_dtype: mx.Dtype,
+    eps: float,
+    name: str,
+    guidance: float | None = None,
 ) -> tuple[Callable[..., Any], bool]:
-    """The row product for ``shape`` (:class:`engine.kernels.row_product.RowProductShape`; a guided one mixes its rows
-    by ``guidance``): the kernel where admitted, else the operations fallback; the flag says which."""
+    """The row product for ``shape`` (a guided one mixes its rows by ``guidance``): the kernel where admitted, else
+    the operations fallback; the flag says which."""
     return fast_part(
         ("row_product", shape, weight_dtype, scale_dtype, eps, guidance),
         name,
@@ -58,7 +66,11 @@ def row_product_part(
 
 
 def row_product_parts(
-    network: str, shapes: dict[str, Any], weight_dtype: mx.Dtype, scale_dtype: mx.Dtype, eps: dict[str, float]
+    network: str,
+    shapes: dict[str, RowProductShape],
+    weight_dtype: mx.Dtype,
+    scale_dtype: mx.Dtype,
+    eps: dict[str, float],
 ) -> tuple[dict[str, Callable[..., Any]], bool]:
     """:func:`row_product_part` for each of a network's named ``shapes`` (with its norm's ``eps``); the flag
     says whether every one is a kernel."""
@@ -71,7 +83,7 @@ def row_product_parts(
     return parts, every
 
 
-def row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: str) -> tuple[Any, bool]:
+def row_chains(network: str, runs: dict[tuple[Any, ...], list[RowCall]], backend: str) -> tuple[ChainBook, bool]:
     """A network's runs of row products (its ``row_runs()``: the calls of one step, on its own weights) as one
     launch each on ``backend`` (:class:`engine.kernels.row_chain.RowChain`), each admitted bit for bit against its steps
     one launch each. The flag says whether every run is a chain."""
@@ -82,8 +94,8 @@ def row_chains(network: str, runs: dict[tuple[Any, ...], list[Any]], backend: st
         if not all(isinstance(part, functools.partial) and isinstance(part.func, RowProduct) for part in parts):
             every = False
             continue
-        products = [part.func for part in parts]
-        settings = [(part.keywords["eps"], part.keywords.get("guidance")) for part in parts]
+        products = [part.func for part in parts]  # type: ignore[attr-defined]
+        settings = [(part.keywords["eps"], part.keywords.get("guidance")) for part in parts]  # type: ignore[attr-defined]
         try:
             chain = RowChain(backend, key, products, settings)
         except ValueError as exc:

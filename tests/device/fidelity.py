@@ -23,6 +23,10 @@ from typing import Any
 
 import mlx.core as mx
 
+import engine.kernels.admission as admission
+import engine.kernels.row_parts as row_parts
+import engine.model  # noqa: F401  (every network and its fast form imported: the names _rebind points are bound)
+import engine.networks.tts.fast as tts_fast
 import engine.numerics as numerics
 from app.bench import bench_input
 from app.drift import _first_difference, _llm_replay, _run, drift_for_seed
@@ -65,10 +69,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 HELD: set[str] = set()
-import engine.kernels.admission as admission  # noqa: E402
-import engine.kernels.row_parts as row_parts  # noqa: E402
-import engine.model  # noqa: E402, F401  (every network and its fast form imported: the names below are bound)
-import engine.networks.tts.fast as tts_fast  # noqa: E402
 
 _fast_part = admission.fast_part
 _row_chains = row_parts.row_chains

@@ -71,7 +71,7 @@ def _timeline_codes(pair: Pair, seed: int) -> mx.array:
     return mx.array(codes.astype(np.int32))
 
 
-def test_streaming_decode_step_matches_reference(pair: Pair) -> None:
+def test_streaming_step_matches_reference_decode_step(pair: Pair) -> None:
     from mlx_audio.codec.models.nemotron_voicechat import CausalConv1dCache
 
     raw = _timeline_codes(pair, seed=7)
@@ -79,12 +79,12 @@ def test_streaming_decode_step_matches_reference(pair: Pair) -> None:
     reference_clean = pair.session._replace_control_codes(raw)
     assert mx.array_equal(ours_clean, reference_clean).item()
 
-    cache = pair.ours.make_cache()
+    cache = pair.ours.make_state()
     reference_cache = CausalConv1dCache()
     worst = 0.0
     for frame in range(raw.shape[1]):
         step_codes = ours_clean[:, frame : frame + 1, :].transpose(0, 2, 1)
-        samples = pair.ours.decode_step(step_codes, cache)
+        samples = pair.ours.step(cache, step_codes)
         mx.eval(samples, *cache.arrays())
         expected = pair.reference.decode_step(
             reference_clean[:, frame : frame + 1, :].transpose(0, 2, 1), reference_cache
@@ -92,7 +92,7 @@ def test_streaming_decode_step_matches_reference(pair: Pair) -> None:
         assert samples.shape == (1, 1764) and samples.dtype == mx.float32
         assert expected.shape == (1, 1, 1764)
         worst = max(worst, _max_abs(samples, expected[:, 0]))
-    print(f"codec decode_step {pair.root.name}: {raw.shape[1]} frames, max-abs {worst}")
+    print(f"codec step {pair.root.name}: {raw.shape[1]} frames, max-abs {worst}")
     assert worst == 0.0
 
 
@@ -150,7 +150,7 @@ def test_replace_control_codes_matches_reference(pair: Pair) -> None:
 def test_istft_constants_match_reference() -> None:
     from mlx_audio.dsp import ISTFTCache, hanning
 
-    from engine.networks.codec import _overlap_norm, _periodic_hann
+    from engine.networks.codec.codec import _overlap_norm, _periodic_hann
 
     window = hanning(16, periodic=True).astype(mx.float32)
     assert np.array_equal(_periodic_hann(16), np.asarray(window))

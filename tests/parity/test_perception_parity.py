@@ -27,9 +27,8 @@ import pytest
 from engine.loading.checkpoint import load_into, read_runtime_weights
 from engine.loading.config import VoiceChatConfig
 from engine.loading.tokenizer import RNNTVocabulary
-from engine.networks.encoder import Perception
-from engine.networks.mel import log_mel_spectrogram, make_mel_cache, mel_step
-from engine.networks.rnnt import RNNTJoint, RNNTPredictor, make_rnnt_state, rnnt_decode, rnnt_step
+from engine.networks.perception import Perception, StreamingMel, log_mel_spectrogram
+from engine.networks.rnnt import RNNTJoint, RNNTPredictor, RNNTState, rnnt_decode, rnnt_step
 from tests.conftest import CheckpointFactory, parity_id
 from tests.reference import load_reference
 
@@ -160,8 +159,9 @@ def _stream_and_compare(path: Path, frames: list[mx.array], *, with_rnnt: bool) 
     audio = ours.config.audio_config
     left, right = audio.encoder.att_context_size[0]
 
-    mel_cache = make_mel_cache(audio.preprocessor, FRAME)
-    cache = ours.perception.make_cache()
+    mel_front_end = StreamingMel(audio.preprocessor, FRAME)
+    mel_cache = mel_front_end.make_state()
+    cache = ours.perception.make_state()
     reference_mel = StreamingLogMelSpectrogram(reference.config.audio_config.preprocessor, lookahead_samples=FRAME)
     reference_encoder = ConformerStreamingState(
         reference.stt_model.perception.encoder, chunk_frames=1, att_context_size=[left, right]
@@ -169,14 +169,14 @@ def _stream_and_compare(path: Path, frames: list[mx.array], *, with_rnnt: bool) 
 
     joints = [(ours.joint, reference.stt_model.rnnt_joint), _lowered_blank(ours, reference)] if with_rnnt else []
     decoders = [
-        (our_joint, make_rnnt_state(ours.config.rnnt_blank_id), _RNNTState(_reference_parent(reference, ref_joint)))
+        (our_joint, RNNTState(ours.config.rnnt_blank_id), _RNNTState(_reference_parent(reference, ref_joint)))
         for our_joint, ref_joint in joints
     ]
     updates = [0] * len(decoders)
 
     gaps = {"mel": 0.0, "encoded": 0.0, "projected": 0.0}
     for frame in frames:
-        mel = mel_step(mel_cache, frame, audio.preprocessor)
+        mel = mel_front_end.step(mel_cache, frame)
         projected, encoded = ours.perception.step(cache, frame)
         mx.eval(mel, projected, encoded, *mel_cache.arrays(), *cache.arrays())
 

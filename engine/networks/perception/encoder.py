@@ -10,7 +10,8 @@ Two ways to run it, both in the reference port's exact op order:
 
 * offline, :meth:`Perception.__call__`: the whole mel spectrogram at once with the
   ``chunked_limited`` attention mask (each frame sees itself and the 70 before it);
-* streaming, :meth:`Perception.step`: one 80 ms frame of audio in, one encoder frame
+* streaming, :meth:`Perception.step` (``state = perception.make_state()``, then
+  ``perception.step(state, frame, hooks)``): one 80 ms frame of audio in, one encoder frame
   out. The subsampling stack is re-run over a short mel window (a cache of at most
   23 earlier mel frames, aligned to the 8-frame grid) and only its newest output
   frame is kept; every block attends to a cache of its last 70 attention inputs and
@@ -20,6 +21,9 @@ Both paths compute the same causal function. They differ by float rounding (othe
 matmul shapes), by mel frame 0 (the streaming front end builds its reflected left
 edge one sample short, as the reference does) and by one extra offline frame at the
 end, which sees the right-edge reflect padding.
+
+Fast numerics' form of the encoder (its attention kernels and row products) is :mod:`.fast`, kept in
+:attr:`FastConformer.fast` by :meth:`Perception.use_numerics`.
 """
 
 from __future__ import annotations
@@ -28,68 +32,27 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..jit import compile_enabled, jit, materialize
-from ..kernels.row_chain import ChainBook, Link, RowCall, RowSequence, find_runs
-from ..kernels.row_product import RowProductShape
-from ..loading.config import EncoderConfig, PerceptionConfig
-from ..profiler import Probe
-from .fused import Stacked, stack_projections
-from .linear import KeepsCopy, Linear
-from .mel import MelCache, make_mel_cache, mel_step
+from ...hooks import NO_HOOKS, FrameHooks
+from ...jit import compile_enabled, jit
+from ...loading.config import EncoderConfig, PerceptionConfig
+from ...streaming import arrays_nbytes
+from ..linear import KeepsCopy, Linear
+from .attention import Attend, RelativePositionAttention, chunked_limited_mask, relative_positions
+from .mel import MelState, StreamingMel
 
-# Additive mask value for attention the chunked_limited context forbids.
-_BLOCKED = -1e30
+if TYPE_CHECKING:
+    from ...kernels.plan import FastPlan
+    from .fast import EncoderFast
+
+
 # Mel frames the streaming subsampling keeps beyond the newest grid point: at least
 # the causal receptive field of the three stride-2 stages.
 _SUBSAMPLING_MEL_CONTEXT = 16
-
-
-# --------------------------------------------------------------------------- positional table
-
-
-@functools.lru_cache(maxsize=2)  # the configured size, plus at most one grown table
-def _relative_position_table(d_model: int, max_len: int) -> mx.array:
-    """Sinusoids for relative positions ``max_len-1 .. -(max_len-1)``: ``(2·max_len-1, d_model)`` float32.
-
-    Even channels hold ``sin(r·w_i)``, odd channels ``cos(r·w_i)`` with
-    ``w_i = exp(-2i·ln(10000)/d_model)``. Built once per shape at full size, like the
-    reference, so each value comes from the same elementwise kernel call.
-    """
-    offsets = mx.expand_dims(mx.arange(max_len - 1, -max_len, -1, dtype=mx.int32), axis=1).astype(mx.float32)
-    rates = mx.exp(mx.arange(0, d_model, 2, dtype=mx.float32) * -(math.log(10000.0) / d_model))
-    angles = offsets * rates
-    table = mx.stack([mx.sin(angles), mx.cos(angles)], axis=-1).reshape(2 * max_len - 1, d_model)
-    # Evaluated now, op by op as the reference builds it: a compiled stream then reads it as a constant.
-    mx.eval(table)
-    return table
-
-
-def relative_positions(config: EncoderConfig, length: int, dtype: mx.Dtype) -> mx.array:
-    """Position rows for a key window of ``length`` frames: ``(2·length-1, d_model)``.
-
-    Row r holds the relative offset ``length-1-r``. Tables longer than ``pos_emb_max_len``
-    are built on demand (``length + 1``), as the reference grows its table.
-    """
-    max_len = config.pos_emb_max_len if length <= config.pos_emb_max_len else length + 1
-    table = _relative_position_table(config.d_model, max_len)
-    centre = table.shape[0] // 2
-    return table[centre - (length - 1) : centre + length].astype(dtype)
-
-
-def chunked_limited_mask(length: int, left_context: int, right_context: int, dtype: mx.Dtype) -> mx.array:
-    """Additive ``(1, 1, T, T)`` mask: chunks of ``right+1`` frames, each seeing itself and ``left // chunk`` before."""
-    chunk = right_context + 1
-    chunks_back = left_context // chunk if left_context >= 0 else 10**8
-    chunk_of = mx.arange(length, dtype=mx.int32) // chunk
-    distance = mx.expand_dims(chunk_of, 1) - mx.expand_dims(chunk_of, 0)
-    visible = (distance >= 0) & (distance <= chunks_back)
-    mask = mx.where(visible, 0.0, _BLOCKED).astype(mx.float32)
-    return mask[None, None].astype(dtype)
 
 
 # --------------------------------------------------------------------------- subsampling
@@ -161,135 +124,6 @@ class FeedForward(nn.Module):
         return self.linear2(nn.silu(self.linear1(x)))
 
 
-class RelativePositionAttention(nn.Module):
-    """Transformer-XL style multi-head attention with learnt content (u) and position (v) biases.
-
-    ``score(i, j) = [(q_i + u)·k_j + (q_i + v)·p(i - j)] / sqrt(head_dim)``; the
-    position term is computed against all relative offsets and aligned by the
-    pad-reshape "relative shift", then passed to SDPA as an additive mask.
-    """
-
-    def __init__(self, heads: int, d_model: int, bias: bool) -> None:
-        super().__init__()
-        if d_model % heads:
-            raise ValueError(f"d_model {d_model} is not divisible by {heads} heads")
-        self.heads = heads
-        self.head_dim = d_model // heads
-        self.scale = self.head_dim**-0.5
-        self.linear_q = Linear(d_model, d_model, bias=bias)
-        self.linear_k = Linear(d_model, d_model, bias=bias)
-        self.linear_v = Linear(d_model, d_model, bias=bias)
-        self.linear_out = Linear(d_model, d_model, bias=bias)
-        self.linear_pos = Linear(d_model, d_model, bias=False)
-        self.pos_bias_u = mx.zeros((heads, self.head_dim))
-        self.pos_bias_v = mx.zeros((heads, self.head_dim))
-        self.stacked: Stacked | None = None  # k and v (same input) in one product, after fuse_projections()
-        # Fast numerics: one query row's attention as one kernel (engine.kernels.decode_attention), or its fallback;
-        # the same over a cached window and the newest row, writing the next window (attend_relative_window).
-        self.fast_attention: Callable[..., mx.array] | None = None
-        self.fast_window: Callable[..., tuple[mx.array, mx.array, mx.array]] | None = None
-
-    def fuse_projections(self) -> int:
-        self.stacked = stack_projections(self, ("linear_k", "linear_v"))
-        return int(self.stacked is not None)
-
-    def __call__(
-        self,
-        queries: mx.array,
-        keys: mx.array,
-        positions: mx.array,
-        mask: mx.array | None = None,
-        *,
-        projected: bool = False,
-    ) -> mx.array:
-        """``queries`` (B, Tq, d) attend to ``keys`` (B, Tk, d); ``positions`` holds 2·Tk-1 offset rows.
-
-        Rows (Tq, d) and (Tk, d) are a batch of one, and give rows back. With ``projected``,
-        ``positions`` is already ``linear_pos(positions)`` (it depends only on the key length,
-        so a stream can reuse it frame after frame).
-        """
-        q = self.linear_q(queries)
-        if self.stacked is not None:
-            k, v = self.stacked(keys)
-        else:
-            k, v = self.linear_k(keys), self.linear_v(keys)
-        p = positions if projected else self.linear_pos(positions)
-        one_row = q.ndim == 2 and q.shape[0] == 1 and mask is None  # the stream's newest frame
-        if self.fast_attention is not None and one_row and q.dtype == k.dtype == v.dtype == p.dtype == mx.float32:
-            return self.linear_out(self.fast_attention(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale))
-        return self.linear_out(attend_relative(q, k, v, p, self.pos_bias_u, self.pos_bias_v, self.scale, mask))
-
-
-def attention_window(cached: int, left_context: int) -> tuple[int, int]:
-    """For fast numerics' key cache of ``cached`` rows (the window the previous frame attended to): how many of
-    its oldest rows the newest frame lets go (one, once the window is full at ``left_context + 1`` rows) and how
-    many keys the newest frame attends to."""
-    drop = int(cached > left_context)
-    return drop, cached - drop + 1
-
-
-def attend_relative_window(
-    q: mx.array,
-    key_history: mx.array,
-    new_key: mx.array,
-    value_history: mx.array,
-    new_value: mx.array,
-    p: mx.array,
-    bias_u: mx.array,
-    bias_v: mx.array,
-    scale: float,
-    drop: int,
-) -> tuple[mx.array, mx.array, mx.array]:
-    """One query row's :func:`attend_relative` over the window of the cached key and value rows from row
-    ``drop`` on and the newest row; returns the mixed values and that window (the next frame's cache)."""
-    keys = mx.concatenate([key_history[drop:] if drop else key_history, new_key])
-    values = mx.concatenate([value_history[drop:] if drop else value_history, new_value])
-    return attend_relative(q, keys, values, p, bias_u, bias_v, scale), keys, values
-
-
-def _relative_shift(scores: mx.array) -> mx.array:
-    """Re-index ``(B, H, Tq, P)`` scores from absolute offset columns to key columns."""
-    batch, heads, queries, offsets = scores.shape
-    shifted = mx.pad(scores, [(0, 0), (0, 0), (0, 0), (1, 0)])
-    shifted = shifted.reshape(batch, heads, offsets + 1, queries)[:, :, 1:, :]
-    return shifted.reshape(batch, heads, queries, offsets)
-
-
-def attend_relative(
-    q: mx.array,
-    k: mx.array,
-    v: mx.array,
-    p: mx.array,
-    bias_u: mx.array,
-    bias_v: mx.array,
-    scale: float,
-    mask: mx.array | None = None,
-) -> mx.array:
-    """Relative-position attention after the projections: ``q`` (B, Tq, d) over ``k``/``v`` (B, Tk, d) with
-    the projected position rows ``p`` (2·Tk-1, d) and the biases (H, hd); rows (Tq, d) and (Tk, d) are a batch
-    of one and give rows back. Returns the heads' mixed values merged (before the output projection)."""
-    heads, head_dim = bias_u.shape
-    rows = q.ndim == 2
-    batch = 1 if rows else q.shape[0]
-    query_len, key_len = q.shape[-2], k.shape[-2]
-
-    q = q.reshape(batch, query_len, heads, head_dim)
-    q_content = (q + bias_u).transpose(0, 2, 1, 3)
-    q_position = (q + bias_v).transpose(0, 2, 1, 3)
-    k = k.reshape(batch, key_len, heads, head_dim).transpose(0, 2, 1, 3)
-    v = v.reshape(batch, key_len, heads, head_dim).transpose(0, 2, 1, 3)
-    p = p.reshape(1, -1, heads, head_dim).transpose(0, 2, 1, 3)
-
-    position_scores = _relative_shift(mx.matmul(q_position, p.swapaxes(-2, -1)))
-    # Stored before SDPA adds it to the content scores (its fallback does, outside the fused kernel).
-    position_scores = materialize(position_scores[:, :, :, :key_len] * scale)
-    if mask is not None:
-        position_scores = position_scores + mask
-    attended = mx.fast.scaled_dot_product_attention(q_content, k, v, scale=scale, mask=position_scores)
-    merged = attended.transpose(0, 2, 1, 3)
-    return merged.reshape(query_len, -1) if rows else merged.reshape(batch, query_len, -1)
-
-
 class PointwiseConv(KeepsCopy, nn.Conv1d):
     """A kernel-size-1 ``nn.Conv1d`` (same parameters and arithmetic) whose weight fast numerics may read
     in bf16 (:class:`engine.networks.linear.KeepsCopy`)."""
@@ -328,38 +162,6 @@ class ConvolutionModule(nn.Module):
         return self.finish(self.depthwise_conv(gated))
 
 
-RowPart = Callable[..., tuple[mx.array, ...]]
-
-
-@dataclass(frozen=True)
-class ConformerRowParts:
-    """A Conformer layer's sublayers for a stream's newest frame, as :class:`engine.kernels.row_product.RowProduct`
-    kernels or :func:`engine.kernels.row_product.row_product_ops` (same call signature); fast numerics only."""
-
-    feed_forward_up: RowPart  # layer norm, linear1, SiLU
-    feed_forward_down: RowPart  # linear2, then x + ½·y
-    qkv: RowPart  # layer norm, the query, key and value projections
-    output: RowPart  # linear_out, then x + y
-    convolution_in: RowPart  # layer norm, pointwise_conv1, GLU
-    convolution_out: RowPart  # depthwise conv over the window, layer norm, SiLU, pointwise_conv2, then x + y
-    # The previous layer's output norm, then feed_forward_up's (None: each layer applies its own output norm).
-    feed_forward_up_twice: RowPart | None = None
-    # Each part's name and shape (what a chain of them is built from, engine.kernels.row_chain).
-    shapes: tuple[tuple[str, RowProductShape], ...] = ()
-
-
-@dataclass(frozen=True)
-class ConformerRowWeights:
-    """The projection weights :class:`ConformerRowParts` read of one layer (bf16 copies, or as they are)."""
-
-    feed_forward1: tuple[mx.array, mx.array]
-    qkv: tuple[mx.array, mx.array, mx.array]
-    output: mx.array
-    pointwise1: mx.array
-    pointwise2: mx.array
-    feed_forward2: tuple[mx.array, mx.array]
-
-
 class ConformerLayer(nn.Module):
     """Macaron Conformer block; attribute names are the checkpoint's."""
 
@@ -376,9 +178,6 @@ class ConformerLayer(nn.Module):
         self.norm_feed_forward2 = nn.LayerNorm(d_model)
         self.feed_forward2 = FeedForward(d_model, hidden, config.use_bias)
         self.norm_out = nn.LayerNorm(d_model)
-        # Fast numerics: the sublayers of a stream's newest frame as row-product calls, and what they read.
-        self.rows: ConformerRowParts | None = None
-        self.row_weights: ConformerRowWeights | None = None
 
     def projection_layers(self) -> tuple[Linear | PointwiseConv, ...]:
         """The projections fast numerics' row products read: feed-forward, attention (not the positions',
@@ -397,14 +196,6 @@ class ConformerLayer(nn.Module):
             self.feed_forward2.linear2,
         )
 
-    def make_row_weights(self, weight_dtype: mx.Dtype | None) -> ConformerRowWeights:
-        """The weights :meth:`stream_rows` reads, as ``weight_dtype`` copies when given (made once and kept,
-        see :class:`engine.networks.linear.KeepsCopy`)."""
-        up1, down1, q, k, v, output, pointwise1, pointwise2, up2, down2 = (
-            module.weight_in(weight_dtype) for module in self.projection_layers()
-        )
-        return ConformerRowWeights((up1, down1), (q, k, v), output, pointwise1, pointwise2, (up2, down2))
-
     def __call__(self, x: mx.array, positions: mx.array, mask: mx.array | None) -> mx.array:
         """Offline: every frame of ``x`` at once under ``mask``."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
@@ -421,6 +212,7 @@ class ConformerLayer(nn.Module):
         attention_cache: mx.array | None,
         conv_cache: mx.array | None,
         left_context: int,
+        attend: Attend | None = None,
     ) -> tuple[mx.array, mx.array, mx.array]:
         """Streaming, op by op: new frames ``x`` (rows (n, d), a batch of one) attend to
         ``[attention_cache ‖ x]`` (rows) and convolve over ``[conv_cache ‖ gate(x)]`` ((1, kernel-1, d)).
@@ -429,7 +221,7 @@ class ConformerLayer(nn.Module):
         attention inputs including the new ones; last ``kernel-1`` gate outputs).
         Once the attention cache is full the position projection no longer changes and
         is reused. (A stream of single frames runs all layers compiled instead:
-        :meth:`FastConformer.stream_layers`.)
+        :meth:`FastConformer.stream_layers`.) ``attend``: fast numerics' one-row attention, if any.
         """
         if conv_cache is None:
             history = config.conv_kernel_size - 1
@@ -439,7 +231,7 @@ class ConformerLayer(nn.Module):
             projected = self._positions(config, key_len, x.dtype)
         else:
             projected = self.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
-        return self._stream_ops(x, attention_cache, conv_cache, projected, left_context=left_context)
+        return self._stream_ops(x, attention_cache, conv_cache, projected, left_context=left_context, attend=attend)
 
     def _positions(self, config: EncoderConfig, key_len: int, dtype: mx.Dtype) -> mx.array:
         """``linear_pos`` of the relative-position rows for ``key_len`` keys, computed once."""
@@ -461,6 +253,7 @@ class ConformerLayer(nn.Module):
         projected_positions: mx.array,
         *,
         left_context: int,
+        attend: Attend | None = None,
     ) -> tuple[mx.array, mx.array, mx.array]:
         # Rows rather than (1, n, d): a matrix product of a 3-D input is flattened to rows and back
         # around the same kernel, two views per projection; only the convolutions need the batch axis.
@@ -468,7 +261,7 @@ class ConformerLayer(nn.Module):
 
         attention_in = self.norm_self_att(x)
         keys = attention_in if attention_cache is None else mx.concatenate([attention_cache, attention_in], axis=0)
-        x = x + self.self_attn(attention_in, keys, projected_positions, projected=True)
+        x = x + self.self_attn(attention_in, keys, projected_positions, projected=True, attend=attend)
         next_attention = keys[-left_context:] if left_context > 0 else keys[:0]
 
         gated = self.conv.gate(mx.expand_dims(self.norm_conv(x), 0))
@@ -480,115 +273,21 @@ class ConformerLayer(nn.Module):
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
         return self.norm_out(x), next_attention, next_conv
 
-    def stream_rows(
-        self,
-        sequence: RowSequence,
-        x: mx.array | Link,
-        key_cache: mx.array | None,
-        value_cache: mx.array | None,
-        conv_cache: mx.array,
-        projected_positions: mx.array,
-        *,
-        left_context: int,
-        prior: nn.LayerNorm | None = None,
-        defer_norm: bool = False,
-    ) -> tuple[mx.array | Link, mx.array, mx.array, mx.array | Link]:
-        """Fast numerics' streaming step through :attr:`rows`: the newest frame ``x`` (one row) attends to
-        its projected key and value and the cached ones of the frames before it (rows), and convolves over
-        ``[conv_cache ‖ gate(x)]`` (rows). Six row products, the attention kernel and the output norm, where
-        :meth:`_stream_ops` runs about thirty operations; keys and values are projected once per frame
-        (cached projected) instead of for the whole window every frame. The row products are gathered in
-        ``sequence`` (:class:`engine.kernels.row_chain.RowSequence`), which runs them when the attention reads its
-        inputs: on a GPU those from this layer's output projection to the next layer's query, key and value
-        projections as one launch where that chain was admitted.
 
-        Returns the block output and the updated caches: the keys and values the newest frame attended to
-        (its window: the last ``left_context + 1`` frames', the next frame drops the oldest when full) and the
-        last ``kernel - 1`` gate outputs, each written by the kernel that reads it (no joins or slices); the
-        block output and the gate outputs as links into ``sequence`` (its :meth:`~RowSequence.arrays` gives
-        them). With ``prior`` (the previous layer's output norm) ``x`` is that layer's output before its norm,
-        which the first row product applies (``feed_forward_up_twice``); with ``defer_norm`` the block output
-        is returned before this layer's output norm, for the next layer (or the caller) to apply.
-        """
-        parts, weights, attention = self.rows, self.row_weights, self.self_attn
-        assert parts is not None and weights is not None
-        assert attention.fast_attention is not None and attention.fast_window is not None
-        x = self._feed_forward_rows(sequence, x, self.norm_feed_forward1, weights.feed_forward1, prior)
-        norm = self.norm_self_att
-        qkv = sequence.add("qkv", parts.qkv, x, weights.qkv, norm_scale=norm.weight, norm_bias=norm.bias)
-        q, k, v = sequence.arrays(*qkv)
-        bias_u, bias_v = attention.pos_bias_u, attention.pos_bias_v
-        if key_cache is None or value_cache is None:
-            keys, values = k, v
-            attended = attention.fast_attention(q, k, v, projected_positions, bias_u, bias_v, attention.scale)
-        else:
-            drop, _ = attention_window(key_cache.shape[0], left_context)
-            attended, keys, values = attention.fast_window(
-                q, key_cache, k, value_cache, v, projected_positions, bias_u, bias_v, attention.scale, drop
-            )
-        (x,) = sequence.add("output", parts.output, attended, (weights.output,), base=x)
-        norm, conv = self.norm_conv, self.conv
-        (gated,) = sequence.add(
-            "convolution_in",
-            parts.convolution_in,
-            x,
-            (weights.pointwise1,),
-            norm_scale=norm.weight,
-            norm_bias=norm.bias,
-        )
-        tail = conv.batch_norm
-        x, next_conv = sequence.add(
-            "convolution_out",
-            parts.convolution_out,
-            conv_cache,
-            (weights.pointwise2,),
-            norm_scale=tail.weight,
-            norm_bias=tail.bias,
-            depthwise=conv.depthwise_conv.weight,
-            base=x,
-            newest=gated,
-        )
-        x = self._feed_forward_rows(sequence, x, self.norm_feed_forward2, weights.feed_forward2)
-        if not defer_norm:
-            (x,) = sequence.arrays(x)
-            x = self.norm_out(x)
-        return x, keys, values, next_conv
-
-    def _feed_forward_rows(
-        self,
-        sequence: RowSequence,
-        x: mx.array | Link,
-        norm: nn.LayerNorm,
-        weights: tuple[mx.array, mx.array],
-        prior: nn.LayerNorm | None = None,
-    ) -> mx.array | Link:
-        """``x + ½·feed_forward(norm(x))`` as two row products; with ``prior``, ``x`` is first ``prior(x)``."""
-        rows = self.rows
-        assert rows is not None
-        scales = {"norm_scale": norm.weight, "norm_bias": norm.bias}
-        if prior is None:
-            (hidden,) = sequence.add("feed_forward_up", rows.feed_forward_up, x, weights[:1], **scales)
-        else:
-            assert rows.feed_forward_up_twice is not None
-            hidden, x = sequence.add(
-                "feed_forward_up_twice",
-                rows.feed_forward_up_twice,
-                x,
-                weights[:1],
-                **scales,
-                prior_scale=prior.weight,
-                prior_bias=prior.bias,
-            )
-        (x,) = sequence.add("feed_forward_down", rows.feed_forward_down, hidden, weights[1:], base=x)
-        return x
+def encoder_row_projections(model: nn.Module) -> list[Linear | PointwiseConv]:
+    """The encoder projections of ``model`` that fast numerics' row products read (every Conformer layer's
+    :meth:`ConformerLayer.projection_layers`)."""
+    layers = [module for _, module in model.named_modules() if isinstance(module, ConformerLayer)]
+    return [projection for layer in layers for projection in layer.projection_layers()]
 
 
 # --------------------------------------------------------------------------- caches
 
 
 @dataclass
-class PerceptionCache:
-    """Everything the streaming perception carries from one 80 ms frame to the next.
+class PerceptionState:
+    """Everything the streaming perception carries from one 80 ms frame to the next (a
+    :class:`engine.streaming.StreamState`).
 
     * ``mel``: the log-mel front end's retained samples and counters;
     * ``mel_window``: earlier mel frames re-fed to the subsampling stack (≤ 23, 17 in steady state);
@@ -601,7 +300,7 @@ class PerceptionCache:
     * ``mel_consumed`` / ``frames_emitted``: mel frames fed to the encoder and encoder frames produced.
     """
 
-    mel: MelCache
+    mel: MelState
     attention: list[mx.array | None]
     convolution: list[mx.array | None]
     values: list[mx.array | None] = field(default_factory=list)
@@ -619,6 +318,9 @@ class PerceptionCache:
         held.extend(value for value in self.convolution if value is not None)
         return held
 
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())
+
 
 # --------------------------------------------------------------------------- encoder
 
@@ -631,8 +333,17 @@ class FastConformer(nn.Module):
         self.config = config
         self.pre_encode = CausalStridingSubsampling(config)
         self.layers = [ConformerLayer(config) for _ in range(config.n_layers)]
-        # Fast numerics: runs of the layers' row products as one launch each, where admitted (engine.kernels.row_chain).
-        self.row_chains = ChainBook()
+        # Fast numerics' form (engine.networks.perception.fast): the attention kernels, the layers' row products and
+        # their chains; None: the reference's operations. The one slot the stream branches on.
+        self.fast: EncoderFast | None = None
+
+    def use_numerics(self, plan: FastPlan | None) -> dict[str, bool]:
+        """Take fast numerics' form for ``plan`` (None: exact mode); returns which of its parts run as kernels
+        (:func:`engine.networks.perception.fast.encoder_fast`)."""
+        from .fast import encoder_fast
+
+        self.fast, changes = encoder_fast(self, plan)
+        return changes
 
     def __call__(self, mel: mx.array, lengths: mx.array | None = None) -> tuple[mx.array, mx.array]:
         """Offline: ``(B, T, features)`` mel → ``((B, T', d_model), lengths')`` under the chunked_limited mask."""
@@ -651,7 +362,7 @@ class FastConformer(nn.Module):
             x = layer(x, positions, mask)
         return x, out_lengths
 
-    def stream(self, cache: PerceptionCache, mel: mx.array, probe: Probe | None = None) -> list[mx.array]:
+    def step(self, cache: PerceptionState, mel: mx.array, hooks: FrameHooks = NO_HOOKS) -> list[mx.array]:
         """Feed new mel frames ``(1, n, features)``; return the encoder chunks they complete.
 
         Mel frames are consumed in chunks of ``subsampling_factor`` (one encoder frame
@@ -665,20 +376,20 @@ class FastConformer(nn.Module):
         while remaining.shape[1] > 0:
             take = min(chunk, remaining.shape[1])
             piece, remaining = remaining[:, :take], remaining[:, take:]
-            encoded = self._encode_chunk(cache, piece, last=remaining.shape[1] == 0, probe=probe)
+            encoded = self._encode_chunk(cache, piece, last=remaining.shape[1] == 0, hooks=hooks)
             if encoded is not None:
                 outputs.append(encoded)
         return outputs
 
     def _encode_chunk(
-        self, cache: PerceptionCache, mel: mx.array, *, last: bool, probe: Probe | None = None
+        self, cache: PerceptionState, mel: mx.array, *, last: bool, hooks: FrameHooks = NO_HOOKS
     ) -> mx.array | None:
         factor = self.config.subsampling_factor
         cached = 0 if cache.mel_window is None else cache.mel_window.shape[1]
         window = mel if cache.mel_window is None else mx.concatenate([cache.mel_window, mel], axis=1)
         subsampled = self.pre_encode(window)
-        if probe is not None:
-            probe("perception.subsampling", subsampled)
+        if hooks.sub_stages:
+            hooks.sub_stage("perception.subsampling", subsampled)
 
         consumed = cache.mel_consumed + mel.shape[1]
         first_index = (cache.mel_consumed - cached) // factor  # encoder index of subsampled[:, 0]
@@ -694,11 +405,11 @@ class FastConformer(nn.Module):
         cache.frames_emitted = first_index + hi
 
         x = self.stream_layers(cache, subsampled[:, lo:hi])
-        if probe is not None:
-            probe("perception.layers", x)
+        if hooks.sub_stages:
+            hooks.sub_stage("perception.layers", x)
         return x
 
-    def stream_layers(self, cache: PerceptionCache, x: mx.array) -> mx.array:
+    def stream_layers(self, cache: PerceptionState, x: mx.array) -> mx.array:
         """Run new encoder frames ``x`` (1, n, d_model) through every layer, updating the layer caches.
 
         A single new frame, the streaming case, runs as one compiled program over all the
@@ -715,12 +426,14 @@ class FastConformer(nn.Module):
         if any(state is not None for state in cache.values) != (row_products and cache.attention[0] is not None):
             raise RuntimeError("this stream's encoder cache was filled in the other numerics mode: start a new session")
         if row_products:
-            return self._stream_rows(cache, x)
+            assert self.fast is not None
+            return self.fast.stream_rows(self, cache, x)
         if x.shape[1] != 1 or not compile_enabled():
             rows = x.reshape(-1, config.d_model)
+            attend = None if self.fast is None else self.fast.attention
             for index, layer in enumerate(self.layers):
                 rows, cache.attention[index], cache.convolution[index] = layer.stream(
-                    rows, config, cache.attention[index], cache.convolution[index], left
+                    rows, config, cache.attention[index], cache.convolution[index], left, attend
                 )
             return rows.reshape(x.shape)
         layers = len(self.layers)
@@ -744,88 +457,9 @@ class FastConformer(nn.Module):
 
     @property
     def rows_in_use(self) -> bool:
-        """Whether a stream runs fast numerics' row products (:meth:`ConformerLayer.stream_rows`)."""
-        return bool(self.layers) and self.layers[0].rows is not None
-
-    def _stream_rows(self, cache: PerceptionCache, x: mx.array) -> mx.array:
-        """:meth:`stream_layers` through the row products: one compiled program per phase, as in exact mode."""
-        config, left, layers = self.config, self.config.left_context, len(self.layers)
-        if x.shape[1] != 1:
-            raise ValueError(f"fast numerics' encoder takes one frame at a time, got {x.shape[1]}")
-        convolution = [
-            mx.zeros((config.conv_kernel_size - 1, config.d_model), dtype=x.dtype) if state is None else state
-            for state in cache.convolution
-        ]
-        keys, values = cache.attention, cache.values
-        if keys[0] is None:
-            outputs = self._stream_program("fresh")(x, *convolution)
-        elif attention_window(keys[0].shape[0], left)[1] == left + 1:  # a full window: fixed positions
-            positions = [layer._positions(config, left + 1, x.dtype) for layer in self.layers]
-            outputs = self._stream_program("steady")(x, *keys, *values, *convolution, *positions)
-        else:
-            outputs = self._stream_program("filling")(x, *keys, *values, *convolution)
-        x, states = outputs[0], outputs[1:]
-        cache.attention = list(states[:layers])
-        cache.values = list(states[layers : 2 * layers])
-        cache.convolution = list(states[2 * layers :])
-        return x
-
-    def _layers_rows(
-        self,
-        x: mx.array,
-        keys: list[mx.array | None],
-        values: list[mx.array | None],
-        convolution: list[mx.array],
-        positions: list[mx.array] | None,
-    ) -> tuple[mx.array, ...]:
-        """Every layer's :meth:`ConformerLayer.stream_rows` in turn on ``x`` (1, 1, d); returns
-        ``(x, *keys, *values, *convolution)``."""
-        config, left = self.config, self.config.left_context
-        shape, x = x.shape, x.reshape(-1, config.d_model)
-        key_len = 1 if keys[0] is None else attention_window(keys[0].shape[0], left)[1]
-        next_keys, next_values = [], []
-        next_convolution: list[mx.array | Link] = []
-        rows = self.layers[0].rows
-        assert rows is not None
-        # Each layer's output norm, applied by the next layer's first row product where the parts have it.
-        deferring = rows.feed_forward_up_twice is not None
-        prior: nn.LayerNorm | None = None
-        sequence = RowSequence(rows.shapes, self.row_chains)
-        hidden: mx.array | Link = x
-        for index, layer in enumerate(self.layers):
-            if positions is None:
-                projected = layer.self_attn.linear_pos(relative_positions(config, key_len, x.dtype))
-            else:
-                projected = positions[index]
-            hidden, key_state, value_state, conv_state = layer.stream_rows(
-                sequence,
-                hidden,
-                keys[index],
-                values[index],
-                convolution[index],
-                projected,
-                left_context=left,
-                prior=prior,
-                defer_norm=deferring,
-            )
-            prior = layer.norm_out if deferring else None
-            next_keys.append(key_state)
-            next_values.append(value_state)
-            next_convolution.append(conv_state)
-        x, *convolution_states = sequence.arrays(hidden, *next_convolution)
-        if prior is not None:
-            x = prior(x)
-        return (x.reshape(shape), *next_keys, *next_values, *convolution_states)
-
-    def row_runs(self) -> dict[tuple[Any, ...], list[RowCall]]:
-        """The runs of row products a stream step gathers (:class:`engine.kernels.row_chain.RowSequence`), one of each
-        structure (:func:`engine.kernels.row_chain.run_key`) with more than one step, as their calls on the layers' own
-        weights and a random first frame: what the chains are built and admitted for. Runs one step op by op."""
-        config, layers = self.config, len(self.layers)
-        keys = mx.random.split(mx.random.key(89), 2)
-        x = mx.random.normal((1, 1, config.d_model), key=keys[0])
-        window = 0.5 * mx.random.normal((config.conv_kernel_size - 1, config.d_model), key=keys[1])
-        return find_runs(self, lambda: self._layers_rows(x, [None] * layers, [None] * layers, [window] * layers, None))
+        """Whether a stream runs fast numerics' row products
+        (:meth:`engine.networks.perception.fast.EncoderFast.stream_rows`)."""
+        return bool(self.layers) and self.fast is not None and self.fast.rows is not None
 
     def trace_stream(self, dtype: mx.Dtype) -> list[mx.array]:
         """Trace the stream's programs for every attention cache length (0 … 70; 71 with the row products) on
@@ -836,7 +470,7 @@ class FastConformer(nn.Module):
         # The row products' caches hold the window the newest frame attended to, up to left_context + 1 rows.
         for cached in range(config.left_context + (2 if rows else 1)):
             history = None if cached == 0 else mx.zeros((cached, config.d_model), dtype=dtype)
-            scratch = PerceptionCache(
+            scratch = PerceptionState(
                 mel=None,  # type: ignore[arg-type]  # the layers never touch the front end
                 attention=[history] * len(self.layers),
                 convolution=[None] * len(self.layers),
@@ -854,6 +488,7 @@ class FastConformer(nn.Module):
     ) -> tuple[mx.array, ...]:
         """Every layer's :meth:`ConformerLayer._stream_ops` in turn on ``x`` (1, n, d); returns
         ``(x, *attention, *convolution)``."""
+        attend = None if self.fast is None else self.fast.attention
         config, left = self.config, self.config.left_context
         shape, x = x.shape, x.reshape(-1, config.d_model)  # the layers run on rows
         key_len = x.shape[0] + (0 if attention[0] is None else attention[0].shape[0])
@@ -864,7 +499,7 @@ class FastConformer(nn.Module):
             else:
                 projected = positions[index]
             x, attention_state, conv_state = layer._stream_ops(
-                x, attention[index], convolution[index], projected, left_context=left
+                x, attention[index], convolution[index], projected, left_context=left, attend=attend
             )
             next_attention.append(attention_state)
             next_convolution.append(conv_state)
@@ -888,14 +523,12 @@ class FastConformer(nn.Module):
     def _stream_program(self, kind: str) -> Callable[..., tuple[mx.array, ...]]:
         """The compiled ``kind`` program for the fast parts in use: a trace holds the attention and row
         products it was traced with, so a model switched between numerics modes keeps one program per mode."""
-        first = self.layers[0] if self.layers else None
-        rows = None if first is None else first.rows
-        attention = None if first is None else first.self_attn
-        chains = tuple(self.row_chains.chains.values())
-        key = (kind, None if attention is None else (attention.fast_attention, attention.fast_window), rows, chains)
+        fast = self.fast
+        rows = None if fast is None else fast.rows
+        key = (kind, None if fast is None else fast.program_key(), rows)
         programs = self._stream_programs
-        if key not in programs and rows is not None:
-            programs[key] = jit(self._rows_program(kind))
+        if key not in programs and fast is not None and rows is not None:
+            programs[key] = jit(fast.rows_program(self, kind))
         if key not in programs:
             layers = len(self.layers)
 
@@ -911,24 +544,6 @@ class FastConformer(nn.Module):
 
             programs[key] = jit({"fresh": fresh, "filling": filling, "steady": steady}[kind])
         return programs[key]
-
-    def _rows_program(self, kind: str) -> Callable[..., tuple[mx.array, ...]]:
-        """The uncompiled ``kind`` program through the row products (inputs as in :meth:`_stream_rows`)."""
-        layers = len(self.layers)
-
-        def fresh(x: mx.array, *convolution: mx.array) -> tuple[mx.array, ...]:
-            return self._layers_rows(x, [None] * layers, [None] * layers, list(convolution), None)
-
-        def filling(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-            keys, values, convolution = states[:layers], states[layers : 2 * layers], states[2 * layers :]
-            return self._layers_rows(x, list(keys), list(values), list(convolution), None)
-
-        def steady(x: mx.array, *states: mx.array) -> tuple[mx.array, ...]:
-            keys, values = states[:layers], states[layers : 2 * layers]
-            convolution, positions = states[2 * layers : 3 * layers], states[3 * layers :]
-            return self._layers_rows(x, list(keys), list(values), list(convolution), list(positions))
-
-        return {"fresh": fresh, "filling": filling, "steady": steady}[kind]
 
     @functools.cached_property
     def _stream_programs(self) -> dict[tuple[Any, ...], Callable[..., tuple[mx.array, ...]]]:
@@ -960,32 +575,44 @@ class Perception(nn.Module):
         encoded, lengths = self.encoder(mel, lengths)
         return self.proj(encoded), lengths, encoded
 
-    def make_cache(self) -> PerceptionCache:
-        """Fresh streaming state; the mel front end looks one frame (1280 samples) ahead, as the sessions do."""
+    def use_numerics(self, plan: FastPlan | None) -> dict[str, bool]:
+        """Take fast numerics' form for ``plan`` (None: exact mode): the encoder's (the front end and the
+        projection have none); returns which of its parts run as kernels."""
+        return self.encoder.use_numerics(plan)
+
+    @functools.cached_property
+    def mel(self) -> StreamingMel:
+        """The streaming front end; it looks one frame (1280 samples) ahead, as the sessions do."""
+        return StreamingMel(self.perception_config.preprocessor, self.frame_samples)
+
+    def make_state(self) -> PerceptionState:
+        """Fresh streaming state."""
         layers = len(self.encoder.layers)
-        return PerceptionCache(
-            mel=make_mel_cache(self.perception_config.preprocessor, self.frame_samples),
+        return PerceptionState(
+            mel=self.mel.make_state(),
             attention=[None] * layers,
             convolution=[None] * layers,
             values=[None] * layers,
         )
 
-    def step(self, cache: PerceptionCache, frame: mx.array, probe: Probe | None = None) -> tuple[mx.array, mx.array]:
+    def step(self, state: PerceptionState, frame: mx.array, hooks: FrameHooks = NO_HOOKS) -> tuple[mx.array, mx.array]:
         """One 80 ms frame ``(1280,)`` in; ``(projected (1, 1, output_dim), encoded (1, 1, d_model))`` out.
 
-        Raises ``ValueError`` for a frame of the wrong shape (the cache is left
-        untouched) and ``RuntimeError`` if the encoder would not emit exactly one frame.
+        Raises ``ValueError`` for a frame of the wrong shape (the state is left
+        untouched) and ``RuntimeError`` if the encoder would not emit exactly one frame. Where ``hooks`` times
+        sub-stages, closes ``perception.mel``, ``.subsampling``, ``.layers`` and ``.projection``.
         """
+        cache = state
         if frame.ndim != 1 or frame.shape[0] != self.frame_samples:
             raise ValueError(
                 f"perception step needs one frame of {self.frame_samples} mono samples, got shape {tuple(frame.shape)}"
             )
         if frame.dtype != mx.float32:
             frame = frame.astype(mx.float32)
-        mel = mel_step(cache.mel, frame, self.perception_config.preprocessor)
-        if probe is not None:
-            probe("perception.mel", mel)
-        chunks = self.encoder.stream(cache, mel, probe)
+        mel = self.mel.step(cache.mel, frame, hooks)
+        if hooks.sub_stages:
+            hooks.sub_stage("perception.mel", mel)
+        chunks = self.encoder.step(cache, mel, hooks)
         if len(chunks) != 1 or chunks[0].shape[1] != 1:
             shapes = [tuple(chunk.shape) for chunk in chunks]
             raise RuntimeError(
@@ -993,6 +620,6 @@ class Perception(nn.Module):
             )
         encoded = chunks[0]
         projected = self.proj(encoded)
-        if probe is not None:
-            probe("perception.projection", projected)
+        if hooks.sub_stages:
+            hooks.sub_stage("perception.projection", projected)
         return projected, encoded

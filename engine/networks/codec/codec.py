@@ -13,7 +13,7 @@ bit for bit on CPU.
 
 Streaming and its delay
 -----------------------
-``decode_step`` keeps, per decoder ConvNeXt block, the last ``kernel - 1`` (6) inputs of
+``step`` keeps, per decoder ConvNeXt block, the last ``kernel - 1`` (6) inputs of
 its causal depthwise convolution, and the last 4 spectral frames. Each step prepends
 those 4 frames, overlap-adds, and emits exactly 1764 samples per frame. Because the
 carried frames cover 8 samples on each side of the step, the stream runs 8 samples
@@ -38,19 +38,24 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..jit import jit
-from ..kernels.code_sum import code_sum_ops
-from ..kernels.conv_norm import channel_layer_norm
-from ..loading.config import CodecConfig
-from ..profiler import Probe
-from ..weight_names import COPY_MARK
+from ...hooks import NO_HOOKS, FrameHooks
+from ...jit import jit
+from ...kernels.code_sum import code_sum_ops
+from ...kernels.conv_norm import channel_layer_norm
+from ...loading.config import CodecConfig
+from ...streaming import arrays_nbytes
+from ...weight_names import COPY_MARK
+from .fast import CodecFast, codec_fast
+
+if TYPE_CHECKING:
+    from ...kernels.plan import FastPlan
 
 CODEC_PREFIX = "tts_model.audio_codec."
 """Where the codec's weights live in the runtime checkpoint."""
@@ -123,10 +128,6 @@ class ChannelLayerNorm(nn.Module):
 class ConvNeXtBlock(nn.Module):
     """Residual block: causal depthwise conv -> LayerNorm -> 4x pointwise MLP (exact GELU)."""
 
-    # Fast numerics (an instance attribute once set, outside the parameters): the streaming convolution and
-    # norm as one kernel (engine.kernels.conv_norm) or its operations.
-    fast_conv_norm: Callable[..., tuple[mx.array, mx.array]] | None = None
-
     def __init__(self, channels: int, kernel_size: int) -> None:
         super().__init__()
         self.context = kernel_size - 1
@@ -152,19 +153,10 @@ class ConvNeXtBlock(nn.Module):
         hidden = self.pwconv2(hidden)
         return inputs + hidden, padded[:, padded.shape[1] - self.context :]
 
-    def step_stream(self, inputs: mx.array, history: mx.array) -> tuple[mx.array, mx.array]:
-        """Fast numerics' streaming step of one stream's ``inputs (1, T, C)`` with its ``history (1, kernel - 1,
-        C)``: the convolution and norm through :attr:`fast_conv_norm`, then :meth:`__call__`'s own pointwise
-        convolutions (on a GPU a matrix product in their place takes another kernel and rounds differently:
-        the teacher-forced waveform fell to 34 dB SNR on the H200), all in the stream's own shape (no views)."""
-        assert self.fast_conv_norm is not None
-        normed, history = self.fast_conv_norm(
-            inputs, history, self.dwconv.weight, self.dwconv.bias, self.norm.weight, self.norm.bias
-        )
-        return inputs + self.pwconv2(nn.gelu(self.pwconv1(normed))), history
-
 
 # --------------------------------------------------------------------------- encoder / decoder stacks
+
+BlockStep = Callable[[ConvNeXtBlock, mx.array, mx.array], tuple[mx.array, mx.array]]
 
 
 class CodecEncoder(nn.Module):
@@ -213,16 +205,21 @@ class CodecDecoder(nn.Module):
     def blocks(self) -> list[ConvNeXtBlock]:
         return [layer for layer in self.layers if isinstance(layer, ConvNeXtBlock)]
 
-    def __call__(self, latents: mx.array, histories: list[mx.array] | None = None) -> tuple[mx.array, list[mx.array]]:
-        """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls."""
-        if histories is not None and latents.shape[:2] == (1, 1) and self.steps_stream():  # one frame of one stream
-            return self._stream(latents, histories)
+    def __call__(
+        self, latents: mx.array, histories: list[mx.array] | None = None, block_step: BlockStep | None = None
+    ) -> tuple[mx.array, list[mx.array]]:
+        """Run the stack; ``histories`` (one per ConvNeXt block) carries causal context between calls.
+        ``block_step(block, inputs, history)`` runs each ConvNeXt block in place of its own call (fast numerics'
+        streaming form, :meth:`engine.networks.codec.fast.CodecFast.block_step`)."""
         hidden = latents
         new_histories: list[mx.array] = []
         for layer in self.layers:
             if isinstance(layer, ConvNeXtBlock):
                 history = None if histories is None else histories[len(new_histories)]
-                hidden, history = layer(hidden, history)
+                if block_step is not None and history is not None:
+                    hidden, history = block_step(layer, hidden, history)
+                else:
+                    hidden, history = layer(hidden, history)
                 new_histories.append(history)
             else:
                 hidden = layer(hidden)
@@ -237,26 +234,6 @@ class CodecDecoder(nn.Module):
                 positions *= layer.stride
                 shapes.append((positions, layer.weight.shape[0]))
         return shapes
-
-    def steps_stream(self) -> bool:
-        """Whether fast numerics' parts are in place (:meth:`ConvNeXtBlock.step_stream` for every block)."""
-        return all(block.fast_conv_norm is not None for block in self.blocks)
-
-    def fast_part(self) -> Callable[..., tuple[mx.array, mx.array]] | None:
-        """The convolution-and-norm part the blocks use (None in exact mode): what a compiled step holds."""
-        return self.blocks[0].fast_conv_norm if self.blocks and self.steps_stream() else None
-
-    def _stream(self, latents: mx.array, histories: list[mx.array]) -> tuple[mx.array, list[mx.array]]:
-        """One stream's step, its blocks through :meth:`ConvNeXtBlock.step_stream`."""
-        hidden = latents
-        new_histories: list[mx.array] = []
-        for layer in self.layers:
-            if isinstance(layer, ConvNeXtBlock):
-                hidden, history = layer.step_stream(hidden, histories[len(new_histories)])
-                new_histories.append(history)
-            else:
-                hidden = layer(hidden)
-        return hidden, new_histories
 
 
 class QuantizerVariance(nn.Module):
@@ -280,34 +257,33 @@ class StackedCodebooks:
 class ResidualQuantizer(nn.Module):
     """Probabilistic residual VQ: ``mus_list[q]`` is codebook ``q`` (``codebook_size x latent_dim``)."""
 
-    # Fast numerics (an instance attribute once set, outside the parameters): the sum as one kernel
-    # (engine.kernels.code_sum), bit for bit the operations'.
-    fast_sum: Callable[[mx.array, mx.array, mx.array], mx.array] | None = None
-
     def __init__(self, config: CodecConfig) -> None:
         super().__init__()
         self.mus_list = [mx.zeros((config.codebook_size, config.latent_dim)) for _ in range(config.num_quantizers)]
         self.variance_list = [QuantizerVariance() for _ in range(config.num_quantizers)]
 
-    def decode(self, codes: mx.array) -> mx.array:
+    def decode(
+        self, codes: mx.array, code_sum: Callable[[mx.array, mx.array, mx.array], mx.array] | None = None
+    ) -> mx.array:
         """``codes (B, Q, T)`` -> latents ``(B, T, D)``: the codebook rows summed in quantizer order.
 
         The sum runs one quantizer at a time in the codebook dtype, as the reference does;
         a single reduction would round differently. The rows come from :meth:`codebook_table` in
         one gather (a gather per codebook, with its slice of the codes, was about 120 primitives a
-        frame); they are the same values, added in the same order.
+        frame); they are the same values, added in the same order. ``code_sum``, fast numerics' sum as one
+        kernel (:class:`engine.kernels.code_sum.CodeSum`, bit for bit the operations'), takes one stream's codes.
         """
         if codes.ndim != 3 or not 0 < codes.shape[1] <= len(self.mus_list):
             raise ValueError(f"codes must be (batch, <= {len(self.mus_list)} quantizers, frames), got {codes.shape}")
         stacked = self.codebook_table()
         quantizers = codes.shape[1]
-        if self.fast_sum is not None and codes.shape[0] == 1 and codes.dtype == mx.int32:
-            return self.fast_sum(codes, stacked.table, stacked.offsets[:quantizers])
+        if code_sum is not None and codes.shape[0] == 1 and codes.dtype == mx.int32:
+            return code_sum(codes, stacked.table, stacked.offsets[:quantizers])
         return code_sum_ops(codes, stacked.table, stacked.offsets[:quantizers])
 
     def codebook_table(self) -> StackedCodebooks:
         """The stacked codebooks of the current ``mus_list``, made on first use after a load (outside any
-        compiled function: :meth:`Codec.decode_step` asks for it before its compiled step)."""
+        compiled function: :meth:`Codec.step` asks for it before its compiled step)."""
         held = self._stacked_store.get("codebooks")
         if held is None or any(a is not b for a, b in zip(held.sources, self.mus_list, strict=True)):
             size = self.mus_list[0].shape[0]
@@ -393,8 +369,8 @@ def _overlap_add(frames: mx.array, hop: int) -> mx.array:
 
 
 @dataclass
-class CodecCache:
-    """Streaming state of one decode stream.
+class CodecState:
+    """Streaming state of one decode stream (a :class:`engine.streaming.StreamState`).
 
     ``block_inputs[i]``: the last ``kernel - 1`` inputs ``(B, 6, C_i)`` of decoder ConvNeXt
     block ``i``; ``spectrum_real`` / ``spectrum_imag``: the last 4 spectral frames
@@ -408,12 +384,20 @@ class CodecCache:
     def arrays(self) -> list[mx.array]:
         return [*self.block_inputs, self.spectrum_real, self.spectrum_imag]
 
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())
+
 
 # --------------------------------------------------------------------------- codec
 
 
 class Codec(nn.Module):
-    """The VoiceChat codec; load its weights with ``load_into(codec, weights, quantized, CODEC_PREFIX)``."""
+    """The VoiceChat codec; load its weights with ``load_into(codec, weights, quantized, CODEC_PREFIX)``.
+
+    A stream is ``state = codec.make_state()``, then ``codec.step(state, codes, hooks)`` per frame (the
+    :class:`engine.streaming.Streamer` contract) and ``codec.flush(state)`` at its end. Fast numerics
+    (:meth:`use_numerics`) keeps its parts in :attr:`fast`, the one slot the decode branches on.
+    """
 
     def __init__(self, config: CodecConfig) -> None:
         super().__init__()
@@ -430,6 +414,8 @@ class Codec(nn.Module):
         # The stream's lag behind the offline decode (8 samples).
         self.delay = self.carried_frames // 2 * config.hop_length
         self._window = mx.array(_periodic_hann(config.n_fft))
+        # Fast numerics' form of this codec (engine.networks.codec.fast); None: the reference's operations.
+        self.fast: CodecFast | None = None
 
     @property
     def samples_per_frame(self) -> int:
@@ -446,11 +432,17 @@ class Codec(nn.Module):
             dtypes.extend(value.dtype for _, value in tree_flatten(layer.parameters()))
         return mx.result_type(*dtypes)
 
-    def make_cache(self, batch_size: int = 1) -> CodecCache:
+    def use_numerics(self, plan: FastPlan | None) -> dict[str, bool]:
+        """Take fast numerics' form for ``plan`` (None: exact mode, the reference's operations); returns which
+        of its parts run as kernels (:func:`engine.networks.codec.fast.codec_fast`)."""
+        self.fast, changes = codec_fast(self, plan)
+        return changes
+
+    def make_state(self, batch_size: int = 1) -> CodecState:
         """A fresh stream: zero convolution context and zero spectral frames."""
         dtype = self.activation_dtype()
         bins = self.config.n_fft // 2 + 1
-        return CodecCache(
+        return CodecState(
             block_inputs=[
                 mx.zeros((batch_size, block.context, block.dwconv.weight.shape[0]), dtype=dtype)
                 for block in self.decoder.blocks
@@ -461,28 +453,28 @@ class Codec(nn.Module):
 
     # ----------------------------------------------------------------------- decode
 
-    def decode_step(self, codes: mx.array, cache: CodecCache, probe: Probe | None = None) -> mx.array:
-        """Decode the next ``codes (B, Q, T)`` of a stream -> ``(B, T * 1764)`` float32; updates ``cache``.
+    def step(self, state: CodecState, codes: mx.array, hooks: FrameHooks = NO_HOOKS) -> mx.array:
+        """Decode the next ``codes (B, Q, T)`` of a stream -> ``(B, T * 1764)`` float32; updates ``state``.
 
-        Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring).
+        Output lags the offline decode by ``self.delay`` (8) samples (see the module docstring). Where ``hooks``
+        times sub-stages the step runs op by op, closing ``codec.dequantize``, ``codec.decoder``, ``codec.istft``.
         """
         self.prvq.codebook_table()  # made here, outside the compiled step, on the first call after a load
-        if probe is not None:  # a compiled call cannot be split into its parts
-            step = functools.partial(self._step_ops, probe=probe)
+        if hooks.sub_stages:  # a compiled call cannot be split into its parts
+            step = functools.partial(self._step_ops, hooks=hooks)
         else:
             step = self._compiled_step() if codes.shape[2] == 1 else self._step_ops
-        samples, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag = step(
-            codes, cache.block_inputs, cache.spectrum_real, cache.spectrum_imag
+        samples, state.block_inputs, state.spectrum_real, state.spectrum_imag = step(
+            codes, state.block_inputs, state.spectrum_real, state.spectrum_imag
         )
         return samples
 
     def _compiled_step(self) -> Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]:
-        """The step compiled for the fast parts in use (a trace holds the parts it was traced with)."""
+        """The step compiled for the fast form in use (a trace holds the parts it was traced with)."""
         programs = self._compiled_steps
-        parts = (self.prvq.fast_sum, self.decoder.fast_part())
-        if parts not in programs:
-            programs[parts] = jit(self._step_ops)
-        return programs[parts]
+        if self.fast not in programs:
+            programs[self.fast] = jit(self._step_ops)
+        return programs[self.fast]
 
     @functools.cached_property
     def _compiled_steps(self) -> dict[Any, Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]]:
@@ -494,40 +486,48 @@ class Codec(nn.Module):
         block_inputs: list[mx.array],
         spectrum_real: mx.array,
         spectrum_imag: mx.array,
-        probe: Probe | None = None,
+        hooks: FrameHooks = NO_HOOKS,
     ) -> tuple[mx.array, list[mx.array], mx.array, mx.array]:
-        """The streaming decode as a pure function of the codes and the cache arrays."""
-        latents = self.prvq.decode(codes)
-        if probe is not None:
-            probe("codec.dequantize", latents)
-        features, block_inputs = self.decoder(latents, block_inputs)
-        if probe is not None:
-            probe("codec.decoder", features)
+        """The streaming decode as a pure function of the codes and the state's arrays."""
+        fast = self.fast
+        latents = self._dequantize(codes)
+        if hooks.sub_stages:
+            hooks.sub_stage("codec.dequantize", latents)
+        if fast is not None and fast.streams(latents):
+            features, block_inputs = fast.decoder_step(self.decoder, latents, block_inputs)
+        else:
+            features, block_inputs = self.decoder(latents, block_inputs)
+        if hooks.sub_stages:
+            hooks.sub_stage("codec.decoder", features)
         real, imag = self._spectrum(features)
         real = mx.concatenate([spectrum_real, real], axis=1)
         imag = mx.concatenate([spectrum_imag, imag], axis=1)
         waveform = self._synthesize(real, imag)
         start = self.edge + self.delay
         samples = waveform[:, start : start + codes.shape[2] * self.samples_per_frame]
-        if probe is not None:
-            probe("codec.istft", samples)
+        if hooks.sub_stages:
+            hooks.sub_stage("codec.istft", samples)
         return samples, block_inputs, real[:, -self.carried_frames :], imag[:, -self.carried_frames :]
 
-    def flush(self, cache: CodecCache) -> mx.array:
-        """The last ``delay`` (8) samples of the stream, ``(B, 8)`` float32, which ``decode_step`` holds back.
+    def flush(self, state: CodecState) -> mx.array:
+        """The last ``delay`` (8) samples of the stream, ``(B, 8)`` float32, which ``step`` holds back.
 
         Synthesised from the carried spectral frames alone, normalised like the offline
-        decode's end. Does not change ``cache``; a new stream needs ``make_cache()``.
+        decode's end. Does not change ``state``; a new stream needs ``make_state()``.
         """
-        waveform = self._synthesize(cache.spectrum_real, cache.spectrum_imag)
+        waveform = self._synthesize(state.spectrum_real, state.spectrum_imag)
         start = self.edge + self.delay
         return waveform[:, start : waveform.shape[1] - self.edge]
 
     def decode(self, codes: mx.array) -> mx.array:
         """Offline decode of a whole utterance: ``codes (B, Q, T)`` -> ``(B, T * 1764)`` float32."""
-        features, _ = self.decoder(self.prvq.decode(codes))
+        features, _ = self.decoder(self._dequantize(codes))
         waveform = self._synthesize(*self._spectrum(features))
         return waveform[:, self.edge : waveform.shape[1] - self.edge]
+
+    def _dequantize(self, codes: mx.array) -> mx.array:
+        """The latents of ``codes``: the codebook rows summed, by fast numerics' kernel where it has one."""
+        return self.prvq.decode(codes, None if self.fast is None else self.fast.code_sum)
 
     def _spectrum(self, features: mx.array) -> tuple[mx.array, mx.array]:
         """Decoder features ``(B, F, 2 * bins)`` -> real and imaginary parts ``(B, F, bins)``."""

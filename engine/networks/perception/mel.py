@@ -9,9 +9,9 @@ built in float32, ``log(mel + guard)`` and (for ``normalize: NA``) no normalisat
 Two entry points share the per-frame maths:
 
 * :func:`log_mel_spectrogram` — a whole waveform at once.
-* :func:`mel_step` — incremental: samples are pushed as they arrive and a frame is
-  emitted once the audio ``lookahead_samples`` past its centre is available. The
-  retained sample tail lives in a :class:`MelCache`; pre-emphasis of a frame whose
+* :class:`StreamingMel` — incremental (``make_state``, ``step(state, samples, hooks)``): samples are
+  pushed as they arrive and a frame is emitted once the audio ``lookahead_samples`` past its centre
+  is available. The retained sample tail lives in a :class:`MelState`; pre-emphasis of a frame whose
   window does not start at sample 0 uses the true previous sample, so streamed frames
   equal the offline ones.
 """
@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..loading.config import PreprocessorConfig
+from ...hooks import NO_HOOKS, FrameHooks
+from ...loading.config import PreprocessorConfig
+from ...streaming import arrays_nbytes
 
 _HANN_NAMES = frozenset({"hann", "hanning"})
 
@@ -209,8 +211,9 @@ def _edge_padding(mirrored: mx.array, length: int, mode: str, dtype: mx.Dtype) -
 
 
 @dataclass
-class MelCache:
-    """Streaming front-end state: the retained waveform tail and the frame counters.
+class MelState:
+    """Streaming front-end state: the retained waveform tail and the frame counters (a
+    :class:`engine.streaming.StreamState`).
 
     ``samples[0]`` is global sample ``start``; ``start`` is always a multiple of the hop.
     """
@@ -225,6 +228,9 @@ class MelCache:
         """Arrays to evaluate once per frame so the retained tail does not chain lazily across frames."""
         return [self.samples]
 
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())
+
 
 def _check_streamable(config: PreprocessorConfig) -> None:
     if config.pad_to > 0:
@@ -233,55 +239,62 @@ def _check_streamable(config: PreprocessorConfig) -> None:
         raise NotImplementedError("streaming mel extraction needs normalize='NA'")
 
 
-def make_mel_cache(config: PreprocessorConfig, lookahead_samples: int) -> MelCache:
-    """An empty streaming state; a frame is emitted once ``lookahead_samples`` past its centre are pushed."""
-    _check_streamable(config)
-    if lookahead_samples < config.n_fft // 2:
-        raise ValueError(
-            f"lookahead_samples={lookahead_samples} must cover half the STFT window ({config.n_fft // 2} samples)"
+class StreamingMel:
+    """The streaming front end for ``config``: a frame is emitted once ``lookahead_samples`` past its centre are
+    pushed (the :class:`engine.streaming.Streamer` contract)."""
+
+    def __init__(self, config: PreprocessorConfig, lookahead_samples: int) -> None:
+        _check_streamable(config)
+        if lookahead_samples < config.n_fft // 2:
+            raise ValueError(
+                f"lookahead_samples={lookahead_samples} must cover half the STFT window ({config.n_fft // 2} samples)"
+            )
+        self.config = config
+        self.lookahead_samples = lookahead_samples
+
+    def make_state(self) -> MelState:
+        """An empty stream."""
+        return MelState(
+            samples=mx.zeros((0,), dtype=mx.float32),
+            start=0,
+            total_samples=0,
+            next_frame=0,
+            lookahead_samples=self.lookahead_samples,
         )
-    return MelCache(
-        samples=mx.zeros((0,), dtype=mx.float32),
-        start=0,
-        total_samples=0,
-        next_frame=0,
-        lookahead_samples=lookahead_samples,
-    )
 
+    def step(self, state: MelState, samples: mx.array, hooks: FrameHooks = NO_HOOKS) -> mx.array:
+        """Push mono samples; return the newly available frames ``(1, n, features)`` (n may be 0).
 
-def mel_step(cache: MelCache, samples: mx.array, config: PreprocessorConfig) -> mx.array:
-    """Push mono samples; return the newly available frames ``(1, n, features)`` (n may be 0).
+        Frame t is emitted once ``total_samples - lookahead_samples >= hop·t``. With a
+        1280-sample lookahead and 1280-sample pushes, push 1 emits frame 0 and every later
+        push 8 frames. Only host integers are used for the bookkeeping; nothing is evaluated.
+        """
+        config, cache = self.config, state
+        if not isinstance(samples, mx.array):
+            samples = mx.array(samples)
+        if samples.ndim != 1:
+            raise ValueError(f"the mel step needs mono samples of shape (N,), got {tuple(samples.shape)}")
+        if cache.samples.shape[0] == 0:
+            cache.samples = samples
+        elif samples.shape[0] > 0:
+            cache.samples = mx.concatenate([cache.samples, samples.astype(cache.samples.dtype)])
+        cache.total_samples += samples.shape[0]
 
-    Frame t is emitted once ``total_samples - lookahead_samples >= hop·t``. With a
-    1280-sample lookahead and 1280-sample pushes, push 1 emits frame 0 and every later
-    push 8 frames. Only host integers are used for the bookkeeping; nothing is evaluated.
-    """
-    _check_streamable(config)
-    if not isinstance(samples, mx.array):
-        samples = mx.array(samples)
-    if samples.ndim != 1:
-        raise ValueError(f"mel_step needs mono samples of shape (N,), got {tuple(samples.shape)}")
-    if cache.samples.shape[0] == 0:
-        cache.samples = samples
-    elif samples.shape[0] > 0:
-        cache.samples = mx.concatenate([cache.samples, samples.astype(cache.samples.dtype)])
-    cache.total_samples += samples.shape[0]
+        hop = config.hop_length
+        newest_centre = cache.total_samples - cache.lookahead_samples
+        end = newest_centre // hop + 1 if newest_centre >= 0 else 0
+        if end <= cache.next_frame:
+            return mx.zeros((1, 0, config.features), dtype=cache.samples.dtype)
 
-    hop = config.hop_length
-    newest_centre = cache.total_samples - cache.lookahead_samples
-    end = newest_centre // hop + 1 if newest_centre >= 0 else 0
-    if end <= cache.next_frame:
-        return mx.zeros((1, 0, config.features), dtype=cache.samples.dtype)
+        buffer_first_frame = cache.start // hop
+        frames = _frame_range(cache.samples, config, cache.next_frame - buffer_first_frame, end - buffer_first_frame)
+        cache.next_frame = end
 
-    buffer_first_frame = cache.start // hop
-    frames = _frame_range(cache.samples, config, cache.next_frame - buffer_first_frame, end - buffer_first_frame)
-    cache.next_frame = end
-
-    # Keep enough audio before the next frame's window (plus one sample for pre-emphasis).
-    lookbehind_frames = math.ceil((config.n_fft // 2 + 1) / hop)
-    keep_from = max(end - lookbehind_frames, 0) * hop
-    drop = keep_from - cache.start
-    if drop > 0:
-        cache.samples = cache.samples[drop:]
-        cache.start = keep_from
-    return frames
+        # Keep enough audio before the next frame's window (plus one sample for pre-emphasis).
+        lookbehind_frames = math.ceil((config.n_fft // 2 + 1) / hop)
+        keep_from = max(end - lookbehind_frames, 0) * hop
+        drop = keep_from - cache.start
+        if drop > 0:
+            cache.samples = cache.samples[drop:]
+            cache.start = keep_from
+        return frames

@@ -24,6 +24,9 @@ Decoding is greedy: per encoder frame, keep emitting argmax tokens until blank o
   computes with the same kernel as the host loop's one-row 3-D inputs. Exact mode stores the
   cell update's products before they are added, as the host loop does; fast numerics leaves
   them to fuse on a GPU.
+
+:class:`Transducer` is the RN-T as one streaming network (``make_state``, ``step(state, encoded, hooks)``) over the
+predictor and joint the checkpoint keeps apart; its fast form is the predictor's (:mod:`.fast`).
 """
 
 from __future__ import annotations
@@ -31,16 +34,23 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..jit import jit, materialize
-from ..kernels.greedy_attempt import AttemptParts, greedy_loop_ops, lstm_cell
-from ..loading.config import JointConfig, PredictorConfig
-from ..loading.tokenizer import RNNTVocabulary
-from ..weight_names import GATHER_MARK
-from .linear import Linear
+from ...hooks import NO_HOOKS, FrameHooks
+from ...jit import jit, materialize
+from ...kernels.greedy_attempt import AttemptParts, lstm_cell
+from ...loading.config import JointConfig, PredictorConfig
+from ...loading.tokenizer import RNNTVocabulary
+from ...streaming import arrays_nbytes
+from ...weight_names import GATHER_MARK
+from ..linear import Linear
+from .fast import RNNTFast, greedy_rows_by_attempt, rnnt_fast
+
+if TYPE_CHECKING:
+    from ...kernels.plan import FastPlan
 
 LSTMState = tuple[mx.array, mx.array]
 
@@ -117,15 +127,34 @@ class RNNTPredictor(nn.Module):
     # parameters (a module takes the arrays it holds for those).
     _embedding_table: tuple[mx.array, ...] = ()
 
-    def use_attempt_parts(self, parts: AttemptParts | None) -> None:
-        """Run the streaming loop's attempts through ``parts`` (None: the loop of operations)."""
-        self.attempt_parts = parts
+    def use_numerics(self, plan: FastPlan | None, joint: RNNTJoint | None) -> dict[str, bool]:
+        """Take fast numerics' form for ``plan`` with ``joint`` (None: exact mode, the reference's operations; no
+        joint: the cell update left to fuse, no attempt parts); returns which of its parts run as kernels
+        (:func:`engine.networks.rnnt.fast.rnnt_fast`)."""
+        fast, changes = rnnt_fast(self, joint, plan)
+        self.use_fast(fast)
+        return changes
+
+    def use_fast(self, fast: RNNTFast | None) -> None:
+        """Run the streaming loop in ``fast`` (None: exact mode's operations), the one slot the loop reads."""
+        self.fast = fast
         table: tuple[mx.array, ...] = ()
-        if parts is not None:
+        if fast is not None and fast.parts is not None:
             weight = self.prediction["embed"].weight
             table = (weight.reshape(weight.shape[0], 1, -1),)  # a view: no copy
             mx.eval(table)
         object.__setattr__(self, "_embedding_table", table)  # not a parameter (a module takes arrays as those)
+
+    @property
+    def fused_cell(self) -> bool:
+        """Whether the streaming loop lets the LSTM cell update's products fuse (fast numerics)."""
+        return self.fast is not None
+
+    @property
+    def attempt_parts(self) -> AttemptParts | None:
+        """The parts the streaming loop runs each attempt as (:func:`engine.networks.rnnt.fast.greedy_rows_by_attempt`),
+        or None for its operations."""
+        return None if self.fast is None else self.fast.parts
 
     @property
     def embedding_table(self) -> mx.array | None:
@@ -148,10 +177,9 @@ class RNNTPredictor(nn.Module):
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
-        # Fast numerics (engine.numerics): the streaming greedy loop lets the cell update fuse (_greedy_rows), and
-        # runs an attempt as a few kernels where they were admitted (_greedy_rows_by_attempt).
-        self.fused_cell = False
-        self.attempt_parts: AttemptParts | None = None
+        # Fast numerics' form (engine.networks.rnnt.fast): the streaming greedy loop lets the cell update fuse
+        # (_greedy_rows), and runs an attempt as a few kernels where they were admitted (greedy_rows_by_attempt).
+        self.fast: RNNTFast | None = None
         self.hidden_size = config.pred_hidden
         rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
         self.prediction = {
@@ -219,10 +247,8 @@ class RNNTState:
         """The LSTM state, for the session's per-frame evaluation."""
         return [] if self.hidden is None else list(self.hidden)
 
-
-def make_rnnt_state(blank_id: int) -> RNNTState:
-    """Start state: no token emitted yet."""
-    return RNNTState(last_token=blank_id)
+    def nbytes(self) -> int:
+        return arrays_nbytes(self.arrays())
 
 
 def _best_symbol(
@@ -232,15 +258,13 @@ def _best_symbol(
     last_token: int,
     hidden: LSTMState | None,
     blank_id: int,
-    on_readback: Callable[[], None] | None,
+    hooks: FrameHooks,
 ) -> tuple[int, LSTMState]:
     """Argmax class for one encoder frame after ``last_token``, and the LSTM state that token would give."""
     token = None if last_token == blank_id else mx.array([[last_token]], dtype=mx.int32)
     prediction, proposed = predictor(token, hidden)
     logits = joint(frame, prediction.astype(frame.dtype))
-    if on_readback is not None:
-        on_readback()
-    return int(mx.argmax(logits)), proposed  # host readback: the loop branches on it
+    return int(hooks.read_back(mx.argmax(logits))), proposed  # host readback: the loop branches on it
 
 
 def rnnt_step(
@@ -252,19 +276,19 @@ def rnnt_step(
     blank_id: int,
     max_symbols: int,
     vocabulary: RNNTVocabulary,
-    on_readback: Callable[[], None] | None = None,
+    hooks: FrameHooks = NO_HOOKS,
 ) -> tuple[str, str] | None:
     """Greedy-decode one encoder frame ``(1, 1, d_model)``; return ``(delta, transcript)`` if the transcript changed.
 
     ``delta`` is the text added since the last change, or the whole transcript when
     the old text is not a prefix of the new one. Returns None (and does nothing) for
-    an empty vocabulary, as the reference session does. ``on_readback`` (optional) is
-    called once per host readback, e.g. to count synchronisations.
+    an empty vocabulary, as the reference session does. Every host readback goes through
+    ``hooks.read_back`` (e.g. to count synchronisations).
     """
     if len(vocabulary) == 0:
         return None
     kept_before = len(state.tokens)
-    _emit_on_host(predictor, joint, state, encoded, blank_id, max_symbols, vocabulary, on_readback)
+    _emit_on_host(predictor, joint, state, encoded, blank_id, max_symbols, vocabulary, hooks)
     return _update_transcript(state, kept_before, vocabulary)
 
 
@@ -276,14 +300,12 @@ def _emit_on_host(
     blank_id: int,
     attempts: int,
     vocabulary: RNNTVocabulary,
-    on_readback: Callable[[], None] | None,
+    hooks: FrameHooks,
 ) -> None:
     """The greedy loop for one frame: emit argmax symbols until blank or ``attempts`` emissions."""
     emitted = 0
     while emitted < attempts:
-        symbol, proposed = _best_symbol(
-            predictor, joint, encoded, state.last_token, state.hidden, blank_id, on_readback
-        )
+        symbol, proposed = _best_symbol(predictor, joint, encoded, state.last_token, state.hidden, blank_id, hooks)
         if symbol == blank_id:
             break
         state.last_token = symbol
@@ -408,54 +430,6 @@ def _greedy_rows(
     return mx.concatenate(symbols), last.reshape(1, 1), *states
 
 
-def _greedy_rows_by_attempt(
-    parts: AttemptParts,
-    predictor: RNNTPredictor,
-    joint: RNNTJoint,
-    encoded: mx.array,
-    last: mx.array,
-    hidden: LSTMState | None,
-    *,
-    started: bool,
-    blank_id: int,
-    max_symbols: int,
-) -> tuple[mx.array, mx.array, mx.array, mx.array]:
-    """:func:`_greedy_rows` with each attempt as ``parts`` (:mod:`engine.kernels.greedy_attempt`): one launch per LSTM
-    layer and two for the joint, where that runs about 28 operations an attempt — or, where the parts have
-    the loop's kernel, every attempt in one launch.
-
-    No attempt selects a state: one after an emission starts from that attempt's state, as it does in
-    :func:`_greedy_rows`, and one after a blank is masked out here, whatever it computed. The first layer
-    picks its token from the previous attempt's partial argmaxes (the frame's first attempt: from ``last``,
-    as one pair); the end finishes every attempt's argmax at once and takes the state of the last emission.
-    """
-    lstm, embed = predictor.prediction["dec_rnn"].lstm, predictor.embedding_table
-    if embed is None:
-        embed = predictor.prediction["embed"].weight
-    layers, width = len(lstm), predictor.hidden_size
-    projected = joint.enc(encoded.reshape(1, -1))
-    output = joint.joint_net[-1]
-    if hidden is None:  # the start symbol's attempt reads no state; the end returns these only if none emitted
-        zeros = mx.zeros((layers, 1, width))
-        hidden = (zeros, zeros)
-    weights = [array for layer in lstm for array in (layer.Wx, layer.Wh, layer.bias)]
-    # The frame's incoming token as one partial pair, which the first attempt's first layer finishes.
-    incoming = (embed, mx.zeros((1,)), last.reshape(1), *hidden, *weights)
-    loop = parts.loop or functools.partial(greedy_loop_ops, parts, shape=parts.loop_shape)
-    states_h, states_c, _, scores, candidates = loop(
-        started, max_symbols, *incoming, joint.pred.weight, joint.pred.bias, projected, output.weight, output.bias
-    )
-    best = mx.take_along_axis(candidates, mx.argmax(scores, axis=1, keepdims=True), axis=1).reshape(-1)
-    emitted = mx.cumsum((best == blank_id).astype(mx.int32)) == 0  # every attempt up to the first blank
-    count = emitted.astype(mx.int32).sum(keepdims=True)
-    new_last = mx.where(count > 0, mx.take(best, mx.maximum(count - 1, 0)), last.reshape(1))
-    # The state after the last emission (index 0: the incoming state, kept when nothing was emitted).
-    kept_h = mx.take(states_h, count, axis=0)
-    kept_c = mx.take(states_c, count, axis=0)
-    symbols = mx.where(emitted, best, -1)
-    return symbols, new_last.reshape(1, 1), kept_h.reshape(layers, 1, width), kept_c.reshape(layers, 1, width)
-
-
 class GreedyPrograms:
     """Compiled unrolled greedy loops, one per (joint, started, blank, cap, fused cell, attempt parts); built on
     first use."""
@@ -478,7 +452,7 @@ class GreedyPrograms:
                 loop = (
                     _greedy_rows
                     if parts is None or encoded.dtype != mx.float32
-                    else functools.partial(_greedy_rows_by_attempt, parts)
+                    else functools.partial(greedy_rows_by_attempt, parts)
                 )
                 return loop(
                     predictor,
@@ -506,20 +480,20 @@ def rnnt_commit(
     blank_id: int,
     max_symbols: int,
     vocabulary: RNNTVocabulary,
-    read_back: Callable[[mx.array], list[int]] | None = None,
+    hooks: FrameHooks = NO_HOOKS,
 ) -> tuple[str, str] | None:
     """Adopt a proposal whose ``symbols`` were read back, and finish the frame's greedy loop.
 
     If every proposed attempt emitted, the frame is not done: the remaining attempts (up to
     ``max_symbols`` emissions in all) are unrolled from the new state and read back, which is
-    one more readback (through ``read_back``, e.g. a profiler that counts it). Returns
+    one more readback (through ``hooks.read_back``, e.g. a profiler that counts it). Returns
     ``(delta, transcript)`` if the transcript changed, exactly as :func:`rnnt_step` does.
     """
     kept_before = len(state.tokens)
     _adopt(state, symbols, proposal.hidden, vocabulary)
     if all(symbol >= 0 for symbol in symbols) and len(symbols) < max_symbols:
         rest = rnnt_propose(predictor, joint, state, encoded, blank_id=blank_id, attempts=max_symbols - len(symbols))
-        more = read_back(rest.symbols) if read_back is not None else rest.symbols.tolist()
+        more = hooks.read_back(rest.symbols)
         _adopt(state, more, rest.hidden, vocabulary)
     return _update_transcript(state, kept_before, vocabulary)
 
@@ -543,7 +517,7 @@ def rnnt_decode(
     blank_id: int,
     max_symbols: int,
     vocabulary: RNNTVocabulary,
-    on_readback: Callable[[], None] | None = None,
+    hooks: FrameHooks = NO_HOOKS,
 ) -> str:
     """Offline greedy transcript of the first ``length`` frames of ``encoded`` ``(1, T, d_model)``.
 
@@ -556,7 +530,7 @@ def rnnt_decode(
     time, emitted = 0, 0
     while time < length:
         frame = encoded[:, time : time + 1]
-        symbol, proposed = _best_symbol(predictor, joint, frame, last_token, hidden, blank_id, on_readback)
+        symbol, proposed = _best_symbol(predictor, joint, frame, last_token, hidden, blank_id, hooks)
         if symbol == blank_id:
             time, emitted = time + 1, 0
             continue
@@ -568,3 +542,67 @@ def rnnt_decode(
         if emitted >= max_symbols:
             time, emitted = time + 1, 0
     return vocabulary.decode(kept).strip()
+
+
+class Transducer:
+    """The RN-T as one streaming network over the checkpoint's predictor and joint, for one vocabulary.
+
+    A frame's greedy decoding is naturally two calls, which the session keeps apart: :meth:`propose` builds the
+    first attempts on the device with the frame's other networks (no readback of its own), and :meth:`commit`
+    adopts them once the session has read them back with the LLM's ids, finishing the rare frame that emits
+    more. :meth:`step` is the two in one, the :class:`engine.streaming.Streamer` contract, for a caller with
+    nothing to read back alongside.
+    """
+
+    def __init__(
+        self,
+        predictor: RNNTPredictor,
+        joint: RNNTJoint,
+        *,
+        blank_id: int,
+        max_symbols: int,
+        vocabulary: RNNTVocabulary,
+    ) -> None:
+        self.predictor = predictor
+        self.joint = joint
+        self.blank_id = blank_id
+        self.max_symbols = max_symbols
+        self.vocabulary = vocabulary
+
+    def make_state(self) -> RNNTState:
+        """Start state: no token emitted yet."""
+        return RNNTState(last_token=self.blank_id)
+
+    def propose(self, state: RNNTState, encoded: mx.array, attempts: int) -> RNNTProposal:
+        """:func:`rnnt_propose`: the frame's first ``attempts`` attempts, unrolled on the device."""
+        return rnnt_propose(self.predictor, self.joint, state, encoded, blank_id=self.blank_id, attempts=attempts)
+
+    def commit(
+        self,
+        state: RNNTState,
+        encoded: mx.array,
+        proposal: RNNTProposal,
+        symbols: list[int],
+        hooks: FrameHooks = NO_HOOKS,
+    ) -> tuple[str, str] | None:
+        """:func:`rnnt_commit`: adopt ``proposal`` (its ``symbols`` read back) and finish the frame."""
+        return rnnt_commit(
+            self.predictor,
+            self.joint,
+            state,
+            encoded,
+            proposal,
+            symbols,
+            blank_id=self.blank_id,
+            max_symbols=self.max_symbols,
+            vocabulary=self.vocabulary,
+            hooks=hooks,
+        )
+
+    def step(self, state: RNNTState, encoded: mx.array, hooks: FrameHooks = NO_HOOKS) -> tuple[str, str] | None:
+        """Decode one encoder frame ``(1, 1, d_model)``: ``(delta, transcript)`` if the transcript changed (None
+        for an empty vocabulary, as the reference session does)."""
+        if len(self.vocabulary) == 0:
+            return None
+        proposal = self.propose(state, encoded, first_pass_attempts(self.max_symbols))
+        return self.commit(state, encoded, proposal, hooks.read_back(proposal.symbols), hooks)
