@@ -25,7 +25,7 @@
 # long          400  fresh against aged by 7,300 frames (ten minutes), alternating in one process, fast numerics
 # abfast4       590  fast numerics, 4-bit, full size: this build against the build in .baseline/ (carried: `git archive
 #                    REV app engine ui tests assets pyproject.toml | tar -x -C .baseline`), alternating processes on one
-#                    checkpoint written once (A B A B), 100 frames each; the p50/mean of each from its report
+#                    checkpoint written once (A B, ROUNDS times, default 2), 100 frames each; the p50/mean of each from its report
 # coldstart     400  process start to model ready (structure model, 4-bit: the full size's layers and kernels with
 #                    little weight to make; NUMERICS=exact or fast): an empty kernel cache,
 #                    then the cache the first process left, then a new user seeded from those kernels shipped in
@@ -134,7 +134,7 @@ abfast4() {
   local round build
   [ -n "$DRY" ] || [ -d .baseline/engine ] || { echo "abfast4: no .baseline/ (see the table above)"; failed+=(abfast4); return; }
   [ -f /tmp/full4/config.json ] || x python3 -m app.cli make-checkpoint /tmp/full4 --size full --quantize 4 --overwrite
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     for build in after before; do
       if [ "$build" = before ]; then
         (cd .baseline && run "abfast4-$build$round" parley bench --model /tmp/full4 --numerics fast --frames 100 >&3)
