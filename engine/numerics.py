@@ -13,6 +13,7 @@ import logging
 from typing import Any, Literal
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .kernels.plan import FastPlan
 from .networks.rnnt.fast import rnnt_loop_wanted
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 def check_numerics(value: str) -> Numerics:
     if value not in NUMERICS:
         raise ValueError(f"numerics must be one of {', '.join(NUMERICS)}; got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def apply_numerics(
@@ -79,7 +80,7 @@ def apply_numerics(
     for llm in llms:
         changes.update(llm.use_numerics(fast_plan))
     # The text vocabulary a conditioning table covers (the text head's rows).
-    vocabulary = model.stt_model.text_vocabulary_size if hasattr(model, "stt_model") else None  # type: ignore[attr-defined]
+    vocabulary = model.stt_model.text_vocabulary_size if hasattr(model, "stt_model") else None
     for tts in (module for module in modules if isinstance(module, EarTTS)):
         changes.update(tts.use_numerics(fast_plan, release=release, vocabulary_size=vocabulary))
 
@@ -112,7 +113,7 @@ def apply_numerics(
     return changes
 
 
-def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
+def fast_bf16_weights(model: nn.Module, backend: str | None) -> frozenset[str]:
     """Parameter names of the weights fast mode's kernels read in bf16, directly: the encoder's one-row
     projections, and the TTS's (:func:`engine.networks.tts.fast.bf16_weight_names`). A model loaded for fast numerics
     does not precast them (:func:`engine.loading.precast.precast_float32`)."""
@@ -121,15 +122,15 @@ def fast_bf16_weights(model: object, backend: str | None) -> frozenset[str]:
     from .networks.tts.fast import bf16_weight_names
 
     read = {id(projection) for projection in encoder_row_projections(model)}
-    named = model.named_modules()  # type: ignore[attr-defined]
+    named = model.named_modules()
     names = {f"{path}.weight" for path, module in named if id(module) in read}
-    for path, module in model.named_modules():  # type: ignore[attr-defined]
+    for path, module in model.named_modules():
         if isinstance(module, EarTTS):
             names.update(f"{path}.{name}" for name in bf16_weight_names(module, backend))
     return frozenset(names)
 
 
-def kept_bf16_weights(model: object, numerics: Numerics, backend: str | None) -> frozenset[str]:
+def kept_bf16_weights(model: nn.Module, numerics: Numerics, backend: str | None) -> frozenset[str]:
     """What a model loaded for ``numerics`` keeps in bf16 rather than precast: :func:`fast_bf16_weights` for fast
     numerics, nothing for exact."""
     return fast_bf16_weights(model, backend) if check_numerics(numerics) == "fast" else frozenset()

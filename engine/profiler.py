@@ -141,7 +141,8 @@ class FrameProfiler:
         """Read a not yet evaluated value back to the host (``tolist``), counted as a sync."""
         self._evaluate([array])
         self._syncs += 1
-        return array.tolist()
+        values: list[Any] | int | float | bool = array.tolist()
+        return values
 
     def sub_stage(self, name: str, *arrays: Any) -> None:
         """Close sub-stage ``name``; only active (and forcing evaluation) with ``sub_stages``."""

@@ -23,7 +23,7 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -95,7 +95,8 @@ def speaker_prompt(voicechat: VoiceChat) -> SpeakerPrompt:
         )
         mx.eval(prompt.codes, prompt.subword_ids, prompt.subword_mask, prompt.audio_mask, prompt.latent)
         prompts[voicechat.numerics] = prompt
-    return prompts[voicechat.numerics]
+    prompt_for_numerics: SpeakerPrompt = prompts[voicechat.numerics]
+    return prompt_for_numerics
 
 
 class Session:
@@ -325,12 +326,13 @@ class Session:
     ) -> tuple[int, int]:
         """Read the frame's text and function ids (evaluated) and commit its RN-T proposal, whose transcript
         delta, if any, joins ``events``."""
-        text_id, function_id = int(text_array.item()), int(function_array.item())
+        # Both are int32 scalars: ``item()`` gives an int (MLX's stub also allows float and complex).
+        text_id, function_id = int(cast(int, text_array.item())), int(cast(int, function_array.item()))
         self._text_ids.append(text_id)
         self._function_ids.append(function_id)
         if proposal is not None:
             config = self.config
-            symbols = proposal.symbols.tolist()
+            symbols = cast(list[int], proposal.symbols.tolist())  # (attempts,) int32
             self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
             transcript = self._rnnt.commit(self.caches.rnnt, encoded, proposal, symbols, self._hooks)
             if transcript is not None:

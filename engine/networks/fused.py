@@ -36,7 +36,8 @@ class Stacked:
     transposed: mx.array  # weight.T, a view made once (see engine.networks.linear)
 
     def __call__(self, x: mx.array) -> list[mx.array]:
-        return mx.split(x @ self.transposed, list(self.splits), axis=-1)
+        # MLX's stub types ``mx.split`` as returning one array; it returns the list of parts.
+        return mx.split(x @ self.transposed, list(self.splits), axis=-1)  # type: ignore[return-value]
 
 
 def stack_projections(module: nn.Module, names: Sequence[str]) -> Stacked | None:

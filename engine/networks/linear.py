@@ -65,7 +65,7 @@ class KeepsCopy:
     def weight_in(self, dtype: mx.Dtype | None) -> mx.array:
         """The weight in ``dtype`` (itself for None or its own dtype): a copy made once and kept while the
         weight is current (outside any compiled function)."""
-        weight = self["weight"]  # type: ignore[index]
+        weight: mx.array = self["weight"]  # type: ignore[index]
         if dtype is None or weight.dtype == dtype:
             return weight
         held = self.copied
@@ -113,8 +113,11 @@ class Linear(KeepsCopy, nn.Linear):
     ) -> nn.Module:
         """What ``nn.quantize`` puts in this projection's place: :class:`QuantizedLinear` (the same as MLX's)."""
         if quantize_input:
-            return super().to_quantized(group_size, bits, mode, quantize_input)
-        return QuantizedLinear.from_linear(self, group_size, bits, mode)
+            generic: nn.Module = super().to_quantized(group_size, bits, mode, quantize_input)
+            return generic
+        # MLX's from_linear defaults group_size and bits to None (its signature leaves the Optional implicit).
+        quantized: nn.Module = QuantizedLinear.from_linear(self, group_size, bits, mode)  # type: ignore[arg-type]
+        return quantized
 
     def weight_views(self) -> dict[str, mx.array]:
         """The prepared view and the copy, named for :func:`engine.counters.named_weights`."""
@@ -151,8 +154,9 @@ class QuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         fast = self.fast_row
         if fast is None or x.dtype != mx.float32 or x.size != x.shape[-1]:
-            return super().__call__(x)
-        y = fast(x, self["weight"], self["scales"], self["biases"])
+            product: mx.array = super().__call__(x)
+            return product
+        y: mx.array = fast(x, self["weight"], self["scales"], self["biases"])
         return y + self["bias"] if "bias" in self else y
 
     def fused(

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten
 
 from ...hooks import NO_HOOKS, FrameHooks
 from ...jit import jit
@@ -52,6 +51,7 @@ from ...kernels.conv_norm import channel_layer_norm
 from ...loading.config import CodecConfig
 from ...streaming import arrays_nbytes
 from ...weight_names import COPY_MARK
+from ..parameters import parameter_leaves
 from .fast import CodecFast, codec_fast
 
 if TYPE_CHECKING:
@@ -429,7 +429,7 @@ class Codec(nn.Module):
         """The dtype the decoder computes in (the codebooks' and convolution weights' common type)."""
         dtypes = [self.prvq.mus_list[0].dtype]
         for layer in self.decoder.layers:
-            dtypes.extend(value.dtype for _, value in tree_flatten(layer.parameters()))
+            dtypes.extend(value.dtype for _, value in parameter_leaves(layer))
         return mx.result_type(*dtypes)
 
     def use_numerics(self, plan: FastPlan | None) -> dict[str, bool]:
@@ -460,6 +460,7 @@ class Codec(nn.Module):
         times sub-stages the step runs op by op, closing ``codec.dequantize``, ``codec.decoder``, ``codec.istft``.
         """
         self.prvq.codebook_table()  # made here, outside the compiled step, on the first call after a load
+        step: Callable[..., tuple[mx.array, list[mx.array], mx.array, mx.array]]
         if hooks.sub_stages:  # a compiled call cannot be split into its parts
             step = functools.partial(self._step_ops, hooks=hooks)
         else:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 
 from ...kernels.admission import fast_part
 from ...kernels.code_sum import CodeSum, code_sum_ops, code_sum_samples
 from ...kernels.conv_norm import ConvNorm, conv_norm_ops, conv_norm_samples
 from ...kernels.conv_norm import variants_for as conv_norm_variants
+from ..parameters import parameter_leaves
 
 if TYPE_CHECKING:
     from ...kernels.plan import FastPlan
@@ -83,7 +83,7 @@ def codec_fast(codec: Codec, plan: FastPlan | None) -> tuple[CodecFast | None, d
     eps = {block.norm.eps for block in blocks}
     taps = {block.dwconv.weight.shape[1] for block in blocks}
     # The kernel rounds in the activations' dtype, which is every block parameter's dtype as published.
-    uniform = all(value.dtype == dtype for block in blocks for _, value in tree_flatten(block.parameters()))
+    uniform = all(value.dtype == dtype for block in blocks for _, value in parameter_leaves(block))
     if blocks and uniform and len(eps) == len(taps) == 1:
         (norm_eps,), (kernel_size,) = eps, taps
         # The first variant whose outputs are the operations' bits on this device (engine.kernels.conv_norm).

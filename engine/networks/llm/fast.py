@@ -136,7 +136,8 @@ class AttentionFast:
                 cache.advance(cache.keys, cache.values, written_by=mixed)
                 return mixed
         heads = mixer.heads(q_rows, mixer.num_heads), mixer.heads(k_rows, mixer.num_kv_heads)
-        return mixer.rows(mixer.attend(*heads, mixer.heads(v_rows, mixer.num_kv_heads), None, cache))
+        attended: mx.array = mixer.rows(mixer.attend(*heads, mixer.heads(v_rows, mixer.num_kv_heads), None, cache))
+        return attended
 
     @staticmethod
     def output_fused(mixer: Mixer, attended: mx.array, base: mx.array) -> mx.array:
@@ -166,7 +167,8 @@ class BlockFast:
             if mixer.fast is None or not mixer.fast.ready(cache):
                 return None
             assert cache is not None
-            return mixer.fast.block(mixer, x, block.norm(x), cache)
+            mamba_out: mx.array = mixer.fast.block(mixer, x, block.norm(x), cache)
+            return mamba_out
         if block.kind == MLP:
             assert isinstance(mixer.up_proj, QuantizedLinear) and isinstance(mixer.down_proj, QuantizedLinear)
             return mixer.down_proj.fused(mixer.up_proj.fused(block.norm(x)), base=x)
@@ -182,7 +184,8 @@ class BlockFast:
         mixer = block.mixer
         if block.kind == MAMBA:
             assert isinstance(cache, MambaCache) and mixer.fast is not None
-            return mixer.fast.chained(mixer, x, normed, cache, next_weight)
+            mamba_chained: tuple[mx.array, mx.array] = mixer.fast.chained(mixer, x, normed, cache, next_weight)
+            return mamba_chained
         assert block.kind == MLP, "an attention block is chained around its cache by the model's step"
         assert isinstance(mixer.up_proj, QuantizedLinear) and isinstance(mixer.down_proj, QuantizedLinear)
         return mixer.down_proj.chained(mixer.up_proj.fused(normed), x, next_weight)

@@ -117,7 +117,8 @@ class Mamba2Mixer(nn.Module):
                 history = mx.zeros((conv_input.shape[0], keep, self.conv_dim), dtype=conv_input.dtype)
             padded = mx.concatenate([history, conv_input], axis=1)
             cache.conv_state = padded[:, -keep:, :]
-        return nn.silu(self.conv1d(padded))
+        convolved: mx.array = nn.silu(self.conv1d(padded))
+        return convolved
 
     def __call__(self, x: mx.array, cache: MambaCache | None = None) -> mx.array:
         batch, length, _ = x.shape
@@ -319,7 +320,8 @@ class NemotronH(nn.Module):
             hidden = layer(hidden, mask, None if cache is None else cache.layers[index])
         if cache is not None:
             cache.position += length
-        return self.norm_f(hidden)
+        normed: mx.array = self.norm_f(hidden)
+        return normed
 
     # ----------------------------------------------------------------- compiled single-position step
 

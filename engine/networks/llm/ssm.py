@@ -41,14 +41,15 @@ SCAN_CHUNK = 256
 @mx.compile
 def step_sizes(dt_raw: mx.array, dt_bias: mx.array, time_step_limit: tuple[float, float]) -> mx.array:
     """``clip(softplus(dt_raw + dt_bias), *time_step_limit)`` in float32, shape of ``dt_raw``."""
-    positive = nn.softplus(dt_raw.astype(mx.float32) + dt_bias)
+    positive: mx.array = nn.softplus(dt_raw.astype(mx.float32) + dt_bias)
     return mx.clip(positive, time_step_limit[0], time_step_limit[1])
 
 
 @partial(mx.compile, shapeless=True)
 def silu_gate(gate: mx.array, values: mx.array) -> mx.array:
     """``silu(gate) * values`` (the gate of Mamba's output norm), compiled like the reference."""
-    return nn.silu(gate) * values
+    gated: mx.array = nn.silu(gate) * values
+    return gated
 
 
 def pairwise_log_decay(log_decay: mx.array) -> mx.array:

@@ -98,7 +98,7 @@ class CausalStridingSubsampling(nn.Module):
     def __call__(self, mel: mx.array) -> mx.array:
         """``(B, T, features)`` mel to ``(B, T', d_model)``."""
         x = mx.expand_dims(mel, axis=-1)  # time = height, frequency = width, one channel
-        padding = ((0, 0), (self.pad_before, self.pad_after), (self.pad_before, self.pad_after), (0, 0))
+        padding = [(0, 0), (self.pad_before, self.pad_after), (self.pad_before, self.pad_after), (0, 0)]
         for index, layer in enumerate(self.conv):
             if index in self._padded_layers:
                 x = mx.pad(x, padding)
@@ -152,13 +152,15 @@ class ConvolutionModule(nn.Module):
 
     def gate(self, x: mx.array) -> mx.array:
         """The GLU output, the input of the depthwise convolution (and what the streaming cache holds)."""
-        return nn.glu(self.pointwise_conv1(x), axis=-1)
+        gated: mx.array = nn.glu(self.pointwise_conv1(x), axis=-1)
+        return gated
 
     def finish(self, convolved: mx.array) -> mx.array:
-        return self.pointwise_conv2(nn.silu(self.batch_norm(convolved)))
+        projected: mx.array = self.pointwise_conv2(nn.silu(self.batch_norm(convolved)))
+        return projected
 
     def __call__(self, x: mx.array) -> mx.array:
-        gated = mx.pad(self.gate(x), ((0, 0), (self.pad_before, self.pad_after), (0, 0)))
+        gated = mx.pad(self.gate(x), [(0, 0), (self.pad_before, self.pad_after), (0, 0)])
         return self.finish(self.depthwise_conv(gated))
 
 
@@ -203,7 +205,8 @@ class ConformerLayer(nn.Module):
         x = x + self.self_attn(attention_in, attention_in, positions, mask)
         x = x + self.conv(self.norm_conv(x))
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        return self.norm_out(x)
+        normed: mx.array = self.norm_out(x)
+        return normed
 
     def stream(
         self,
@@ -271,7 +274,8 @@ class ConformerLayer(nn.Module):
         x = x + convolved.reshape(x.shape)
 
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        return self.norm_out(x), next_attention, next_conv
+        normed: mx.array = self.norm_out(x)
+        return normed, next_attention, next_conv
 
 
 def encoder_row_projections(model: nn.Module) -> list[Linear | PointwiseConv]:

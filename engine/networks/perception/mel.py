@@ -140,7 +140,7 @@ def log_mel_spectrogram(samples: mx.array, config: PreprocessorConfig) -> mx.arr
     dtype = samples.dtype
     x = samples
     if config.pad_to > 0 and x.shape[0] < config.pad_to:
-        x = mx.pad(x, ((0, config.pad_to - x.shape[0]),), constant_values=config.pad_value)
+        x = mx.pad(x, [(0, config.pad_to - x.shape[0])], constant_values=config.pad_value)
     x = _pre_emphasis(x, config.preemph)
 
     half = config.n_fft // 2
@@ -195,7 +195,7 @@ def _frame_range(buffer: mx.array, config: PreprocessorConfig, first: int, end: 
 
     needed = (count - 1) * hop + n_fft
     if segment.shape[0] < needed:
-        segment = mx.pad(segment, ((0, needed - segment.shape[0]),), constant_values=0.0)
+        segment = mx.pad(segment, [(0, needed - segment.shape[0])], constant_values=0.0)
     return _power_to_features(_power_spectrum(segment, count, config, dtype), config, dtype)
 
 

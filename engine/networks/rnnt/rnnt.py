@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -99,8 +99,8 @@ class _StackedLSTM(nn.Module):
         for index, layer in enumerate(self.lstm):
             bias = getattr(layer, "bias", None)
             gates = x @ layer.Wx.T if bias is None else mx.addmm(bias, x, layer.Wx.T)
-            state = (None, None) if hidden is None or cell is None else (hidden[index], cell[index])
-            x, c = lstm_cell(gates, *state, layer.Wh, keep)
+            layer_hidden, layer_cell = (None, None) if hidden is None or cell is None else (hidden[index], cell[index])
+            x, c = lstm_cell(gates, layer_hidden, layer_cell, layer.Wh, keep)
             new_hidden.append(x)
             new_cell.append(c)
         return new_hidden, new_cell
@@ -126,6 +126,9 @@ class RNNTPredictor(nn.Module):
     # census, which prices each read as one row); set with the attempt parts, an instance attribute outside the
     # parameters (a module takes the arrays it holds for those).
     _embedding_table: tuple[mx.array, ...] = ()
+    # Fast numerics' form (engine.networks.rnnt.fast): the streaming greedy loop lets the cell update fuse
+    # (_greedy_rows), and runs an attempt as a few kernels where they were admitted (greedy_rows_by_attempt).
+    fast: RNNTFast | None
 
     def use_numerics(self, plan: FastPlan | None, joint: RNNTJoint | None) -> dict[str, bool]:
         """Take fast numerics' form for ``plan`` with ``joint`` (None: exact mode, the reference's operations; no
@@ -177,9 +180,7 @@ class RNNTPredictor(nn.Module):
 
     def __init__(self, config: PredictorConfig) -> None:
         super().__init__()
-        # Fast numerics' form (engine.networks.rnnt.fast): the streaming greedy loop lets the cell update fuse
-        # (_greedy_rows), and runs an attempt as a few kernels where they were admitted (greedy_rows_by_attempt).
-        self.fast: RNNTFast | None = None
+        self.fast = None
         self.hidden_size = config.pred_hidden
         rows = config.vocab_size + 1 if config.blank_as_pad else config.vocab_size
         self.prediction = {
@@ -194,7 +195,8 @@ class RNNTPredictor(nn.Module):
         else:
             batch = 1 if state is None else state[0].shape[1]
             embedded = mx.zeros((batch, 1, self.hidden_size))
-        return self.prediction["dec_rnn"](embedded, state)
+        stepped: tuple[mx.array, LSTMState] = self.prediction["dec_rnn"](embedded, state)
+        return stepped
 
 
 class RNNTJoint(nn.Module):
@@ -400,8 +402,9 @@ def _greedy_rows(
     projected = joint.enc(encoded.reshape(1, -1))
     layers, width = len(rnn.lstm), predictor.hidden_size
     # Tokens as (1,) and states as one (1, width) row per layer throughout, so that no attempt reshapes them.
-    state_h = None if hidden is None else mx.split(hidden[0].reshape(layers, width), layers)
-    state_c = None if hidden is None else mx.split(hidden[1].reshape(layers, width), layers)
+    # MLX's stub types ``mx.split`` as returning one array; it returns the list of parts.
+    state_h = None if hidden is None else cast(list[mx.array], mx.split(hidden[0].reshape(layers, width), layers))
+    state_c = None if hidden is None else cast(list[mx.array], mx.split(hidden[1].reshape(layers, width), layers))
     last = last.reshape(1)
     active: mx.array | None = None
     symbols = []

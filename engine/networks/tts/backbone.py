@@ -7,7 +7,7 @@ Fast numerics' forms (row products, the attention kernels, the traced step) are 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,8 @@ class BackboneAttention(nn.Module):
         queries = self.q_norm(self._heads(q, self.num_heads))
         keys = self.k_norm(self._heads(k, self.num_kv_heads))
         values = self._heads(v, self.num_kv_heads)
-        return self.rope(queries, offset=position), self.rope(keys, offset=position), values
+        # MLX's RoPE annotates ``offset`` as int; mx.fast.rope, which it calls, takes a scalar array too.
+        return self.rope(queries, offset=position), self.rope(keys, offset=position), values  # type: ignore[arg-type]
 
     def attend(
         self, queries: mx.array, keys: mx.array, values: mx.array, mask: AttentionMask, cache: LayerCache | None
@@ -435,6 +436,7 @@ class BackboneLayer(nn.Module):
         """
         rows, weights = self.rows, self.row_weights
         assert rows is not None and weights is not None
+        qkv: Sequence[Link]
         if pending is None:
             qkv = sequence.add("first_qkv", rows.first_qkv, hidden, weights.qkv, norm_scale=weights.input_scale)
         else:
@@ -476,9 +478,11 @@ class BackboneLayer(nn.Module):
                 queries, keys, values = programs[fast.heads](x, position)
             else:
                 queries, keys, values = before(x, position)
-            return after_rows(x, attention.attend_rows(queries, keys, values, cache))
+            stepped: mx.array = after_rows(x, attention.attend_rows(queries, keys, values, cache))
+            return stepped
         queries, keys, values = before(x, position)
-        return after(x, attention.attend(queries, keys, values, None, cache))
+        output: mx.array = after(x, attention.attend(queries, keys, values, None, cache))
+        return output
 
 
 def _slot_index(slot: int) -> mx.array:
@@ -548,7 +552,7 @@ class Backbone(nn.Module):
         self,
         rows: mx.array,
         position: mx.array,
-        attends: list[Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]],
+        attends: Sequence[Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]],
     ) -> mx.array:
         """Fast numerics' step of every layer on rows, each attending through its ``attends`` entry."""
         parts = self.layers[0].rows
@@ -574,9 +578,11 @@ class Backbone(nn.Module):
         width = attention.o_proj.weight.shape[1]
         keys = iter(mx.random.split(mx.random.key(97), len(self.layers) + 1))
         rows = mx.random.normal((parts.rows, self.layers[0].input_layernorm.weight.shape[0]), key=next(keys))
-        attends = [
-            lambda q, k, v, position, key=key: 0.5 * mx.random.normal((parts.rows, width), key=key) for key in keys
-        ]
+
+        def random_attend(key: mx.array) -> Callable[[mx.array, mx.array, mx.array, mx.array], mx.array]:
+            return lambda q, k, v, position: 0.5 * mx.random.normal((parts.rows, width), key=key)
+
+        attends = [random_attend(key) for key in keys]
         return find_runs(self, lambda: self._step_rows(rows, mx.array(0), attends))
 
     def traces_rows(self) -> bool:
@@ -619,9 +625,9 @@ class Backbone(nn.Module):
                 cache.keys.dtype, cache.values.dtype
             ):
                 writes = attention.writes_cache  # then the slot rides in the bounds: no index array to make
-                index = None if writes else _slot_index(slot)
+                slot_index = None if writes else _slot_index(slot)
                 bounds = attention.bounds(filled, slot if writes else 0)
-                slots[kind] = BufferSlot(index, bounds, attention.splits(filled), None)
+                slots[kind] = BufferSlot(slot_index, bounds, attention.splits(filled), None)
             else:
                 slots[kind] = BufferSlot(_slot_index(slot), None, 0, filled)
             capacities[kind] = cache.keys.shape[2]
@@ -657,7 +663,8 @@ class Backbone(nn.Module):
                 cache.advance(next(key_buffers), next(value_buffers))
             else:
                 cache.advance(cache.keys, cache.values, written_by=outputs[0])
-        return outputs[0]
+        hidden: mx.array = outputs[0]
+        return hidden
 
     def _step_program(self, kinds: list[bool], traced: dict[bool, BufferSlot]) -> Callable[..., tuple[mx.array, ...]]:
         """The uncompiled step of :meth:`_traced_step`: inputs ``(rows, position, *each kind's slot arrays,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -390,7 +390,8 @@ class EarTTS(nn.Module):
         hooks.launch_part(hidden)
         draw_key = None
         if self.step_draws is not None and hidden.shape[1] == 1:
-            draw_key = cache.draw_key if cache.draw_key is not None else mx.random.state[0]
+            # MLX's stub types the generator state as object; it is the list holding the key array.
+            draw_key = cache.draw_key if cache.draw_key is not None else cast(list[mx.array], mx.random.state)[0]
         # Probing times every round, which needs the op-by-op form (a compiled call cannot be split).
         if probe is None:
             codes, code_sum, next_key = self._refine(hidden, draw_key)
@@ -451,7 +452,7 @@ class EarTTS(nn.Module):
         return norms
 
     @functools.cached_property
-    def _compiled_refines(self) -> dict[Any, Callable[[mx.array], tuple[mx.array, mx.array]]]:
+    def _compiled_refines(self) -> dict[Any, Callable[..., Any]]:
         return {}  # one program per residual-VQ step and MoG row parts in use (a trace holds those it was traced with)
 
     def forget_row_programs(self) -> None:
@@ -473,8 +474,10 @@ class EarTTS(nn.Module):
         if key not in programs:
             programs[key] = jit(self._refine_ops, draws_random=True) if draw_key is None else jit(self._refine_drawn)
         if draw_key is None:
-            return (*programs[key](hidden), None)
-        return programs[key](hidden, draw_key)  # type: ignore[no-any-return]
+            drawn_globally: tuple[mx.array, mx.array] = programs[key](hidden)
+            return (*drawn_globally, None)
+        drawn_with_key: tuple[mx.array, mx.array, mx.array] = programs[key](hidden, draw_key)
+        return drawn_with_key
 
     def _refine_drawn(
         self, hidden: mx.array, draw_key: mx.array, probe: Callable[..., None] | None = None

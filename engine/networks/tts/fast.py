@@ -336,7 +336,8 @@ def merges_shares(
 def heads_kernel(attention: Any, rope: mx.array, backend: str) -> Callable[..., Any]:
     """The attention kernel that makes its heads (:meth:`engine.kernels.decode_attention.DecodeAttention.heads_kernel`),
     as :func:`engine.kernels.admission.fast_part` makes kernels: by backend (the attention's is fixed already)."""
-    return attention.heads_kernel(rope)
+    kernel: Callable[..., Any] = attention.heads_kernel(rope)
+    return kernel
 
 
 def backbone_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> tuple[Any, bool]:
@@ -373,7 +374,10 @@ def mixture_row_parts(layer: Any, rows: int, weight_dtype: mx.Dtype | None) -> t
     }
     # The norms' 1 + w is formed in float32 (engine.networks.tts.subword.FloatRMSNorm).
     parts, every = row_product_parts("MoG", shapes, dtype, mx.float32, dict.fromkeys(shapes, eps))
-    return MixtureRowParts(rows=rows, **parts), every
+    mixture = MixtureRowParts(
+        rows=rows, first_gate_up=parts["first_gate_up"], gate_up=parts["gate_up"], down=parts["down"]
+    )
+    return mixture, every
 
 
 def mixture_sample_parts(head: Any, parts: Any, config: Any) -> tuple[Any, bool]:

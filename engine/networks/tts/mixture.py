@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -115,6 +116,10 @@ class MixtureHead(nn.Module):
         self.rows: MixtureRowParts | None = None
         self.sample_weights: MixtureSampleWeights | None = None
 
+    def mixture_layers(self) -> list[MixtureLayer]:
+        """The MLP stack's layers, without its final norm."""
+        return cast(list[MixtureLayer], self.mlp_stack[:-1])
+
     def make_sample_weights(self) -> MixtureSampleWeights:
         """What fast numerics' draw reads: the projections as they are, the final norm's ``1 + w`` in float32."""
         final_norm = self.mlp_stack[-1]
@@ -164,7 +169,7 @@ class MixtureHead(nn.Module):
             and x.shape[0] == rows.rows
             and x.dtype == mx.float32
         ):
-            hidden, pending = self._layers_rows_pending(rows, self.mlp_stack[:-1], x)
+            hidden, pending = self._layers_rows_pending(rows, self.mixture_layers(), x)
             assert pending is not None
             logits, residual, log_std, summed = rows.projections(
                 hidden, weights.projections, weights.final_scale, pending.output, pending.scale
@@ -195,7 +200,7 @@ class MixtureHead(nn.Module):
         *layers, final_norm = self.mlp_stack
         rows = self.rows
         if rows is not None and x.ndim == 2 and x.shape[0] == rows.rows and x.dtype == mx.float32:
-            x = self._layers_rows(rows, layers, x)
+            x = self._layers_rows(rows, cast(list[MixtureLayer], layers), x)  # the stack's layers, then its norm
         else:
             for block in layers:
                 x = block(x)
@@ -208,11 +213,11 @@ class MixtureHead(nn.Module):
         else:
             logits, residual, log_std_raw = self.proj_logits(x), self.proj_else(x), self.proj_logs(x)
         component = draw_component(logits, top_p, uniform)
-        rows = x
+        feature_rows = x
         if x.ndim != 2:
-            component, rows = component.reshape(-1), x.reshape(-1, x.shape[-1])
+            component, feature_rows = component.reshape(-1), x.reshape(-1, x.shape[-1])
         # Only the drawn component's rows of proj_mus are needed (the weight is read raw, never quantized).
-        mean = low_rank_mean(component, rows, self.proj_mus.weight, self.low_mat, self.low_rank)
+        mean = low_rank_mean(component, feature_rows, self.proj_mus.weight, self.low_mat, self.low_rank)
         if len(leading) != 1:
             mean = mean.reshape(*leading, self.latent_size)
         return gaussian_of(mean, residual, log_std_raw, self.min_log_std)
@@ -224,7 +229,8 @@ class MixtureHead(nn.Module):
         hidden, pending = MixtureHead._layers_rows_pending(parts, layers, hidden)
         if pending is None:
             return hidden
-        return hidden + layers[-1].post_norm(pending.output)
+        # The mixture's row parts return arrays (no RowSequence links): its pending output is one.
+        return hidden + layers[-1].post_norm(cast(mx.array, pending.output))
 
     @staticmethod
     def _layers_rows_pending(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -172,8 +173,9 @@ def spell_tokens(table: CharacterTable, subword_ids: mx.array, subword_mask: mx.
     because the spelling table is a Python dictionary. This is the only readback in
     the TTS; a device-side (vocab, max_len) table would remove it.
     """
-    ids = subword_ids.tolist()
-    keep = subword_mask.tolist()
+    # Both are 2-D (rows, tokens): ``tolist()`` gives nested lists (MLX's stub allows a scalar too).
+    ids = cast(list[list[int]], subword_ids.tolist())
+    keep = cast(list[list[bool]], subword_mask.tolist())
     spellings: list[tuple[int, ...]] = []
     rows: list[int] = []
     cols: list[int] = []
@@ -289,7 +291,8 @@ class ContinuationFlagEmbedding(nn.Module):
 
     def __call__(self, embeds: mx.array, token_ids: mx.array) -> mx.array:
         in_table = mx.where(token_ids >= self.is_continuation.shape[0] - 1, self.pad_tensor, token_ids)
-        return embeds + self.cont_emb(self.is_continuation[in_table])
+        flagged: mx.array = embeds + self.cont_emb(self.is_continuation[in_table])
+        return flagged
 
 
 class BosEosFlagEmbedding(nn.Module):
@@ -304,7 +307,8 @@ class BosEosFlagEmbedding(nn.Module):
 
     def __call__(self, embeds: mx.array, token_ids: mx.array) -> mx.array:
         in_table = mx.where(token_ids >= self.special_flags.shape[0], self.pad_tensor, token_ids)
-        return embeds + self.special_emb(self.special_flags[in_table])
+        flagged: mx.array = embeds + self.special_emb(self.special_flags[in_table])
+        return flagged
 
 
 class CharAwareSubwordEncoder(nn.Module):
