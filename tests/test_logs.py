@@ -7,6 +7,7 @@ import logging.handlers
 import os
 import stat
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,7 @@ def test_a_saved_conversation_is_private(tmp_path: Path) -> None:
     recording.add_input(np.zeros(1280, np.float32))
     recording.add_output(np.zeros(1764, np.float32))
 
-    saved = save_conversation(tmp_path / "conversation", recording, Transcript())
+    saved = save_conversation(tmp_path, recording, Transcript(), started=datetime.now(UTC))
 
     assert {p.name: mode(p) for p in saved} == {"user.wav": 0o600, "assistant.wav": 0o600, "transcript.md": 0o600}
+    assert mode(saved[0].parent) == 0o700, "the conversation's own folder is private too"
