@@ -20,18 +20,11 @@ from PySide6.QtWidgets import QFrame, QGridLayout, QHBoxLayout, QLabel, QPushBut
 from app.hf_cache import CachedCheckpoint, CacheListing
 
 from .contracts import Controller
+from .theme import text_label
 
 log = logging.getLogger(__name__)
 
 RESCAN_AFTER_S = 2.0
-
-
-def _label(text: str, parent: QWidget, role: str | None = None) -> QLabel:
-    label = QLabel(text, parent)
-    label.setWordWrap(True)
-    if role is not None:
-        label.setProperty("role", role)
-    return label
 
 
 class CachedModelsSection(QWidget):
@@ -60,7 +53,7 @@ class CachedModelsSection(QWidget):
         self.use_buttons: dict[Path, QPushButton] = {}
         self.status_labels: dict[Path, QLabel] = {}
 
-        self.summary = _label("", self, "muted")
+        self.summary = text_label("", self, "muted")
         self.summary.setAccessibleName("Hugging Face cache")
         self.rows = QGridLayout()
         self.rows.setHorizontalSpacing(14)
@@ -128,7 +121,7 @@ class CachedModelsSection(QWidget):
         self.listed.emit()
 
     def _add_row(self, row: int, entry: CachedCheckpoint) -> None:
-        name = _label(entry.repo_id.split("/")[-1], self)
+        name = text_label(entry.repo_id.split("/")[-1], self)
         name.setStyleSheet("font-weight: 600;")
         name.setToolTip(f"{entry.repo_id}\n{entry.path}")
         details = f"{entry.quantization} · {entry.size_text} · revision {entry.revision_text}"
@@ -137,7 +130,7 @@ class CachedModelsSection(QWidget):
         column.setContentsMargins(0, 0, 0, 0)
         column.setSpacing(2)
         column.addWidget(name)
-        column.addWidget(_label(details, text, "muted"))
+        column.addWidget(text_label(details, text, "muted"))
         self.rows.addWidget(text, row, 0)
         if entry.ready:
             button = QPushButton(f"Use {entry.quantization}", self)
@@ -147,10 +140,10 @@ class CachedModelsSection(QWidget):
             self.use_buttons[entry.path] = button
         else:
             # What is missing goes under the name, where a shard's long file name has room.
-            status = _label(entry.why_not_ready, text, "warning")
+            status = text_label(entry.why_not_ready, text, "warning")
             status.setAccessibleName(f"{entry.repo_id} is not ready")
             column.addWidget(status)
-            self.rows.addWidget(_label("Not ready", self, "muted"), row, 1)
+            self.rows.addWidget(text_label("Not ready", self, "muted"), row, 1)
             self.status_labels[entry.path] = status
 
     def use(self, entry: CachedCheckpoint) -> None:
@@ -181,7 +174,7 @@ class CachedModelsCard(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(20, 16, 20, 18)
         layout.setSpacing(10)
-        layout.addWidget(_label("Already in the Hugging Face cache", self, "heading"))
+        layout.addWidget(text_label("Already in the Hugging Face cache", self, "heading"))
         self.section = CachedModelsSection(controller, self, hide_when_empty=True)
         self.section.checkpoint_used.connect(self.checkpoint_used)
         self.section.listed.connect(self._update)

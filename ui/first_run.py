@@ -37,6 +37,7 @@ from app.variants import MODEL_VARIANTS, Q4, variant
 from .cached_models import CachedModelsCard
 from .contracts import Controller
 from .download_status import DownloadStatus
+from .theme import text_label
 
 DEMO_NOISE: Final = (
     "The demo uses a tiny model with random weights: the window, meters and overlay work, but the assistant "
@@ -51,14 +52,6 @@ def _card(parent: QWidget) -> tuple[QFrame, QVBoxLayout]:
     layout.setContentsMargins(20, 16, 20, 18)
     layout.setSpacing(10)
     return card, layout
-
-
-def _label(text: str, parent: QWidget, role: str | None = None) -> QLabel:
-    label = QLabel(text, parent)
-    label.setWordWrap(True)
-    if role is not None:
-        label.setProperty("role", role)
-    return label
 
 
 class FirstRunPage(QWidget):
@@ -88,8 +81,8 @@ class FirstRunPage(QWidget):
         icon.setFixedSize(56, 56)
         titles = QVBoxLayout()
         titles.setSpacing(4)
-        self.title = _label("Welcome to Parley", content, "title")
-        self.subtitle = _label("", content, "muted")
+        self.title = text_label("Welcome to Parley", content, "title")
+        self.subtitle = text_label("", content, "muted")
         titles.addWidget(self.title)
         titles.addWidget(self.subtitle)
         header.addWidget(icon, 0, Qt.AlignmentFlag.AlignTop)
@@ -123,9 +116,9 @@ class FirstRunPage(QWidget):
     def _build_download_card(self, parent: QWidget) -> QFrame:
         card, layout = _card(parent)
         self.download_card = card
-        layout.addWidget(_label("Download the model", card, "heading"))
+        layout.addWidget(text_label("Download the model", card, "heading"))
         layout.addWidget(
-            _label(
+            text_label(
                 "From Hugging Face (mlx-community). An interrupted download continues where it stopped.", card, "muted"
             )
         )
@@ -134,9 +127,9 @@ class FirstRunPage(QWidget):
         grid.setVerticalSpacing(10)
         self.download_buttons: dict[str, QPushButton] = {}
         for row, offered in enumerate(MODEL_VARIANTS):
-            name = _label(f"{offered.label} · {offered.download_gb} GB", card)
+            name = text_label(f"{offered.label} · {offered.download_gb} GB", card)
             name.setStyleSheet("font-weight: 600;")
-            note = _label(offered.note, card, "muted")
+            note = text_label(offered.note, card, "muted")
             button = QPushButton(f"Download {offered.label}", card)
             button.setAccessibleName(f"Download the {offered.label} model, {offered.download_gb} gigabytes")
             if offered == Q4:
@@ -150,7 +143,7 @@ class FirstRunPage(QWidget):
         layout.addLayout(grid)
 
         target_row = QHBoxLayout()
-        self.target_label = _label("", card, "muted")
+        self.target_label = text_label("", card, "muted")
         change = QPushButton("Change…", card)
         change.setProperty("kind", "link")
         change.setAccessibleName("Change the download folder")
@@ -162,7 +155,7 @@ class FirstRunPage(QWidget):
 
         self.download_progress = QProgressBar(card)
         self.download_progress.setAccessibleName("Download progress")
-        self.download_text = _label("", card, "muted")
+        self.download_text = text_label("", card, "muted")
         self.cancel_button = QPushButton("Cancel download", card)
         self.cancel_button.clicked.connect(self.cancel_download)
         progress_row = QHBoxLayout()
@@ -180,8 +173,8 @@ class FirstRunPage(QWidget):
         layout.setSpacing(16)
 
         folder_card, folder = _card(row)
-        folder.addWidget(_label("Already downloaded?", folder_card, "heading"))
-        folder.addWidget(_label("Use a checkpoint folder that is already on this computer.", folder_card, "muted"))
+        folder.addWidget(text_label("Already downloaded?", folder_card, "heading"))
+        folder.addWidget(text_label("Use a checkpoint folder that is already on this computer.", folder_card, "muted"))
         folder.addStretch(1)
         self.folder_button = QPushButton("Choose folder…", folder_card)
         self.folder_button.setAccessibleName("Use a checkpoint folder on this computer")
@@ -189,8 +182,8 @@ class FirstRunPage(QWidget):
         folder.addWidget(self.folder_button, 0, Qt.AlignmentFlag.AlignLeft)
 
         demo_card, demo = _card(row)
-        demo.addWidget(_label("Just looking around?", demo_card, "heading"))
-        demo.addWidget(_label(DEMO_NOISE, demo_card, "muted"))
+        demo.addWidget(text_label("Just looking around?", demo_card, "heading"))
+        demo.addWidget(text_label(DEMO_NOISE, demo_card, "muted"))
         demo.addStretch(1)
         self.demo_button = QPushButton("Load the demo (noise, not speech)", demo_card)
         self.demo_button.setAccessibleName("Load the demo checkpoint, which makes noise, not speech")
@@ -206,12 +199,12 @@ class FirstRunPage(QWidget):
     def _build_status_card(self, parent: QWidget) -> QFrame:
         card, layout = _card(parent)
         self.status_card = card
-        self.status_title = _label("", card, "heading")
-        self.status_text = _label("", card, "muted")
+        self.status_title = text_label("", card, "heading")
+        self.status_text = text_label("", card, "muted")
         self.status_text.setAccessibleName("Model status")
         self.load_progress = QProgressBar(card)
         self.load_progress.setAccessibleName("Loading progress")
-        self.verdict = _label("", card)
+        self.verdict = text_label("", card)
         self.verdict.setStyleSheet("font-weight: 600;")
         self.verdict.setAccessibleName("Speed check")
         self.start_button = QPushButton("Start talking", card)

@@ -41,8 +41,7 @@ from app.history import DamagedEntry, HistoryEntry
 from app.messages import ReplayProgress
 
 from .contracts import Controller
-from .model_settings import muted_label
-from .theme import colors
+from .theme import colors, muted_label
 from .transcript_view import visible_text
 
 log = logging.getLogger(__name__)

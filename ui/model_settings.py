@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPushButton,
     QRadioButton,
@@ -35,7 +34,7 @@ from app.variants import MODEL_VARIANTS, Variant, variant
 
 from .cached_models import CachedModelsSection
 from .contracts import Controller
-from .theme import repolish
+from .theme import muted_label, repolish
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +45,6 @@ NUMERICS_NOTE = (
     "last digits, so speech, and now and then a word, can come out differently. Exact is the reference, bit for "
     "bit. Switching (on Save) needs no reload; the next conversation waits for the talk key."
 )
-
-
-def muted_label(text: str, parent: QWidget) -> QLabel:
-    """A wrapped explanatory line in the secondary text colour."""
-    label = QLabel(text, parent)
-    label.setProperty("role", "muted")
-    label.setWordWrap(True)
-    return label
 
 
 class ModelSettingsPage(QWidget):

@@ -56,9 +56,9 @@ from app.settings import (
 from engine.timeline import FRAME_MS
 
 from .contracts import Controller
-from .model_settings import ModelSettingsPage, muted_label
+from .model_settings import ModelSettingsPage
 from .talk_button import parse_talk_key
-from .theme import repolish
+from .theme import muted_label, repolish
 from .tray import TRAY_NAME, tray_available
 
 log = logging.getLogger(__name__)

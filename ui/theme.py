@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication, QStyleFactory, QWidget
+from PySide6.QtWidgets import QApplication, QLabel, QStyleFactory, QWidget
 
 from app.paths import resource_path
 
@@ -197,3 +197,17 @@ def repolish(widget: QWidget) -> None:
     style.unpolish(widget)
     style.polish(widget)
     widget.update()
+
+
+def text_label(text: str, parent: QWidget, role: str | None = None) -> QLabel:
+    """A wrapped line of text, styled by ``role`` (the stylesheet's ``role`` selectors: "muted", "title", …)."""
+    label = QLabel(text, parent)
+    label.setWordWrap(True)
+    if role is not None:
+        label.setProperty("role", role)
+    return label
+
+
+def muted_label(text: str, parent: QWidget) -> QLabel:
+    """A wrapped explanatory line in the secondary text colour."""
+    return text_label(text, parent, "muted")
