@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -121,3 +122,18 @@ def build_controller(tmp_path: Path, speech_16k: np.ndarray) -> Iterator[Callabl
     yield build
     for controller in made:
         controller.shutdown()
+
+
+def file_mode(path: Path) -> int:
+    """A file's or folder's permission bits (what privacy tests compare against 0o600 / 0o700)."""
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """Umask 0: every file and folder would be readable and writable by everyone unless Parley says otherwise."""
+    previous = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(previous)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from app.history import (
     TranscriptLine,
     default_history_dir,
 )
+from tests.conftest import file_mode
 
 T0 = datetime(2026, 11, 30, 20, 15, 0, tzinfo=UTC)
 
@@ -41,10 +40,6 @@ def record(
         assistant_audio=(rng.standard_normal(int(22_050 * seconds)) * 0.1).astype(np.float32),
         profile={"schema": "parley-profile/1", "frames": [{"index": 0, "total_ms": 41.5}]} if profile else None,
     )
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def test_default_folder_is_under_the_user_data_folder() -> None:
@@ -75,26 +70,16 @@ def test_a_saved_conversation_is_listed_and_loads_back(tmp_path: Path) -> None:
     assert "**[00:00.25] user:** What is the capital of France?" in transcript
 
 
-@pytest.fixture
-def permissive_umask() -> Iterator[None]:
-    """Umask 0: every file and folder would be readable and writable by everyone unless Parley says otherwise."""
-    previous = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(previous)
-
-
 @pytest.mark.usefixtures("permissive_umask")
 def test_the_history_is_private_whatever_the_umask(tmp_path: Path) -> None:
     history = ConversationHistory(tmp_path / "history")
     entry = history.save(record())
     assert entry is not None
-    assert mode(tmp_path / "history") == mode(entry.path) == DIR_MODE == 0o700
+    assert file_mode(tmp_path / "history") == file_mode(entry.path) == DIR_MODE == 0o700
     names = {path.name for path in entry.path.iterdir()}
     assert names == {"conversation.json", "user.wav", "assistant.wav", "transcript.md", "profile.json"}
     for path in entry.path.iterdir():
-        assert mode(path) == 0o600, path.name
+        assert file_mode(path) == 0o600, path.name
 
 
 def test_a_history_left_readable_by_an_older_version_is_made_private_when_opened(tmp_path: Path) -> None:
@@ -107,8 +92,8 @@ def test_a_history_left_readable_by_an_older_version_is_made_private_when_opened
 
     ConversationHistory(tmp_path / "history")
 
-    assert mode(tmp_path / "history") == mode(entry.path) == 0o700
-    assert {mode(path) for path in entry.path.iterdir()} == {0o600}
+    assert file_mode(tmp_path / "history") == file_mode(entry.path) == 0o700
+    assert {file_mode(path) for path in entry.path.iterdir()} == {0o600}
 
 
 def test_newest_first_with_date_duration_and_first_words(tmp_path: Path) -> None:
@@ -365,8 +350,8 @@ def test_export_copies_one_entry_into_a_new_folder(tmp_path: Path) -> None:
     assert first[0].parent != second[0].parent and second[0].parent.name.endswith("(2)")
     for path in first:
         assert path.read_bytes() == (entry.path / path.name).read_bytes()
-        assert mode(path) == 0o600  # an export holds the same recordings: private too
-    assert mode(first[0].parent) == 0o700
+        assert file_mode(path) == 0o600  # an export holds the same recordings: private too
+    assert file_mode(first[0].parent) == 0o700
     assert not [p for p in destination.iterdir() if p.name.startswith(".")]
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
-import os
-import stat
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,19 +13,7 @@ import pytest
 
 from app.export import ConversationRecording, Transcript, save_conversation
 from app.logs import CRASH_FILE, LOG_FILE, configure_logging, install_crash_handlers
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture
-def permissive_umask() -> Iterator[None]:
-    previous = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(previous)
+from tests.conftest import file_mode
 
 
 @pytest.fixture
@@ -57,8 +43,8 @@ def test_the_log_its_rotations_and_the_crash_log_are_private(tmp_path: Path) -> 
     crash = install_crash_handlers(lambda message, details: None, folder)
     crash.uninstall()
 
-    assert mode(folder) == 0o700
-    files = {p.name: mode(p) for p in folder.iterdir()}
+    assert file_mode(folder) == 0o700
+    files = {p.name: file_mode(p) for p in folder.iterdir()}
     assert set(files) >= {LOG_FILE, f"{LOG_FILE}.1", f"{LOG_FILE}.2", CRASH_FILE}
     assert set(files.values()) == {0o600}, files
 
@@ -71,5 +57,5 @@ def test_a_saved_conversation_is_private(tmp_path: Path) -> None:
 
     saved = save_conversation(tmp_path, recording, Transcript(), started=datetime.now(UTC))
 
-    assert {p.name: mode(p) for p in saved} == {"user.wav": 0o600, "assistant.wav": 0o600, "transcript.md": 0o600}
-    assert mode(saved[0].parent) == 0o700, "the conversation's own folder is private too"
+    assert {p.name: file_mode(p) for p in saved} == {"user.wav": 0o600, "assistant.wav": 0o600, "transcript.md": 0o600}
+    assert file_mode(saved[0].parent) == 0o700, "the conversation's own folder is private too"
