@@ -16,7 +16,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .kernels.plan import FastPlan
+from .networks.codec import Codec
+from .networks.linear import KeepsCopy, QuantizedLinear
+from .networks.llm import NemotronH
+from .networks.perception import FastConformer, Perception, encoder_row_projections
+from .networks.rnnt import RNNTJoint, RNNTPredictor
 from .networks.rnnt.fast import rnnt_loop_wanted
+from .networks.tts import EarTTS
+from .networks.tts.fast import bf16_weight_names
 
 Numerics = Literal["exact", "fast"]
 NUMERICS: tuple[Numerics, ...] = ("exact", "fast")
@@ -56,13 +63,6 @@ def apply_numerics(
     ``release``, lets them go with the compiled programs that hold them (a switch back to fast
     makes and traces them again). A benchmark alternating the modes keeps both ready.
     """
-    from .networks.codec import Codec
-    from .networks.linear import KeepsCopy, QuantizedLinear
-    from .networks.llm import NemotronH
-    from .networks.perception import FastConformer, Perception
-    from .networks.rnnt import RNNTJoint, RNNTPredictor
-    from .networks.tts import EarTTS
-
     fast = check_numerics(numerics) == "fast"
     modules = [module for _, module in model.named_modules()]  # type: ignore[attr-defined]
     changes: dict[str, bool] = {}
@@ -117,10 +117,6 @@ def fast_bf16_weights(model: nn.Module, backend: str | None) -> frozenset[str]:
     """Parameter names of the weights fast mode's kernels read in bf16, directly: the encoder's one-row
     projections, and the TTS's (:func:`engine.networks.tts.fast.bf16_weight_names`). A model loaded for fast numerics
     does not precast them (:func:`engine.loading.precast.precast_float32`)."""
-    from .networks.perception import encoder_row_projections
-    from .networks.tts import EarTTS
-    from .networks.tts.fast import bf16_weight_names
-
     read = {id(projection) for projection in encoder_row_projections(model)}
     named = model.named_modules()
     names = {f"{path}.weight" for path, module in named if id(module) in read}
