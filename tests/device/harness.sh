@@ -26,6 +26,8 @@
 # abfast4       590  fast numerics, 4-bit, full size: this build against the build in .baseline/ (carried: `git archive
 #                    REV app engine ui tests assets pyproject.toml | tar -x -C .baseline`), alternating processes on one
 #                    checkpoint written once (A B, ROUNDS times, default 2), 100 frames each; the p50/mean of each from its report
+# gputime       420  every kernel of 20 steady fast frames through CUPTI (PyTorch's profiler), full size, 4-bit: GPU
+#                    time by kernel family against idle gaps, placed by what the host was doing (NUMERICS=exact too)
 # coldstart     400  process start to model ready (structure model, 4-bit: the full size's layers and kernels with
 #                    little weight to make; NUMERICS=exact or fast): an empty kernel cache,
 #                    then the cache the first process left, then a new user seeded from those kernels shipped in
@@ -168,6 +170,7 @@ for arg in "$@"; do
     fastkernels) run fastkernels python3 tests/device/fast_kernels.py ;;
     fused) run fused python3 tests/device/fused_products.py /tmp/ptx ;;
     long) run long python3 tests/device/long.py fast ;;
+    gputime) run gputime python3 tests/device/gpu_time.py 20 ;;
     coldstart) coldstart ;;
     abfast4) abfast4 ;;
   esac
