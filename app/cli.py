@@ -125,6 +125,37 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--frames", type=int, default=60, help="80 ms frames per seed (speech, then silence)")
     drift.add_argument("--system-prompt", default="", help="prefilled before the first frame in both modes")
     drift.add_argument("--json", type=Path, help="write the report as JSON")
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve the model over mlx-vlm's realtime WebSocket API (/v1/realtime)",
+        description="Serve a checkpoint over a local realtime WebSocket API that speaks mlx-vlm's /v1/realtime "
+        "events (PCM16 in at 16 kHz, out at 22.05 kHz), one conversation at a time.",
+    )
+    serve.add_argument("--model", required=True, type=Path, help="checkpoint folder")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (not loopback: needs --token)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free port)")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help="required of clients (Authorization: Bearer TOKEN, or ?token=TOKEN); default: $PARLEY_SERVE_TOKEN",
+    )
+    serve.add_argument(
+        "--numerics",
+        choices=NUMERICS,
+        default="exact",
+        help=NUMERICS_HELP + "; session.update may choose per conversation",
+    )
+    serve.add_argument(
+        "--profile-dir", type=Path, help="where each conversation's profile log goes (default: the app's log folder)"
+    )
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=4 * 2**20,
+        help="larger client messages close the connection (code 1009)",
+    )
+    serve.add_argument("--no-warm-up", action="store_true", help="skip tracing the per-frame programs at start")
     return parser
 
 
@@ -210,17 +241,24 @@ def _drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import serve_command
+
+    return serve_command(args)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed non-GUI command; returns the process exit code."""
     from engine.errors import EngineError
 
     from .audio_files import AudioFileError
+    from .serve import ServeError
 
     if args.self_test:
         from .selftest import self_test_command
 
         return self_test_command()
-    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench, "drift": _drift}
+    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench, "drift": _drift, "serve": _serve}
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")
@@ -233,7 +271,7 @@ def run_command(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         print(f"parley: {exc} (use --overwrite to replace it)", file=sys.stderr)
         return 2
-    except (EngineError, AudioFileError, ValueError) as exc:
+    except (EngineError, AudioFileError, ServeError, ValueError) as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
 
