@@ -452,17 +452,17 @@ class BackgroundServer:
 
     def __init__(self, server: RealtimeServer) -> None:
         self.server = server
-        self._loop = asyncio.new_event_loop()
+        self.loop = asyncio.new_event_loop()
         self._stop: asyncio.Future[None] | None = None
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="parley-serve-loop", daemon=True)
 
     def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._stop = self._loop.create_future()
+        asyncio.set_event_loop(self.loop)
+        self._stop = self.loop.create_future()
         try:
-            self._loop.run_until_complete(self.server.run(self._stop, ready=lambda port: self._started.set()))
+            self.loop.run_until_complete(self.server.run(self._stop, ready=lambda port: self._started.set()))
         except BaseException as exc:  # noqa: BLE001 - raised again by start(), in the caller's thread
             self._failure = exc
             self._started.set()
@@ -486,7 +486,7 @@ class BackgroundServer:
                 if not stop.done():
                     stop.set_result(None)
 
-            self._loop.call_soon_threadsafe(finish)
+            self.loop.call_soon_threadsafe(finish)
         self._thread.join(timeout=30)
 
 

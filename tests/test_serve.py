@@ -7,12 +7,13 @@ with an ``error`` event or a clean close, and the next client is served all the 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import socket
 import struct
-import time
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,23 +21,20 @@ from typing import Any
 
 import numpy as np
 import pytest
-import soundfile
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from app.audio_files import read_audio
 from app.cli import main as parley
-from app.paths import resource_path
 from app.realtime_events import float_to_pcm16
 from app.serve import BackgroundServer, EngineThread, RealtimeServer, ServeError
 from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 from tests.conftest import file_mode
+from tests.serve_latency import QUESTION, WAIT_S, pcm16, question_pcm16, receive, send, stream_frames, summary
 
-QUESTION = resource_path("speech", "question-16k.wav")  # the spoken test question, 16 kHz PCM16
 EXTRA_SECONDS = 1.5
 TOKEN = "s3cret-token"
-WAIT_S = 120.0  # how long a client waits for a message before the test fails (a hang guard, not a measurement)
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +61,6 @@ def open_client(server: BackgroundServer, url: str | None = None, **options: Any
         yield client
 
 
-def receive(client: ClientConnection) -> dict[str, Any]:
-    message: dict[str, Any] = json.loads(client.recv(timeout=WAIT_S))
-    return message
-
-
-def send(client: ClientConnection, kind: str, **fields: Any) -> None:
-    client.send(json.dumps({"type": kind, **fields}))
-
-
 def expect_error(client: ClientConnection, code: str, words: str) -> dict[str, Any]:
     message = receive(client)
     assert message["type"] == "error", message
@@ -79,10 +68,6 @@ def expect_error(client: ClientConnection, code: str, words: str) -> dict[str, A
     assert words in message["error"]["message"], message
     assert message["event_id"].startswith("event_")
     return message
-
-
-def pcm16(samples: np.ndarray) -> str:
-    return base64.b64encode(np.asarray(samples, dtype="<i2").tobytes()).decode("ascii")
 
 
 def configure(client: ClientConnection, **session: Any) -> dict[str, Any]:
@@ -120,42 +105,17 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
     dump = tmp_path / "dump"
     run = ["run", "--model", str(tiny_q4), "--audio", str(QUESTION), "--extra-seconds", str(EXTRA_SECONDS)]
     assert parley([*run, "--dump", str(dump)]) == 0
-    question, rate = soundfile.read(QUESTION, dtype="int16")
-    assert rate == INPUT_SAMPLE_RATE
-    pcm = np.concatenate([question, np.zeros(round(EXTRA_SECONDS * INPUT_SAMPLE_RATE), np.int16)])
+    pcm = question_pcm16(EXTRA_SECONDS)
+    question = pcm[: -round(EXTRA_SECONDS * INPUT_SAMPLE_RATE)]
     # The same input: what parley run read from the file is the PCM16 the client sends, as the server decodes it.
     np.testing.assert_array_equal(read_audio(QUESTION).samples, question.astype(np.float32) / 32768.0)
 
     before = finished(server)
-    messages: list[dict[str, Any]] = []
-    added_ms: list[float] = []
     with open_client(server) as client:
         updated = configure(client)
         assert updated["session"]["numerics"] == "exact"
-        assert updated["session"]["input_audio_format"] == {"type": "pcm16", "sample_rate": 16_000}
         assert updated["session"]["output_audio_format"] == {"type": "pcm16", "sample_rate": 22_050}
-        # One 80 ms frame per message, each answered before the next is sent: the round trip, less the frame's time
-        # in the engine, is what the server adds.
-        for index, start in enumerate(range(0, pcm.shape[0], INPUT_FRAME_SAMPLES)):
-            chunk = pcm[start : start + INPUT_FRAME_SAMPLES]
-            sent = time.perf_counter()
-            send(client, "input_audio_buffer.append", audio=pcm16(chunk), sample_rate=16_000)
-            if chunk.shape[0] < INPUT_FRAME_SAMPLES:
-                break  # the last partial frame is padded by the commit
-            while True:
-                message = receive(client)
-                messages.append(message)
-                assert message["type"] != "error", message
-                if message["type"] == "response.audio.delta":
-                    break
-            assert message["frame_index"] == index
-            added_ms.append((time.perf_counter() - sent) * 1000.0 - message["engine_ms"])
-        send(client, "input_audio_buffer.commit")
-        while True:
-            message = receive(client)
-            messages.append(message)
-            if message["type"] == "response.done":
-                break
+        messages, added_ms = stream_frames(client, pcm)
         with pytest.raises(ConnectionClosed) as closed:
             client.recv(timeout=WAIT_S)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000, "the server ends the conversation"
@@ -190,12 +150,7 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
     assert samples == float_to_pcm16(np.load(dump / "waveform.npy")), "the answer's samples are parley run's, as PCM16"
     assert received("response.done", "frame_index") == of_kind("Done", "frame_index")
 
-    added = np.array(added_ms[5:])  # the first frames warm the client and the loop
-    engine_ms = np.array([m["engine_ms"] for m in audio if m["engine_ms"] is not None][5:])
-    print(
-        f"server's added latency per frame over {added.size} frames: median {np.median(added):.2f} ms, "
-        f"p95 {np.percentile(added, 95):.2f} ms (engine alone: median {np.median(engine_ms):.2f} ms a frame)"
-    )
+    print(summary(messages, added_ms))
 
     profile = [path for path in server.server.profiles_written if path.name.endswith(".json")][-2]  # then .trace.json
     log = json.loads(profile.read_text())
@@ -278,6 +233,25 @@ def test_a_second_client_is_refused_while_one_converses(server: BackgroundServer
     served_once(server)
 
 
+def test_the_loop_answers_while_the_engine_is_busy(server: BackgroundServer) -> None:
+    """The engine thread held on a job: the event loop still greets, answers pings and refuses bad input."""
+    release = threading.Event()
+    held = asyncio.run_coroutine_threadsafe(server.server.engine.call(release.wait), server.loop)
+    try:
+        before = finished(server)
+        with open_client(server) as client:
+            send(client, "session.ping")
+            assert receive(client)["type"] == "session.pong"
+            client.send("{not json")
+            expect_error(client, "invalid_request", "must be a JSON object")
+        wait_until_finished(server, before + 1)
+        assert not held.done(), "all of it was answered while the engine was still busy"
+    finally:
+        release.set()
+    assert held.result(timeout=WAIT_S) is True
+    served_once(server)
+
+
 def test_an_oversize_message_closes_that_connection_only(server: BackgroundServer) -> None:
     before = finished(server)
     with open_client(server, max_size=None) as client:
@@ -303,10 +277,10 @@ def test_a_client_that_vanishes_mid_frame_or_mid_answer_frees_the_server(server:
         client.socket.sendall(_masked_text_frame_header(4000) + b"x" * 100)
         client.socket.shutdown(socket.SHUT_RDWR)
     wait_until_finished(server, before + 1)
-    # Mid-answer: two seconds of audio sent, and the socket gone while the engine works through it.
+    # Mid-answer: 1.2 s of audio sent (under the 64 KiB limit), and the socket gone while the engine works on it.
     with open_client(server) as client:
         configure(client)
-        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(25 * INPUT_FRAME_SAMPLES, np.int16)))
+        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(15 * INPUT_FRAME_SAMPLES, np.int16)))
         client.socket.shutdown(socket.SHUT_RDWR)
     wait_until_finished(server, before + 2)
     served_once(server)
