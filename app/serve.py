@@ -104,6 +104,7 @@ class OpenedSession:
     session: Session
     numerics: str
     system_prompt: str
+    checkpoint: dict[str, Any]  # VoiceChat.describe() as the session opened (its numerics), for the profile log
 
 
 class EngineThread:
@@ -192,7 +193,7 @@ class EngineThread:
             max_seconds=config.max_seconds,
             hooks=FrameProfiler(),
         )
-        return OpenedSession(session, numerics, session.system_prompt)
+        return OpenedSession(session, numerics, session.system_prompt, voicechat.describe())
 
 
 # --------------------------------------------------------------------------- one connection
@@ -237,8 +238,8 @@ class RealtimeServer:
         self._profile_dir = profile_dir
         self._max_message_bytes = max_message_bytes
         self._active: str | None = None  # the conversation holding the engine (only the loop touches it)
-        self._finished = threading.Condition()
-        self.connections_finished = 0  # every handled connection, refused ones included (tests wait on it)
+        self._handlers = threading.Condition()
+        self.connections_open = 0  # connections whose handler runs, refused ones included (wait_idle waits on it)
         self.profiles_written: list[Path] = []
 
     # ------------------------------------------------------------ running
@@ -259,10 +260,11 @@ class RealtimeServer:
                 ready(self.port)
             await stop
 
-    def wait_finished(self, count: int, timeout: float = 60.0) -> bool:
-        """Wait (from another thread) until ``count`` connections have been handled to their end."""
-        with self._finished:
-            return self._finished.wait_for(lambda: self.connections_finished >= count, timeout)
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Wait (from another thread) until every connection has been handled to its end (its session closed, its
+        profile written); False if ``timeout`` seconds pass first."""
+        with self._handlers:
+            return self._handlers.wait_for(lambda: self.connections_open == 0, timeout)
 
     # ------------------------------------------------------------ the handshake
 
@@ -287,12 +289,14 @@ class RealtimeServer:
     # ------------------------------------------------------------ a connection
 
     async def _handle(self, connection: ServerConnection) -> None:
+        with self._handlers:
+            self.connections_open += 1
         try:
             await self._converse(connection)
         finally:
-            with self._finished:
-                self.connections_finished += 1
-                self._finished.notify_all()
+            with self._handlers:
+                self.connections_open -= 1
+                self._handlers.notify_all()
 
     async def _converse(self, connection: ServerConnection) -> None:
         conversation = _Conversation()
@@ -307,15 +311,15 @@ class RealtimeServer:
             await self._send(connection, protocol.session_created(conversation.id))
             async for message in connection:
                 if not await self._on_message(connection, conversation, message):
-                    await connection.close()
                     break
         except ConnectionClosed as closed:  # the client went away, or sent a message over the size limit
             log.info("Conversation %s: connection closed (%s)", conversation.id, closed)
         finally:
-            try:
-                await self._end(conversation)
-            finally:
-                self._active = None
+            # Free for the next client at once: its session opens on the engine thread after this one's close (the
+            # thread runs its jobs in order), so a client who has seen the answer end may reconnect straight away.
+            self._active = None
+            await self._end(conversation)
+        await connection.close()  # committed or cancelled: the server ends the conversation (as mlx-vlm does)
 
     async def _send(self, connection: ServerConnection, message: dict[str, Any]) -> None:
         await connection.send(protocol.json_text(message))
@@ -418,20 +422,19 @@ class RealtimeServer:
         from .files import make_private_folder
         from .paths import log_dir
 
-        voicechat = self.engine.voicechat
-        assert voicechat is not None and conversation.opened is not None and conversation.config is not None
-        checkpoint = voicechat.describe()
+        opened, config = conversation.opened, conversation.config
+        assert opened is not None and config is not None, "a conversation with frames was opened"
+        checkpoint = opened.checkpoint
         bits = checkpoint.get("quantization_bits")
-        config = conversation.config
         settings = {
             "server": "parley serve",
             "seed": config.seed,
-            "system_prompt": conversation.opened.system_prompt,
+            "system_prompt": opened.system_prompt,
             "max_streaming_seconds": config.max_seconds,
         }
         profile = SessionProfile()
         record = profile.begin(
-            1, "bf16" if bits is None else f"{bits}bit", checkpoint, model=voicechat.name, settings=settings
+            1, "bf16" if bits is None else f"{bits}bit", checkpoint, model=str(checkpoint["name"]), settings=settings
         )
         record.started, record.clock_s, record.timings = (
             conversation.started,

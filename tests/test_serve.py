@@ -77,17 +77,12 @@ def configure(client: ClientConnection, **session: Any) -> dict[str, Any]:
     return updated
 
 
-def finished(server: BackgroundServer) -> int:
-    return server.server.connections_finished
-
-
-def wait_until_finished(server: BackgroundServer, count: int) -> None:
-    assert server.server.wait_finished(count), f"the server did not finish connection {count}"
+def wait_idle(server: BackgroundServer) -> None:
+    assert server.server.wait_idle(WAIT_S), "the server is still handling a connection"
 
 
 def served_once(server: BackgroundServer) -> None:
     """The server still works: a new client gets a session and the first frame's audio."""
-    before = finished(server)
     with open_client(server) as client:
         configure(client)
         send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
@@ -96,7 +91,7 @@ def served_once(server: BackgroundServer) -> None:
         assert message["frame_index"] == 0
         send(client, "response.cancel")
         assert receive(client)["type"] == "response.cancelled"
-    wait_until_finished(server, before + 1)
+    wait_idle(server)
 
 
 def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
@@ -110,16 +105,16 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
     # The same input: what parley run read from the file is the PCM16 the client sends, as the server decodes it.
     np.testing.assert_array_equal(read_audio(QUESTION).samples, question.astype(np.float32) / 32768.0)
 
-    before = finished(server)
     with open_client(server) as client:
         updated = configure(client)
+        session_id = updated["session"]["id"]
         assert updated["session"]["numerics"] == "exact"
         assert updated["session"]["output_audio_format"] == {"type": "pcm16", "sample_rate": 22_050}
         messages, added_ms = stream_frames(client, pcm)
         with pytest.raises(ConnectionClosed) as closed:
             client.recv(timeout=WAIT_S)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000, "the server ends the conversation"
-    wait_until_finished(server, before + 1)
+    served_once(server)  # at once: a client who saw the answer end finds the server free
 
     expected = [json.loads(line) for line in (dump / "events.jsonl").read_text().splitlines()]
 
@@ -152,7 +147,7 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
 
     print(summary(messages, added_ms))
 
-    profile = [path for path in server.server.profiles_written if path.name.endswith(".json")][-2]  # then .trace.json
+    [profile] = [path for path in server.server.profiles_written if path.name.endswith(f"{session_id}.json")]
     log = json.loads(profile.read_text())
     assert validate_profile_log(log) == [], "the connection's profile log follows the app's export schema"
     assert len(log["frames"]) == len(of_kind("FrameTiming", "frame_index"))
@@ -163,7 +158,6 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
 
 
 def test_each_bad_input_gets_an_error_and_the_conversation_goes_on(server: BackgroundServer) -> None:
-    before = finished(server)
     with open_client(server) as client:
         client.send("{not json")
         expect_error(client, "invalid_request", "must be a JSON object")
@@ -214,12 +208,11 @@ def test_each_bad_input_gets_an_error_and_the_conversation_goes_on(server: Backg
         assert receive(client)["type"] == "session.pong"
         send(client, "response.cancel")
         assert receive(client)["type"] == "response.cancelled"
-    wait_until_finished(server, before + 1)
+    wait_idle(server)
     served_once(server)
 
 
 def test_a_second_client_is_refused_while_one_converses(server: BackgroundServer) -> None:
-    before = finished(server)
     with open_client(server) as first:
         configure(first)
         with connect(server.url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, proxy=None) as second:
@@ -229,7 +222,7 @@ def test_a_second_client_is_refused_while_one_converses(server: BackgroundServer
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
         send(first, "session.ping")
         assert receive(first)["type"] == "session.pong", "the first conversation goes on"
-    wait_until_finished(server, before + 2)
+    wait_idle(server)
     served_once(server)
 
 
@@ -238,13 +231,12 @@ def test_the_loop_answers_while_the_engine_is_busy(server: BackgroundServer) -> 
     release = threading.Event()
     held = asyncio.run_coroutine_threadsafe(server.server.engine.call(release.wait), server.loop)
     try:
-        before = finished(server)
         with open_client(server) as client:
             send(client, "session.ping")
             assert receive(client)["type"] == "session.pong"
             client.send("{not json")
             expect_error(client, "invalid_request", "must be a JSON object")
-        wait_until_finished(server, before + 1)
+        wait_idle(server)
         assert not held.done(), "all of it was answered while the engine was still busy"
     finally:
         release.set()
@@ -253,14 +245,13 @@ def test_the_loop_answers_while_the_engine_is_busy(server: BackgroundServer) -> 
 
 
 def test_an_oversize_message_closes_that_connection_only(server: BackgroundServer) -> None:
-    before = finished(server)
     with open_client(server, max_size=None) as client:
         configure(client)
         send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(64 * 1024, np.int16)))  # 171 KB > 64 KiB
         with pytest.raises(ConnectionClosed) as closed:
             client.recv(timeout=WAIT_S)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # "message too big"
-    wait_until_finished(server, before + 1)
+    wait_idle(server)
     served_once(server)
 
 
@@ -270,19 +261,18 @@ def _masked_text_frame_header(length: int) -> bytes:
 
 
 def test_a_client_that_vanishes_mid_frame_or_mid_answer_frees_the_server(server: BackgroundServer) -> None:
-    before = finished(server)
     # Mid-frame: part of a WebSocket frame, then the socket is gone.
     with open_client(server) as client:
         configure(client)
         client.socket.sendall(_masked_text_frame_header(4000) + b"x" * 100)
         client.socket.shutdown(socket.SHUT_RDWR)
-    wait_until_finished(server, before + 1)
+    wait_idle(server)
     # Mid-answer: 1.2 s of audio sent (under the 64 KiB limit), and the socket gone while the engine works on it.
     with open_client(server) as client:
         configure(client)
         send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(15 * INPUT_FRAME_SAMPLES, np.int16)))
         client.socket.shutdown(socket.SHUT_RDWR)
-    wait_until_finished(server, before + 2)
+    wait_idle(server)
     served_once(server)
 
 
@@ -294,10 +284,9 @@ def test_the_token_is_checked_in_the_handshake(server: BackgroundServer) -> None
     with pytest.raises(InvalidStatus) as missing:
         connect(server.url.replace("/v1/realtime", "/v1/other"), proxy=None)
     assert missing.value.response.status_code == 404
-    before = finished(server)
     with open_client(server, f"{server.url}?token={TOKEN}", additional_headers={}):
         pass  # the token as a query parameter (browsers cannot set headers)
-    wait_until_finished(server, before + 1)
+    wait_idle(server)
 
 
 def test_another_address_needs_a_token(
