@@ -30,6 +30,7 @@ import ipaddress
 import logging
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -90,6 +91,12 @@ class _Job:
     future: asyncio.Future[Any]
 
 
+def _finish(future: asyncio.Future[None]) -> None:
+    """Complete a stop signal (once)."""
+    if not future.done():
+        future.set_result(None)
+
+
 def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
     if future.cancelled():
         return
@@ -119,6 +126,7 @@ class EngineThread:
         self._conversation_seconds = conversation_seconds
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._ready = threading.Event()
+        self._stopped = threading.Event()
         self._failure: BaseException | None = None
         self.voicechat: VoiceChat | None = None
         self.device = ""
@@ -131,9 +139,10 @@ class EngineThread:
         if self._failure is not None:
             raise self._failure
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish the jobs already given, then let the model go."""
         self._jobs.put(None)
-        self._thread.join(timeout=30)
+        self._stopped.wait(timeout)
 
     @property
     def model_name(self) -> str:
@@ -156,15 +165,19 @@ class EngineThread:
             log.info("Loaded %s (%s numerics) in %.1f s", voicechat.name, numerics, time.perf_counter() - started)
         except BaseException as exc:  # noqa: BLE001 - reported to start(), which raises it in the caller
             self._failure = exc
-            self._ready.set()
-            return
         self._ready.set()
-        while (job := self._jobs.get()) is not None:
+        while self._failure is None and (job := self._jobs.get()) is not None:
             try:
                 value, ok = job.run(), True
             except Exception as exc:  # noqa: BLE001 - the caller's error event says what happened; the thread serves on
                 value, ok = exc, False
             job.loop.call_soon_threadsafe(_settle, job.future, ok, value)
+        self.voicechat = None
+        self._stopped.set()
+        # Parked, never returning, as app.worker's thread is: a thread that used MLX tears down MLX's per-thread
+        # state as it ends, which needs the GIL; were the interpreter finalizing by then, the process would abort
+        # ("terminate called without an active exception"). A parked daemon thread simply ends with the process.
+        threading.Event().wait()
 
     async def call(self, run: Callable[[], T]) -> T:
         """Run ``run`` on the engine thread; the loop awaits it without blocking."""
@@ -301,9 +314,8 @@ class RealtimeServer:
     async def _converse(self, connection: ServerConnection) -> None:
         conversation = _Conversation()
         if self._active is not None:
-            await self._send(connection, protocol.error_event(
-                "another realtime conversation is active: this server runs one at a time", protocol.SERVER_BUSY
-            ))  # fmt: skip
+            busy = "another realtime conversation is active: this server runs one at a time"
+            await self._send(connection, protocol.error_event(busy, protocol.SERVER_BUSY))
             await connection.close(BUSY_CLOSE, "busy")
             return
         self._active = conversation.id
@@ -484,17 +496,12 @@ class BackgroundServer:
     def stop(self) -> None:
         stop = self._stop
         if stop is not None:
-
-            def finish() -> None:
-                if not stop.done():
-                    stop.set_result(None)
-
-            self.loop.call_soon_threadsafe(finish)
+            self.loop.call_soon_threadsafe(_finish, stop)
         self._thread.join(timeout=30)
 
 
 def serve_command(args: Any, out: Callable[[str], None] = print) -> int:
-    """The body of ``parley serve``: load the model, then serve until interrupted (Ctrl+C)."""
+    """The body of ``parley serve``: load the model, then serve until SIGINT (Ctrl+C) or SIGTERM."""
     token = args.token or os.environ.get(TOKEN_ENV) or None
     seconds = CONVERSATION_FRAMES * FRAME_SECONDS
     engine = EngineThread(args.model, numerics=args.numerics, warm_up=not args.no_warm_up, conversation_seconds=seconds)
@@ -518,12 +525,15 @@ def serve_command(args: Any, out: Callable[[str], None] = print) -> int:
         )
 
     async def main() -> None:
-        await server.run(asyncio.get_running_loop().create_future(), ready=ready)
+        loop = asyncio.get_running_loop()
+        stop: asyncio.Future[None] = loop.create_future()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, or a service manager: open conversations end cleanly
+            loop.add_signal_handler(signum, _finish, stop)
+        await server.run(stop, ready=ready)
+        out("stopped")
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
-        out("stopped")
     except OSError as exc:  # the port is taken, or the address is not this machine's
         raise ServeError(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     finally:
