@@ -13,6 +13,7 @@ from pathlib import Path
 
 from app.bench import COMPARISONS
 from engine import RANDOM_SIZES
+from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
 NUMERICS_HELP = (
@@ -154,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4 * 2**20,
         help="larger client messages close the connection (code 1009)",
+    )
+    serve.add_argument(
+        "--max-seconds",
+        type=float,
+        default=CONVERSATION_FRAMES * FRAME_SECONDS,
+        help="the longest conversation (session.update's max_streaming_seconds may ask for less)",
     )
     serve.add_argument("--no-warm-up", action="store_true", help="skip tracing the per-frame programs at start")
     return parser

@@ -252,8 +252,9 @@ def session_created(session_id: str) -> dict[str, Any]:
 
 
 def session_updated(
-    session_id: str, model: str, config: SessionConfig, numerics: str, system_prompt: str
+    session_id: str, model: str, *, numerics: str, seed: int, system_prompt: str, max_seconds: float
 ) -> dict[str, Any]:
+    """The conversation as it runs: mlx-vlm's fields, then Parley's (what is in force, defaults filled in)."""
     session = {
         "id": session_id,
         "state": "ready",
@@ -262,9 +263,9 @@ def session_updated(
         **_formats(),
         # Parley: what the conversation runs with
         "numerics": numerics,
-        "seed": config.seed,
+        "seed": seed,
         "system_prompt": system_prompt,
-        "max_streaming_seconds": config.max_seconds,
+        "max_streaming_seconds": max_seconds,
     }
     return server_event("session.updated", session=session)
 

@@ -111,6 +111,7 @@ class OpenedSession:
     session: Session
     numerics: str
     system_prompt: str
+    max_seconds: float  # the client's limit, or the server's where that is shorter
     checkpoint: dict[str, Any]  # VoiceChat.describe() as the session opened (its numerics), for the profile log
 
 
@@ -118,8 +119,15 @@ class EngineThread:
     """The one thread that runs MLX: the device, the loaded checkpoint, every session call, in order."""
 
     def __init__(
-        self, model: Path, *, numerics: str = "exact", warm_up: bool = True, conversation_seconds: float = 0.0
+        self,
+        model: Path,
+        *,
+        numerics: str = "exact",
+        warm_up: bool = True,
+        conversation_seconds: float = CONVERSATION_FRAMES * FRAME_SECONDS,
     ) -> None:
+        """``conversation_seconds``: the longest conversation (a client may ask for less); the load keeps memory
+        for one that long."""
         self._model_path = model
         self._numerics = numerics
         self._warm_up = warm_up
@@ -194,6 +202,7 @@ class EngineThread:
         voicechat = self.voicechat
         assert voicechat is not None, "start() loads the model before any connection"
         numerics = config.numerics or self._numerics
+        seconds = min(config.max_seconds or self._conversation_seconds, self._conversation_seconds)
         if voicechat.numerics != numerics:
             set_numerics(voicechat, numerics)  # type: ignore[arg-type]  # checked by realtime_events
             if self._warm_up:
@@ -203,10 +212,10 @@ class EngineThread:
             voicechat,
             system_prompt=config.system_prompt,
             seed=config.seed,
-            max_seconds=config.max_seconds,
+            max_seconds=seconds,
             hooks=FrameProfiler(),
         )
-        return OpenedSession(session, numerics, session.system_prompt, voicechat.describe())
+        return OpenedSession(session, numerics, session.system_prompt, seconds, voicechat.describe())
 
 
 # --------------------------------------------------------------------------- one connection
@@ -377,7 +386,14 @@ class RealtimeServer:
         model = self.engine.model_name
         await self._send(
             connection,
-            protocol.session_updated(conversation.id, model, request.config, opened.numerics, opened.system_prompt),
+            protocol.session_updated(
+                conversation.id,
+                model,
+                numerics=opened.numerics,
+                seed=request.config.seed,
+                system_prompt=opened.system_prompt,
+                max_seconds=opened.max_seconds,
+            ),
         )
 
     async def _append(self, connection: ServerConnection, conversation: _Conversation, samples: np.ndarray) -> None:
@@ -442,7 +458,7 @@ class RealtimeServer:
             "server": "parley serve",
             "seed": config.seed,
             "system_prompt": opened.system_prompt,
-            "max_streaming_seconds": config.max_seconds,
+            "max_streaming_seconds": opened.max_seconds,
         }
         profile = SessionProfile()
         record = profile.begin(
@@ -503,8 +519,11 @@ class BackgroundServer:
 def serve_command(args: Any, out: Callable[[str], None] = print) -> int:
     """The body of ``parley serve``: load the model, then serve until SIGINT (Ctrl+C) or SIGTERM."""
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    seconds = CONVERSATION_FRAMES * FRAME_SECONDS
-    engine = EngineThread(args.model, numerics=args.numerics, warm_up=not args.no_warm_up, conversation_seconds=seconds)
+    if not args.max_seconds > 0:
+        raise ServeError("--max-seconds must be positive")
+    engine = EngineThread(
+        args.model, numerics=args.numerics, warm_up=not args.no_warm_up, conversation_seconds=args.max_seconds
+    )
     # Checked before the load, so a refused address costs no time.
     server = RealtimeServer(
         engine,

@@ -26,8 +26,9 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.audio_files import read_audio
 from app.cli import main as parley
-from app.realtime_events import float_to_pcm16
+from app.realtime_events import engine_event_messages, float_to_pcm16
 from app.serve import BackgroundServer, EngineThread, RealtimeServer, ServeError
+from engine.events import AudioChunk, FrameTiming, ToolCall
 from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 from tests.conftest import file_mode
@@ -210,6 +211,48 @@ def test_each_bad_input_gets_an_error_and_the_conversation_goes_on(server: Backg
         assert receive(client)["type"] == "response.cancelled"
     wait_idle(server)
     served_once(server)
+
+
+def test_a_conversation_stops_at_its_length_limit(server: BackgroundServer) -> None:
+    with open_client(server) as client:
+        assert configure(client, max_streaming_seconds=10_000)["session"]["max_streaming_seconds"] == 600, (
+            "a client may ask for less than the server's limit, not more"
+        )
+        assert configure(client, max_streaming_seconds=0.16)["session"]["max_streaming_seconds"] == 0.16
+        frames = [message for message in stream_audio(client, 2) if message["type"] == "response.audio.delta"]
+        assert [message["frame_index"] for message in frames] == [0, 1]
+        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
+        expect_error(client, "conversation_limit", "reached its 0.16 s limit")
+        send(client, "response.cancel")
+        assert receive(client)["type"] == "response.cancelled"
+    wait_idle(server)
+
+
+def stream_audio(client: ClientConnection, frames: int) -> list[dict[str, Any]]:
+    """Send ``frames`` frames of silence, one a message; the messages up to each frame's audio delta."""
+    messages = []
+    for _ in range(frames):
+        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
+        while True:
+            messages.append(receive(client))
+            assert messages[-1]["type"] != "error", messages[-1]
+            if messages[-1]["type"] == "response.audio.delta":
+                break
+    return messages
+
+
+def test_tool_calls_and_frame_times_in_the_protocol() -> None:
+    """What the tiny checkpoint never says: a complete tool call, parsed or not, and each frame's engine time."""
+    timing = FrameTiming(frame_index=4, start_ms=0.0, stages_ms={}, total_ms=12.5, host_syncs=1)
+    audio = AudioChunk(4, np.full(1764, 0.5, np.float32), np.arange(31, dtype=np.int32))
+    call = ToolCall(4, '{"name": "get_weather", "arguments": {"city": "Paris"}}', "get_weather", {"city": "Paris"})
+    broken = ToolCall(4, "{oops", error="not JSON")
+    messages = engine_event_messages([call, broken, audio, timing])
+    assert [m["type"] for m in messages] == ["response.function_call_arguments.done"] * 2 + ["response.audio.delta"]
+    assert (messages[0]["name"], json.loads(messages[0]["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert (messages[1]["arguments"], messages[1]["error"], messages[1]["raw"]) == (None, "not JSON", "{oops")
+    assert messages[2]["engine_ms"] == 12.5 and messages[2]["audio_codes"] == list(range(31))
+    assert np.all(np.frombuffer(base64.b64decode(messages[2]["delta"]), "<i2") == round(0.5 * 32767))
 
 
 def test_a_second_client_is_refused_while_one_converses(server: BackgroundServer) -> None:
