@@ -26,7 +26,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.audio_files import read_audio
 from app.cli import main as parley
-from app.realtime_events import engine_event_messages, float_to_pcm16
+from app.realtime_events import engine_event_messages
 from app.serve import BackgroundServer, EngineThread, RealtimeServer, ServeError
 from engine.events import AudioChunk, FrameTiming, ToolCall
 from engine.profile_log import validate_profile_log
@@ -143,7 +143,9 @@ def test_streamed_question_gives_parley_runs_ids_codes_and_samples(
     )
     assert all(m["sample_rate"] == 22_050 and m["format"] == "pcm16" and m["channels"] == 1 for m in audio)
     samples = b"".join(base64.b64decode(m["delta"]) for m in audio)
-    assert samples == float_to_pcm16(np.load(dump / "waveform.npy")), "the answer's samples are parley run's, as PCM16"
+    # mlx-vlm's PCM16: clipped, times 32767, rounded.
+    expected_pcm = np.round(np.clip(np.load(dump / "waveform.npy"), -1.0, 1.0) * 32767.0).astype("<i2")
+    assert np.array_equal(np.frombuffer(samples, "<i2"), expected_pcm), "the answer's samples are parley run's"
     assert received("response.done", "frame_index") == of_kind("Done", "frame_index")
 
     print(summary(messages, added_ms))
