@@ -259,7 +259,6 @@ def run_command(args: argparse.Namespace) -> int:
     from engine.errors import EngineError
 
     from .audio_files import AudioFileError
-    from .serve import ServeError
 
     if args.self_test:
         from .selftest import self_test_command
@@ -278,7 +277,7 @@ def run_command(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         print(f"parley: {exc} (use --overwrite to replace it)", file=sys.stderr)
         return 2
-    except (EngineError, AudioFileError, ServeError, ValueError) as exc:
+    except (EngineError, AudioFileError, ValueError) as exc:  # app.serve.ServeError is a ValueError
         print(f"parley: {exc}", file=sys.stderr)
         return 2
 

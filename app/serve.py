@@ -51,6 +51,7 @@ from engine.events import Event, FrameTiming
 from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS, INPUT_FRAME_SAMPLES
 
 from . import realtime_events as protocol
+from .engine_port import MLXEngine
 from .realtime_events import ProtocolError, SessionConfig
 
 if TYPE_CHECKING:
@@ -139,6 +140,9 @@ class EngineThread:
         self.voicechat: VoiceChat | None = None
         self.device = ""
         self._thread = threading.Thread(target=self._run, name="parley-serve-engine", daemon=True)
+        # The app's way to the engine for what it shares with the window (device, load, warm-up, numerics); sessions
+        # are made from the facade, as this server needs their flush and cancel.
+        self._port = MLXEngine()
 
     def start(self) -> None:
         """Start the thread and wait until the model is loaded (and warmed up); raises what the load raised."""
@@ -157,9 +161,7 @@ class EngineThread:
         return "" if self.voicechat is None else self.voicechat.name
 
     def _run(self) -> None:
-        from .engine_port import MLXEngine
-
-        engine = MLXEngine()
+        engine = self._port
         try:
             _, self.device = engine.prepare_device()
             started = time.perf_counter()
@@ -197,16 +199,16 @@ class EngineThread:
     # the jobs (each runs on the engine thread)
 
     def open_session(self, config: SessionConfig) -> OpenedSession:
-        from engine import FrameProfiler, Session, set_numerics, warm_up
+        from engine import FrameProfiler, Session
 
         voicechat = self.voicechat
         assert voicechat is not None, "start() loads the model before any connection"
         numerics = config.numerics or self._numerics
         seconds = min(config.max_seconds or self._conversation_seconds, self._conversation_seconds)
         if voicechat.numerics != numerics:
-            set_numerics(voicechat, numerics)  # type: ignore[arg-type]  # checked by realtime_events
+            self._port.set_numerics(voicechat, numerics)  # type: ignore[arg-type]  # checked by realtime_events
             if self._warm_up:
-                warm_up(voicechat)
+                self._port.warm_up(voicechat, speech=None, progress=None)
         # Every frame timed where the host waited, as ``parley run`` times it (no extra evaluation).
         session = Session(
             voicechat,
