@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench import COMPARISONS
+from app.realtime_events import DEFAULT_HOST, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, PATH, TOKEN_ENV
 from engine import RANDOM_SIZES
 from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS
 
@@ -129,17 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser(
         "serve",
-        help="serve the model over mlx-vlm's realtime WebSocket API (/v1/realtime)",
-        description="Serve a checkpoint over a local realtime WebSocket API that speaks mlx-vlm's /v1/realtime "
+        help=f"serve the model over mlx-vlm's realtime WebSocket API ({PATH})",
+        description=f"Serve a checkpoint over a local realtime WebSocket API that speaks mlx-vlm's {PATH} "
         "events (PCM16 in at 16 kHz, out at 22.05 kHz), one conversation at a time.",
     )
     serve.add_argument("--model", required=True, type=Path, help="checkpoint folder")
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (not loopback: needs --token)")
-    serve.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free port)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (not loopback: needs --token)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
     serve.add_argument(
         "--token",
         default=None,
-        help="required of clients (Authorization: Bearer TOKEN, or ?token=TOKEN); default: $PARLEY_SERVE_TOKEN",
+        help=f"required of clients (Authorization: Bearer TOKEN, or ?token=TOKEN); default: ${TOKEN_ENV}",
     )
     serve.add_argument(
         "--numerics",
@@ -153,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-message-bytes",
         type=int,
-        default=4 * 2**20,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
         help="larger client messages close the connection (code 1009)",
     )
     serve.add_argument(

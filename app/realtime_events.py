@@ -48,6 +48,11 @@ from engine.events import (
 )
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE
 
+PATH: Final = "/v1/realtime"
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8080  # mlx-vlm's server default, so its clients' URLs work unchanged
+DEFAULT_MAX_MESSAGE_BYTES: Final = 4 * 2**20  # about 49 s of base64 PCM16 in one message
+TOKEN_ENV: Final = "PARLEY_SERVE_TOKEN"
 NUMERICS: Final = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX
 AUDIO_FORMAT: Final = "pcm16"
 

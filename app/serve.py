@@ -52,18 +52,21 @@ from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS, INPUT_FRAME_SAMP
 
 from . import realtime_events as protocol
 from .engine_port import MLXEngine
-from .realtime_events import ProtocolError, SessionConfig
+from .realtime_events import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PORT,
+    PATH,
+    TOKEN_ENV,
+    ProtocolError,
+    SessionConfig,
+)
 
 if TYPE_CHECKING:
     from engine import Session, VoiceChat
 
 log = logging.getLogger(__name__)
 
-PATH = "/v1/realtime"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8080  # mlx-vlm's server default, so its clients' URLs work unchanged
-DEFAULT_MAX_MESSAGE_BYTES = 4 * 2**20  # about 49 s of base64 PCM16 in one message
-TOKEN_ENV = "PARLEY_SERVE_TOKEN"
 BUSY_CLOSE = 1013  # "try again later", as mlx-vlm closes a refused second client
 
 T = TypeVar("T")
