@@ -328,11 +328,13 @@ class RealtimeServer:
     async def _converse(self, connection: ServerConnection) -> None:
         conversation = _Conversation()
         if self._active is not None:
+            log.info("Refused a client from %s: conversation %s is active", connection.remote_address, self._active)
             busy = "another realtime conversation is active: this server runs one at a time"
             await self._send(connection, protocol.error_event(busy, protocol.SERVER_BUSY))
             await connection.close(BUSY_CLOSE, "busy")
             return
         self._active = conversation.id
+        log.info("Conversation %s: a client from %s", conversation.id, connection.remote_address)
         try:
             await self._send(connection, protocol.session_created(conversation.id))
             async for message in connection:
@@ -538,7 +540,14 @@ def serve_command(args: Any, out: Callable[[str], None] = print) -> int:
         profile_dir=args.profile_dir,
         max_message_bytes=args.max_message_bytes,
     )
-    out(f"loading {args.model} ({args.numerics} numerics)…")
+    from .logs import configure_logging
+
+    # Conversations, refusals and errors with their tracebacks: into the app's log file, and onto the console.
+    log_file = configure_logging()
+    console = logging.StreamHandler()
+    console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(console)
+    out(f"loading {args.model} ({args.numerics} numerics); log: {log_file}")
     engine.start()
     folder = args.profile_dir if args.profile_dir is not None else "the app's log folder"
 
