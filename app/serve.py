@@ -523,7 +523,11 @@ class BackgroundServer:
         self._thread.join(timeout=30)
 
 
-def serve_command(args: Any, out: Callable[[str], None] = print) -> int:
+def _say(line: str) -> None:
+    print(line, flush=True)  # at once, also into a pipe: a supervisor waits for the "serving" line
+
+
+def serve_command(args: Any, out: Callable[[str], None] = _say) -> int:
     """The body of ``parley serve``: load the model, then serve until SIGINT (Ctrl+C) or SIGTERM."""
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if not args.max_seconds > 0:

@@ -11,8 +11,12 @@ import asyncio
 import base64
 import json
 import os
+import re
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -332,6 +336,40 @@ def test_the_token_is_checked_in_the_handshake(server: BackgroundServer) -> None
     with open_client(server, f"{server.url}?token={TOKEN}", additional_headers={}):
         pass  # the token as a query parameter (browsers cannot set headers)
     wait_idle(server)
+
+
+def test_the_parley_serve_command_serves_until_sigterm(tiny_q4: Path, tmp_path: Path) -> None:
+    """The command itself, in a process of its own: it says where it serves, serves, and stops on SIGTERM."""
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "PYTHONPATH": str(Path(__file__).parents[1])}
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(tiny_q4), "--port", "0", "--no-warm-up"]
+    process = subprocess.Popen(
+        [*command, "--profile-dir", str(tmp_path / "profiles")], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        lines = []
+        while not (served := re.search(r"on (ws://127\.0\.0\.1:\d+/v1/realtime)", lines[-1] if lines else "")):
+            line = process.stdout.readline()
+            assert line, f"parley serve ended before serving: {lines}"
+            lines.append(line)
+        with connect(served.group(1), proxy=None, open_timeout=WAIT_S) as client:
+            assert receive(client)["type"] == "session.created"
+            configure(client)
+            frames = [m for m in stream_audio(client, 3) if m["type"] == "response.audio.delta"]
+            assert [m["frame_index"] for m in frames] == [0, 1, 2]
+            send(client, "input_audio_buffer.commit")
+            while receive(client)["type"] != "response.done":
+                pass
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=WAIT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and rest.strip().endswith("stopped"), rest
+    assert len(list((tmp_path / "profiles").glob("serve-profile-*.json"))) == 2  # the log and its trace
+    logged = re.search(r"log: (\S+)", lines[0])
+    assert logged is not None and Path(logged.group(1)).name == "parley.log", lines[0]
+    assert Path(logged.group(1)).exists(), "it logs where the app logs (XDG_STATE_HOME here)"
 
 
 def test_another_address_needs_a_token(
