@@ -86,14 +86,24 @@ def wait_idle(server: BackgroundServer) -> None:
     assert server.server.wait_idle(WAIT_S), "the server is still handling a connection"
 
 
+def stream_audio(client: ClientConnection, frames: int) -> list[dict[str, Any]]:
+    """Send ``frames`` frames of silence, one a message; the messages up to each frame's audio delta."""
+    messages = []
+    for _ in range(frames):
+        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
+        while True:
+            messages.append(receive(client))
+            assert messages[-1]["type"] != "error", messages[-1]
+            if messages[-1]["type"] == "response.audio.delta":
+                break
+    return messages
+
+
 def served_once(server: BackgroundServer) -> None:
     """The server still works: a new client gets a session and the first frame's audio."""
     with open_client(server) as client:
         configure(client)
-        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
-        while (message := receive(client))["type"] != "response.audio.delta":
-            assert message["type"] != "error", message
-        assert message["frame_index"] == 0
+        assert stream_audio(client, 1)[-1]["frame_index"] == 0
         send(client, "response.cancel")
         assert receive(client)["type"] == "response.cancelled"
     wait_idle(server)
@@ -232,19 +242,6 @@ def test_a_conversation_stops_at_its_length_limit(server: BackgroundServer) -> N
         send(client, "response.cancel")
         assert receive(client)["type"] == "response.cancelled"
     wait_idle(server)
-
-
-def stream_audio(client: ClientConnection, frames: int) -> list[dict[str, Any]]:
-    """Send ``frames`` frames of silence, one a message; the messages up to each frame's audio delta."""
-    messages = []
-    for _ in range(frames):
-        send(client, "input_audio_buffer.append", audio=pcm16(np.zeros(INPUT_FRAME_SAMPLES, np.int16)))
-        while True:
-            messages.append(receive(client))
-            assert messages[-1]["type"] != "error", messages[-1]
-            if messages[-1]["type"] == "response.audio.delta":
-                break
-    return messages
 
 
 def test_tool_calls_and_frame_times_in_the_protocol() -> None:
