@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench import COMPARISONS
+from app.realtime_events import DEFAULT_HOST, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, PATH, TOKEN_ENV
 from engine import RANDOM_SIZES
+from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
 NUMERICS_HELP = (
@@ -125,6 +127,43 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--frames", type=int, default=60, help="80 ms frames per seed (speech, then silence)")
     drift.add_argument("--system-prompt", default="", help="prefilled before the first frame in both modes")
     drift.add_argument("--json", type=Path, help="write the report as JSON")
+
+    serve = commands.add_parser(
+        "serve",
+        help=f"serve the model over mlx-vlm's realtime WebSocket API ({PATH})",
+        description=f"Serve a checkpoint over a local realtime WebSocket API that speaks mlx-vlm's {PATH} "
+        "events (PCM16 in at 16 kHz, out at 22.05 kHz), one conversation at a time.",
+    )
+    serve.add_argument("--model", required=True, type=Path, help="checkpoint folder")
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (not loopback: needs --token)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
+    serve.add_argument(
+        "--token",
+        default=None,
+        help=f"required of clients (Authorization: Bearer TOKEN, or ?token=TOKEN); default: ${TOKEN_ENV}",
+    )
+    serve.add_argument(
+        "--numerics",
+        choices=NUMERICS,
+        default="exact",
+        help=NUMERICS_HELP + "; session.update may choose per conversation",
+    )
+    serve.add_argument(
+        "--profile-dir", type=Path, help="where each conversation's profile log goes (default: the app's log folder)"
+    )
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="larger client messages close the connection (code 1009)",
+    )
+    serve.add_argument(
+        "--max-seconds",
+        type=float,
+        default=CONVERSATION_FRAMES * FRAME_SECONDS,
+        help="the longest conversation (session.update's max_streaming_seconds may ask for less)",
+    )
+    serve.add_argument("--no-warm-up", action="store_true", help="skip tracing the per-frame programs at start")
     return parser
 
 
@@ -210,6 +249,12 @@ def _drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import serve_command
+
+    return serve_command(args)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed non-GUI command; returns the process exit code."""
     from engine.errors import EngineError
@@ -220,7 +265,7 @@ def run_command(args: argparse.Namespace) -> int:
         from .selftest import self_test_command
 
         return self_test_command()
-    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench, "drift": _drift}
+    handlers = {"make-checkpoint": _make_checkpoint, "run": _run, "bench": _bench, "drift": _drift, "serve": _serve}
     handler = handlers.get(args.command)
     if handler is None:
         raise SystemExit(f"parley: unknown command {args.command!r}")
@@ -233,7 +278,7 @@ def run_command(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         print(f"parley: {exc} (use --overwrite to replace it)", file=sys.stderr)
         return 2
-    except (EngineError, AudioFileError, ValueError) as exc:
+    except (EngineError, AudioFileError, ValueError) as exc:  # app.serve.ServeError is a ValueError
         print(f"parley: {exc}", file=sys.stderr)
         return 2
 
