@@ -88,6 +88,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .session import speaker_prompt as speaker_prompt
     from .session import warm_up as warm_up
     from .tools import MAX_TOOLS as MAX_TOOLS
+    from .tools import ScriptedChannels as ScriptedChannels
     from .tools import ToolResult as ToolResult
     from .tools import ToolSpec as ToolSpec
     from .tools import render_tool_prompt as render_tool_prompt
@@ -121,6 +122,7 @@ _EXPORTS: dict[str, str] = {
     "ToolResult": ".tools",
     "render_tool_prompt": ".tools",
     "render_tool_response": ".tools",
+    "ScriptedChannels": ".tools",
     # numerics
     "NUMERICS": ".numerics",
     "Numerics": ".numerics",

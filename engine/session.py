@@ -195,6 +195,8 @@ class Session:
         )
         self._prefill(self.system_prompt)
         mx.eval(self.caches.arrays())
+        if await_tool_results:
+            _ = self._silence_embedding  # made now, so the first tool turn does not pay for it
 
     # ------------------------------------------------------------------ properties
 
