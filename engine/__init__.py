@@ -16,7 +16,8 @@ The engine's layers, each importing only from its own or lower ones (docs/archit
 * :mod:`engine.networks`: the networks, which hold weights and no conversation state;
 * :mod:`engine.numerics`: exact or fast, and which fast parts this device admitted;
 * :mod:`engine.model` (the networks assembled, and loading a checkpoint) and :mod:`engine.random_model`;
-* :mod:`engine.session` (one conversation, frame by frame) and :mod:`engine.tools` (tool calls);
+* :mod:`engine.session` (one conversation, frame by frame), :mod:`engine.tools` (tool calls, the tool prompt and
+  response) and :mod:`engine.tool_turn` (the held frames while a call waits);
 * instrumentation: :mod:`engine.profiler`, :mod:`engine.counters` (the census), :mod:`engine.pricing`,
   :mod:`engine.profile_log`;
 * this facade.

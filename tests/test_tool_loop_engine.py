@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import engine.session as session_module
+import engine.tool_turn as tool_turn
 from engine.errors import SessionClosedError, ToolLoopError
 from engine.events import (
     AssistantTextDelta,
@@ -265,7 +265,7 @@ def test_a_second_call_during_the_replay_stops_the_clock_again(voicechat, frames
 
 
 def test_held_frames_beyond_the_bound_drop_the_oldest_and_say_so(voicechat, frames, monkeypatch):
-    monkeypatch.setattr(session_module, "MAX_DEFERRED_FRAMES", 3)
+    monkeypatch.setattr(tool_turn, "MAX_DEFERRED_FRAMES", 3)
     script = call_ids(voicechat)
     recorder = Recorder()
     session = tool_session(voicechat, script, hooks=recorder)
