@@ -213,6 +213,8 @@ def test_a_call_list_needs_one_result_per_call_and_a_wrong_count_loses_nothing(v
             session.answer_tool_calls(results)
     with pytest.raises(ToolLoopError, match="must be a ToolResult, received dict"):
         session.answer_tool_calls([ToolResult("now", True, "noon"), {"ok": True}])  # type: ignore[list-item]
+    with pytest.raises(ToolLoopError, match="needs a str tool, a bool ok and a str content"):
+        session.answer_tool_calls([ToolResult("now", True, "noon"), ToolResult("w", True, 21)])  # type: ignore[arg-type]
     assert session.awaiting_tool_results and len(session.text_ids) == positions
     injected = session.answer_tool_calls([ToolResult("now", True, "noon"), ToolResult("get_weather", False, "offline")])
     assert isinstance(injected[0], ToolResponseInjected) and injected[0].replayed_frames == 2
