@@ -16,7 +16,8 @@ The engine's layers, each importing only from its own or lower ones (docs/archit
 * :mod:`engine.networks`: the networks, which hold weights and no conversation state;
 * :mod:`engine.numerics`: exact or fast, and which fast parts this device admitted;
 * :mod:`engine.model` (the networks assembled, and loading a checkpoint) and :mod:`engine.random_model`;
-* :mod:`engine.session` (one conversation, frame by frame) and :mod:`engine.tools` (tool calls);
+* :mod:`engine.session` (one conversation, frame by frame), :mod:`engine.tools` (tool calls, the tool prompt and
+  response) and :mod:`engine.tool_turn` (the held frames while a call waits);
 * instrumentation: :mod:`engine.profiler`, :mod:`engine.counters` (the census), :mod:`engine.pricing`,
   :mod:`engine.profile_log`;
 * this facade.
@@ -87,6 +88,12 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .session import Session as Session
     from .session import speaker_prompt as speaker_prompt
     from .session import warm_up as warm_up
+    from .tools import MAX_TOOLS as MAX_TOOLS
+    from .tools import ScriptedChannels as ScriptedChannels
+    from .tools import ToolResult as ToolResult
+    from .tools import ToolSpec as ToolSpec
+    from .tools import render_tool_prompt as render_tool_prompt
+    from .tools import render_tool_response as render_tool_response
 
 # Each exported name and the module that holds it (relative to this package).
 _EXPORTS: dict[str, str] = {
@@ -110,6 +117,13 @@ _EXPORTS: dict[str, str] = {
     "TTSInput": ".networks.tts",
     "warm_up": ".session",
     "speaker_prompt": ".session",
+    # tools: what the model is offered, and what it hears back
+    "MAX_TOOLS": ".tools",
+    "ToolSpec": ".tools",
+    "ToolResult": ".tools",
+    "render_tool_prompt": ".tools",
+    "render_tool_response": ".tools",
+    "ScriptedChannels": ".tools",
     # numerics
     "NUMERICS": ".numerics",
     "Numerics": ".numerics",
