@@ -505,8 +505,10 @@ class AppController:
 
     # ------------------------------------------------------------------ downloads
 
-    def start_download(self, repo_id: str, target: Path) -> None:
-        self._downloads.start(repo_id, target)
+    def start_download(self, repo_id: str, target: Path, layout: str) -> None:
+        """Download ``repo_id`` into ``target`` in ``layout`` (app.download_layout: the Hugging Face cache folder, or
+        Parley's folder for this checkpoint)."""
+        self._downloads.start(repo_id, target, layout)
 
     def cancel_download(self) -> None:
         self._downloads.cancel()
