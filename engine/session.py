@@ -52,7 +52,7 @@ from .networks.rnnt import (
     next_first_pass,
     rnnt_propose,
 )
-from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
+from .networks.tts import ECONOMY_LEVELS, SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
 from .tools import ToolCallParser
 
@@ -505,6 +505,21 @@ class Session:
         """Release the caches (the conversation cannot continue afterwards)."""
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
+
+    def set_economy(self, level: int) -> None:
+        """Fast numerics only: from the next frame on, the TTS spends less per frame at ``level`` (0 the full step;
+        :data:`engine.networks.tts.ECONOMY_LEVELS`; docs/numerics.md "Keeping up"). Exact numerics refuses any
+        level but 0 with ``ValueError``: it never changes its numbers."""
+        if level not in ECONOMY_LEVELS:
+            raise ValueError(f"economy level must be one of {ECONOMY_LEVELS}; got {level!r}")
+        if level and self._speech.tts_model.fast is None:
+            raise ValueError("exact numerics never spends less per frame; switch to fast numerics first")
+        self.caches.tts.economy = level
+
+    @property
+    def economy(self) -> int:
+        """The TTS's economy level (:meth:`set_economy`)."""
+        return self.caches.tts.economy
 
     def age(self, positions: int, *, seed: int = 0) -> None:
         """Make the conversation ``positions`` frames older: every attention cache that grows (the LLM's and the
