@@ -3,12 +3,12 @@
     PYTHONPATH=. .venv/bin/python tests/economy_drift.py [--frames 60] [--size tiny] [--quantize 4]
 
 One fast session per level on the random checkpoint (seed 0, the spoken test question then silence), the level set
-before the first frame; against level 0 (full fast mode): the share of frames whose 31 codes are all equal, the share
-of codes equal, the first frame that differs, and the waveform's difference (RMS of the difference over RMS of level
-0's waveform). Then one session at level 0 that runs frames [20, 40) at level 1 and returns: how its frames after 40
-compare with level 0's. And per frame, from the graph census (engine.counters, full-size prices at 4 bits): the TTS
-stage's primitives, kernels and weight bytes at each level, on this device (the CPU here: every fast part its
-operations fallback). Counts, not times.
+before the first frame; against level 0 (full fast mode), and for scale full fast mode drawing with seed 1: the
+share of frames whose 31 codes are all equal, the share of codes equal, the first frame that differs, and the
+waveform's difference (RMS of the difference over RMS of level 0's waveform). Then one session at level 0 that runs
+frames [20, 40) at level 1 and returns: how its frames after 40 compare with level 0's. And per frame, from the
+graph census (engine.counters, full-size prices at 4 bits): the TTS stage's primitives, kernels and weight bytes at
+each level, on this device (the CPU here: every fast part its operations fallback). Counts, not times.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ class Run:
     audio: np.ndarray
 
 
-def run(voicechat: object, samples: np.ndarray, schedule: dict[int, int]) -> Run:
+def run(voicechat: object, samples: np.ndarray, schedule: dict[int, int], seed: int = 0) -> Run:
     """One session; ``schedule`` maps a frame index to the economy level set before it."""
-    session = Session(voicechat, seed=0)  # type: ignore[arg-type]
+    session = Session(voicechat, seed=seed)  # type: ignore[arg-type]
     codes, audio = [], []
     for index, start in enumerate(range(0, samples.shape[0], INPUT_FRAME_SAMPLES)):
         if index in schedule:
@@ -55,8 +55,9 @@ def compare(full: Run, other: Run, frames: slice = slice(None)) -> dict[str, flo
     a, b = full.codes[frames], other.codes[frames]
     equal_frames = np.all(a == b, axis=1)
     differing = np.flatnonzero(~equal_frames)
-    start = (frames.start or 0) * (full.audio.shape[0] // max(full.codes.shape[0], 1))
-    wa, wb = full.audio[start:], other.audio[start:]
+    per_frame = full.audio.shape[0] // max(full.codes.shape[0], 1)
+    first, last = frames.indices(full.codes.shape[0])[:2]
+    wa, wb = full.audio[first * per_frame : last * per_frame], other.audio[first * per_frame : last * per_frame]
     rms = float(np.sqrt(np.mean(wa.astype(np.float64) ** 2))) or 1.0
     return {
         "frames_equal_pct": round(100.0 * float(np.mean(equal_frames)), 1),
@@ -98,6 +99,8 @@ def main() -> None:
     runs = {level: run(voicechat, samples, {0: level}) for level in LEVELS}
     for level in LEVELS[1:]:
         print(f"level {level} against full fast mode, {args.frames} frames:", compare(runs[0], runs[level]))
+    other_seed = run(voicechat, samples, {}, seed=1)
+    print("for scale, full fast mode with seed 1 against seed 0:", compare(runs[0], other_seed))
     back = run(voicechat, samples, {20: 1, 40: 0})
     print("level 1 on frames 20-39, then 0; frames 0-19:", compare(runs[0], back, slice(0, 20)))
     print("  frames 40 on:", compare(runs[0], back, slice(40, None)))

@@ -22,7 +22,7 @@ def test_a_machine_that_keeps_up_never_economises() -> None:
 
 
 def test_a_slow_frame_or_a_queue_steps_up_at_once_then_waits_before_the_next_step() -> None:
-    policy = KeepUpPolicy()
+    policy = KeepUpPolicy(max_level=2)
     assert policy.observe(88.0, 0) == 1  # the first frame of 88 ms
     assert drive(policy, [(95.0, 0)] * 3) == [1, 1, 1]  # settling: the step is given three frames to work
     assert policy.observe(95.0, 0) == 2
@@ -32,8 +32,13 @@ def test_a_slow_frame_or_a_queue_steps_up_at_once_then_waits_before_the_next_ste
     assert queued.observe(40.0, 3) == 1  # quick frames, but three waiting: behind all the same
 
 
-def test_it_comes_back_one_step_at_a_time_after_two_seconds_of_quick_frames() -> None:
+def test_by_default_it_stops_at_fewer_samples_and_keeps_guidance() -> None:
     policy = KeepUpPolicy()
+    assert drive(policy, [(150.0, 8)] * 30) == [1] * 30
+
+
+def test_it_comes_back_one_step_at_a_time_after_two_seconds_of_quick_frames() -> None:
+    policy = KeepUpPolicy(max_level=2)
     drive(policy, [(100.0, 4)] * 5)
     assert policy.level == 2
     levels = drive(policy, [(60.0, 1)] * 50)
@@ -56,7 +61,7 @@ def test_hysteresis_a_frame_between_the_thresholds_neither_steps_up_nor_lets_it_
 
 
 def test_reset_starts_a_new_conversation_at_the_full_step() -> None:
-    policy = KeepUpPolicy()
+    policy = KeepUpPolicy(max_level=2)
     drive(policy, [(100.0, 0)] * 5)
     policy.reset()
     assert policy.level == 0 and policy.observe(100.0, 0) == 1
@@ -67,3 +72,5 @@ def test_thresholds_that_would_flip_every_frame_are_refused() -> None:
         KeepUpPolicy(recover_ms=90.0, behind_ms=88.0)
     with pytest.raises(ValueError, match="recover_queue"):
         KeepUpPolicy(recover_queue=3, behind_queue=3)
+    with pytest.raises(ValueError, match="max_level"):
+        KeepUpPolicy(max_level=MAX_ECONOMY + 1)

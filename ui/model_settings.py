@@ -50,7 +50,7 @@ NUMERICS_NOTE = (
 )
 KEEP_UP_NOTE = (
     "On a machine too slow for the 80 ms frame (memory-bound Macs), fast mode can spend less on the voice while it "
-    "falls behind — fewer refinement steps, no guidance — and return to full quality once it catches up. The "
+    "falls behind (two refinement samples instead of five) and return to full quality once it catches up. The "
     "overlay says when. The voice may sound a little different; the words do not change. Exact never does this."
 )
 
@@ -139,6 +139,8 @@ class ModelSettingsPage(QWidget):
         self.keep_up_check = QCheckBox("Keep up when slow (fast mode): spend less on the voice while behind", numerics)
         self.keep_up_check.setAccessibleName("Keep up when frames fall behind, in fast mode")
         numerics_box.addWidget(self.keep_up_check)
+        self.fast_radio.toggled.connect(self.keep_up_check.setEnabled)  # kept when exact is picked, used only in fast
+        self.keep_up_check.setEnabled(False)
         numerics_box.addWidget(muted_label(KEEP_UP_NOTE, numerics))
 
         downloads = QGroupBox("New downloads go into", self)

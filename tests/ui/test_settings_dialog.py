@@ -74,6 +74,9 @@ def test_save_applies_the_edited_settings(qtbot: QtBot, custom: Settings) -> Non
     dialog.input_combo.setCurrentIndex(0)  # system default
     assert dialog.model_page.download_choice.parley_radio.isChecked() and dialog.model_page.keep_up_check.isChecked()
     dialog.model_page.download_choice.cache_radio.click()
+    assert not dialog.model_page.keep_up_check.isEnabled()  # exact numerics: the choice waits for fast
+    dialog.model_page.fast_radio.setChecked(True)
+    assert dialog.model_page.keep_up_check.isEnabled()
     dialog.model_page.keep_up_check.setChecked(False)
     with qtbot.waitSignal(dialog.accepted):
         dialog.buttons.button(dialog.buttons.StandardButton.Save).click()
@@ -86,6 +89,7 @@ def test_save_applies_the_edited_settings(qtbot: QtBot, custom: Settings) -> Non
         input_device=None,
         download_layout="hf-cache",
         keep_up=False,
+        numerics="fast",
     )
     assert fake.calls_to("apply_settings") == [(expected,)]
 
