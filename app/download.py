@@ -2,8 +2,10 @@
 
 ``download_checkpoint`` lists the repository through ``huggingface_hub`` (so ``HF_ENDPOINT``,
 ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and its error types all apply), then fetches each file itself
-from the Hub's ``resolve`` URL with HTTP ``Range`` requests into a part file kept under
-``<target>/.parley-download/``. ``hf_hub_download`` is not used for the bytes because in
+from the Hub's ``resolve`` URL with HTTP ``Range`` requests into a part file: under
+``<target>/.parley-download/`` in Parley's folder, or ``blobs/<id>.incomplete`` in the Hugging Face cache's layout
+(:mod:`app.download_layout` says where each stage of a file lives in each). ``hf_hub_download`` is not used for the
+bytes because in
 huggingface_hub 2.4 it writes every attempt to a fresh temporary file and deletes it on any
 failure, so an interrupted 5 GB shard would start again from zero.
 
@@ -412,8 +414,9 @@ class _Download:
             finished = count - len(pending)
             for remote in sorted(pending, key=lambda item: item.size):  # small files first
                 position = f"{finished + 1} of {count} files"
-                if not self._adopt_existing(remote, position):
-                    self._fetch_file(remote, position)
+                with self._file_lock(remote):
+                    if not self._adopt_existing(remote, position):
+                        self._fetch_file(remote, position)
                 self.layout.link(remote, self.commit)
                 manifest.verified[remote.path] = remote.content_id
                 manifest.save(self.state_dir)
@@ -429,6 +432,28 @@ class _Download:
     def _check_cancel(self) -> None:
         if self.cancel.is_set():
             raise _CancelRequested
+
+    @contextlib.contextmanager
+    def _file_lock(self, remote: RemoteFile) -> Iterator[None]:
+        """Hold the lock other programs take for ``remote``'s content (the Hugging Face cache's), waiting for it."""
+        path = self.layout.lock_path(remote)
+        if path is None:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    self.progress.report(f"Waiting for another program that is downloading {remote.path} now")
+                    if self.cancel.wait(_POLL_S):
+                        raise _CancelRequested from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     # ---- listing
 
@@ -521,6 +546,10 @@ class _Download:
     def _part_path(self, remote: RemoteFile) -> Path:
         return self.layout.part_path(remote)
 
+    def _stored(self, remote: RemoteFile) -> bool:
+        path = self.layout.stored_path(remote)
+        return path.is_file() and path.stat().st_size == remote.size
+
     def _part_size(self, remote: RemoteFile) -> int:
         try:
             return min(self._part_path(remote).stat().st_size, remote.size)
@@ -533,7 +562,8 @@ class _Download:
             path.unlink(missing_ok=True)
 
     def _check_disk_space(self, pending: list[RemoteFile]) -> None:
-        needed = sum(remote.size - self._part_size(remote) for remote in pending)
+        # A file already stored with its size (a blob another tool fetched, say) is checked, not fetched.
+        needed = sum(remote.size - self._part_size(remote) for remote in pending if not self._stored(remote))
         if needed <= 0:
             return
         required = needed + max(DISK_MARGIN_BYTES, int(needed * DISK_MARGIN_FRACTION))

@@ -9,10 +9,12 @@
 ``HubCache`` (``<cache>/models--<org>--<name>/``, as ``huggingface_hub`` writes it)
     ``blobs/<sha256 or git blob id>`` holds each file's content; ``snapshots/<commit>/<name>`` is a relative link
     to ``../../blobs/<id>``; ``refs/main`` holds the commit. A file is fetched into ``blobs/<id>.incomplete`` (the
-    name huggingface_hub itself resumes from, and ``scan_cache_dir`` reports as an incomplete file) and gets its
-    snapshot link only once it checks out, so a snapshot never links to a partial file. ``refs/main`` is written
-    last. The manifest and lock sit in ``models--…/.parley-download/``, which ``scan_cache_dir`` does not look at
-    and ``hf cache rm`` removes with the repository. mlx-vlm, mlx-audio, ``hf download`` and
+    name huggingface_hub gives a blob being downloaded, and ``scan_cache_dir`` reports as an incomplete file) and
+    gets its snapshot link only once it checks out, so a snapshot never links to a partial file. ``refs/main`` is
+    written last. While a blob is fetched, the lock huggingface_hub takes for it (``.locks/models--…/<id>.lock``)
+    is held, so ``hf download`` of the same model waits rather than fetching it twice, and Parley waits for it
+    likewise. The manifest and lock sit in ``models--…/.parley-download/``, which ``scan_cache_dir`` does not
+    look at and ``hf cache rm`` removes with the repository. mlx-vlm, mlx-audio, ``hf download`` and
     :mod:`app.hf_cache` all find the result.
 
 No Qt, no network.
@@ -100,6 +102,8 @@ class Layout(Protocol):
 
     def stale_parts(self, wanted: set[Path]) -> list[Path]: ...  # part files nothing listed can resume
 
+    def lock_path(self, remote: RemoteFile) -> Path | None: ...  # a lock other programs take for this file
+
     def publish(self, commit: str) -> None: ...  # the download is complete and checked
 
 
@@ -126,6 +130,9 @@ class ParleyFolder:
     def stale_parts(self, wanted: set[Path]) -> list[Path]:
         parts = self.state_dir / "parts"
         return [path for path in parts.iterdir() if path not in wanted] if parts.is_dir() else []
+
+    def lock_path(self, remote: RemoteFile) -> Path | None:
+        return None  # the folder's own lock (in the state folder) is the only one
 
     def publish(self, commit: str) -> None:
         pass
@@ -171,6 +178,10 @@ class HubCache:
 
     def stale_parts(self, wanted: set[Path]) -> list[Path]:
         return []  # another tool's ``.incomplete`` blobs are its own: never deleted here
+
+    def lock_path(self, remote: RemoteFile) -> Path | None:
+        """``<cache>/.locks/models--…/<id>.lock``: the lock ``hf_hub_download`` holds while it writes that blob."""
+        return self.cache_dir / ".locks" / self.repo_dir.name / f"{remote.content_id}.lock"
 
     def publish(self, commit: str) -> None:
         refs = self.repo_dir / "refs"

@@ -186,3 +186,30 @@ def test_a_repository_name_that_cannot_be_a_cache_folder_is_refused(tmp_path: Pa
     for bad in ("../x", "org/../../x", "org--x/y", "org/x/y", "/abs"):
         with pytest.raises(DownloadError, match="not a repository name"):
             HubCache(tmp_path, bad)
+
+
+def test_a_blob_huggingface_hub_is_downloading_is_waited_for_under_its_own_lock(
+    tiny_hub: FakeHub, tmp_path: Path
+) -> None:
+    import threading
+
+    from huggingface_hub.utils import WeakFileLock
+
+    cache = tmp_path / "hub"
+    shard = largest(tiny_hub)
+    lock = cache / ".locks" / REPO_DIR / f"{content_id(tiny_hub, shard)}.lock"  # where hf_hub_download locks it
+    lock.parent.mkdir(parents=True)
+    recorder = Recorder()
+    result: list[object] = []
+    with WeakFileLock(lock):
+        worker = threading.Thread(target=lambda: result.append(download(tiny_hub, cache, recorder)), daemon=True)
+        worker.start()
+        for _ in range(400):  # up to about 20 s
+            if any("Waiting for another program" in message for message in recorder.messages):
+                break
+            worker.join(0.05)
+        assert any(f"Waiting for another program that is downloading {shard}" in m for m in recorder.messages)
+        assert cdn_ranges(tiny_hub, shard) == [] and worker.is_alive()
+    worker.join(30)
+    assert result == [cache / REPO_DIR / "snapshots" / COMMIT]
+    assert (cache / REPO_DIR / "snapshots" / COMMIT / shard).read_bytes() == tiny_hub.files[shard]
