@@ -100,7 +100,7 @@ from .model_switch import AdoptCheckpoint, ModelSwitcher, check_changed_folders
 from .paths import config_dir, data_dir, log_dir
 from .settings import Settings, save_settings
 from .status import StatusBoard
-from .worker import EngineWorker, NewConversation, SetIdlePause, SetNumerics, Sleep, StartConversation
+from .worker import EngineWorker, NewConversation, SetIdlePause, SetKeepUp, SetNumerics, Sleep, StartConversation
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +184,8 @@ class AppController:
         log.info("Parley %s starting (Python %s, %s)", parley_version(), platform.python_version(), platform.platform())
         self.worker.start()
         self._set_idle_pause()
+        if self.settings.keep_up:
+            self.worker.submit(SetKeepUp(True))
         self._open_audio()
         self._global_key.configure(self.settings)
         self._models.load_configured()
@@ -486,6 +488,8 @@ class AppController:
         if old.numerics != settings.numerics:
             log.info("Numerics chosen: %s", settings.numerics)
             self.worker.submit(SetNumerics(settings.numerics))
+        if old.keep_up != settings.keep_up:
+            self.worker.submit(SetKeepUp(settings.keep_up))
         active = settings.active_checkpoint
         if active is not None and (active != old.active_checkpoint or settings.active_variant != old.active_variant):
             self._models.load(checked[settings.active_variant or ""])  # checked above: the active model is switching
@@ -505,8 +509,10 @@ class AppController:
 
     # ------------------------------------------------------------------ downloads
 
-    def start_download(self, repo_id: str, target: Path) -> None:
-        self._downloads.start(repo_id, target)
+    def start_download(self, repo_id: str, target: Path, layout: str) -> None:
+        """Download ``repo_id`` into ``target`` in ``layout`` (app.download_layout: the Hugging Face cache folder, or
+        Parley's folder for this checkpoint)."""
+        self._downloads.start(repo_id, target, layout)
 
     def cancel_download(self) -> None:
         self._downloads.cancel()

@@ -2,8 +2,10 @@
 
 ``download_checkpoint`` lists the repository through ``huggingface_hub`` (so ``HF_ENDPOINT``,
 ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and its error types all apply), then fetches each file itself
-from the Hub's ``resolve`` URL with HTTP ``Range`` requests into a part file kept under
-``<target>/.parley-download/``. ``hf_hub_download`` is not used for the bytes because in
+from the Hub's ``resolve`` URL with HTTP ``Range`` requests into a part file: under
+``<target>/.parley-download/`` in Parley's folder, or ``blobs/<id>.incomplete`` in the Hugging Face cache's layout
+(:mod:`app.download_layout` says where each stage of a file lives in each). ``hf_hub_download`` is not used for the
+bytes because in
 huggingface_hub 2.4 it writes every attempt to a fresh temporary file and deletes it on any
 failure, so an interrupted 5 GB shard would start again from zero.
 
@@ -50,7 +52,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final, TypeVar, cast
 from urllib.parse import urlsplit
@@ -60,6 +62,7 @@ from huggingface_hub import HfApi, constants, get_session, hf_hub_url, hf_raise_
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 from huggingface_hub.utils._headers import build_hf_headers  # huggingface_hub.utils re-exports it lazily (untyped)
 
+from .download_layout import HUB_CACHE, PARLEY_FOLDER, HubCache, Layout, Manifest, ParleyFolder
 from .download_listing import (
     REQUIRED_FILES,
     STATE_DIR,
@@ -71,7 +74,16 @@ from .download_listing import (
     listing_from_info,
 )
 
-__all__ = ["STATE_DIR", "DownloadCancelled", "DownloadError", "download_checkpoint", "format_size", "verify_download"]
+__all__ = [
+    "HUB_CACHE",
+    "PARLEY_FOLDER",
+    "STATE_DIR",
+    "DownloadCancelled",
+    "DownloadError",
+    "download_checkpoint",
+    "format_size",
+    "verify_download",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +102,6 @@ CONNECT_TIMEOUT_S: Final = 15.0
 _POLL_S: Final = 0.05  # how often blocked waits look at the cancel event
 _QUEUE_CHUNKS: Final = 64  # body chunks buffered between the network thread and the writer
 _HASH_BLOCK: Final = 8 * 1024 * 1024
-_MANIFEST_VERSION: Final = 1
 _RETRY_STATUS: Final = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -113,8 +124,13 @@ def download_checkpoint(
     on_progress: Callable[[int, int | None, str], None],
     cancel: threading.Event,
     endpoint: str | None = None,
+    layout: str = PARLEY_FOLDER,
 ) -> Path:
-    """Download every file of the model repository ``repo_id`` into ``target`` and return ``target``.
+    """Download every file of the model repository ``repo_id`` and return the folder that holds the checkpoint.
+
+    With ``layout`` ``PARLEY_FOLDER`` the files go into ``target`` itself (returned); with ``HUB_CACHE``
+    ``target`` is a Hugging Face cache folder (``app.hf_cache.hub_cache_dir()``) and the files go into its
+    ``models--…`` layout (:mod:`app.download_layout`); the snapshot folder is returned.
 
     ``on_progress(done_bytes, total_bytes, message)`` reports bytes (``total_bytes`` is ``None``
     until the repository has been listed); ``done_bytes`` only goes down when a file must be
@@ -123,24 +139,38 @@ def download_checkpoint(
     failure; in both cases what was downloaded is kept and calling again continues from there.
     ``endpoint`` overrides the Hub address (``HF_ENDPOINT``).
     """
-    download = _Download(repo_id, Path(target).expanduser(), _Progress(on_progress), cancel, endpoint)
+    target = Path(target).expanduser()
+    if layout == HUB_CACHE:
+        where: Layout = HubCache(target, repo_id)
+    elif layout == PARLEY_FOLDER:
+        where = ParleyFolder(target)
+    else:
+        raise ValueError(f"unknown download layout {layout!r}")
+    download = _Download(repo_id, target, where, _Progress(on_progress), cancel, endpoint)
     try:
         return download.run()
     except OSError as exc:
         raise download.disk_error(exc) from exc
 
 
-def verify_download(target: Path) -> None:
+def verify_download(target: Path, state_dir: Path | None = None) -> None:
     """Check that ``target`` holds a complete download; raise :class:`DownloadError` naming what is wrong.
 
-    Uses the file list recorded when the download started, so it needs no network and reads no
-    file contents: every listed file must exist with its listed size, ``config.json`` and
-    ``model.safetensors.index.json`` must exist, and every shard the index names must be present.
+    Uses the file list recorded when the download started (in ``state_dir``, by default
+    ``<target>/.parley-download``; for a snapshot in the Hugging Face cache, its repository's), so it
+    needs no network and reads no file contents: every listed file must exist with its listed size,
+    ``config.json`` and ``model.safetensors.index.json`` must exist, and every shard the index names
+    must be present.
     """
     target = Path(target).expanduser()
-    manifest = _Manifest.load(target / STATE_DIR)
+    if state_dir is None:
+        in_cache = target.parent.name == "snapshots" and not (target / STATE_DIR).is_dir()
+        state_dir = target.parent.parent / STATE_DIR if in_cache else target / STATE_DIR
+    manifest = Manifest.load(state_dir)
     if manifest is None:
         raise DownloadError(f"{target} holds no record of a download, so it cannot be checked. Download it again.")
+    if state_dir != target / STATE_DIR and manifest.commit != target.name:
+        raise DownloadError(f"{target} is not the revision last downloaded ({manifest.commit[:7]}). Download it again.")
     problems: list[str] = []
     listed = {remote.path for remote in manifest.files}
     for remote in manifest.files:
@@ -173,55 +203,6 @@ def _index_problems(target: Path, index_path: Path) -> list[str]:
 
 
 # --------------------------------------------------------------------------- on-disk state
-
-
-@dataclass
-class _Manifest:
-    """What was listed and which files are verified on disk: ``<target>/.parley-download/manifest.json``."""
-
-    repo_id: str
-    commit: str
-    files: tuple[RemoteFile, ...]
-    verified: dict[str, str] = field(default_factory=dict)  # path -> content id of the checked copy
-
-    @staticmethod
-    def path_in(state_dir: Path) -> Path:
-        return state_dir / "manifest.json"
-
-    @classmethod
-    def load(cls, state_dir: Path) -> _Manifest | None:
-        try:
-            data = json.loads(cls.path_in(state_dir).read_text(encoding="utf-8"))
-            if data.get("version") != _MANIFEST_VERSION:
-                return None
-            return cls(
-                repo_id=str(data["repo_id"]),
-                commit=str(data["commit"]),
-                files=tuple(RemoteFile.from_json(item) for item in data["files"]),
-                verified={str(k): str(v) for k, v in data["verified"].items()},
-            )
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, DownloadError) as exc:
-            log.warning("Ignoring unreadable download manifest in %s: %s", state_dir, exc)
-            return None
-
-    def save(self, state_dir: Path) -> None:
-        """Write atomically, so a crash never leaves a half-written manifest."""
-        data = {
-            "version": _MANIFEST_VERSION,
-            "repo_id": self.repo_id,
-            "commit": self.commit,
-            "files": [remote.to_json() for remote in self.files],
-            "verified": self.verified,
-        }
-        path = self.path_in(state_dir)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -387,11 +368,18 @@ class _Download:
     """One call of :func:`download_checkpoint`."""
 
     def __init__(
-        self, repo_id: str, target: Path, progress: _Progress, cancel: threading.Event, endpoint: str | None
+        self,
+        repo_id: str,
+        target: Path,
+        layout: Layout,
+        progress: _Progress,
+        cancel: threading.Event,
+        endpoint: str | None,
     ) -> None:
         self.repo_id = repo_id
-        self.target = target
-        self.state_dir = target / STATE_DIR
+        self.target = target  # what the user chose: the folder, or the Hugging Face cache
+        self.layout = layout
+        self.state_dir = layout.state_dir
         self.progress = progress
         self.cancel = cancel
         self.endpoint = endpoint
@@ -426,20 +414,46 @@ class _Download:
             finished = count - len(pending)
             for remote in sorted(pending, key=lambda item: item.size):  # small files first
                 position = f"{finished + 1} of {count} files"
-                if not self._adopt_existing(remote, position):
-                    self._fetch_file(remote, position)
+                with self._file_lock(remote):
+                    if not self._adopt_existing(remote, position):
+                        self._fetch_file(remote, position)
+                self.layout.link(remote, self.commit)
                 manifest.verified[remote.path] = remote.content_id
                 manifest.save(self.state_dir)
                 finished += 1
             with contextlib.suppress(OSError):
                 (self.state_dir / "parts").rmdir()  # only when empty
-            verify_download(self.target)
+            checkpoint = self.layout.checkpoint_dir(self.commit)
+            verify_download(checkpoint, self.state_dir)
+            self.layout.publish(self.commit)
         self.progress.report(f"Download complete ({count} of {count} files)", force=True)
-        return self.target
+        return checkpoint
 
     def _check_cancel(self) -> None:
         if self.cancel.is_set():
             raise _CancelRequested
+
+    @contextlib.contextmanager
+    def _file_lock(self, remote: RemoteFile) -> Iterator[None]:
+        """Hold the lock other programs take for ``remote``'s content (the Hugging Face cache's), waiting for it."""
+        path = self.layout.lock_path(remote)
+        if path is None:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    self.progress.report(f"Waiting for another program that is downloading {remote.path} now")
+                    if self.cancel.wait(_POLL_S):
+                        raise _CancelRequested from None
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     # ---- listing
 
@@ -511,18 +525,18 @@ class _Download:
 
     # ---- local state
 
-    def _start_manifest(self, listing: Listing) -> _Manifest:
-        old = _Manifest.load(self.state_dir)
+    def _start_manifest(self, listing: Listing) -> Manifest:
+        old = Manifest.load(self.state_dir)
         verified: dict[str, str] = {}
         if old is not None and old.repo_id == self.repo_id:
             current = {remote.path: remote.content_id for remote in listing.files}
             verified = {path: cid for path, cid in old.verified.items() if current.get(path) == cid}
-        manifest = _Manifest(self.repo_id, listing.commit, listing.files, verified)
+        manifest = Manifest(self.repo_id, listing.commit, listing.files, verified)
         manifest.save(self.state_dir)
         return manifest
 
-    def _is_verified(self, manifest: _Manifest, remote: RemoteFile) -> bool:
-        path = self.target / remote.path
+    def _is_verified(self, manifest: Manifest, remote: RemoteFile) -> bool:
+        path = self.layout.checkpoint_dir(self.commit) / remote.path
         return (
             manifest.verified.get(remote.path) == remote.content_id
             and path.is_file()
@@ -530,7 +544,11 @@ class _Download:
         )
 
     def _part_path(self, remote: RemoteFile) -> Path:
-        return self.state_dir / "parts" / f"{remote.content_id}.part"
+        return self.layout.part_path(remote)
+
+    def _stored(self, remote: RemoteFile) -> bool:
+        path = self.layout.stored_path(remote)
+        return path.is_file() and path.stat().st_size == remote.size
 
     def _part_size(self, remote: RemoteFile) -> int:
         try:
@@ -540,19 +558,16 @@ class _Download:
 
     def _remove_stale_parts(self, listing: Listing) -> None:
         """Part files of content the repository no longer lists can never be resumed."""
-        wanted = {f"{remote.content_id}.part" for remote in listing.files}
-        parts = self.state_dir / "parts"
-        if parts.is_dir():
-            for path in parts.iterdir():
-                if path.name not in wanted:
-                    path.unlink(missing_ok=True)
+        for path in self.layout.stale_parts({self._part_path(remote) for remote in listing.files}):
+            path.unlink(missing_ok=True)
 
     def _check_disk_space(self, pending: list[RemoteFile]) -> None:
-        needed = sum(remote.size - self._part_size(remote) for remote in pending)
+        # A file already stored with its size (a blob another tool fetched, say) is checked, not fetched.
+        needed = sum(remote.size - self._part_size(remote) for remote in pending if not self._stored(remote))
         if needed <= 0:
             return
         required = needed + max(DISK_MARGIN_BYTES, int(needed * DISK_MARGIN_FRACTION))
-        free = shutil.disk_usage(self.target).free
+        free = shutil.disk_usage(self.state_dir).free
         if free < required:
             raise DownloadError(
                 f"Not enough disk space for {self.repo_id}: it needs {format_size(required)} "
@@ -569,8 +584,9 @@ class _Download:
     # ---- files
 
     def _adopt_existing(self, remote: RemoteFile, position: str) -> bool:
-        """Keep a file already in place with the right size (an earlier, unrecorded download) if it checks out."""
-        path = self.target / remote.path
+        """Keep a file already in place with the right size (an earlier, unrecorded download, or a blob another
+        tool put in the Hugging Face cache) if it checks out."""
+        path = self.layout.stored_path(remote)
         if not (_Checksum.available(remote) and path.is_file() and path.stat().st_size == remote.size):
             return False
         checksum = _Checksum(remote)
@@ -597,7 +613,7 @@ class _Download:
                 )
             log.warning("%s arrived damaged; fetching it again", remote.path)
             checksum.reset()
-        destination = self.target / remote.path
+        destination = self.layout.stored_path(remote)
         destination.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, destination)
 

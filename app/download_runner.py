@@ -27,7 +27,7 @@ class DownloadRunner:
         self._post = post
         self._download: tuple[threading.Thread, threading.Event] | None = None
 
-    def start(self, repo_id: str, target: Path) -> None:
+    def start(self, repo_id: str, target: Path, layout: str) -> None:
         from .download import DownloadCancelled, DownloadError, download_checkpoint
 
         if self._download is not None and self._download[0].is_alive():
@@ -35,7 +35,7 @@ class DownloadRunner:
             return
         cancel = threading.Event()
         last = DownloadProgress(repo_id, 0, None)  # bytes done and total, to report what was kept when it stops
-        log.info("Downloading %s to %s", repo_id, target)
+        log.info("Downloading %s to %s (%s layout)", repo_id, target, layout)
 
         def progress(done: int, total: int | None, message: str) -> None:
             nonlocal last
@@ -44,7 +44,7 @@ class DownloadRunner:
 
         def run() -> None:
             try:
-                path = download_checkpoint(repo_id, Path(target), on_progress=progress, cancel=cancel)
+                path = download_checkpoint(repo_id, Path(target), on_progress=progress, cancel=cancel, layout=layout)
             except DownloadCancelled:
                 log.info("Download of %s cancelled", repo_id)
                 self._post(replace(last, message="Download cancelled; it resumes where it stopped."))

@@ -54,6 +54,11 @@ class Conversation(Protocol):
 
     def push(self, samples: np.ndarray, sample_rate: int) -> list[Event]: ...
 
+    def set_economy(self, level: int) -> None:
+        """Fast numerics: the TTS spends less per frame from the next frame (engine ``Session.set_economy``; 0
+        the full step); exact numerics refuses any level but 0 with ``ValueError``."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -189,9 +194,16 @@ class FakeConversation:
     then the frame's timing. The sample rate and the length limit are checked as the session checks them."""
 
     def __init__(
-        self, engine: FakeEngine, system_prompt: str | None, max_seconds: float | None, stage_timing_every: int
+        self,
+        engine: FakeEngine,
+        system_prompt: str | None,
+        max_seconds: float | None,
+        stage_timing_every: int,
+        numerics: str = "exact",
     ) -> None:
         self._engine = engine
+        self.numerics = numerics
+        self.economy_levels: list[tuple[int, int]] = []  # (frame index, level) of each set_economy
         self.system_prompt = system_prompt
         self._max_frames = None if max_seconds is None else int(max_seconds * 1000.0 / FRAME_MS)
         self.stage_timing_every = stage_timing_every
@@ -247,6 +259,13 @@ class FakeConversation:
         )
         self._frame_index += 1
         return events
+
+    def set_economy(self, level: int) -> None:
+        if level not in (0, 1, 2):
+            raise ValueError(f"economy level must be one of (0, 1, 2); got {level!r}")
+        if level and self.numerics != "fast":
+            raise ValueError("exact numerics never spends less per frame; switch to fast numerics first")
+        self.economy_levels.append((self._frame_index, level))
 
     def close(self) -> None:
         self.closed = True
@@ -306,6 +325,7 @@ class FakeEngine:
         seed: int = 0,
         stage_timing_every: int = 0,
     ) -> FakeConversation:
-        conversation = FakeConversation(self, system_prompt, max_seconds, stage_timing_every)
+        numerics = model.numerics if isinstance(model, FakeModel) else "exact"
+        conversation = FakeConversation(self, system_prompt, max_seconds, stage_timing_every, numerics)
         self.conversations.append(conversation)
         return conversation

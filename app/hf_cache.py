@@ -7,7 +7,8 @@ checkpoint — its config says so, or its repository's name does — becomes one
 quantization (read from the snapshot's config by the engine's reader), size and revision, and whether it is
 complete. A snapshot is complete when the files a checkpoint folder holds are all there (config, tokenizer, the
 shard index and every shard it lists) and the engine's header check passes (no truncated shard, every tensor of
-the layout present); otherwise the entry says what is missing and is never offered as ready. A complete one is
+the layout present) and a Parley download into the cache that listed it has every file in place; otherwise the
+entry says what is missing and is never offered as ready. A complete one is
 used in place: the model settings get the snapshot folder, nothing is copied. No Qt; MLX only inside the header
 check (imported when a listing is made, never at import).
 """
@@ -19,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.download_layout import unfinished_files
 from app.variants import Variant, variant_for_checkpoint, variant_for_repo
 
 log = logging.getLogger(__name__)
@@ -176,8 +178,10 @@ def _describe(repo_id: str, revision: str, refs: tuple[str, ...], snapshot: Path
 
 
 def _missing_files(snapshot: Path) -> tuple[str, ...]:
-    """The checkpoint files absent from ``snapshot`` (a dangling link counts as absent)."""
+    """The checkpoint files absent from ``snapshot`` (a dangling link counts as absent), and those a Parley download
+    into the cache listed for this revision and has not finished (it links a file only once it checks out)."""
     missing = [name for name in (CONFIG_FILE, TOKENIZER_FILE) if not (snapshot / name).is_file()]
+    missing.extend(name for name in unfinished_files(snapshot) if name not in missing)
     index = snapshot / INDEX_FILE
     if index.is_file():
         try:
@@ -188,7 +192,7 @@ def _missing_files(snapshot: Path) -> tuple[str, ...]:
     elif not (snapshot / SINGLE_FILE).is_file():
         # The published repositories are sharded: without the index the shard list is unknown.
         missing.append(INDEX_FILE)
-    return tuple(missing)
+    return tuple(dict.fromkeys(missing))  # each once, in the order found
 
 
 def _header_problem(snapshot: Path) -> str | None:

@@ -128,6 +128,7 @@ class FrameStats:
     exact_every: int = 25  # one frame in this many is timed stage by stage
     echo: EchoSummary | None = None  # hands-free: what the echo canceller did (None in push-to-talk)
     output_skipped_s: float = 0.0  # silence between turns skipped to win back the delay that underruns added
+    economy_level: int = 0  # fast numerics' TTS economy the next frame runs at (app.keep_up; 0: the full step)
 
 
 @dataclass(frozen=True)

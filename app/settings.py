@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from .download_layout import DOWNLOAD_LAYOUTS
 from .files import write_private_text_file
 from .paths import config_dir
 from .variants import MODEL_VARIANTS, variant
@@ -85,9 +86,16 @@ class Settings:
     history: bool = True  # keep every conversation in the history folder
     history_limit_gb: float = DEFAULT_HISTORY_LIMIT_GB  # the oldest conversations go beyond this
     numerics: str = "exact"  # one of NUMERICS_MODES
+    keep_up: bool = False  # fast mode only: spend less per frame while frames fall behind (app.keep_up)
+    download_layout: str = DOWNLOAD_LAYOUTS[0]  # where a new download goes: the Hugging Face cache, or "parley"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("talk_mode", TALK_MODES), ("theme", THEMES), ("numerics", NUMERICS_MODES)):
+        for name, allowed in (
+            ("talk_mode", TALK_MODES),
+            ("theme", THEMES),
+            ("numerics", NUMERICS_MODES),
+            ("download_layout", DOWNLOAD_LAYOUTS),
+        ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
@@ -277,6 +285,7 @@ def _coerce(name: str, value: Any) -> Any:
         "global_talk_key_enabled",
         "keep_in_tray",
         "history",
+        "keep_up",
     ):
         if not isinstance(value, bool):
             raise TypeError(f"expected true or false, got {type(value).__name__}")

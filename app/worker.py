@@ -64,6 +64,7 @@ from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_
 
 from .audio_port import AudioCounters, AudioPort
 from .engine_port import Conversation, EnginePort, LoadedModel, MLXEngine
+from .keep_up import ECONOMY_NAMES, KeepUpPolicy
 from .messages import (
     AppState,
     ConversationCleared,
@@ -149,6 +150,13 @@ class SetIdlePause:
 
 
 @dataclass(frozen=True)
+class SetKeepUp:
+    """Fast numerics: let the TTS spend less per frame while frames fall behind (app.keep_up), or never."""
+
+    enabled: bool
+
+
+@dataclass(frozen=True)
 class Sleep:
     """The user pressed Stop: the open conversation sleeps now (no frames, no clock) until the talk key."""
 
@@ -160,7 +168,9 @@ class Shutdown:
     pass
 
 
-Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Sleep | Shutdown
+Command = (
+    Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | SetKeepUp | Sleep | Shutdown
+)
 
 
 @dataclass
@@ -254,6 +264,7 @@ class EngineWorker(threading.Thread):
         self._idle_pause: SetIdlePause | None = None
         self._last_good: Load | None = None  # the last load that worked: reloaded if a later one fails
         self._numerics: Numerics = "exact"  # what the loaded model runs with
+        self._keep_up: KeepUpPolicy | None = None  # the economy policy, when the user opted in (SetKeepUp)
 
     # ------------------------------------------------------------------ any thread
 
@@ -315,6 +326,8 @@ class EngineWorker(threading.Thread):
                     self._pause(command.reason)
             elif isinstance(command, SetNumerics):
                 self._set_numerics(command.numerics)
+            elif isinstance(command, SetKeepUp):
+                self._set_keep_up(command.enabled)
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
             self._fail(f"{command.__class__.__name__} failed: {exc}", exc)
 
@@ -441,6 +454,33 @@ class EngineWorker(threading.Thread):
         self._emit(NumericsChanged(numerics, dict(voicechat.fast_changes)))
         self._fresh_conversation()
 
+    def _set_keep_up(self, enabled: bool) -> None:
+        if enabled == (self._keep_up is not None):
+            return
+        if not enabled and self._keep_up is not None and self._keep_up.level and self._session is not None:
+            self._session.set_economy(0)  # the full step from the next frame
+        self._keep_up = KeepUpPolicy() if enabled else None
+        log.info("Keeping up when slow: %s", "on (fast numerics only)" if enabled else "off")
+
+    def _keep_up_after(self, timing: FrameTiming, backlog: int) -> int:
+        """The economy level the next frame runs at, changed by the policy where the user opted in (fast numerics:
+        exact never changes its numbers)."""
+        policy, session = self._keep_up, self._session
+        if policy is None or session is None or self._numerics != "fast":
+            return 0
+        level = policy.observe(timing.total_ms, backlog)
+        if level is not None:
+            session.set_economy(level)
+            log.info(
+                "Frame %d took %.0f ms with %d frames waiting: the voice now runs at economy level %d (%s)",
+                timing.frame_index,
+                timing.total_ms,
+                backlog,
+                level,
+                ECONOMY_NAMES[level],
+            )
+        return policy.level
+
     def _fresh_conversation(self) -> None:
         """End the open conversation and prepare the next, which waits for the talk key like after a load."""
         self._prepare_session()
@@ -453,6 +493,8 @@ class EngineWorker(threading.Thread):
         self._close_session()  # also keeps the old conversation's unread microphone audio out of the next one
         if self._voicechat is None:
             return
+        if self._keep_up is not None:
+            self._keep_up.reset()  # a new session runs the full step
         # One frame in N pays for exact per-stage times (the profiler's policy); the others keep the fast path.
         self._session = self._engine.start_conversation(
             self._voicechat,
@@ -550,8 +592,20 @@ class EngineWorker(threading.Thread):
         counters = self._audio.counters().since(self._counters_start)
         backlog = counters.backlog_frames
         lost, underruns, skipped = counters.input_lost_s, counters.output_underruns, counters.output_skipped_s
+        economy = self._keep_up_after(timing, backlog)
         self._emit(
-            FrameStats(timing, backlog, lost, underruns, p50, p95, rtf, self.exact_every, output_skipped_s=skipped)
+            FrameStats(
+                timing,
+                backlog,
+                lost,
+                underruns,
+                p50,
+                p95,
+                rtf,
+                self.exact_every,
+                output_skipped_s=skipped,
+                economy_level=economy,
+            )
         )
         elapsed = (timing.frame_index + 1) * FRAME_SECONDS
         if timing.frame_index % 12 == 0:

@@ -54,7 +54,7 @@ from .networks.rnnt import (
     next_first_pass,
     rnnt_propose,
 )
-from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
+from .networks.tts import ECONOMY_LEVELS, SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
 from .tool_turn import HeldFrames, encoded_silence, silent_chunk
 from .tools import ToolCallParser, ToolResult, tool_response_ids
@@ -661,6 +661,21 @@ class Session:
         self._pending = np.zeros(0, dtype=np.float32)
         self._pending_calls = ()
         self._held.clear()
+
+    def set_economy(self, level: int) -> None:
+        """Fast numerics only: from the next frame on, the TTS spends less per frame at ``level`` (0 the full step;
+        :data:`engine.networks.tts.ECONOMY_LEVELS`; docs/numerics.md "Keeping up"). Exact numerics refuses any
+        level but 0 with ``ValueError``: it never changes its numbers."""
+        if level not in ECONOMY_LEVELS:
+            raise ValueError(f"economy level must be one of {ECONOMY_LEVELS}; got {level!r}")
+        if level and self._speech.tts_model.fast is None:
+            raise ValueError("exact numerics never spends less per frame; switch to fast numerics first")
+        self.caches.tts.economy = level
+
+    @property
+    def economy(self) -> int:
+        """The TTS's economy level (:meth:`set_economy`)."""
+        return self.caches.tts.economy
 
     def age(self, positions: int, *, seed: int = 0) -> None:
         """Make the conversation ``positions`` frames older: every attention cache that grows (the LLM's and the

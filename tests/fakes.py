@@ -236,8 +236,8 @@ class FakeController:
         self._record("start_demo")
         self._load("Demo checkpoint", Path("/tmp/parley-demo"), DEMO)
 
-    def start_download(self, repo_id: str, target: Path) -> None:
-        self._record("start_download", repo_id, target)
+    def start_download(self, repo_id: str, target: Path, layout: str) -> None:
+        self._record("start_download", repo_id, target, layout)
         self.queue(DownloadProgress(repo_id, 0, 9_200_000_000, "Connecting"))
 
     def cancel_download(self) -> None:

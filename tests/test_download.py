@@ -678,7 +678,7 @@ def test_a_nul_in_a_listed_name_reaches_the_user_as_a_message(
     monkeypatch.setattr(download, "download_checkpoint", functools.partial(download_checkpoint, endpoint=hub.url))
     controller = build_controller(Settings(), history=False)
 
-    controller.start_download(REPO, tmp_path / "model")
+    controller.start_download(REPO, tmp_path / "model", download.PARLEY_FOLDER)
 
     failure = wait_for_failure(controller)
     assert "unsafe name" in failure.message and "weights\\x00.bin" in failure.message
@@ -693,7 +693,7 @@ def test_an_unexpected_error_in_the_download_thread_reaches_the_user(
     monkeypatch.setattr(download, "download_checkpoint", broken)
     controller = build_controller(Settings(), history=False)
 
-    controller.start_download(REPO, tmp_path / "model")
+    controller.start_download(REPO, tmp_path / "model", download.PARLEY_FOLDER)
 
     failure = wait_for_failure(controller)
     assert "failed unexpectedly" in failure.message and "embedded null byte" in failure.message

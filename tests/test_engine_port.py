@@ -16,7 +16,7 @@ import pytest
 from app.audio_port import AudioPort
 from app.engine_port import EnginePort, FakeEngine, FakeModel, MLXEngine
 from app.messages import AppState, EngineInfo, EngineState, Failure, FrameStats, ModelLoaded, SpeedCheck
-from app.worker import EngineWorker, Load, NewConversation, StartConversation
+from app.worker import EngineWorker, Load, NewConversation, SetKeepUp, StartConversation
 from engine.events import AssistantTextDelta
 from tests.fakes import ScriptedAudio
 
@@ -121,3 +121,56 @@ def test_both_engines_are_ports_and_the_real_one_refuses_a_model_it_did_not_load
         FakeEngine().check_numerics("quick")
     partial = FakeEngine().start_conversation(FakeModel(tmp_path), system_prompt=None, max_seconds=None)
     assert partial.push(np.zeros(100, np.float32), 16_000) == [], "less than a frame completes none"
+
+
+def run_frames(run: Harness, count: int) -> list[FrameStats]:
+    return [m for m in run.until(FrameStats, count) if isinstance(m, FrameStats)]
+
+
+def test_keeping_up_spends_less_while_frames_are_slow_and_comes_back_once_they_are_quick(
+    harness, tmp_path: Path
+) -> None:
+    engine = FakeEngine(frame_ms=100.0)
+    run = harness(engine, speed_check=False)
+    run.worker.submit(SetKeepUp(True))
+    run.worker.submit(Load(tmp_path, numerics="fast"))
+    run.until(ModelLoaded)
+    run.worker.submit(StartConversation())
+    slow = run_frames(run, 8)
+    conversation = engine.conversations[-1]
+    # Set after frame 0 (100 ms: behind) for frame 1 on; no further by default (guidance stays).
+    assert conversation.economy_levels == [(1, 1)]
+    assert [s.economy_level for s in slow] == [1] * 8  # the level the next frame runs at
+    engine.frame_ms = 30.0  # the machine catches up
+    quick = run_frames(run, 80)
+    assert [level for _, level in conversation.economy_levels] == [1, 0]
+    back = [s.timing.frame_index for s in quick if s.economy_level == 0]
+    assert back and all(s.economy_level == 0 for s in quick if s.timing.frame_index >= back[0])
+
+    run.worker.submit(SetKeepUp(False))  # off again: nothing more changes, however slow
+    run_frames(run, 3)  # the command is taken between two frames
+    before = list(conversation.economy_levels)
+    engine.frame_ms = 150.0
+    assert all(s.economy_level == 0 for s in run_frames(run, 8))
+    assert conversation.economy_levels == before
+
+
+def test_keeping_up_never_touches_exact_numerics_nor_a_user_who_did_not_opt_in(harness, tmp_path: Path) -> None:
+    engine = FakeEngine(frame_ms=120.0)
+    run = harness(engine, speed_check=False)
+    run.worker.submit(SetKeepUp(True))
+    run.worker.submit(Load(tmp_path, numerics="exact"))
+    run.until(ModelLoaded)
+    run.worker.submit(StartConversation())
+    assert all(s.economy_level == 0 for s in run_frames(run, 10))
+    assert engine.conversations[-1].economy_levels == []
+
+    opted_out = FakeEngine(frame_ms=120.0)
+    run = harness(opted_out, speed_check=False)
+    run.worker.submit(Load(tmp_path, numerics="fast"))
+    run.until(ModelLoaded)
+    run.worker.submit(StartConversation())
+    assert all(s.economy_level == 0 for s in run_frames(run, 10))
+    assert opted_out.conversations[-1].economy_levels == []
+    with pytest.raises(ValueError, match="exact numerics never"):
+        FakeEngine().start_conversation(FakeModel(tmp_path), system_prompt=None, max_seconds=None).set_economy(1)

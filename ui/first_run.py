@@ -30,12 +30,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.download_layout import HUB_CACHE
+from app.hf_cache import hub_cache_dir
 from app.messages import AppState, DownloadProgress, ModelLoaded, SpeedCheck, StateChanged
 from app.paths import models_dir, resource_path
 from app.variants import MODEL_VARIANTS, Q4, variant
 
 from .cached_models import CachedModelsCard
 from .contracts import Controller
+from .download_choice import DownloadLayoutChoice
 from .download_status import DownloadStatus
 from .theme import text_label
 
@@ -142,16 +145,12 @@ class FirstRunPage(QWidget):
         grid.setColumnStretch(1, 1)
         layout.addLayout(grid)
 
-        target_row = QHBoxLayout()
-        self.target_label = text_label("", card, "muted")
-        change = QPushButton("Change…", card)
-        change.setProperty("kind", "link")
-        change.setAccessibleName("Change the download folder")
-        change.clicked.connect(self._choose_download_root)
-        self.change_target_button = change
-        target_row.addWidget(self.target_label, 1)
-        target_row.addWidget(change)
-        layout.addLayout(target_row)
+        layout.addWidget(text_label("Save it in", card, "heading"))
+        self.layout_choice = DownloadLayoutChoice(self._download_root, card, can_change_folder=True)
+        self.layout_choice.set_layout_choice(self._controller.settings.download_layout)
+        self.layout_choice.changed.connect(self._layout_chosen)
+        self.layout_choice.change_folder_requested.connect(self._choose_download_root)
+        layout.addWidget(self.layout_choice)
 
         self.download_progress = QProgressBar(card)
         self.download_progress.setAccessibleName("Download progress")
@@ -163,7 +162,6 @@ class FirstRunPage(QWidget):
         progress_row.addWidget(self.cancel_button)
         layout.addWidget(self.download_progress)
         layout.addLayout(progress_row)
-        self._update_target_label()
         return card
 
     def _build_other_sources(self, parent: QWidget) -> QWidget:
@@ -220,7 +218,10 @@ class FirstRunPage(QWidget):
     # -- user actions ----------------------------------------------------------------------------------------------
 
     def download_target(self, key: str) -> Path:
-        """Where the variant ``key`` is downloaded to: ``<download folder>/<repository name>``."""
+        """Where the variant ``key`` is downloaded to: the Hugging Face cache folder (its ``models--…`` layout), or
+        ``<Parley's download folder>/<repository name>``, as chosen."""
+        if self.layout_choice.layout_choice == HUB_CACHE:
+            return hub_cache_dir()
         return self._download_root / variant(key).folder_name
 
     def start_download(self, key: str) -> None:
@@ -228,7 +229,7 @@ class FirstRunPage(QWidget):
         assert repo is not None
         self._downloading = repo
         self._status.reset()
-        self._controller.start_download(repo, self.download_target(key))
+        self._controller.start_download(repo, self.download_target(key), self.layout_choice.layout_choice)
         self._set_downloading(True)
         self.download_progress.setRange(0, 0)
         self.download_text.setText(f"Starting the download of {repo}…")
@@ -256,7 +257,13 @@ class FirstRunPage(QWidget):
         chosen = QFileDialog.getExistingDirectory(self, "Download models into", str(self._download_root))
         if chosen:
             self._download_root = Path(chosen)
-            self._update_target_label()
+            self.layout_choice.set_parley_folder(self._download_root)
+
+    def _layout_chosen(self, layout: str) -> None:
+        """Remembered at once (saved with the settings), so Settings → Model and the next launch agree."""
+        settings = self._controller.settings
+        if settings.download_layout != layout:
+            self._controller.apply_settings(settings.with_changes(download_layout=layout))
 
     # -- messages from the app core --------------------------------------------------------------------------------
 
@@ -409,7 +416,7 @@ class FirstRunPage(QWidget):
     def _set_buttons_enabled(self, enabled: bool) -> None:
         for button in (*self.download_buttons.values(), self.folder_button, self.demo_button):
             button.setEnabled(enabled and self._downloading is None)
-        self.change_target_button.setEnabled(enabled and self._downloading is None)
+        self.layout_choice.setEnabled(enabled and self._downloading is None)
 
     def _set_downloading(self, downloading: bool) -> None:
         self.download_progress.setVisible(downloading)
@@ -417,8 +424,4 @@ class FirstRunPage(QWidget):
         self.download_text.setVisible(downloading or bool(self.download_text.text()))
         for button in (*self.download_buttons.values(), self.folder_button, self.demo_button):
             button.setEnabled(not downloading)
-        self.change_target_button.setEnabled(not downloading)
-
-    def _update_target_label(self) -> None:
-        self.target_label.setText(f"Saved in {self._download_root}")
-        self.target_label.setToolTip(str(self._download_root))
+        self.layout_choice.setEnabled(not downloading)

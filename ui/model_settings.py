@@ -17,6 +17,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import (
     QButtonGroup,
+    QCheckBox,
     QFileDialog,
     QFormLayout,
     QGroupBox,
@@ -29,11 +30,13 @@ from PySide6.QtWidgets import (
 )
 
 from app.messages import AppState, StateChanged
+from app.paths import models_dir
 from app.settings import Settings
 from app.variants import MODEL_VARIANTS, Variant, variant
 
 from .cached_models import CachedModelsSection
 from .contracts import Controller
+from .download_choice import DownloadLayoutChoice
 from .theme import muted_label, repolish
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,11 @@ NUMERICS_NOTE = (
     "more on a large GPU, and half the memory a long conversation adds; results differ from the reference in the "
     "last digits, so speech, and now and then a word, can come out differently. Exact is the reference, bit for "
     "bit. Switching (on Save) needs no reload; the next conversation waits for the talk key."
+)
+KEEP_UP_NOTE = (
+    "On a machine too slow for the 80 ms frame (memory-bound Macs), fast mode can spend less on the voice while it "
+    "falls behind (two refinement samples instead of five) and return to full quality once it catches up. The "
+    "overlay says when. The voice may sound a little different; the words do not change. Exact never does this."
 )
 
 
@@ -128,6 +136,16 @@ class ModelSettingsPage(QWidget):
         numerics_box = QVBoxLayout(numerics)
         numerics_box.addLayout(choice)
         numerics_box.addWidget(muted_label(NUMERICS_NOTE, numerics))
+        self.keep_up_check = QCheckBox("Keep up when slow (fast mode): spend less on the voice while behind", numerics)
+        self.keep_up_check.setAccessibleName("Keep up when frames fall behind, in fast mode")
+        numerics_box.addWidget(self.keep_up_check)
+        self.fast_radio.toggled.connect(self.keep_up_check.setEnabled)  # kept when exact is picked, used only in fast
+        self.keep_up_check.setEnabled(False)
+        numerics_box.addWidget(muted_label(KEEP_UP_NOTE, numerics))
+
+        downloads = QGroupBox("New downloads go into", self)
+        self.download_choice = DownloadLayoutChoice(models_dir(), downloads)
+        QVBoxLayout(downloads).addWidget(self.download_choice)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 12, 4, 4)
@@ -136,12 +154,22 @@ class ModelSettingsPage(QWidget):
         layout.addWidget(cached)
         layout.addWidget(active)
         layout.addWidget(numerics)
+        layout.addWidget(downloads)
         layout.addStretch(1)
 
     @property
     def numerics(self) -> str:
         """The numerics chosen here: "exact" or "fast"."""
         return "fast" if self.fast_radio.isChecked() else "exact"
+
+    @property
+    def keep_up(self) -> bool:
+        return self.keep_up_check.isChecked()
+
+    @property
+    def download_layout(self) -> str:
+        """Where new downloads go, as chosen here (app.download_layout.DOWNLOAD_LAYOUTS)."""
+        return self.download_choice.layout_choice
 
     @property
     def variant(self) -> str | None:
@@ -153,6 +181,8 @@ class ModelSettingsPage(QWidget):
         self._picked = None
         self.exact_radio.setChecked(settings.numerics == "exact")
         self.fast_radio.setChecked(settings.numerics == "fast")
+        self.keep_up_check.setChecked(settings.keep_up)
+        self.download_choice.set_layout_choice(settings.download_layout)
         for key, edit in self.folder_edits.items():
             folder = settings.checkpoint_for(key)
             edit.setText("" if folder is None else str(folder))

@@ -174,6 +174,21 @@ def figures(stats: FrameStats, latency: TurnLatency | None = None) -> list[Figur
             f"{stats.output_skipped_s:.1f} s of silence between turns skipped since, to win the delay back.",
         ),
     ]
+    if stats.economy_level:  # keeping up (Settings → Model): the voice spends less per frame while behind
+        shown.append(
+            Figure(
+                f"voice economy {stats.economy_level}",
+                "warning",
+                f"Frames fell behind the {FRAME_MS:.0f} ms budget, so fast mode's voice spends less per frame: "
+                + (
+                    "fewer refinement samples"
+                    if stats.economy_level == 1
+                    else "fewer refinement samples and no guidance"
+                )
+                + ". The words are the same; the voice may sound a little different. It returns to full quality "
+                "after 2 s of quick frames (Settings → Model → Keep up when slow).",
+            )
+        )
     echo = stats.echo
     if echo is not None:  # hands-free
         missing = echo.reference_share < 0.95

@@ -394,6 +394,8 @@ class SettingsDialog(QDialog):
             history_limit_gb=round(float(self.history_limit.value()), 1),
             keep_in_tray=self.tray_check.isChecked(),
             numerics=self.model_page.numerics,
+            keep_up=self.model_page.keep_up,
+            download_layout=self.model_page.download_layout,
         )
 
     def accept(self) -> None:

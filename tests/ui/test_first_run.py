@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtWidgets import QFileDialog
+from pytestqt.qtbot import QtBot
 
+from app.download_layout import HUB_CACHE, PARLEY_FOLDER
+from app.hf_cache import hub_cache_dir
 from app.messages import AppState, DownloadProgress, EngineState, Failure, LoadProgress, ModelLoaded, SpeedCheck
 from app.settings import Settings
 from app.variants import Q4
@@ -39,9 +42,10 @@ def test_download_buttons_start_the_right_download(
     first_run_window: MainWindow, fresh: FakeController, tmp_path: Path
 ) -> None:
     page = first_run_window.first_run
+    page.layout_choice.parley_radio.click()
     page.download_buttons["8bit"].click()
-    ((repo, target),) = fresh.calls_to("start_download")
-    assert repo == REPO_8
+    ((repo, target, layout),) = fresh.calls_to("start_download")
+    assert repo == REPO_8 and layout == PARLEY_FOLDER
     assert target == tmp_path / "data" / "Parley" / "models" / "NemotronLabs-VoiceChat-11B-8bit"
     assert page.cancel_button.isVisibleTo(page) and not page.download_buttons["4bit"].isEnabled()
 
@@ -210,3 +214,41 @@ def test_the_first_press_of_the_talk_key_starts_the_demo(first_run_window: MainW
     assert first_run_window.status.conversation and first_run_window.indicator.text() == "Listening"
     key(QEvent.Type.KeyRelease)
     assert fresh.calls_to("set_talking") == [(True,), (False,)]
+
+
+def test_downloads_go_to_the_hugging_face_cache_unless_parleys_folder_is_chosen(
+    first_run_window: MainWindow, fresh: FakeController, tmp_path: Path
+) -> None:
+    page = first_run_window.first_run
+    choice = page.layout_choice
+    assert fresh.settings.download_layout == HUB_CACHE and choice.cache_radio.isChecked()  # the default, said
+    assert "default" in choice.cache_radio.text() and str(hub_cache_dir()) in choice.cache_path.text()
+    assert choice.change_button is not None and not choice.change_button.isEnabled()  # Change… is for Parley's folder
+    page.download_buttons["4bit"].click()
+    assert fresh.calls_to("start_download")[-1] == (REPO_4, hub_cache_dir(), HUB_CACHE)
+    page.cancel_button.click()
+
+    choice.parley_radio.click()  # remembered at once: saved with the settings
+    assert fresh.settings.download_layout == PARLEY_FOLDER and choice.change_button.isEnabled()
+    assert [call[0].download_layout for call in fresh.calls_to("apply_settings")] == [PARLEY_FOLDER]
+    page.download_buttons["4bit"].click()
+    models = tmp_path / "data" / "Parley" / "models"
+    assert fresh.calls_to("start_download")[-1] == (REPO_4, models / Q4.folder_name, PARLEY_FOLDER)
+
+
+def test_the_download_choice_screenshots(
+    make_window: Callable[[FakeController], MainWindow], tmp_path: Path, qtbot: QtBot
+) -> None:
+    """Renders the welcome page with each choice (into /tmp/h54-shots when PARLEY_SHOTS is set, for a person)."""
+    import os
+
+    shots = Path(os.environ.get("PARLEY_SHOTS", tmp_path / "shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    for layout in (HUB_CACHE, PARLEY_FOLDER):
+        controller = FakeController(Settings(theme="light", download_layout=layout), log_dir=tmp_path / "logs")
+        window = make_window(controller)
+        window.resize(900, 1000)
+        page = window.first_run
+        assert page.layout_choice.layout_choice == layout
+        page.download_card.grab().save(str(shots / f"welcome-download-{layout}.png"))
+        assert (shots / f"welcome-download-{layout}.png").stat().st_size > 0

@@ -214,3 +214,23 @@ def test_hands_free_adds_the_echo_cancellers_figure(qtbot: QtBot, tmp_path: Path
     overlay.add_stats(replace(make_frame_stats(2), echo=EchoSummary(1.4, 0.6, 12)))
     assert figures(overlay.latest)[-1].role == "warning", "the speaker's signal was missing"  # type: ignore[arg-type]
     overlay.grab().save(str(tmp_path / "overlay-hands-free.png"))
+
+
+def test_the_overlay_says_when_the_voice_economises_to_keep_up(qtbot: QtBot) -> None:
+    import os
+
+    overlay = make_overlay(qtbot)
+    for index in range(40):
+        overlay.add_stats(make_frame_stats(index, (8.0, 4.0, 50.0, 30.0, 6.0), other=2.0, backlog=3))
+    assert not [f for f in figures(overlay.latest) if "economy" in f.text]  # type: ignore[arg-type]
+    overlay.add_stats(
+        dataclasses.replace(make_frame_stats(40, (8.0, 4.0, 50.0, 30.0, 6.0), backlog=3), economy_level=2)
+    )
+    (economy,) = [f for f in figures(overlay.latest) if "economy" in f.text]  # type: ignore[arg-type]
+    assert economy.text == "voice economy 2" and economy.role == "warning"
+    assert "no guidance" in economy.meaning and "2 s of quick frames" in economy.meaning
+    assert "voice economy 2" in overlay.accessibleDescription()
+    shots = Path(os.environ.get("PARLEY_SHOTS", "")) if os.environ.get("PARLEY_SHOTS") else None
+    if shots is not None:
+        overlay.resize(1000, overlay.height())
+        overlay.grab().save(str(shots / "overlay-voice-economy.png"))

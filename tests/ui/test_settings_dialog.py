@@ -33,6 +33,8 @@ def custom(model_dirs: dict[str, Path]) -> Settings:
         overlay=False,
         theme="dark",
         window_geometry="AdnQywADAAA=",
+        keep_up=True,
+        download_layout="parley",
     )
 
 
@@ -70,6 +72,12 @@ def test_save_applies_the_edited_settings(qtbot: QtBot, custom: Settings) -> Non
     dialog.prompt_edit.setPlainText("You are terse.")
     dialog.refresh_devices()
     dialog.input_combo.setCurrentIndex(0)  # system default
+    assert dialog.model_page.download_choice.parley_radio.isChecked() and dialog.model_page.keep_up_check.isChecked()
+    dialog.model_page.download_choice.cache_radio.click()
+    assert not dialog.model_page.keep_up_check.isEnabled()  # exact numerics: the choice waits for fast
+    dialog.model_page.fast_radio.setChecked(True)
+    assert dialog.model_page.keep_up_check.isEnabled()
+    dialog.model_page.keep_up_check.setChecked(False)
     with qtbot.waitSignal(dialog.accepted):
         dialog.buttons.button(dialog.buttons.StandardButton.Save).click()
     expected = custom.with_changes(
@@ -79,6 +87,9 @@ def test_save_applies_the_edited_settings(qtbot: QtBot, custom: Settings) -> Non
         idle_pause=True,
         system_prompt="You are terse.",
         input_device=None,
+        download_layout="hf-cache",
+        keep_up=False,
+        numerics="fast",
     )
     assert fake.calls_to("apply_settings") == [(expected,)]
 

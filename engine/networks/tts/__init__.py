@@ -4,6 +4,7 @@
 
 from .backbone import GUIDED_ROWS, Backbone, BackboneAttention, BackboneLayer, GemmaRMSNorm, LayerRowParts
 from .ear_tts import (
+    ECONOMY_LEVELS,
     EarTTS,
     GatedFusion,
     RefinementRound,
@@ -17,6 +18,7 @@ from .mixture import MixtureHead, MixtureLayer, MixtureRowParts
 from .state import LayerCache, TTSCache
 
 __all__ = [
+    "ECONOMY_LEVELS",
     "GUIDED_ROWS",
     "Backbone",
     "BackboneAttention",

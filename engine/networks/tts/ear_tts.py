@@ -43,6 +43,17 @@ from .subword import CharacterTable, CharAwareSubwordEncoder, DeviceSpelling, Fl
 # Text tokens whose conditioning is memoised (about 4.6 KB each at full size).
 _CONDITION_MEMO_SIZE = 8192
 
+# How much a fast step spends less while the machine falls behind (TTSCache.economy, set through
+# engine.session.Session.set_economy; docs/numerics.md "Keeping up"): 0 the full step; 1 the MoG head samples a
+# latent for the first ECONOMY_SAMPLED_ROUNDS MaskGIT rounds only, and the later rounds' quantizers are fitted to the
+# last latent drawn (greedy residual VQ goes on from its residual); 2 that, with classifier-free guidance off: the
+# MoG head runs on the text-conditioned row alone. The backbone still runs both rows, so its caches stay those of
+# the full step and a step back at 0 continues as if nothing had been skipped; where a step's draws are made at once
+# (EarTTS.step_draws) the skipped rounds' draws are still made and left unused, so the random stream stays the full
+# step's too.
+ECONOMY_LEVELS = (0, 1, 2)
+ECONOMY_SAMPLED_ROUNDS = 2
+
 # --------------------------------------------------------------------------- fusion
 
 
@@ -369,6 +380,11 @@ class EarTTS(nn.Module):
         previous_code_sum, text_id, condition = x.previous_code_sum, x.text_id, x.condition
         probe = hooks.sub_stage if hooks.sub_stages else None
         cache = state
+        economy = state.economy
+        if economy not in ECONOMY_LEVELS:
+            raise ValueError(f"TTS economy level must be one of {ECONOMY_LEVELS}; got {economy!r}")
+        if economy and self.fast is None:
+            raise ValueError("exact numerics never spends less per frame: its TTS economy level must be 0")
         if previous_code_sum is None:
             previous_code_sum = self.code_sum(previous_code)
         audio = self.embed_code(previous_code_sum)
@@ -394,11 +410,11 @@ class EarTTS(nn.Module):
             draw_key = cache.draw_key if cache.draw_key is not None else cast(list[mx.array], mx.random.state)[0]
         # Probing times every round, which needs the op-by-op form (a compiled call cannot be split).
         if probe is None:
-            codes, code_sum, next_key = self._refine(hidden, draw_key)
+            codes, code_sum, next_key = self._refine(hidden, draw_key, economy)
         elif draw_key is None:
-            (codes, code_sum), next_key = self._refine_ops(hidden, probe), None
+            (codes, code_sum), next_key = self._refine_ops(hidden, probe, economy=economy), None
         else:
-            codes, code_sum, next_key = self._refine_drawn(hidden, draw_key, probe)
+            codes, code_sum, next_key = self._refine_drawn(hidden, draw_key, probe, economy)
         if next_key is not None:
             cache.draw_key = next_key
         return TTSStepResult(codes=codes, hidden=hidden, code_sum=code_sum)
@@ -463,16 +479,22 @@ class EarTTS(nn.Module):
             del programs[key]
         self.backbone._traced_steps.clear()
 
-    def _refine(self, hidden: mx.array, draw_key: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array | None]:
+    def _refine(
+        self, hidden: mx.array, draw_key: mx.array | None = None, economy: int = 0
+    ) -> tuple[mx.array, mx.array, mx.array | None]:
         """:meth:`_refine_ops` compiled for one position (drawing from the global generator, or with ``draw_key``
-        through :meth:`_refine_drawn`); also returns the key after the draws (None without ``draw_key``)."""
+        through :meth:`_refine_drawn`), one program per economy level; also returns the key after the draws (None
+        without ``draw_key``)."""
         if hidden.shape[1] != 1:
-            return (*self._refine_ops(hidden), None)
+            return (*self._refine_ops(hidden, economy=economy), None)
         programs = self._compiled_refines
         rounds = tuple(sorted(self.nearest_rounds.items(), key=lambda item: item[0]))
-        key = (self.nearest_code, rounds, self.mog_head.rows, None if draw_key is None else self.step_draws)
+        key = (self.nearest_code, rounds, self.mog_head.rows, None if draw_key is None else self.step_draws, economy)
         if key not in programs:
-            programs[key] = jit(self._refine_ops, draws_random=True) if draw_key is None else jit(self._refine_drawn)
+            # The full step's program is the method itself, as before economy levels existed.
+            ops = self._refine_ops if economy == 0 else functools.partial(self._refine_ops, economy=economy)
+            drawn = self._refine_drawn if economy == 0 else functools.partial(self._refine_drawn, economy=economy)
+            programs[key] = jit(ops, draws_random=True) if draw_key is None else jit(drawn)
         if draw_key is None:
             drawn_globally: tuple[mx.array, mx.array] = programs[key](hidden)
             return (*drawn_globally, None)
@@ -480,20 +502,25 @@ class EarTTS(nn.Module):
         return drawn_with_key
 
     def _refine_drawn(
-        self, hidden: mx.array, draw_key: mx.array, probe: Callable[..., None] | None = None
+        self, hidden: mx.array, draw_key: mx.array, probe: Callable[..., None] | None = None, economy: int = 0
     ) -> tuple[mx.array, mx.array, mx.array]:
         """:meth:`_refine_ops` on the draws :attr:`step_draws` makes at once from ``draw_key``; also returns the
         key after them."""
         assert self.step_draws is not None
         next_key, *draws = self.step_draws(draw_key)
-        codes, code_sum = self._refine_ops(hidden, probe, tuple(draws))
+        codes, code_sum = self._refine_ops(hidden, probe, tuple(draws), economy)
         return codes, code_sum, next_key
 
     def _refine_ops(
-        self, hidden: mx.array, probe: Callable[..., None] | None = None, draws: tuple[mx.array, ...] | None = None
+        self,
+        hidden: mx.array,
+        probe: Callable[..., None] | None = None,
+        draws: tuple[mx.array, ...] | None = None,
+        economy: int = 0,
     ) -> tuple[mx.array, mx.array]:
         """The MaskGIT rounds: codes (1, T, Q) and the float32 sum of their codebook vectors. ``draws``, when
-        given, are the rounds' draws made already (:meth:`draw_plan`), else each round draws its own.
+        given, are the rounds' draws made already (:meth:`draw_plan`), else each round draws its own. ``economy``
+        (:data:`ECONOMY_LEVELS`) skips the MoG head's samples after the first rounds, and at 2 its guidance.
 
         Quantizers are filled in order, so the code embedding of a round — the sum over
         every quantizer with unfilled ones adding zero — is the running sum of the rows
@@ -513,18 +540,24 @@ class EarTTS(nn.Module):
         nearest, nearest_rounds = self.nearest_code, self.nearest_rounds
         if rows.dtype != mx.float32:
             nearest, nearest_rounds = nearest_code_ops, {}  # the kernels take float32 residuals
+        sampled = len(self.plan) if economy == 0 else ECONOMY_SAMPLED_ROUNDS
+        guidance_scale = config.guidance_scale
+        unguided = economy >= 2 and guidance_scale > 0.0
+        if unguided:
+            rows, guidance_scale = rows[:length], 0.0  # the text-conditioned row(s) alone
         for number, round_ in enumerate(self.plan, start=1):
-            embedded = self.embed_code(chosen_sum)
-            if length == 1:  # the same two adds, broadcast over both rows: no join
-                features = embedded + rows
-            else:
-                features = mx.concatenate([embedded + rows[:length], embedded + rows[length:]], axis=0)
-            round_draws = None if draws is None else (draws[2 * number - 2], draws[2 * number - 1])
-            latent = self.mog_head.sample_latent(
-                features, config.guidance_scale, config.top_p, config.noise_scale, round_draws
-            )
-            if probe is not None:
-                probe(f"tts.mog.{number}", latent)
+            if number <= sampled:
+                embedded = self.embed_code(chosen_sum)
+                if length == 1 or unguided:  # the same adds, broadcast over both rows (or the one): no join
+                    features = embedded + rows
+                else:
+                    features = mx.concatenate([embedded + rows[:length], embedded + rows[length:]], axis=0)
+                round_draws = None if draws is None else (draws[2 * number - 2], draws[2 * number - 1])
+                latent = self.mog_head.sample_latent(
+                    features, guidance_scale, config.top_p, config.noise_scale, round_draws
+                )
+                if probe is not None:
+                    probe(f"tts.mog.{number}", latent)
             # ‖e‖² − 2 z·e ranks entries like ‖z − e‖² (engine.kernels.residual_vq).
             quantizers = slice(round_.start, round_.start + round_.count)
             round_kernel = nearest_rounds.get(round_.count)

@@ -25,6 +25,9 @@ class TTSCache:
     # last step's splits, carried here because MLX's global generator takes no key from outside. None until the
     # first such step, which starts from the global generator's key, as drawing one by one would.
     draw_key: mx.array | None = None
+    # Fast numerics only: how much a step spends less while the machine falls behind (EarTTS.ECONOMY_LEVELS; set by
+    # engine.session.Session.set_economy, 0 the full step). Exact numerics refuses any other level.
+    economy: int = 0
 
     @property
     def offset(self) -> int:
