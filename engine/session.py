@@ -54,6 +54,7 @@ from .networks.rnnt import (
 )
 from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
+from .prefill import PrefillCounts, default_prefill_chunk, prefill_positions
 from .tools import ToolCallParser
 
 
@@ -104,15 +105,19 @@ class Session:
 
     Args:
         voicechat: the loaded checkpoint.
-        system_prompt: prefilled before the first frame (one LLM step per token).
+        system_prompt: prefilled before the first frame (one LLM position per token, BOS and EOS).
         seed: seeds MLX's random generator, which only the TTS sampler draws from.
         max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
         hooks: whoever watches the frames (:class:`engine.hooks.FrameHooks`), the system prompt's prefill
             included: told of every stage boundary, launch, wait and read-back, and shown each network's
             inputs and outputs where it observes ("language.input", "language.hidden", "tts.input" (previous
-            codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays). A frame
+            codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays; a chunked
+            prefill shows the LLM's per chunk and no TTS step). A frame
             emits the :class:`FrameTiming` the hooks' ``end_frame`` returns (a
             :class:`engine.profiler.FrameProfiler` times each frame; the default, :data:`NO_HOOKS`, none).
+        prefill_chunk: the system prompt's positions per forward (:mod:`engine.prefill`): 1 steps it as the
+            reference does; more runs the LLM in chunks and the TTS teacher-forced to silence (docs/numerics.md,
+            "Prefill in chunks"). None: the numerics' default (1 in exact mode, 64 in fast).
     """
 
     def __init__(
@@ -123,9 +128,14 @@ class Session:
         seed: int = 0,
         max_seconds: float | None = None,
         hooks: FrameHooks = NO_HOOKS,
+        prefill_chunk: int | None = None,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        # Positions per forward of the system prompt's prefill: 1 is the reference's steps (engine.prefill).
+        self.prefill_chunk = default_prefill_chunk(voicechat.numerics) if prefill_chunk is None else prefill_chunk
         self.voicechat = voicechat
         self.config = voicechat.config
         model = voicechat.model
@@ -207,11 +217,18 @@ class Session:
     # ------------------------------------------------------------------ setup
 
     def _prefill(self, prompt: str) -> None:
+        """The system prompt's positions before the first frame (spec §3.6): each prompt token in the audio
+        channel's place, both output channels PAD, the TTS stepping on PAD from timeline 1. One position per step
+        (the reference's) where :attr:`prefill_chunk` is 1, else in chunks (:mod:`engine.prefill`)."""
         self._prompt_steps = 0
+        self.prefill_counts = PrefillCounts()
         if not prompt.strip():
             return
         ids = [self.config.bos_token_id, *self.voicechat.tokenizer.encode(prompt), self.config.eos_token_id]
         embeddings = self._stt.embed_tokens(mx.array([ids], dtype=mx.int32))
+        if self.prefill_chunk > 1:
+            self._prefill_chunked(embeddings)
+            return
         pad = self.config.pad_token_id
         for index in range(len(ids)):
             # The prompt token takes the audio channel's place; both output channels stay PAD.
@@ -222,6 +239,45 @@ class Session:
             self._timeline_index += 1
             mx.eval(self.caches.arrays())
         self._prompt_steps = len(ids)
+        steps = len(ids)
+        self.prefill_counts = PrefillCounts(steps, steps, steps - 1, steps - 1, steps)
+
+    def _prefill_chunked(self, embeddings: mx.array) -> None:
+        """:meth:`_prefill` in chunks of :attr:`prefill_chunk` positions: the LLM's forwards
+        (:func:`engine.prefill.prefill_positions`), then the TTS's PAD steps teacher-forced to silence, only the
+        last one sampled (:meth:`engine.networks.tts.EarTTS.prefill`)."""
+        pad, positions, caches = self.config.pad_token_id, embeddings.shape[1], self.caches
+        language = prefill_positions(
+            self._stt,
+            caches.language,
+            embeddings,
+            [pad] * positions,
+            [pad] * positions,
+            chunk=self.prefill_chunk,
+            hooks=self._hooks,
+        )
+        tts_passes = tts_samples = 0
+        if positions > 1:  # timeline 0 runs no TTS
+            tts_input = TTSInput(
+                caches.previous_code,
+                mx.array([[pad]], dtype=mx.int32),
+                self.voicechat.characters,
+                caches.previous_code_sum,
+                text_id=pad,
+            )
+            result, tts_passes = self._speech.tts_model.prefill(
+                caches.tts, tts_input, positions - 1, self._silence_codes, chunk=self.prefill_chunk
+            )
+            caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
+            tts_samples = 1
+        mx.eval(caches.arrays())
+        self._text_ids.extend([pad] * positions)
+        self._function_ids.extend([pad] * positions)
+        self._timeline_index += positions
+        self._prompt_steps = positions
+        self.prefill_counts = PrefillCounts(
+            positions, language.forwards, tts_passes, tts_samples, language.evaluations + tts_passes + 1
+        )
 
     # ------------------------------------------------------------------ one timeline step
 
