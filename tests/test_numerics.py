@@ -1631,7 +1631,8 @@ def test_a_kernel_writing_the_llm_cache_in_place_runs_when_the_cache_is_evaluate
         evaluate(*flat)
 
     monkeypatch.setattr(mx, "eval", checked_eval)
-    session = Session(voicechat, seed=0, system_prompt="Be concise and answer in one sentence.")
+    # One position a step (a chunked prefill's blocks attend through the operations, no kernel writing in place).
+    session = Session(voicechat, seed=0, system_prompt="Be concise and answer in one sentence.", prefill_chunk=1)
     monkeypatch.setattr(mx, "eval", evaluate)
     # Each prompt step's inputs are an embedding, not the step before's output: a launch no evaluation of the
     # prefill reached is never reached later.
