@@ -2,11 +2,12 @@
 
 ``python -m tests.prefill_bench [--size tiny|structure] [--quantize 4] [--numerics fast|exact] [--frames 40]``
 
-Two sessions on the same random weights and seed, one prefilled one position per step (``prefill_chunk=1``, the
-reference's), one in chunks (``--chunk``, 64), then the same audio (app.bench's question, then silence). Printed:
+Sessions on the same random weights and seed, one prefilled one position per step (``prefill_chunk=1``, the
+reference's), one in chunks (``--chunk``, 64; run twice, the first paying for what it meets first), then the same audio (app.bench's question, then silence). Printed:
 each prefill's seconds and counts (:class:`engine.prefill.PrefillCounts`); the LLM's last hidden state after the
 prompt, both ways (max abs and relative L2), and whether the ids that follow it are equal; the TTS backbone's cached
-keys after the prompt (relative L2); then over ``--frames`` frames how many text and function ids are equal and the
+keys after the prompt (relative L2); how many of the step-by-step prompt's TTS steps sampled the codec's silence (all
+31 codes; and the share of codes that are silence's), which the chunked prefill feeds instead; then over ``--frames`` frames how many text and function ids are equal and the
 first frame whose codes differ. docs/performance.md ("Prefill") and docs/numerics.md ("Prefill in chunks") have the
 figures.
 """
@@ -23,6 +24,7 @@ import numpy as np
 
 from engine import relative_l2
 from engine.events import AudioChunk
+from engine.hooks import NO_HOOKS, NoHooks
 from engine.ops.cache import KVCache
 from engine.prefill import prefill_positions
 from engine.random_model import random_voicechat
@@ -86,10 +88,30 @@ def compare(voicechat: Any, prompt: str, frames: int, chunk: int, seed: int = 0)
 
     audio = bench_input(frames)
     runs: dict[int, dict[str, Any]] = {}
-    for each in (1, chunk):
+    silence = voicechat.model.tts_model.codec_silence_tokens
+    prompt_codes: list[mx.array] = []
+
+    class PromptCodes(NoHooks):
+        """Keeps the codes each TTS step of the step-by-step prefill samples."""
+
+        observing = True
+
+        def observe(self, name: str, value: Any) -> None:
+            if name == "tts.output" and len(prompt_codes) < 10_000:
+                prompt_codes.append(value.codes)
+
+    cold = 0.0
+    for each in (chunk, 1, chunk):  # chunked twice: the first pays for the shapes it meets first
         started = time.perf_counter()
-        session = Session(voicechat, seed=seed, system_prompt=prompt, prefill_chunk=each)
+        hooks = PromptCodes() if each == 1 else NO_HOOKS
+        session = Session(voicechat, seed=seed, system_prompt=prompt, prefill_chunk=each, hooks=hooks)
         seconds = time.perf_counter() - started
+        if each == 1:
+            steps = len(prompt_codes)
+            prompt_codes_stack = mx.concatenate(prompt_codes, axis=1)[0] if prompt_codes else mx.zeros((0, 1))
+            prompt_codes.clear()
+        elif each == chunk and not cold:
+            cold = seconds
         layer = next(layer for layer in session.caches.tts.layers if isinstance(layer, KVCache))  # a global one
         assert layer.keys is not None
         keys = layer.keys[..., : layer.offset, :]
@@ -116,6 +138,7 @@ def compare(voicechat: Any, prompt: str, frames: int, chunk: int, seed: int = 0)
         "positions": stepwise["counts"].positions,
         "stepwise_seconds": stepwise["seconds"],
         "chunked_seconds": chunked["seconds"],
+        "chunked_seconds_first": cold,
         "stepwise_counts": stepwise["counts"],
         "chunked_counts": chunked["counts"],
         "hidden_max_abs": float(mx.abs(hidden[1] - hidden[0]).max().item()),
@@ -127,6 +150,8 @@ def compare(voicechat: Any, prompt: str, frames: int, chunk: int, seed: int = 0)
         "text_equal": sum(a == b for a, b in zip(stepwise["text"], chunked["text"], strict=True)),
         "function_equal": sum(a == b for a, b in zip(stepwise["function"], chunked["function"], strict=True)),
         "first_codes_difference": first_codes,
+        "stepwise_prompt_steps_silent": float(mx.all(prompt_codes_stack == silence, axis=-1).sum().item()) / steps,
+        "stepwise_prompt_codes_silent": float(mx.mean(prompt_codes_stack == silence).item()),
         "codes_equal_fraction": float(
             np.mean([a == b for a, b in zip(stepwise["codes"], chunked["codes"], strict=True)])
         ),
@@ -135,7 +160,7 @@ def compare(voicechat: Any, prompt: str, frames: int, chunk: int, seed: int = 0)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="tiny", choices=["tiny", "structure"])
+    parser.add_argument("--size", default="tiny", choices=["tiny", "structure", "full"])
     parser.add_argument("--quantize", type=int, default=4, help="bits, or 0 for bf16")
     parser.add_argument("--numerics", default="fast", choices=["fast", "exact"])
     parser.add_argument("--positions", type=int, default=900)
