@@ -71,6 +71,21 @@ def fused_positions(
     return fused
 
 
+def forced_feedback(
+    last_text_id: int, last_function_id: int, function_ids: Sequence[int], pad_id: int
+) -> tuple[list[int], list[int]]:
+    """The feedback ids (text, function) of T = ``len(function_ids)`` positions that force the function channel to
+    carry ``function_ids`` one per position with the text channel PAD (a tool response, :func:`prefill_positions`):
+    position 0 is fed back the ids last chosen before it, position t the forced f_{t−1}. The last forced id,
+    f_{T−1}, is fed back by the position after these (a session's next step reads it from its id history, where the
+    caller appends PAD and f_t for each position t)."""
+    if not function_ids:
+        raise ValueError("forced_feedback needs at least one forced id")
+    text = [last_text_id, *[pad_id] * (len(function_ids) - 1)]
+    function = [last_function_id, *function_ids[:-1]]
+    return text, function
+
+
 def prefill_positions(
     stt: DuplexSTT,
     cache: LLMCache,
@@ -88,8 +103,9 @@ def prefill_positions(
     chosen at position t − 1 — not ids chosen at t. So to force the function channel to emit f₀ … f_{T−1} with
     the text channel PAD (a tool response: ``<TOOL_RESPONSE>[…]</TOOL_RESPONSE>`` then id 22), the caller passes
     ``function_feedback_ids = [last id chosen before, f₀, …, f_{T−2}]`` and ``text_feedback_ids = [last text id,
-    PAD, …]``, then reads the ids that follow f_{T−1} from ``DuplexSTT.choose`` on the result's ``last_hidden``
-    after feeding f_{T−1} back on the next position (or passes one position more). A system prompt passes its
+    PAD, …]`` (:func:`forced_feedback` makes both); f_{T−1} is fed back by the position after (the next frame's
+    step). ``DuplexSTT.choose`` on the result's ``last_hidden`` gives the ids the model itself would choose at the
+    last position (what the forcing overrides). A system prompt passes its
     token embeddings (``stt.embed_tokens``) as ``audio_embeddings`` and PAD on both channels.
 
     Touches the LLM only: the session's id histories, timeline index and the TTS are the caller's (a system

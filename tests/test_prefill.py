@@ -16,7 +16,7 @@ from engine import relative_l2
 from engine.events import AudioChunk
 from engine.networks.llm import NemotronH
 from engine.ops.cache import KVCache
-from engine.prefill import PREFILL_CHUNK, prefill_positions
+from engine.prefill import PREFILL_CHUNK, forced_feedback, prefill_positions
 from engine.random_model import random_voicechat
 from engine.session import Session
 from tests.prefill_bench import last_hidden, prompt_of
@@ -221,3 +221,12 @@ def test_prefill_positions_refuses_inputs_it_cannot_place(fast: Any) -> None:
     assert cache.position == 0  # nothing consumed
     with pytest.raises(ValueError, match="prefill_chunk must be at least 1"):
         Session(fast, system_prompt="Hi.", prefill_chunk=0)
+
+
+def test_forced_feedback_shifts_the_forced_ids_by_one_position() -> None:
+    """Forcing f0 f1 f2 on the function channel: each position is fed back the id forced one position before (the
+    first, the ids chosen last), the text channel PAD after the first."""
+    assert forced_feedback(7, 20, [30, 31, 22], pad_id=12) == ([7, 12, 12], [20, 30, 31])
+    assert forced_feedback(12, 21, [22], pad_id=12) == ([12], [21])
+    with pytest.raises(ValueError, match="at least one forced id"):
+        forced_feedback(12, 12, [], pad_id=12)
