@@ -238,8 +238,7 @@ class Session:
             self._tts_step(pad)
             self._timeline_index += 1
             mx.eval(self.caches.arrays())
-        self._prompt_steps = len(ids)
-        steps = len(ids)
+        steps = self._prompt_steps = len(ids)
         self.prefill_counts = PrefillCounts(steps, steps, steps - 1, steps - 1, steps)
 
     def _prefill_chunked(self, embeddings: mx.array) -> None:

@@ -1201,6 +1201,9 @@ def test_drift_of_fast_numerics_stays_within_the_bounds(
     the sampled codes; the LLM, the text and the codec stay where reordering leaves them."""
     if caches == "float32":
         monkeypatch.setattr("engine.numerics.BACKBONE_CACHE_DTYPE", mx.float32)
+        # And the prompt one position a step: the chunked prefill feeds the TTS silence by design, which parts the
+        # sampled codes (its own drift: tests/test_prefill.py).
+        monkeypatch.setattr("engine.session.default_prefill_chunk", lambda numerics: 1)
     seeds = [0, 1] if quantize == 4 and not prompt else [0]  # the original case on two seeds, the others on one
     report = measure_drift(size="tiny", quantize=quantize, seeds=seeds, frames=30, system_prompt=prompt, out=print)
     assert report["system_prompt"] == prompt
