@@ -87,13 +87,13 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .random_model import random_voicechat as random_voicechat
     from .session import Session as Session
     from .session import speaker_prompt as speaker_prompt
-    from .session import warm_up as warm_up
     from .tools import MAX_TOOLS as MAX_TOOLS
     from .tools import ScriptedChannels as ScriptedChannels
     from .tools import ToolResult as ToolResult
     from .tools import ToolSpec as ToolSpec
     from .tools import render_tool_prompt as render_tool_prompt
     from .tools import render_tool_response as render_tool_response
+    from .warming import warm_up as warm_up
 
 # Each exported name and the module that holds it (relative to this package).
 _EXPORTS: dict[str, str] = {
@@ -115,7 +115,7 @@ _EXPORTS: dict[str, str] = {
     # a conversation
     "Session": ".session",
     "TTSInput": ".networks.tts",
-    "warm_up": ".session",
+    "warm_up": ".warming",
     "speaker_prompt": ".session",
     # tools: what the model is offered, and what it hears back
     "MAX_TOOLS": ".tools",

@@ -73,6 +73,7 @@ class ToolResponseInjected:
     token_ids: tuple[int, ...]
     seconds: float  # host wall time of the injection (unpaced)
     replayed_frames: int  # deferred mic frames replayed after it
+    llm_forwards: int = 0  # the LLM's forwards it took: one a position, or one a chunk (fast numerics)
 
 
 @dataclass(frozen=True)

@@ -52,10 +52,10 @@ from .networks.rnnt import (
     Transducer,
     first_pass_attempts,
     next_first_pass,
-    rnnt_propose,
 )
 from .networks.tts import ECONOMY_LEVELS, SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
+from .prefill import PrefillCounts, default_prefill_chunk, forced_feedback, prefill_positions
 from .tool_turn import HeldFrames, encoded_silence, silent_chunk
 from .tools import ToolCallParser, ToolResult, tool_response_ids
 
@@ -110,13 +110,14 @@ class Session:
 
     Args:
         voicechat: the loaded checkpoint.
-        system_prompt: prefilled before the first frame (one LLM step per token).
+        system_prompt: prefilled before the first frame (one LLM position per token, BOS and EOS).
         seed: seeds MLX's random generator, which only the TTS sampler draws from.
         max_seconds: refuse frames beyond this much audio with :class:`ContextLimitError`.
         hooks: whoever watches the frames (:class:`engine.hooks.FrameHooks`), the system prompt's prefill
             included: told of every stage boundary, launch, wait and read-back, and shown each network's
             inputs and outputs where it observes ("language.input", "language.hidden", "tts.input" (previous
-            codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays). A frame
+            codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays; a chunked
+            prefill shows the LLM's per chunk and no TTS step). A frame
             emits the :class:`FrameTiming` the hooks' ``end_frame`` returns (a
             :class:`engine.profiler.FrameProfiler` times each frame; the default, :data:`NO_HOOKS`, none).
         await_tool_results: whether a completed tool call stops the clock until :meth:`answer_tool_calls` answers
@@ -131,6 +132,9 @@ class Session:
     LLM and TTS stand still, each mic frame still runs perception and the RN-T (the user's transcript keeps
     coming) and returns a silent :class:`AudioChunk`, and its audio-channel embedding is kept for replay.
     :meth:`answer_tool_calls` injects the results, replays those frames and lets the clock run again.
+        prefill_chunk: the system prompt's positions per forward (:mod:`engine.prefill`): 1 steps it as the
+            reference does; more runs the LLM in chunks and the TTS teacher-forced to silence (docs/numerics.md,
+            "Prefill in chunks"). None: the numerics' default (1 in exact mode, 64 in fast).
     """
 
     def __init__(
@@ -143,9 +147,14 @@ class Session:
         hooks: FrameHooks = NO_HOOKS,
         await_tool_results: bool = False,
         override_ids: IdOverride | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        # Positions per forward of the system prompt's prefill: 1 is the reference's steps (engine.prefill).
+        self.prefill_chunk = default_prefill_chunk(voicechat.numerics) if prefill_chunk is None else prefill_chunk
         self.voicechat = voicechat
         self.config = voicechat.config
         model = voicechat.model
@@ -246,11 +255,18 @@ class Session:
     # ------------------------------------------------------------------ setup
 
     def _prefill(self, prompt: str) -> None:
+        """The system prompt's positions before the first frame (spec §3.6): each prompt token in the audio
+        channel's place, both output channels PAD, the TTS stepping on PAD from timeline 1. One position per step
+        (the reference's) where :attr:`prefill_chunk` is 1, else in chunks (:mod:`engine.prefill`)."""
         self._prompt_steps = 0
+        self.prefill_counts = PrefillCounts()
         if not prompt.strip():
             return
         ids = [self.config.bos_token_id, *self.voicechat.tokenizer.encode(prompt), self.config.eos_token_id]
         embeddings = self._stt.embed_tokens(mx.array([ids], dtype=mx.int32))
+        if self.prefill_chunk > 1:
+            self._prefill_chunked(embeddings)
+            return
         pad = self.config.pad_token_id
         for index in range(len(ids)):
             # The prompt token takes the audio channel's place; both output channels stay PAD.
@@ -260,7 +276,62 @@ class Session:
             self._tts_step(pad)
             self._timeline_index += 1
             mx.eval(self.caches.arrays())
-        self._prompt_steps = len(ids)
+        steps = self._prompt_steps = len(ids)
+        self.prefill_counts = PrefillCounts(steps, steps, steps - 1, steps - 1, steps)
+
+    def _prefill_chunked(self, embeddings: mx.array) -> None:
+        """:meth:`_prefill` in chunks of :attr:`prefill_chunk` positions (:meth:`_prefill_positions`), both
+        channels PAD throughout."""
+        pad, positions = self.config.pad_token_id, embeddings.shape[1]
+        padding = [pad] * positions
+        self.prefill_counts = self._prefill_positions(embeddings, padding, padding, padding, padding)
+        self._prompt_steps = positions
+
+    def _prefill_positions(
+        self,
+        audio: mx.array,
+        text_feedback: list[int],
+        function_feedback: list[int],
+        text_ids: list[int],
+        function_ids: list[int],
+    ) -> PrefillCounts:
+        """T = ``audio.shape[1]`` timeline positions whose outputs nobody reads, in chunks of
+        :attr:`prefill_chunk`: the LLM's forwards on ``audio`` in the audio channel's place and the feedback ids
+        given (:func:`engine.prefill.prefill_positions`), then the TTS's PAD steps teacher-forced to silence, only
+        the last one sampled (:meth:`engine.networks.tts.EarTTS.prefill`); ``text_ids`` and ``function_ids`` (the
+        positions' outputs) join the id histories. Returns what ran."""
+        pad, positions, caches = self.config.pad_token_id, audio.shape[1], self.caches
+        language = prefill_positions(
+            self._stt,
+            caches.language,
+            audio,
+            text_feedback,
+            function_feedback,
+            chunk=self.prefill_chunk,
+            hooks=self._hooks,
+        )
+        tts_passes = tts_samples = 0
+        steps = positions - 1 if self._timeline_index == 0 else positions  # timeline 0 runs no TTS
+        if steps > 0:
+            tts_input = TTSInput(
+                caches.previous_code,
+                mx.array([[pad]], dtype=mx.int32),
+                self.voicechat.characters,
+                caches.previous_code_sum,
+                text_id=pad,
+            )
+            result, tts_passes = self._speech.tts_model.prefill(
+                caches.tts, tts_input, steps, self._silence_codes, chunk=self.prefill_chunk
+            )
+            caches.previous_code, caches.previous_code_sum = result.codes, result.code_sum
+            tts_samples = 1
+        mx.eval(caches.arrays())
+        self._text_ids.extend(text_ids)
+        self._function_ids.extend(function_ids)
+        self._timeline_index += positions
+        return PrefillCounts(
+            positions, language.forwards, tts_passes, tts_samples, language.evaluations + tts_passes + 1
+        )
 
     # ------------------------------------------------------------------ one timeline step
 
@@ -518,7 +589,7 @@ class Session:
     def _silence_embedding(self) -> mx.array:
         return encoded_silence(self._stt.perception, self.frame_samples)
 
-    def _inject_tool_response(self, token_ids: Sequence[int]) -> None:
+    def _inject_tool_response(self, token_ids: Sequence[int]) -> int:
         """Force a tool response into the function channel, the training layout's insertion: the clock stopped,
         one timeline position per id, unpaced. At each position:
 
@@ -529,8 +600,17 @@ class Session:
           the last frame's text id, as any position does);
         * audio channel: encoded silence (:func:`engine.tool_turn.encoded_silence`);
         * the TTS steps with PAD, as in the prompt's prefill; no audio comes out and the codec stands still.
+
+        Where :attr:`prefill_chunk` is above 1 (fast numerics) the positions run in chunks, as the prompt's do
+        (:meth:`_prefill_positions`: the same inputs, the TTS teacher-forced to silence); else one by one. Returns
+        the LLM's forwards.
         """
         pad, silence = self.config.pad_token_id, self._silence_embedding
+        if self.prefill_chunk > 1:
+            text, function = forced_feedback(self._text_ids[-1], self._function_ids[-1], token_ids, pad)
+            audio = mx.broadcast_to(silence, (1, len(token_ids), silence.shape[-1]))
+            counts = self._prefill_positions(audio, text, function, [pad] * len(token_ids), list(token_ids))
+            return counts.llm_forwards
         for token_id in token_ids:
             self._language_step(silence, generate=False)
             self._text_ids.append(pad)
@@ -538,6 +618,7 @@ class Session:
             self._tts_step(pad)
             self._timeline_index += 1
             mx.eval(self.caches.arrays())
+        return len(token_ids)
 
     def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
         """Give the model the results of :attr:`pending_tool_calls`, one per call in their order, and let the
@@ -568,7 +649,7 @@ class Session:
                 raise ToolLoopError(f"a tool result needs a str tool, a bool ok and a str content: {result!r}")
         token_ids = tool_response_ids(results, self.voicechat.tokenizer)
         started = time.perf_counter()
-        self._inject_tool_response(token_ids)
+        forwards = self._inject_tool_response(token_ids)
         seconds = time.perf_counter() - started
         self._pending_calls, self._held.dropped = (), 0
         replayed: list[Event] = []
@@ -578,7 +659,7 @@ class Session:
             self._hooks.begin_frame(self._frame_index)
             replayed.extend(self._respond(projected, None, None))
             count += 1
-        injected = ToolResponseInjected(self._frame_index, len(token_ids), tuple(token_ids), seconds, count)
+        injected = ToolResponseInjected(self._frame_index, len(token_ids), tuple(token_ids), seconds, count, forwards)
         return [injected, *replayed]
 
     # ------------------------------------------------------------------ public API
@@ -688,71 +769,3 @@ class Session:
                 layer.age(positions, key=key)
         self.caches.language.position += positions
         mx.eval(self.caches.arrays())
-
-
-def warm_up(
-    voicechat: VoiceChat,
-    *,
-    speech: np.ndarray | None = None,
-    progress: Callable[[float], None] | None = None,
-) -> float:
-    """Trace and compile every per-frame program once, so no conversation frame pays for it.
-
-    Runs a throwaway session over ``speech`` (16 kHz; silence if None), so the paths that
-    speech takes (RN-T emissions, the text tokens it leads to) are traced too, then the
-    programs that only start later: the Conformer stack for every attention cache length up
-    to full (frame 71 on) and the RN-T loop after its first emission. On CUDA the session
-    runs past frame 71 as well: MLX replays each new sequence of kernels as a CUDA graph it
-    must first build, which would otherwise stall the first frame that takes a new path.
-    ``progress`` receives the fraction done (0 … 1) as it goes; compiling kernels, not
-    tracing, is what takes long on a fresh machine. Returns the seconds spent. Outputs of
-    later sessions are unaffected.
-    """
-    started = time.perf_counter()
-    report = progress if progress is not None else (lambda fraction: None)
-    config = voicechat.config
-    frame = config.frame_samples
-    left = config.audio_config.encoder.left_context
-    frames = left + 3 if mx.cuda.is_available() else 3
-    audio = np.zeros(frames * frame, dtype=np.float32)
-    if speech is not None:
-        clip = np.asarray(speech, dtype=np.float32)[: audio.size]
-        audio[: clip.size] = clip
-        frames = max(frames, -(-clip.size // frame))
-    steps = frames + left + 2
-    session = Session(voicechat, seed=0)
-    for index in range(frames):
-        session.push(audio[index * frame : (index + 1) * frame])
-        report((index + 1) / steps)
-    perception = voicechat.model.stt_model.perception
-    d_model = config.audio_config.encoder.d_model
-    encoded = session.caches.perception.attention[0]
-    outputs = perception.encoder.trace_stream(mx.float32 if encoded is None else encoded.dtype)
-    for index, output in enumerate(outputs):
-        mx.eval(output)
-        report((frames + index + 1) / steps)
-    outputs = []
-    stt = voicechat.model.stt_model
-    if len(voicechat.rnnt_vocabulary):
-        started_state = RNNTState(last_token=0, hidden=session.caches.rnnt.hidden)
-        if started_state.hidden is None:
-            hidden_size = config.audio_config.decoder.pred_hidden
-            layers = config.audio_config.decoder.pred_rnn_layers
-            zeros = mx.zeros((layers, 1, hidden_size))
-            started_state.hidden = (zeros, zeros)
-        # After the first emission: the usual first pass, the rest of a frame that emits more, and the full pass.
-        first = first_pass_attempts(config.audio_config.max_symbols)
-        for attempts in {first, config.audio_config.max_symbols - first, config.audio_config.max_symbols} - {0}:
-            proposal = rnnt_propose(
-                stt.rnnt_decoder,
-                stt.rnnt_joint,
-                started_state,
-                mx.zeros((1, 1, d_model)),
-                blank_id=config.rnnt_blank_id,
-                attempts=attempts,
-            )
-            outputs.append(proposal.symbols)
-    mx.eval(outputs)
-    session.close()
-    report(1.0)
-    return time.perf_counter() - started

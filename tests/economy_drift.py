@@ -24,8 +24,8 @@ from engine import FrameProfiler, GraphCensus, Session, named_weights
 from engine.events import AudioChunk
 from engine.pricing import full_size_prices, weight_bytes
 from engine.random_model import random_voicechat
-from engine.session import warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
+from engine.warming import warm_up
 
 LEVELS = (0, 1, 2)
 

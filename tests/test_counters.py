@@ -24,7 +24,8 @@ from engine.jit import check_report
 from engine.model import load_voicechat
 from engine.pricing import full_size_prices, weight_bytes
 from engine.random_model import random_voicechat
-from engine.session import Session, warm_up
+from engine.session import Session
+from engine.warming import warm_up
 
 PERFORMANCE_DOC = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 TOLERANCE = 0.02

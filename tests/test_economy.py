@@ -14,8 +14,8 @@ from engine import FrameProfiler, GraphCensus, Session, named_weights
 from engine.counters import StageCensus, WeightUse
 from engine.networks.tts import ECONOMY_LEVELS, TTSInput
 from engine.random_model import random_voicechat
-from engine.session import warm_up
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
+from engine.warming import warm_up
 
 FRAMES = 14
 TTS = "tts_model.tts_model."

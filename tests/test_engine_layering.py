@@ -39,7 +39,8 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("networks", frozenset({"engine.networks"})),
     ("numerics", frozenset({"engine.numerics"})),
     ("model", frozenset({"engine.model", "engine.random_model"})),
-    ("session", frozenset({"engine.session", "engine.tools", "engine.tool_turn"})),
+    ("prefill", frozenset({"engine.prefill"})),
+    ("session", frozenset({"engine.session", "engine.tools", "engine.tool_turn", "engine.warming"})),
     ("instrumentation", frozenset({"engine.profiler", "engine.counters", "engine.pricing", "engine.profile_log"})),
     ("facade", frozenset({"engine"})),
 ]

@@ -65,7 +65,8 @@ def test_sampled_exact_stages_agree_with_a_stage_timed_session(tiny_q4: Path, sp
     from app.bench import question_audio
     from engine.model import load_voicechat
     from engine.profiler import FrameProfiler
-    from engine.session import Session, warm_up
+    from engine.session import Session
+    from engine.warming import warm_up
 
     stats, heard, played = run_worker(tiny_q4, speech_16k)
     modes = [s.timing.timing_mode for s in stats]

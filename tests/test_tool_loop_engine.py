@@ -325,3 +325,28 @@ def test_the_tool_loop_in_fast_numerics(tiny_q4, frames):
     assert session.function_ids[len(script) : len(script) + injected.positions] == list(injected.token_ids)
     assert len(of_kind(answered, AudioChunk)) == 3
     assert len(of_kind(push(session, frames[len(script) + 3 : len(script) + 5]), AudioChunk)) == 2
+
+
+def test_fast_numerics_inject_in_chunks_as_the_positions_one_by_one_would(tiny_q4, frames):
+    """Fast numerics run a response's positions in chunks (as the prompt's, docs/numerics.md "Prefill in chunks"):
+    the LLM's state after it stays within float rounding of the same positions one by one, and the ids the
+    conversation goes on with are the same."""
+    fast = load_voicechat(tiny_q4, numerics="fast")
+    script = call_ids(fast)
+    results = [ToolResult("now", True, "noon, " * 20)]
+    runs = {}
+    for chunk in (64, 1):
+        session = tool_session(fast, script, prefill_chunk=chunk)
+        push(session, frames[: len(script)])
+        (injected, *_) = session.answer_tool_calls(results)
+        state = [np.array(array, dtype=np.float32) for array in session.caches.language.arrays()]
+        push(session, frames[len(script) : len(script) + 6])
+        runs[chunk] = (injected, state, session.text_ids, session.function_ids)
+    (chunked, chunked_state, chunked_text, chunked_function), (stepped, stepped_state, *stepped_ids) = runs[64], runs[1]
+    assert chunked.token_ids == stepped.token_ids and chunked.positions == stepped.positions > 64
+    assert stepped.llm_forwards == stepped.positions and chunked.llm_forwards == -(-chunked.positions // 64)
+    assert [chunked_text, chunked_function] == stepped_ids
+    assert len(chunked_state) == len(stepped_state)
+    for chunked_array, stepped_array in zip(chunked_state, stepped_state, strict=True):
+        assert chunked_array.shape == stepped_array.shape
+        assert np.max(np.abs(chunked_array - stepped_array)) <= 1e-4 * max(1.0, float(np.max(np.abs(stepped_array))))

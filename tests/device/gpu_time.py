@@ -32,8 +32,9 @@ from app.bench import bench_input, question_audio
 from engine.events import FrameTiming
 from engine.profiler import FrameProfiler
 from engine.random_model import random_voicechat
-from engine.session import Session, warm_up
+from engine.session import Session
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, STAGES
+from engine.warming import warm_up
 
 SETTLE_FRAMES = 80
 IDLE_GAP_US = 20.0

@@ -17,7 +17,7 @@ import sys
 
 from app.bench import bench_input, question_audio, run_ours
 from engine.random_model import random_voicechat
-from engine.session import warm_up
+from engine.warming import warm_up
 
 AGED_BY = 7300  # frames of history: with the bench's 100 frames, just short of the 7,500-frame conversation
 FRAMES = 100

@@ -418,7 +418,7 @@ class FastConformer(nn.Module):
 
         A single new frame, the streaming case, runs as one compiled program over all the
         layers: one per attention cache length (0 … 70 cached frames; the programs are traced
-        at load, see :func:`engine.session.warm_up`), the same operations as layer by layer.
+        at load, see :func:`engine.warming.warm_up`), the same operations as layer by layer.
         Until its cache is full, a layer projects the relative positions of its key window
         inside the program, as the reference does; once full (71 keys), it reuses that
         projection, which no longer changes.

@@ -419,6 +419,63 @@ class EarTTS(nn.Module):
             cache.draw_key = next_key
         return TTSStepResult(codes=codes, hidden=hidden, code_sum=code_sum)
 
+    def prefill(
+        self, state: TTSCache, x: TTSInput, steps: int, fill_code: mx.array, *, chunk: int
+    ) -> tuple[TTSStepResult, int]:
+        """``steps`` steps on one text token (``x.text_id``: a prompt's PAD) as backbone passes of up to ``chunk``
+        positions, advancing ``state`` as many positions; returns the last step's result and the passes run.
+
+        Not the reference's arithmetic (fast numerics' prefill, docs/numerics.md "Prefill in chunks"): the steps are
+        teacher-forced — the first takes ``x.previous_code`` (or its sum), every later one ``fill_code`` (1, 1, Q),
+        the codec's silence, where a step-by-step run takes the codes the step before sampled — so only the last
+        step samples codes. The draws of the steps before it are skipped over (:meth:`skip_draws`): the generator
+        is where ``steps`` steps leave it, and the last step draws what a step-by-step run's last step draws.
+        """
+        if steps < 1 or chunk < 1:
+            raise ValueError(f"a prefill takes at least one step in chunks of at least one, got {steps}, {chunk}")
+        if x.text_id is None:
+            raise ValueError("a prefill's text token must be known on the host (TTSInput.text_id)")
+        condition = self._token_condition(x.text_id, x.characters)  # (2, 1, H)
+        first_sum = self.code_sum(x.previous_code) if x.previous_code_sum is None else x.previous_code_sum
+        fill_sum = self.code_sum(fill_code)
+        hidden: mx.array | None = None
+        passes = 0
+        for start in range(0, steps, chunk):
+            length = min(chunk, steps - start)
+            sums = mx.broadcast_to(fill_sum, (1, length, fill_sum.shape[-1]))
+            if start == 0:
+                sums = mx.concatenate([first_sum, sums[:, 1:]], axis=1)
+            audio = self.embed_code(sums)
+            guided_condition = mx.broadcast_to(condition, (condition.shape[0], length, condition.shape[-1]))
+            fused = self.gated_fusion_audio_text(mx.concatenate([audio, audio], axis=0), guided_condition)
+            hidden = self.backbone(fused, state.layers)
+            passes += 1
+            mx.eval(hidden[:, -1:], state.arrays())  # a chunk's graph at a time
+        assert hidden is not None
+        self.skip_draws(state, steps - 1)
+        last = hidden[:, -1:]
+        draw_key = None
+        if self.step_draws is not None:
+            draw_key = state.draw_key if state.draw_key is not None else cast(list[mx.array], mx.random.state)[0]
+        codes, code_sum, next_key = self._refine(last, draw_key)
+        if next_key is not None:
+            state.draw_key = next_key
+        return TTSStepResult(codes=codes, hidden=last, code_sum=code_sum), passes
+
+    def skip_draws(self, state: TTSCache, steps: int) -> None:
+        """Move the random generator on past ``steps`` steps' draws without drawing them: the key splits only
+        (:meth:`draw_plan`'s draws each split it once), on ``state.draw_key`` where a step's draws are made at once
+        (:attr:`step_draws`), else on MLX's global generator."""
+        splits = steps * len(self.draw_plan())
+        if self.step_draws is not None:
+            key = state.draw_key if state.draw_key is not None else cast(list[mx.array], mx.random.state)[0]
+            for _ in range(splits):
+                key = mx.random.split(key)[0]
+            state.draw_key = key
+            return
+        for _ in range(splits):
+            mx.random.uniform(shape=(1,))  # each keyless draw splits the global key once; never read
+
     # ----------------------------------------------------------------- code generation
 
     def generate_codes(self, hidden: mx.array) -> mx.array:
