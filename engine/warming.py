@@ -10,7 +10,18 @@ import numpy as np
 
 from .model import VoiceChat
 from .networks.rnnt import RNNTState, first_pass_attempts, rnnt_propose
+from .prefill import default_prefill_chunk
 from .session import Session
+
+WARMING_SENTENCE = "A system prompt that only warms the programs up. "
+
+
+def warming_prompt(voicechat: VoiceChat, tokens: int) -> str:
+    """A throwaway system prompt of at least ``tokens`` tokens."""
+    text = WARMING_SENTENCE
+    while len(voicechat.tokenizer.encode(text)) < tokens:
+        text += WARMING_SENTENCE
+    return text
 
 
 def warm_up(
@@ -27,6 +38,7 @@ def warm_up(
     to full (frame 71 on) and the RN-T loop after its first emission. On CUDA the session
     runs past frame 71 as well: MLX replays each new sequence of kernels as a CUDA graph it
     must first build, which would otherwise stall the first frame that takes a new path.
+    In fast numerics, a throwaway session with a short system prompt traces the chunked prefill's programs.
     ``progress`` receives the fraction done (0 … 1) as it goes; compiling kernels, not
     tracing, is what takes long on a fresh machine. Returns the seconds spent. Outputs of
     later sessions are unaffected.
@@ -77,5 +89,11 @@ def warm_up(
             outputs.append(proposal.symbols)
     mx.eval(outputs)
     session.close()
+    chunk = default_prefill_chunk(voicechat.numerics)
+    if chunk > 1:
+        # Fast numerics run a system prompt (and a tool response) in chunks: their programs are traced here too,
+        # over whole chunks and a part of one, so that the first prompted conversation does not stall on them
+        # (23 s for an H100's first 900-position prompt against 1.9 s the second time: docs/performance.md).
+        Session(voicechat, seed=0, system_prompt=warming_prompt(voicechat, 2 * chunk + chunk // 2)).close()
     report(1.0)
     return time.perf_counter() - started

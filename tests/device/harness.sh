@@ -28,6 +28,10 @@
 #                    checkpoint written once (A B, ROUNDS times, default 2), 100 frames each; the p50/mean of each from its report
 # gputime       420  every kernel of 20 steady fast frames through CUPTI (PyTorch's profiler), full size, 4-bit: GPU
 #                    time by kernel family against idle gaps, placed by what the host was doing (NUMERICS=exact too)
+# toolturn      540  issue 52 at full size, 4-bit: the 900-position tool prompt's prefill (fast in chunks of 64 and 256,
+#                    fast and exact one position a step) and one tool turn's timings, fast then exact
+# serve         300  `parley serve`'s added latency a frame against the engine alone (structure model, 4-bit, fast;
+#                    needs websockets' wheel in .gpu/whl)
 # coldstart     400  process start to model ready (structure model, 4-bit: the full size's layers and kernels with
 #                    little weight to make; NUMERICS=exact or fast): an empty kernel cache,
 #                    then the cache the first process left, then a new user seeded from those kernels shipped in
@@ -36,7 +40,7 @@
 # .gpu/ (git-ignored) holds data only, made here:
 #   mlx-cuda-sm90.tar.xz  `python3 tests/device/pack_mlx_cuda.py CUDA_WHEEL MLX_WHEEL .gpu/mlx-cuda-sm90.tar.xz`, the
 #                         wheels from `../shared/tools/mlx-cuda/get-wheels.sh DIR` (the CUDA one: `cat` its two parts)
-#   whl/                  the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr, and for
+#   whl/                  the wheels the machine's Python lacks (platformdirs soundfile cffi pycparser soxr websockets, and for
 #                         --compare mlx-vlm 0.7.10 and mlx-audio 0.6.2), and ../shared/tools/mlx-cuda/
 #                         peer-shim-sitecustomize.py as whl/sitecustomize.py
 #   ptx.tgz               a kernel cache `ptxsave` returned
@@ -171,6 +175,10 @@ for arg in "$@"; do
     fused) run fused python3 tests/device/fused_products.py /tmp/ptx ;;
     long) run long python3 tests/device/long.py fast ;;
     gputime) run gputime python3 tests/device/gpu_time.py 20 ;;
+    toolturn) run toolturn python3 tests/device/tool_turn.py ;;
+    serve) [ -f /tmp/struct4/config.json ] || x python3 -m app.cli make-checkpoint /tmp/struct4 --size structure \
+      --quantize 4 --overwrite >/dev/null
+      run serve python3 -m tests.serve_latency --model /tmp/struct4 --numerics fast --repeat 2 ;;
     coldstart) coldstart ;;
     abfast4) abfast4 ;;
   esac
