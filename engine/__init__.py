@@ -87,6 +87,11 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .session import Session as Session
     from .session import speaker_prompt as speaker_prompt
     from .session import warm_up as warm_up
+    from .tools import MAX_TOOLS as MAX_TOOLS
+    from .tools import ToolResult as ToolResult
+    from .tools import ToolSpec as ToolSpec
+    from .tools import render_tool_prompt as render_tool_prompt
+    from .tools import render_tool_response as render_tool_response
 
 # Each exported name and the module that holds it (relative to this package).
 _EXPORTS: dict[str, str] = {
@@ -110,6 +115,12 @@ _EXPORTS: dict[str, str] = {
     "TTSInput": ".networks.tts",
     "warm_up": ".session",
     "speaker_prompt": ".session",
+    # tools: what the model is offered, and what it hears back
+    "MAX_TOOLS": ".tools",
+    "ToolSpec": ".tools",
+    "ToolResult": ".tools",
+    "render_tool_prompt": ".tools",
+    "render_tool_response": ".tools",
     # numerics
     "NUMERICS": ".numerics",
     "Numerics": ".numerics",

@@ -45,3 +45,11 @@ class SessionClosedError(EngineError, RuntimeError):
 
 class ContextLimitError(EngineError, RuntimeError):
     """The conversation reached the session's length limit."""
+
+
+class ToolPromptError(EngineError, ValueError):
+    """The tools offered to the model cannot be written into its prompt (too many, not ASCII, a bad name)."""
+
+
+class ToolLoopError(EngineError, RuntimeError):
+    """Tool results were given to a session that is not waiting for them, or not one per pending call."""

@@ -2,7 +2,8 @@
 
 Events hold only plain Python values and NumPy arrays, so they can cross from the
 engine thread to any other thread safely. Within one frame they come in this order:
-user transcript, assistant text, function channel (and tool calls), audio, timing.
+user transcript, assistant text, function channel (and tool calls), audio, timing. :meth:`Session.answer_tool_calls`
+returns the replayed frames' events, then :class:`ToolResponseInjected`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,27 @@ class ToolCall:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class ToolResponseInjected:
+    """The tool results went into the function channel (:meth:`engine.session.Session.answer_tool_calls`): what the
+    model was given, and how long it took."""
+
+    frame_index: int  # the audio frame index at which the clock resumed
+    positions: int  # timeline positions the response took (its tokens + <SPECIAL_22>)
+    token_ids: tuple[int, ...]
+    seconds: float  # host wall time of the injection (unpaced)
+    replayed_frames: int  # deferred mic frames replayed after it
+
+
+@dataclass(frozen=True)
+class DeferredFramesDropped:
+    """While the session waited for tool results, more mic frames arrived than it keeps for replay: the oldest of
+    them will not be heard by the model (their transcript was still emitted)."""
+
+    frame_index: int
+    dropped: int  # frames dropped so far in this wait
+
+
 @dataclass(frozen=True, eq=False)
 class AudioChunk:
     """80 ms of assistant speech: the codec output and the codes it decoded."""
@@ -112,5 +134,14 @@ class Cancelled:
 
 
 Event = (
-    UserTranscriptDelta | AssistantTextDelta | FunctionDelta | ToolCall | AudioChunk | FrameTiming | Done | Cancelled
+    UserTranscriptDelta
+    | AssistantTextDelta
+    | FunctionDelta
+    | ToolCall
+    | ToolResponseInjected
+    | DeferredFramesDropped
+    | AudioChunk
+    | FrameTiming
+    | Done
+    | Cancelled
 )
