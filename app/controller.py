@@ -26,6 +26,8 @@ What else it owns:
     - **The global talk key** (``app.global_key_control``): its events arrive on the
       listener's thread and are queued as ``GlobalTalk`` messages, so the window's talk
       control handles them on its own thread like the in-window key.
+    - **Tools** (``app.tools.control``): ``tools.json`` beside the settings and the ``ToolRunner`` the worker
+      shares; consent requests go to the window and come back through :meth:`answer_consent`.
     - **Conversation history** (``app.history_keeping``): when the worker reports
       ``ConversationEnded`` (in queue order, after everything that conversation said), the
       conversation is handed to a saver thread that writes it with
@@ -75,7 +77,7 @@ from .hf_cache import CacheListing, list_cached_checkpoints
 from .history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
 from .history_keeping import ConversationKeeper, now, replay_mix
 from .hotkey import GlobalKeySupport, HotkeyBackend, global_key_support
-from .logs import CrashHandlers, configure_logging, install_crash_handlers
+from .logs import CrashHandlers, configure_logging, install_crash_handlers, log_conversation_figures
 from .messages import (
     ConversationCleared,
     ConversationEnded,
@@ -100,6 +102,8 @@ from .model_switch import AdoptCheckpoint, ModelSwitcher, check_changed_folders
 from .paths import config_dir, data_dir, log_dir
 from .settings import Settings, save_settings
 from .status import StatusBoard
+from .tools.config import ToolsConfig
+from .tools.control import TOOL_REPORTS, ToolControl
 from .worker import EngineWorker, NewConversation, SetIdlePause, SetNumerics, Sleep, StartConversation
 
 log = logging.getLogger(__name__)
@@ -131,6 +135,7 @@ class AppController:
         history_folder: Path | None = None,
         hotkey_backend: HotkeyBackendFactory | None = None,
         echo_factory: EchoFactory = EchoCanceller,
+        tools_path: Path | None = None,
     ) -> None:
         self.settings = settings
         self._settings_path = settings_path
@@ -165,6 +170,7 @@ class AppController:
         self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
         self._stopped = False  # Stop was pressed and the worker has not reported its sleep yet: drop its frames
         self._audible_at_release = False  # the assistant was still heard as the talk key went up
+        self._tools = ToolControl(tools_path, settings_path, self.worker, self._post, self._log_folder, self.board)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -186,6 +192,7 @@ class AppController:
         self._set_idle_pause()
         self._open_audio()
         self._global_key.configure(self.settings)
+        self._tools.configure()
         self._models.load_configured()
 
     def _set_idle_pause(self) -> None:
@@ -196,6 +203,7 @@ class AppController:
         self.cancel_download()
         self._global_key.stop()
         self.worker.stop()
+        self._tools.close()  # its servers stop, its timers are cancelled
         self._keep_what_is_left()
         self._flush_settings()
         streams = self.port.streams
@@ -347,8 +355,11 @@ class AppController:
             if current is not None:
                 current.timings.append(message.timing)
                 current.last_stats = message
+            self._tools.last_frame = message.timing.frame_index
         elif isinstance(message, UserTranscriptDelta | AssistantTextDelta | ToolCall):
             self.transcript.add(message)
+        elif isinstance(message, TOOL_REPORTS):
+            self._tools.observe(message, self.transcript, self.profile.current, self.port.streams)
         return True
 
     def _drop_conversation(self) -> None:
@@ -502,6 +513,24 @@ class AppController:
 
     def start_demo(self) -> None:
         self._models.start_demo()
+
+    # ------------------------------------------------------------------ tools
+
+    @property
+    def tools_config(self) -> ToolsConfig:
+        return self._tools.config
+
+    def apply_tools_config(self, config: ToolsConfig) -> None:
+        """Save and use ``config``; a prepared conversation starts over with the new tool prompt."""
+        if self._tools.apply(config) and self.board.model is not None:
+            self.new_conversation()
+
+    def list_server_tools(self, name: str) -> None:
+        """Ask server ``name`` for its tools off the UI thread (``ToolsListed`` or a ``Failure`` follows)."""
+        self._tools.list_server_tools(name)
+
+    def answer_consent(self, request_id: int, allow: bool) -> None:
+        self._tools.answer_consent(request_id, allow)  # Allow / Deny in the window
 
     # ------------------------------------------------------------------ downloads
 
@@ -673,30 +702,8 @@ class AppController:
     def _conversation_ended(self, ended: ConversationEnded) -> None:
         log.info("Conversation %d ended", ended.number)
         current = self.profile.current
-        stats = current.last_stats if current is not None else None
-        if stats is not None and (stats.output_underruns or stats.input_lost_s):
-            log.info(
-                "The speaker ran out of the assistant's audio %d times (%.2f s of silence skipped to catch up); "
-                "%.2f s of microphone audio lost",
-                stats.output_underruns,
-                stats.output_skipped_s,
-                stats.input_lost_s,
-            )
-        echo = self._echo
-        if echo is not None and self.settings.hands_free:
-            figures = echo.stats
-            log.info(
-                "Echo cancellation: %d blocks, reference present for %d, missing for %d; %d samples of drift "
-                "corrected, %d resyncs, %d playback samples dropped, reference lead %.0f ms, %.0f µs per block",
-                figures.blocks,
-                figures.reference_blocks,
-                figures.reference_missing_blocks,
-                figures.drift_corrections,
-                figures.resyncs,
-                figures.playback_dropped,
-                figures.reference_lead_s * 1000.0,
-                figures.cost_per_block_s * 1e6,
-            )
+        echo = self._echo if self.settings.hands_free else None
+        log_conversation_figures(current.last_stats if current is not None else None, echo)
         self._keep_in_history()
 
     def _keep_in_history(self) -> None:

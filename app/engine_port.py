@@ -5,24 +5,25 @@ devices only through an ``AudioPort``): prepare the device, load a checkpoint, t
 numerics, and start conversations that turn microphone frames into events. :class:`MLXEngine` is the real one,
 over the :mod:`engine` facade; :class:`FakeEngine` answers without a model or MLX, so that the worker's own
 behaviour (loading, the speed check, one frame in N timed by stage, a failing frame, the length limit) is tested
-in milliseconds. This module imports no MLX itself.
+in milliseconds; it can also script tool calls (``FakeEngine.script_tool_calls``) and waits for their results as
+the session does. This module imports no MLX itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from engine.errors import AudioInputError, CheckpointError, ContextLimitError, SessionClosedError
-from engine.events import AssistantTextDelta, AudioChunk, Event, FrameTiming
+from engine.errors import AudioInputError, CheckpointError, ContextLimitError, SessionClosedError, ToolLoopError
+from engine.events import AssistantTextDelta, AudioChunk, Event, FrameTiming, ToolCall, ToolResponseInjected
 from engine.timeline import FRAME_MS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES, STAGES
 
 if TYPE_CHECKING:
-    from engine import Numerics, VoiceChat
+    from engine import Numerics, ToolResult, VoiceChat
 
 
 class LoadedModel(Protocol):
@@ -53,6 +54,20 @@ class Conversation(Protocol):
     def frame_index(self) -> int: ...
 
     def push(self, samples: np.ndarray, sample_rate: int) -> list[Event]: ...
+
+    @property
+    def awaiting_tool_results(self) -> bool:
+        """True from the frame whose events held completed ``ToolCall``s until they are answered: the model's
+        clock stands still meanwhile (frames still run perception and return silence)."""
+        ...
+
+    @property
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]: ...
+
+    def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
+        """One result per pending call, in order: injected into the function channel, then the deferred frames
+        replay (their events are returned). ``ToolLoopError`` when nothing is pending or the count differs."""
+        ...
 
     def close(self) -> None: ...
 
@@ -199,10 +214,32 @@ class FakeConversation:
         self._frame_index = 0
         self._text = ""
         self.closed = False
+        self._pending_calls: tuple[ToolCall, ...] = ()
+        self._deferred = 0  # frames run while waiting for results (replayed, as the session does)
+        self.answers: list[list[ToolResult]] = []  # every answer_tool_calls, for tests
 
     @property
     def frame_index(self) -> int:
         return self._frame_index
+
+    @property
+    def awaiting_tool_results(self) -> bool:
+        return bool(self._pending_calls)
+
+    @property
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]:
+        return self._pending_calls
+
+    def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
+        if not self._pending_calls:
+            raise ToolLoopError("no tool call is waiting for a result")
+        if len(results) != len(self._pending_calls):
+            raise ToolLoopError(f"{len(self._pending_calls)} calls are pending; {len(results)} results were given")
+        self.answers.append(list(results))
+        self._pending_calls = ()
+        replayed, self._deferred = self._deferred, 0
+        positions = 1 + sum(len(result.content) // 4 + 8 for result in results)  # about a token per 4 characters
+        return [ToolResponseInjected(self._frame_index, positions, tuple(range(positions)), 0.0, replayed)]
 
     def push(self, samples: np.ndarray, sample_rate: int) -> list[Event]:
         if self.closed:
@@ -225,6 +262,18 @@ class FakeConversation:
         if self._max_frames is not None and index >= self._max_frames:
             raise ContextLimitError("the conversation reached its limit; start a new conversation")
         events: list[Event] = []
+        scripted = self._engine.script_tool_calls.get(index)
+        if self._pending_calls:
+            # The clock stands still: perception would run, the model says nothing, the frame plays silence.
+            self._deferred += 1
+            events.append(AudioChunk(index, np.zeros(OUTPUT_FRAME_SAMPLES, np.float32), np.zeros(31, np.int32)))
+            events.append(self._timing(index))
+            self._frame_index += 1
+            return events
+        if scripted:
+            calls = tuple(replace(call, frame_index=index) for call in scripted)
+            self._pending_calls = calls
+            events += calls
         word_every = self._engine.word_every
         if index % word_every == word_every - 1:
             delta = f" word{index}"
@@ -232,21 +281,22 @@ class FakeConversation:
             events.append(AssistantTextDelta(index, 1000 + index, delta, self._text))
         tone = (0.01 * np.sin(np.arange(OUTPUT_FRAME_SAMPLES) * 0.1)).astype(np.float32)
         events.append(AudioChunk(index, tone, np.zeros(31, dtype=np.int32)))
+        events.append(self._timing(index))
+        self._frame_index += 1
+        return events
+
+    def _timing(self, index: int) -> FrameTiming:
         every = self.stage_timing_every
         on_device = every > 0 and index % every == 0
         total = self._engine.frame_ms
-        events.append(
-            FrameTiming(
-                frame_index=index,
-                start_ms=index * FRAME_MS,
-                stages_ms={stage: total / len(STAGES) for stage in STAGES},
-                total_ms=total,
-                host_syncs=5 if on_device else 2,
-                timing_mode="device" if on_device else "host",
-            )
+        return FrameTiming(
+            frame_index=index,
+            start_ms=index * FRAME_MS,
+            stages_ms={stage: total / len(STAGES) for stage in STAGES},
+            total_ms=total,
+            host_syncs=5 if on_device else 2,
+            timing_mode="device" if on_device else "host",
         )
-        self._frame_index += 1
-        return events
 
     def close(self) -> None:
         self.closed = True
@@ -257,12 +307,15 @@ class FakeEngine:
 
     It keeps what the worker asked of it (``loads``, ``warm_ups``, ``numerics_switches``, ``conversations``);
     ``fail_next_push`` (an exception) makes the next push into any conversation raise it.
+    ``script_tool_calls`` maps a frame index to the ``ToolCall``s that frame completes (in every conversation):
+    the conversation then waits for their results, playing silence, as the session does.
     """
 
     def __init__(self, *, frame_ms: float = 20.0, word_every: int = 4) -> None:
         self.frame_ms = frame_ms
         self.word_every = word_every
         self.fail_next_push: Exception | None = None
+        self.script_tool_calls: dict[int, list[ToolCall]] = {}
         self.loads: list[Path] = []
         self.warm_ups = 0
         self.numerics_switches: list[str] = []

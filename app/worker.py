@@ -34,6 +34,14 @@ overlay can show exact per-stage times without paying three extra host syncs on 
 frame. The other frames are timed where the host waited ("host"), which is exact for the
 two phases (listening: perception + RN-T + language; speaking: TTS + codec).
 
+Tools: with a ``ToolRunner`` set (``SetTools``), each new session's system prompt offers its enabled tools
+(``engine.render_tool_prompt``). A frame that completes tool calls leaves the session waiting for their results:
+the calls go to the runner (consent and the tool run on its thread), the worker keeps pushing microphone frames
+(the session returns silence and keeps the user's audio for after), and between two frames, once every result is
+in, answers them with ``answer_tool_calls`` and plays on. Calls that arrive while others are still running, or
+when no tool is offered, are answered at once with the reason. Each answer is reported as ``ToolActivity``, and
+the injected response as ``ToolResponseTiming``.
+
 Concurrency contract
     - ``submit()`` may be called from any thread; commands run in order on the worker.
     - ``emit`` is called on the worker thread and must not block (the controller's
@@ -45,6 +53,7 @@ Concurrency contract
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import queue
@@ -59,7 +68,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.events import AudioChunk, FrameTiming
+from engine.events import AudioChunk, Event, FrameTiming, ToolCall, ToolResponseInjected
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_port import AudioCounters, AudioPort
@@ -78,10 +87,14 @@ from .messages import (
     LoadProgress,
     ModelFallback,
     ModelLoaded,
+    Notice,
     NumericsAdvice,
     NumericsChanged,
     SpeedCheck,
+    ToolActivity,
+    ToolResponseTiming,
 )
+from .tools.runner import OfferedTool, ToolRunner, model_specs, refusal, tool_results
 from .variants import Q4, Variant, variant_for_checkpoint
 
 if TYPE_CHECKING:
@@ -156,11 +169,31 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class SetTools:
+    """Offer the tools of ``runner`` (None: none) from the next conversation on."""
+
+    runner: ToolRunner | None
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-Command = Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Sleep | Shutdown
+Command = (
+    Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | Sleep | SetTools | Shutdown
+)
+
+
+@dataclass
+class ToolBatch:
+    """Calls of one frame with the runner, and answers already decided (calls that came while it ran)."""
+
+    future: concurrent.futures.Future[list[ToolActivity]]
+    frame_index: int
+    started: float  # time.monotonic() when the calls completed
+    calls: int
+    late: list[ToolActivity] = field(default_factory=list)
 
 
 @dataclass
@@ -254,6 +287,10 @@ class EngineWorker(threading.Thread):
         self._idle_pause: SetIdlePause | None = None
         self._last_good: Load | None = None  # the last load that worked: reloaded if a later one fails
         self._numerics: Numerics = "exact"  # what the loaded model runs with
+        self._tools: ToolRunner | None = None
+        self._offered: list[OfferedTool] = []  # what the open session's prompt offers
+        self._tool_warnings: tuple[str, ...] = ()  # the last ones told, so that each is said once
+        self._tool_batch: ToolBatch | None = None
 
     # ------------------------------------------------------------------ any thread
 
@@ -315,6 +352,8 @@ class EngineWorker(threading.Thread):
                     self._pause(command.reason)
             elif isinstance(command, SetNumerics):
                 self._set_numerics(command.numerics)
+            elif isinstance(command, SetTools):
+                self._tools = command.runner
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
             self._fail(f"{command.__class__.__name__} failed: {exc}", exc)
 
@@ -456,7 +495,7 @@ class EngineWorker(threading.Thread):
         # One frame in N pays for exact per-stage times (the profiler's policy); the others keep the fast path.
         self._session = self._engine.start_conversation(
             self._voicechat,
-            system_prompt=self._system_prompt,
+            system_prompt=self._conversation_prompt(),
             max_seconds=self.max_conversation_s,
             stage_timing_every=self.exact_every,
         )
@@ -484,7 +523,36 @@ class EngineWorker(threading.Thread):
         self._set_state(AppState.READY)
         self._emit(ConversationTime(0.0, self.max_conversation_s))
 
+    def _conversation_prompt(self) -> str:
+        """The system prompt, offering the enabled tools when there are any (and the prompt can take them)."""
+        self._offered = []
+        runner = self._tools
+        if runner is None:
+            return self._system_prompt
+        prompt = self._system_prompt
+        offered, warnings = runner.offered()
+        if offered:
+            from engine import render_tool_prompt
+
+            try:
+                prompt = render_tool_prompt(prompt, model_specs(offered))
+            except ValueError as exc:  # ToolPromptError: a non-ASCII prompt, a bad description
+                warnings = [*warnings, f"No tools are offered in this conversation: {exc}."]
+            else:
+                self._offered = offered
+                log.info("Tools offered: %s", ", ".join(f"{t.name} ({t.source_label})" for t in offered))
+        if tuple(warnings) != self._tool_warnings:
+            self._tool_warnings = tuple(warnings)
+            for warning in warnings:
+                log.warning(warning)
+                self._emit(Notice(warning))
+        return prompt
+
     def _close_session(self) -> None:
+        if self._tool_batch is not None:
+            self._tool_batch = None  # its answers would reach no one: the consent prompts close
+            if self._tools is not None:
+                self._tools.cancel_consents()
         if self._session is not None:
             self._session.close()
             self._session = None
@@ -511,6 +579,7 @@ class EngineWorker(threading.Thread):
         self._set_state(AppState.READY)
 
     def _pump_frame(self) -> None:
+        self._answer_tool_calls()  # between two frames, when their results are in
         session = self._session
         frame = self._audio.read_frame(0.02)
         if frame is None or session is None:
@@ -531,6 +600,15 @@ class EngineWorker(threading.Thread):
             self._close_session()
             self._fail(f"The engine failed on a frame: {exc}. Start a new conversation to continue.", exc)
             return
+        self._deliver(events)
+        calls = [event for event in events if isinstance(event, ToolCall)]
+        if calls:
+            self._tool_calls_completed(session, calls)
+        self._note_user(index, frame, key_held)
+        self._maybe_idle_pause(session)
+
+    def _deliver(self, events: list[Event]) -> None:
+        """Play the audio, record the timings, report the rest."""
         gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.noise else 1.0
         for event in events:
             if isinstance(event, AudioChunk):
@@ -542,8 +620,77 @@ class EngineWorker(threading.Thread):
                 self._record(event)
             else:
                 self._emit(event)
-        self._note_user(index, frame, key_held)
-        self._maybe_idle_pause(session)
+
+    def _tool_calls_completed(self, session: Conversation, calls: list[ToolCall]) -> None:
+        """Hand the calls to the runner; the session waits (its frames play silence) until they are answered."""
+        if not session.awaiting_tool_results:
+            return  # a session that does not wait for results: the calls are shown, nothing answers them
+        batch = self._tool_batch
+        if batch is not None:
+            reason = "another tool call is still running; wait for its result before calling again"
+            batch.late += [refusal(call, reason) for call in calls]
+            return
+        future: concurrent.futures.Future[list[ToolActivity]]
+        if self._tools is None or not self._offered:
+            future = concurrent.futures.Future()
+            future.set_result([refusal(call, "no tools are offered in this conversation") for call in calls])
+        else:
+            future = self._tools.run(calls, self._offered)
+        self._tool_batch = ToolBatch(future, calls[0].frame_index, time.monotonic(), len(calls))
+
+    def _answer_tool_calls(self) -> None:
+        batch, session = self._tool_batch, self._session
+        if batch is None or not batch.future.done():
+            return
+        self._tool_batch = None
+        try:
+            activities = batch.future.result() + batch.late
+        except Exception as exc:
+            log.exception("The tool runner failed")
+            activities = [refusal(call, f"the app failed to run the tool: {exc}") for call in self._pending(session)]
+        for activity in activities:
+            self._emit(activity)
+        if session is None or not session.awaiting_tool_results:
+            return
+        pending = self._pending(session)
+        # One answer per pending call, in order (the session counts them): any it holds beyond ours are refused.
+        activities = activities[: len(pending)] + [
+            refusal(call, "the app lost track of this call") for call in pending[len(activities) :]
+        ]
+        try:
+            events = session.answer_tool_calls(tool_results(activities))
+        except Exception as exc:  # noqa: BLE001 - a failing answer must not take the app down
+            self._close_session()
+            self._fail(f"The engine failed to take the tool results: {exc}. Start a new conversation.", exc)
+            return
+        for event in events:
+            if isinstance(event, ToolResponseInjected):
+                turn_s = time.monotonic() - batch.started
+                self._emit(
+                    ToolResponseTiming(
+                        event.frame_index,
+                        len(activities),
+                        event.positions,
+                        event.seconds,
+                        turn_s,
+                        event.replayed_frames,
+                    )
+                )
+                log.info(
+                    "Tool results injected: %d positions in %.2f s; the tool turn took %.2f s; %d frames replayed",
+                    event.positions,
+                    event.seconds,
+                    turn_s,
+                    event.replayed_frames,
+                )
+        self._deliver([event for event in events if not isinstance(event, ToolResponseInjected)])
+        calls = [event for event in events if isinstance(event, ToolCall)]
+        if calls:
+            self._tool_calls_completed(session, calls)  # the replayed frames may hold the next call
+
+    @staticmethod
+    def _pending(session: Conversation | None) -> tuple[ToolCall, ...]:
+        return session.pending_tool_calls if session is not None else ()
 
     def _record(self, timing: FrameTiming) -> None:
         p50, p95, rtf = self._frames.add(timing)

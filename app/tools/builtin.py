@@ -89,7 +89,9 @@ class BuiltinTools:
             timer.name = f"parley-timer-{seconds}s"
             self._timers.append(timer)
             timer.start()
-        return f"Timer set for {describe_duration(seconds)}" + (f" ({label})" if label else "") + "; the app will chime."
+        return (
+            f"Timer set for {describe_duration(seconds)}" + (f" ({label})" if label else "") + "; the app will chime."
+        )
 
     @property
     def running(self) -> int:

@@ -172,9 +172,7 @@ class ToolsConfig:
         server = self.server(source)
         if server is None or server.tool(tool) is None:
             raise ToolsConfigError(f"there is no tool {tool!r} on server {source!r}")
-        tools = tuple(
-            replace(t, enabled=enabled, consent=consent) if t.name == tool else t for t in server.tools
-        )
+        tools = tuple(replace(t, enabled=enabled, consent=consent) if t.name == tool else t for t in server.tools)
         return self.with_server(replace(server, tools=tools))
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import Any, Final, TextIO
 
 from .config import ServerConfig, ToolEntry
 
@@ -41,7 +41,7 @@ class ServerConnection:
         self._stop = asyncio.Event()
         self._client: Any = None
         self._failure: str | None = None
-        self._stderr: IO[str] | None = None
+        self._stderr: TextIO | None = None
         self._stderr_path: Path | None = None
         self.starts = 0  # how many times a process/session was started (for tests and the log)
 
@@ -80,7 +80,9 @@ class ServerConnection:
                 target: Any = config.url
             else:
                 self._stderr = self._open_stderr()
-                params = StdioServerParameters(command=config.command[0], args=list(config.command[1:]), env=dict(config.env))
+                params = StdioServerParameters(
+                    command=config.command[0], args=list(config.command[1:]), env=dict(config.env)
+                )
                 target = stdio_client(params, errlog=self._stderr)
             async with Client(target) as client:
                 self._client = client
@@ -95,7 +97,7 @@ class ServerConnection:
             self._client = None
             self._ready.set()
 
-    def _open_stderr(self) -> IO[str]:
+    def _open_stderr(self) -> TextIO:
         folder = self._log_folder or Path(tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
         self._stderr_path = folder / f"tool-server-{self.config.name}.log"
@@ -124,7 +126,9 @@ class ServerConnection:
         try:
             listed = await asyncio.wait_for(client.list_tools(), timeout_s)
         except TimeoutError:
-            raise ToolFailure(f"the tool server {self.config.name!r} did not list its tools within {timeout_s:g} s") from None
+            raise ToolFailure(
+                f"the tool server {self.config.name!r} did not list its tools within {timeout_s:g} s"
+            ) from None
         entries = []
         for tool in listed.tools:
             annotations = getattr(tool, "annotations", None)

@@ -29,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_OFFERED_TOOLS: Final = 5  # the prompt template's limit (engine.tools.MAX_TOOLS)
-MAX_RESULT_CHARS: Final = 1500  # the envelope's limit (TOOL-LOOP.md)
+MAX_RESULT_CHARS: Final = 1500  # the envelope's limit (engine.tools.MAX_RESULT_CHARS)
+MAX_DESCRIPTION_CHARS: Final = 520  # a description's limit in the prompt (engine.tools.MAX_DESCRIPTION_CHARS)
 DEFAULT_CONSENT_TIMEOUT_S: Final = 30.0
 BUILTIN: Final = "builtin"
 CLOSE_TIMEOUT_S: Final = 10.0
@@ -77,7 +79,9 @@ def builtin_entries(config: ToolsConfig) -> list[ToolEntry]:
     for tool in BUILTIN_TOOLS:
         choice = config.builtin.get(tool.name)
         if choice is not None:
-            tool = ToolEntry(tool.name, tool.description, tool.parameters, tool.read_only, choice.enabled, choice.consent)
+            tool = ToolEntry(
+                tool.name, tool.description, tool.parameters, tool.read_only, choice.enabled, choice.consent
+            )
         entries.append(tool)
     return entries
 
@@ -87,6 +91,29 @@ def tool_results(activities: Sequence[ToolActivity]) -> list[ToolResult]:
     from engine import ToolResult
 
     return [ToolResult(tool=a.tool or "unknown", ok=a.ok, content=a.content) for a in activities]
+
+
+def model_specs(offered: Sequence[OfferedTool]) -> list[Any]:
+    """The engine's ``ToolSpec`` of each offered tool: its description made ASCII and cut to what the prompt
+    takes (the template is ASCII only), its name as the description when it has none."""
+    from engine import ToolSpec
+
+    specs = []
+    for tool in offered:
+        description = " ".join(tool.entry.description.split())
+        # "café" -> "cafe"; what has no ASCII form is dropped
+        description = unicodedata.normalize("NFKD", description).encode("ascii", "ignore").decode("ascii")
+        specs.append(
+            ToolSpec(tool.name, (description or tool.name)[:MAX_DESCRIPTION_CHARS], dict(tool.entry.parameters))
+        )
+    return specs
+
+
+def refusal(call: ToolCall, reason: str) -> ToolActivity:
+    """An answer without running anything (a call that came while another was pending, no tools offered, ...)."""
+    return ToolActivity(
+        call.frame_index, call.name or "", call.arguments, call.raw, "refused", False, _cut(reason), _now()
+    )
 
 
 def _cut(text: str) -> str:
@@ -195,26 +222,24 @@ class ToolRunner:
 
     # ------------------------------------------------------------------ calls (any thread)
 
-    def run(self, calls: Sequence[ToolCall], offered: Sequence[OfferedTool]) -> concurrent.futures.Future[list[ToolActivity]]:
+    def run(
+        self, calls: Sequence[ToolCall], offered: Sequence[OfferedTool]
+    ) -> concurrent.futures.Future[list[ToolActivity]]:
         """Answer ``calls`` (one frame's, in order) against the ``offered`` tools; the future never hangs."""
         return self._submit(self._run_all(list(calls), {tool.name: tool for tool in offered}))
-
-    def refuse(self, call: ToolCall, reason: str) -> ToolActivity:
-        """An answer without running anything (a call that came while another was pending, tools off, ...)."""
-        return ToolActivity(call.frame_index, call.name or "", call.arguments, call.raw, "refused", False, _cut(reason), _now())
 
     def answer_consent(self, request_id: int, allow: bool) -> bool:
         """The user's answer to a ``ConsentRequest``; False when it is no longer waiting (timed out, ended)."""
         future = self._consents.get(request_id)
         if future is None:
             return False
-        self._loop.call_soon_threadsafe(lambda: future.done() or future.set_result(allow))
+        self._loop.call_soon_threadsafe(_settle, future, allow, None)
         return True
 
     def cancel_consents(self, reason: str = "the conversation ended") -> None:
         """Deny every consent still waiting (its conversation is over); their prompts close."""
-        for request_id, future in list(self._consents.items()):
-            self._loop.call_soon_threadsafe(lambda f=future: f.done() or f.set_exception(_Ended(reason)))
+        for future in list(self._consents.values()):
+            self._loop.call_soon_threadsafe(_settle, future, None, _Ended(reason))
 
     @property
     def waiting_for_consent(self) -> int:
@@ -248,7 +273,7 @@ class ToolRunner:
 
     def _connection(self, server: ServerConfig) -> ServerConnection:
         connection = self._connections.get(server.name)
-        if connection is None or connection.config != server and not connection.running:
+        if connection is None or (connection.config != server and not connection.running):
             connection = ServerConnection(server, self._log_folder)
             self._connections[server.name] = connection
         return connection
@@ -264,9 +289,9 @@ class ToolRunner:
         for call in calls:
             try:
                 results.append(await self._run_one(call, offered))
-            except Exception as exc:  # noqa: BLE001 - whatever happens, the model hears back
+            except Exception as exc:
                 log.exception("Tool call %r failed unexpectedly", call.name)
-                results.append(self.refuse(call, f"the app failed to run the tool: {exc}"))
+                results.append(refusal(call, f"the app failed to run the tool: {exc}"))
         return results
 
     async def _run_one(self, call: ToolCall, offered: dict[str, OfferedTool]) -> ToolActivity:
@@ -274,7 +299,16 @@ class ToolRunner:
 
         def answer(decision: str, ok: bool, content: str, consent_s: float = 0.0, run_s: float = 0.0) -> ToolActivity:
             return ToolActivity(
-                call.frame_index, call.name or "", call.arguments, call.raw, decision, ok, _cut(content), at, consent_s, run_s
+                call.frame_index,
+                call.name or "",
+                call.arguments,
+                call.raw,
+                decision,
+                ok,
+                _cut(content),
+                at,
+                consent_s,
+                run_s,
             )
 
         if call.error is not None or call.name is None:
@@ -325,8 +359,9 @@ class ToolRunner:
             return "not answered", f"the call was not run: {ended}"
         finally:
             self._consents.pop(request_id, None)
-            decided = future.result() if future.done() and not future.cancelled() and not future.exception() else None
-            self._post(ConsentClosed(request_id, {True: "allowed", False: "denied"}.get(decided, "not answered")))
+            decided = future.done() and not future.cancelled() and future.exception() is None and future.result()
+            answered = future.done() and not future.cancelled() and future.exception() is None
+            self._post(ConsentClosed(request_id, ("allowed" if decided else "denied") if answered else "not answered"))
 
     async def _execute(self, tool: OfferedTool, arguments: dict[str, Any]) -> tuple[bool, str]:
         if tool.source == BUILTIN:
@@ -338,6 +373,16 @@ class ToolRunner:
         if server is None or not server.enabled:
             raise ToolFailure(f"the tool server {tool.source!r} is no longer configured")
         return await self._connection(server).call(tool.name, arguments, tool.timeout_s)
+
+
+def _settle(future: asyncio.Future[bool], allow: bool | None, error: BaseException | None) -> None:
+    """On the loop: answer a consent wait unless it is already over."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(bool(allow))
 
 
 class _Ended(Exception):
