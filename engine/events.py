@@ -2,8 +2,9 @@
 
 Events hold only plain Python values and NumPy arrays, so they can cross from the
 engine thread to any other thread safely. Within one frame they come in this order:
-user transcript, assistant text, function channel (and tool calls), audio, timing. :meth:`Session.answer_tool_calls`
-returns the replayed frames' events, then :class:`ToolResponseInjected`.
+user transcript, assistant text, function channel (and tool calls), audio, timing.
+:meth:`engine.session.Session.answer_tool_calls` returns :class:`ToolResponseInjected`, then the replayed
+frames' events.
 """
 
 from __future__ import annotations

@@ -21,21 +21,25 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
 
-from .errors import AudioInputError, ContextLimitError, SessionClosedError
+from .errors import AudioInputError, ContextLimitError, SessionClosedError, ToolLoopError
 from .events import (
     AssistantTextDelta,
     AudioChunk,
     Cancelled,
+    DeferredFramesDropped,
     Done,
     Event,
     FunctionDelta,
+    ToolCall,
+    ToolResponseInjected,
     UserTranscriptDelta,
 )
 from .hooks import NO_HOOKS, FrameHooks, Probe
@@ -54,7 +58,15 @@ from .networks.rnnt import (
 )
 from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
-from .tools import ToolCallParser
+from .tools import ToolCallParser, ToolResult, tool_response_ids
+
+MAX_DEFERRED_FRAMES = 250
+"""Mic frames (20 s) kept for replay while a tool call waits for its results; older ones are dropped."""
+SILENCE_EMBEDDING_FRAMES = 13
+"""Frames of zeros (1.04 s) perceived from a fresh state to make the audio channel of an injected position."""
+
+IdOverride = Callable[[int, int], tuple[int, int]]
+"""``(text_id, function_id) -> (text_id, function_id)``: replaces a frame's greedy ids (a test seam)."""
 
 
 @dataclass
@@ -113,6 +125,18 @@ class Session:
             codes, their sum, text id), "tts.output", "codec.codes", "codec.samples"; lazy arrays). A frame
             emits the :class:`FrameTiming` the hooks' ``end_frame`` returns (a
             :class:`engine.profiler.FrameProfiler` times each frame; the default, :data:`NO_HOOKS`, none).
+        await_tool_results: whether a completed tool call stops the clock until :meth:`answer_tool_calls` answers
+            it (set it where the system prompt offers tools: :func:`engine.tools.render_tool_prompt`). False, the
+            default, is the reference's behaviour: calls are reported and the conversation goes on.
+        override_ids: replaces each frame's greedy (text, function) ids before the session adopts them
+            (:class:`engine.tools.ScriptedChannels` scripts a tool call on random weights); None, the default,
+            changes nothing. With it the TTS takes the text id on the host (so it speaks the adopted one).
+
+    Tool calls (docs/tools.md), with ``await_tool_results``: a call completed on the function channel stops the
+    clock. From the frame whose events hold its :class:`ToolCall` (s), :attr:`awaiting_tool_results` is true: the
+    LLM and TTS stand still, each mic frame still runs perception and the RN-T (the user's transcript keeps
+    coming) and returns a silent :class:`AudioChunk`, and its audio-channel embedding is kept for replay.
+    :meth:`answer_tool_calls` injects the results, replays those frames and lets the clock run again.
     """
 
     def __init__(
@@ -123,6 +147,8 @@ class Session:
         seed: int = 0,
         max_seconds: float | None = None,
         hooks: FrameHooks = NO_HOOKS,
+        await_tool_results: bool = False,
+        override_ids: IdOverride | None = None,
     ) -> None:
         if max_seconds is not None and max_seconds <= 0:
             raise ValueError(f"max_seconds must be positive, got {max_seconds}")
@@ -148,6 +174,11 @@ class Session:
         self._text = StreamingDetokenizer(voicechat.tokenizer, special)
         self._function = StreamingDetokenizer(voicechat.tokenizer, special)
         self._tools = ToolCallParser(voicechat.tokenizer)
+        self.await_tool_results = await_tool_results
+        self._override_ids = override_ids
+        self._pending_calls: tuple[ToolCall, ...] = ()
+        self._deferred: deque[mx.array] = deque()  # held frames' projected audio, oldest first
+        self._dropped_frames = 0  # held frames dropped in this wait (over MAX_DEFERRED_FRAMES)
         self._silence_codes = self._speech.codec_silence_tokens[None, None, :]
 
         mx.random.seed(seed)
@@ -197,12 +228,25 @@ class Session:
 
     @property
     def text_ids(self) -> list[int]:
-        """Text-channel ids of every audio frame (prompt steps excluded)."""
+        """Text-channel ids of every timeline position after the prompt: each stepped audio frame, and each
+        position of an injected tool response (PAD). Frames held while a call waits take no position."""
         return self._text_ids[self._prompt_steps :]
 
     @property
     def function_ids(self) -> list[int]:
+        """Function-channel ids of the same positions as :attr:`text_ids` (an injected response's forced ids)."""
         return self._function_ids[self._prompt_steps :]
+
+    @property
+    def awaiting_tool_results(self) -> bool:
+        """True from the frame whose events hold the completing :class:`ToolCall` (s) until
+        :meth:`answer_tool_calls` answers them: the clock is stopped."""
+        return bool(self._pending_calls) and not self._closed
+
+    @property
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]:
+        """The calls waiting for results, in the order :meth:`answer_tool_calls` takes their results."""
+        return self._pending_calls if not self._closed else ()
 
     # ------------------------------------------------------------------ setup
 
@@ -320,7 +364,7 @@ class Session:
         self,
         text_array: mx.array,
         function_array: mx.array,
-        encoded: mx.array,
+        encoded: mx.array | None,
         proposal: RNNTProposal | None,
         events: list[Event],
     ) -> tuple[int, int]:
@@ -328,16 +372,21 @@ class Session:
         delta, if any, joins ``events``."""
         # Both are int32 scalars: ``item()`` gives an int (MLX's stub also allows float and complex).
         text_id, function_id = int(cast(int, text_array.item())), int(cast(int, function_array.item()))
+        if self._override_ids is not None:
+            text_id, function_id = self._override_ids(text_id, function_id)
         self._text_ids.append(text_id)
         self._function_ids.append(function_id)
-        if proposal is not None:
-            config = self.config
-            symbols = cast(list[int], proposal.symbols.tolist())  # (attempts,) int32
-            self._rnnt_attempts = next_first_pass(symbols, config.audio_config.max_symbols)
-            transcript = self._rnnt.commit(self.caches.rnnt, encoded, proposal, symbols, self._hooks)
-            if transcript is not None:
-                events.append(UserTranscriptDelta(self._frame_index, *transcript))
+        if proposal is not None and encoded is not None:
+            self._commit_transcript(encoded, proposal, events)
         return text_id, function_id
+
+    def _commit_transcript(self, encoded: mx.array, proposal: RNNTProposal, events: list[Event]) -> None:
+        """Commit the frame's (evaluated) RN-T proposal; its transcript delta, if any, joins ``events``."""
+        symbols = cast(list[int], proposal.symbols.tolist())  # (attempts,) int32
+        self._rnnt_attempts = next_first_pass(symbols, self.config.audio_config.max_symbols)
+        transcript = self._rnnt.commit(self.caches.rnnt, encoded, proposal, symbols, self._hooks)
+        if transcript is not None:
+            events.append(UserTranscriptDelta(self._frame_index, *transcript))
 
     def _step_frame(self, frame: np.ndarray) -> list[Event]:
         if self.max_frames is not None and self._frame_index >= self.max_frames:
@@ -345,12 +394,17 @@ class Session:
                 f"the conversation reached its {round(self.max_frames * self.config.frame_duration, 2):g} s limit; "
                 "start a new conversation"
             )
-        hooks, caches, config = self._hooks, self.caches, self.config
-        hooks.begin_frame(self._frame_index)
-        events: list[Event] = []
+        if self._pending_calls:
+            return self._hold_frame(frame)
+        self._hooks.begin_frame(self._frame_index)
+        projected, encoded, proposal = self._perceive(frame)
+        events = self._respond(projected, encoded, proposal)
+        self._frame_index += 1
+        return events
 
-        # Phase 1 — perception, RNN-T and the LLM, built as one graph (read back here, or with the samples).
-        probe = hooks.sub_stage if hooks.sub_stages else None
+    def _perceive(self, frame: np.ndarray) -> tuple[mx.array, mx.array, RNNTProposal | None]:
+        """Phase 1's first half: perception and the RN-T's proposal (launched, not read back)."""
+        hooks, caches = self._hooks, self.caches
         projected, encoded = self._stt.perception.step(caches.perception, mx.array(frame), hooks)
         perceived = (projected, encoded, *caches.perception.arrays())
         hooks.stage("perception", *perceived)
@@ -362,6 +416,14 @@ class Session:
         rnnt_outputs = [proposal.symbols, proposal.last_token, *proposal.hidden] if proposal else []
         hooks.launch_part(*rnnt_outputs)
         hooks.stage("rnnt", *rnnt_outputs)
+        return projected, encoded, proposal
+
+    def _respond(self, projected: mx.array, encoded: mx.array | None, proposal: RNNTProposal | None) -> list[Event]:
+        """The rest of a frame on ``projected`` (the audio channel): the LLM, the TTS and the codec; returns the
+        frame's events and ends it with the hooks. A replayed frame comes with no RN-T ``proposal``."""
+        hooks, caches, config = self._hooks, self.caches, self.config
+        events: list[Event] = []
+        probe = hooks.sub_stage if hooks.sub_stages else None
         text_array, function_array = self._language_step(projected, generate=True, probe=probe)  # type: ignore[misc]
         hooks.launch(text_array, function_array, *caches.language.arrays())
         phase_one = [
@@ -371,7 +433,7 @@ class Session:
             *caches.perception.arrays(),
             *caches.language.arrays(),
         ]
-        one_sync = self._tts_spells_on_device
+        one_sync = self._tts_spells_on_device and self._override_ids is None
         if one_sync:
             # Fast numerics: the TTS takes the text id on the device, so the frame is built to its end while the
             # device computes, and the ids are read with the samples.
@@ -413,7 +475,10 @@ class Session:
         function_update = self._function.append(function_id)
         if function_update is not None:
             events.append(FunctionDelta(self._frame_index, function_id, *function_update))
-        events.extend(self._tools.push(function_id, self._frame_index, ignored=config.special_text_ids))
+        calls = self._tools.push(function_id, self._frame_index, ignored=config.special_text_ids)
+        events.extend(calls)
+        if self._tools.ended_call and self.await_tool_results:
+            self._pending_calls = tuple(calls)  # the clock stops from the next frame
         if samples.shape[0] != config.output_frame_samples:
             raise RuntimeError(f"codec returned {samples.shape[0]} samples, expected {config.output_frame_samples}")
         events.append(
@@ -428,8 +493,113 @@ class Session:
         timing = hooks.end_frame()
         if timing is not None:
             events.append(timing)
+        return events
+
+    # ------------------------------------------------------------------ the tool loop (docs/tools.md)
+
+    def _hold_frame(self, frame: np.ndarray) -> list[Event]:
+        """A mic frame while tool results are awaited (the clock stopped): perception and the RN-T run (the
+        user's transcript keeps coming), the projected audio waits for replay (at most
+        :data:`MAX_DEFERRED_FRAMES`, the oldest dropped beyond), and the frame's audio is silence."""
+        hooks, config = self._hooks, self.config
+        hooks.begin_frame(self._frame_index)
+        events: list[Event] = []
+        projected, encoded, proposal = self._perceive(frame)
+        hooks.sync(projected, *([proposal.symbols] if proposal else []), *self.caches.perception.arrays())
+        if proposal is not None:
+            self._commit_transcript(encoded, proposal, events)
+        if len(self._deferred) >= MAX_DEFERRED_FRAMES:
+            self._deferred.popleft()
+            self._dropped_frames += 1
+            events.append(DeferredFramesDropped(self._frame_index, self._dropped_frames))
+        self._deferred.append(projected)
+        silence = np.asarray(self._speech.codec_silence_tokens, dtype=np.int32)
+        events.append(
+            AudioChunk(
+                frame_index=self._frame_index,
+                samples=np.zeros(config.output_frame_samples, dtype=np.float32),
+                codes=silence,
+                sample_rate=config.output_sample_rate,
+                codes_raw=silence.copy(),
+            )
+        )
+        timing = hooks.end_frame()
+        if timing is not None:
+            events.append(timing)
         self._frame_index += 1
         return events
+
+    @functools.cached_property
+    def _silence_embedding(self) -> mx.array:
+        """The audio channel of an injected position: "encoded silence", the projection of the last of
+        :data:`SILENCE_EMBEDDING_FRAMES` frames of zeros perceived from a fresh state (speech-swift's choice)."""
+        perception = self._stt.perception
+        state = perception.make_state()
+        zeros = mx.zeros((self.frame_samples,), dtype=mx.float32)
+        for _ in range(SILENCE_EMBEDDING_FRAMES):
+            projected, _ = perception.step(state, zeros, NO_HOOKS)
+            mx.eval(projected, *state.arrays())
+        return projected
+
+    def _inject_tool_response(self, token_ids: Sequence[int]) -> None:
+        """Force a tool response into the function channel, the training layout's insertion: the clock stopped,
+        one timeline position per id, unpaced. At each position:
+
+        * function channel: the forced id is the position's output, fed back as a generated id would be, so
+          position t's input carries the id forced at t-1 (the first carries the call's last id, ``<SPECIAL_21>``,
+          and the frame after the response carries ``<SPECIAL_22>``);
+        * text channel: PAD is the output, so every input after the first carries ``E[PAD]`` (the first carries
+          the last frame's text id, as any position does);
+        * audio channel: :attr:`_silence_embedding`;
+        * the TTS steps with PAD, as in the prompt's prefill; no audio comes out and the codec stands still.
+        """
+        pad, silence = self.config.pad_token_id, self._silence_embedding
+        for token_id in token_ids:
+            self._language_step(silence, generate=False)
+            self._text_ids.append(pad)
+            self._function_ids.append(token_id)
+            self._tts_step(pad)
+            self._timeline_index += 1
+            mx.eval(self.caches.arrays())
+
+    def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
+        """Give the model the results of :attr:`pending_tool_calls`, one per call in their order, and let the
+        clock run again.
+
+        The results are rendered (:func:`engine.tools.tool_response_ids`: at most 512 tokens, then
+        ``<SPECIAL_22>``) and injected (:meth:`_inject_tool_response`); then the mic frames held meanwhile are
+        replayed in order as ordinary frames on the resume frame's index (their text, function, audio and timing
+        events; their transcript came live). Returns :class:`ToolResponseInjected`, then the replayed frames'
+        events. A replayed frame that completes a new call stops the clock again; the frames after it stay held.
+
+        Raises:
+            ToolLoopError: no call is pending, or not one result per pending call (nothing is injected).
+            SessionClosedError: the session was flushed, cancelled or closed.
+        """
+        if self._closed:
+            raise SessionClosedError("this conversation has ended; start a new one")
+        pending = self._pending_calls
+        if not pending:
+            raise ToolLoopError("no tool call is waiting for results")
+        if len(results) != len(pending):
+            raise ToolLoopError(f"{len(pending)} tool call(s) are waiting for results; received {len(results)}")
+        for result in results:
+            if not isinstance(result, ToolResult):
+                raise ToolLoopError(f"a tool result must be a ToolResult, received {type(result).__name__}")
+        token_ids = tool_response_ids(results, self.voicechat.tokenizer)
+        started = time.perf_counter()
+        self._inject_tool_response(token_ids)
+        seconds = time.perf_counter() - started
+        self._pending_calls, self._dropped_frames = (), 0
+        replayed: list[Event] = []
+        count = 0
+        while self._deferred and not self._pending_calls:
+            projected = self._deferred.popleft()
+            self._hooks.begin_frame(self._frame_index)
+            replayed.extend(self._respond(projected, None, None))
+            count += 1
+        injected = ToolResponseInjected(self._frame_index, len(token_ids), tuple(token_ids), seconds, count)
+        return [injected, *replayed]
 
     # ------------------------------------------------------------------ public API
 
@@ -491,6 +661,7 @@ class Session:
         )
         events.append(Done(self._frame_index))
         self._closed = True
+        self._pending_calls, self._deferred = (), deque()
         return events
 
     def cancel(self) -> list[Event]:
@@ -499,12 +670,14 @@ class Session:
             return []
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
+        self._pending_calls, self._deferred = (), deque()
         return [Cancelled(self._frame_index)]
 
     def close(self) -> None:
         """Release the caches (the conversation cannot continue afterwards)."""
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
+        self._pending_calls, self._deferred = (), deque()
 
     def age(self, positions: int, *, seed: int = 0) -> None:
         """Make the conversation ``positions`` frames older: every attention cache that grows (the LLM's and the

@@ -173,13 +173,22 @@ def tool_response_ids(
 
 
 class ToolCallParser:
-    """Collects function-channel tokens between the start and end markers."""
+    """Collects function-channel tokens between the start and end markers.
 
-    def __init__(self, tokenizer: TextTokenizer) -> None:
+    A call ends at ``<SPECIAL_21>``, or after ``max_positions`` positions without it (a :class:`ToolCall` whose
+    error says so); either way :attr:`ended_call` is true for that push, and the session waits for the call's
+    results. A new ``<SPECIAL_20>`` inside an open call abandons the open one (a :class:`ToolCall` with an error,
+    not waited for: the new call goes on).
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, max_positions: int = MAX_CALL_POSITIONS) -> None:
         self._tokenizer = tokenizer
         self._start = tokenizer.token_to_id(CALL_START)
         self._end = tokenizer.token_to_id(CALL_END)
+        self._max_positions = max_positions
         self._tokens: list[int] | None = None  # None while outside a call
+        self._positions = 0  # positions since the open call's start
+        self.ended_call = False  # whether the last push ended a call (at its end marker or its bound)
 
     @property
     def in_call(self) -> bool:
@@ -187,15 +196,27 @@ class ToolCallParser:
 
     def push(self, token_id: int, frame_index: int, *, ignored: frozenset[int] = frozenset()) -> list[ToolCall]:
         """Feed one function-channel id; returns the calls it completes."""
+        self.ended_call = False
         if token_id == self._start:
             # A new start inside an open call abandons the unfinished one.
             abandoned = self._finish(frame_index, complete=False) if self._tokens else []
-            self._tokens = []
+            self._tokens, self._positions = [], 0
             return abandoned
+        if self._tokens is None:
+            return []
         if token_id == self._end:
-            return self._finish(frame_index, complete=True) if self._tokens is not None else []
-        if self._tokens is not None and token_id not in ignored:
+            self.ended_call = True
+            return self._finish(frame_index, complete=True)
+        if token_id not in ignored:
             self._tokens.append(token_id)
+        self._positions += 1
+        if self._positions >= self._max_positions:
+            self.ended_call = True
+            raw = self._tokenizer.decode(self._tokens).strip()
+            self._tokens = None
+            return [
+                ToolCall(frame_index, raw=raw, error=f"the call did not end within {self._max_positions} positions")
+            ]
         return []
 
     def _finish(self, frame_index: int, *, complete: bool) -> list[ToolCall]:
@@ -236,3 +257,25 @@ def parse_tool_calls(raw: str, frame_index: int) -> list[ToolCall]:
             continue
         calls.append(ToolCall(frame_index, raw=raw, name=item["name"], arguments=arguments))
     return calls
+
+
+class ScriptedChannels:
+    """A test seam for :class:`engine.session.Session` (its ``override_ids``): plays scripted ids in place of the
+    heads' greedy choices, one per frame, then lets the heads choose again. Random weights never call a tool; a
+    script makes them. Each channel's script runs on its own (an empty one leaves that channel to the model)."""
+
+    def __init__(self, function_ids: Sequence[int] = (), text_ids: Sequence[int] = ()) -> None:
+        self._function: list[int] = list(function_ids)
+        self._text: list[int] = list(text_ids)
+
+    def extend(self, function_ids: Sequence[int] = (), text_ids: Sequence[int] = ()) -> None:
+        """Script more frames after those still to come."""
+        self._function.extend(function_ids)
+        self._text.extend(text_ids)
+
+    def __call__(self, text_id: int, function_id: int) -> tuple[int, int]:
+        if self._text:
+            text_id = self._text.pop(0)
+        if self._function:
+            function_id = self._function.pop(0)
+        return text_id, function_id
