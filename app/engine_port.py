@@ -102,10 +102,12 @@ class EnginePort(Protocol):
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> Conversation:
         """A new conversation (its system prompt prefilled; None: the checkpoint's default). Every frame emits
         its timing; frames whose index is a multiple of ``stage_timing_every`` (0: none) are timed stage by
-        stage on the device."""
+        stage on the device. With ``await_tool_results`` (the prompt offers tools) a completed tool call stops
+        the model's clock until ``answer_tool_calls``."""
         ...
 
 
@@ -155,11 +157,19 @@ class MLXEngine:
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> Conversation:
         from engine import FrameProfiler, Session
 
         hooks = FrameProfiler(stage_timing_every=stage_timing_every)
-        return Session(_voicechat(model), system_prompt=system_prompt, seed=seed, max_seconds=max_seconds, hooks=hooks)
+        return Session(
+            _voicechat(model),
+            system_prompt=system_prompt,
+            seed=seed,
+            max_seconds=max_seconds,
+            hooks=hooks,
+            await_tool_results=await_tool_results,
+        )
 
 
 def _voicechat(model: LoadedModel) -> VoiceChat:
@@ -204,9 +214,15 @@ class FakeConversation:
     then the frame's timing. The sample rate and the length limit are checked as the session checks them."""
 
     def __init__(
-        self, engine: FakeEngine, system_prompt: str | None, max_seconds: float | None, stage_timing_every: int
+        self,
+        engine: FakeEngine,
+        system_prompt: str | None,
+        max_seconds: float | None,
+        stage_timing_every: int,
+        await_tool_results: bool = False,
     ) -> None:
         self._engine = engine
+        self.await_tool_results = await_tool_results
         self.system_prompt = system_prompt
         self._max_frames = None if max_seconds is None else int(max_seconds * 1000.0 / FRAME_MS)
         self.stage_timing_every = stage_timing_every
@@ -272,7 +288,8 @@ class FakeConversation:
             return events
         if scripted:
             calls = tuple(replace(call, frame_index=index) for call in scripted)
-            self._pending_calls = calls
+            if self.await_tool_results:
+                self._pending_calls = calls
             events += calls
         word_every = self._engine.word_every
         if index % word_every == word_every - 1:
@@ -358,7 +375,8 @@ class FakeEngine:
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> FakeConversation:
-        conversation = FakeConversation(self, system_prompt, max_seconds, stage_timing_every)
+        conversation = FakeConversation(self, system_prompt, max_seconds, stage_timing_every, await_tool_results)
         self.conversations.append(conversation)
         return conversation

@@ -492,12 +492,14 @@ class EngineWorker(threading.Thread):
         self._close_session()  # also keeps the old conversation's unread microphone audio out of the next one
         if self._voicechat is None:
             return
+        prompt = self._conversation_prompt()  # offers the enabled tools, if any
         # One frame in N pays for exact per-stage times (the profiler's policy); the others keep the fast path.
         self._session = self._engine.start_conversation(
             self._voicechat,
-            system_prompt=self._conversation_prompt(),
+            system_prompt=prompt,
             max_seconds=self.max_conversation_s,
             stage_timing_every=self.exact_every,
+            await_tool_results=bool(self._offered),
         )
 
     def _start_session(self) -> None:

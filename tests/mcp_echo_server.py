@@ -2,7 +2,8 @@
 
 Tools: ``echo`` (returns its text), ``add`` (two integers), ``slow`` (sleeps, to test the runner's time limit),
 ``fail`` (raises: the call comes back as an MCP error result), ``environment`` (which variables the server
-process was given: the runner restricts them).
+process was given: the runner restricts them), ``record`` (appends its text to the file named by the
+``PARLEY_TEST_RECORD`` variable: a side effect tests can see) and ``pid`` (the server's process id).
 Run: ``python tests/mcp_echo_server.py`` (it speaks MCP on stdin/stdout).
 """
 
@@ -12,6 +13,7 @@ import os
 import time
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("parley-test-echo")
 
@@ -38,7 +40,21 @@ def slow(seconds: float) -> str:
 @server.tool()
 def fail(reason: str) -> str:
     """Always fails with the reason given."""
-    raise RuntimeError(reason)
+    raise ToolError(reason)
+
+
+@server.tool()
+def record(text: str) -> str:
+    """Append the text to the record file."""
+    with open(os.environ["PARLEY_TEST_RECORD"], "a", encoding="utf-8") as stream:
+        stream.write(text + "\n")
+    return f"recorded {text}"
+
+
+@server.tool()
+def pid() -> int:
+    """This server's process id."""
+    return os.getpid()
 
 
 @server.tool()

@@ -142,9 +142,13 @@ class ServerConnection:
         return tuple(entries)
 
     async def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
-        """Run one tool; (ok, text). A result the server flags as an error is (False, its text)."""
+        """Run one tool (the server started first, if needed: at most ``timeout_s`` each); (ok, text). A result the
+        server flags as an error is (False, its text)."""
         client = await self.ensure_started(timeout_s)
-        result = await client.call_tool(name, arguments)
+        try:
+            result = await asyncio.wait_for(client.call_tool(name, arguments), timeout_s)
+        except TimeoutError:
+            raise ToolFailure(f"the tool {name} did not finish within {timeout_s:g} s") from None
         parts = []
         for block in result.content:
             text = getattr(block, "text", None)
@@ -157,10 +161,14 @@ class ServerConnection:
         return not result.is_error, text or ("(no output)" if not result.is_error else "the tool failed")
 
     async def close(self) -> None:
-        """Stop the server (its process ends); waits for the SDK's bounded shutdown."""
+        """Stop the server (its process ends): a running one leaves its session (the SDK's shutdown, every wait
+        bounded), one still starting is cancelled."""
         task, self._task = self._task, None
+        starting = self._client is None
         self._stop.set()
         if task is not None and not task.done():
+            if starting:
+                task.cancel()
             try:
                 await asyncio.wait_for(task, 8.0)
             except (TimeoutError, asyncio.CancelledError):

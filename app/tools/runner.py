@@ -12,9 +12,9 @@ frames meanwhile and answers the engine once the future is done. For each call, 
 4. **Consent.** ``never``: denied. ``always``: go. ``ask``: a ``ConsentRequest`` goes to the window and the call
    waits for :meth:`ToolRunner.answer_consent`, at most ``consent_timeout_s`` (30 s); unanswered is denied with
    "the user did not answer".
-5. **Run.** The built-in tool, or the MCP server (started now if it is not running), at most the server's
-   ``timeout_s`` (15 s by default) start included; a server that fails, a tool that errs or overruns is answered
-   with the reason.
+5. **Run.** The built-in tool, or the MCP server's (started now if it is not running): the start and the call
+   each at most the server's ``timeout_s`` (15 s by default); a server that fails, a tool that errs or overruns
+   is answered with the reason.
 
 Every answer is a :class:`~app.messages.ToolActivity` (what was called, decided and told, and when); the worker
 turns them into the engine's ``ToolResult`` (:func:`tool_results`). Results are cut to ``MAX_RESULT_CHARS`` here so
@@ -119,7 +119,8 @@ def refusal(call: ToolCall, reason: str) -> ToolActivity:
 def _cut(text: str) -> str:
     if len(text) <= MAX_RESULT_CHARS:
         return text
-    return text[: MAX_RESULT_CHARS - 24].rstrip() + " … (result shortened)"
+    mark = " … (result shortened)"
+    return text[: MAX_RESULT_CHARS - len(mark)] + mark
 
 
 def _now() -> str:
@@ -334,9 +335,7 @@ class ToolRunner:
                 return answer(decision, False, denial, consent_s)
         started = time.monotonic()
         try:
-            ok, text = await asyncio.wait_for(self._execute(tool, arguments), tool.timeout_s)
-        except TimeoutError:
-            ok, text = False, f"the tool {call.name} did not finish within {tool.timeout_s:g} s"
+            ok, text = await self._execute(tool, arguments)  # bounded: the start and the call each by timeout_s
         except ToolFailure as exc:
             ok, text = False, str(exc)
         except Exception as exc:  # noqa: BLE001 - a tool's own failure is a result
