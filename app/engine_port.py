@@ -278,19 +278,18 @@ class FakeConversation:
         if self._max_frames is not None and index >= self._max_frames:
             raise ContextLimitError("the conversation reached its limit; start a new conversation")
         events: list[Event] = []
-        scripted = self._engine.script_tool_calls.get(index)
-        if self._pending_calls:
+        scripted = tuple(replace(call, frame_index=index) for call in self._engine.script_tool_calls.get(index, ()))
+        waiting = bool(self._pending_calls)
+        if self.await_tool_results:
+            self._pending_calls += scripted  # a call scripted while others wait joins them (the app refuses it)
+        events += scripted
+        if waiting:
             # The clock stands still: perception would run, the model says nothing, the frame plays silence.
             self._deferred += 1
             events.append(AudioChunk(index, np.zeros(OUTPUT_FRAME_SAMPLES, np.float32), np.zeros(31, np.int32)))
             events.append(self._timing(index))
             self._frame_index += 1
             return events
-        if scripted:
-            calls = tuple(replace(call, frame_index=index) for call in scripted)
-            if self.await_tool_results:
-                self._pending_calls = calls
-            events += calls
         word_every = self._engine.word_every
         if index % word_every == word_every - 1:
             delta = f" word{index}"
