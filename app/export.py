@@ -118,7 +118,8 @@ class Transcript:
             self.entries.append(TranscriptEntry("tool result", event.frame_index, describe_activity(event)))
         elif isinstance(event, ToolResponseTiming):
             text = (
-                f"{event.calls} result{'s' if event.calls != 1 else ''} given to the model: {event.positions} positions in {event.inject_s:.2f} s; "
+                f"{event.calls} result{'s' if event.calls != 1 else ''} given to the model: "
+                f"{event.positions} positions in {event.inject_s:.2f} s; "
                 f"the tool turn took {event.turn_s:.2f} s; {event.replayed_frames} frames of the user replayed"
             )
             self.entries.append(TranscriptEntry("tool response", event.frame_index, text))

@@ -198,7 +198,8 @@ class TranscriptView(QWidget):
     def add_tool_response(self, timing: ToolResponseTiming) -> None:
         """The model was given the results: how long the whole tool turn took."""
         body = (
-            f"{timing.calls} result{'s' if timing.calls != 1 else ''} in {timing.positions} positions ({timing.inject_s:.2f} s); "
+            f"{timing.calls} result{'s' if timing.calls != 1 else ''} in {timing.positions} positions "
+            f"({timing.inject_s:.2f} s); "
             f"the tool turn took {timing.turn_s:.1f} s"
         )
         self._add_tool_entry("The assistant heard back", body, failed=False)
