@@ -16,7 +16,8 @@ The engine's layers, each importing only from its own or lower ones (docs/archit
 * :mod:`engine.networks`: the networks, which hold weights and no conversation state;
 * :mod:`engine.numerics`: exact or fast, and which fast parts this device admitted;
 * :mod:`engine.model` (the networks assembled, and loading a checkpoint) and :mod:`engine.random_model`;
-* :mod:`engine.session` (one conversation, frame by frame) and :mod:`engine.tools` (tool calls);
+* :mod:`engine.session` (one conversation, frame by frame), :mod:`engine.tools` (tool calls, the tool prompt and
+  response) and :mod:`engine.tool_turn` (the held frames while a call waits);
 * instrumentation: :mod:`engine.profiler`, :mod:`engine.counters` (the census), :mod:`engine.pricing`,
   :mod:`engine.profile_log`;
 * this facade.
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .session import speaker_prompt as speaker_prompt
     from .session import warm_up as warm_up
     from .tools import MAX_TOOLS as MAX_TOOLS
+    from .tools import ScriptedChannels as ScriptedChannels
     from .tools import ToolResult as ToolResult
     from .tools import ToolSpec as ToolSpec
     from .tools import render_tool_prompt as render_tool_prompt
@@ -121,6 +123,7 @@ _EXPORTS: dict[str, str] = {
     "ToolResult": ".tools",
     "render_tool_prompt": ".tools",
     "render_tool_response": ".tools",
+    "ScriptedChannels": ".tools",
     # numerics
     "NUMERICS": ".numerics",
     "Numerics": ".numerics",

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,7 +33,6 @@ from .events import (
     AssistantTextDelta,
     AudioChunk,
     Cancelled,
-    DeferredFramesDropped,
     Done,
     Event,
     FunctionDelta,
@@ -58,12 +56,8 @@ from .networks.rnnt import (
 )
 from .networks.tts import SpeakerPrompt, TTSCache, TTSInput, build_speaker_prompt
 from .ops.cache import KVCache, SlidingKVCache
+from .tool_turn import HeldFrames, encoded_silence, silent_chunk
 from .tools import ToolCallParser, ToolResult, tool_response_ids
-
-MAX_DEFERRED_FRAMES = 250
-"""Mic frames (20 s) kept for replay while a tool call waits for its results; older ones are dropped."""
-SILENCE_EMBEDDING_FRAMES = 13
-"""Frames of zeros (1.04 s) perceived from a fresh state to make the audio channel of an injected position."""
 
 IdOverride = Callable[[int, int], tuple[int, int]]
 """``(text_id, function_id) -> (text_id, function_id)``: replaces a frame's greedy ids (a test seam)."""
@@ -177,8 +171,7 @@ class Session:
         self.await_tool_results = await_tool_results
         self._override_ids = override_ids
         self._pending_calls: tuple[ToolCall, ...] = ()
-        self._deferred: deque[mx.array] = deque()  # held frames' projected audio, oldest first
-        self._dropped_frames = 0  # held frames dropped in this wait (over MAX_DEFERRED_FRAMES)
+        self._held = HeldFrames()  # the projected audio of the mic frames held while a call waits
         self._silence_codes = self._speech.codec_silence_tokens[None, None, :]
 
         mx.random.seed(seed)
@@ -195,6 +188,8 @@ class Session:
         )
         self._prefill(self.system_prompt)
         mx.eval(self.caches.arrays())
+        if await_tool_results:
+            _ = self._silence_embedding  # made now, so the first tool turn does not pay for it
 
     # ------------------------------------------------------------------ properties
 
@@ -500,7 +495,7 @@ class Session:
     def _hold_frame(self, frame: np.ndarray) -> list[Event]:
         """A mic frame while tool results are awaited (the clock stopped): perception and the RN-T run (the
         user's transcript keeps coming), the projected audio waits for replay (at most
-        :data:`MAX_DEFERRED_FRAMES`, the oldest dropped beyond), and the frame's audio is silence."""
+        :data:`engine.tool_turn.MAX_DEFERRED_FRAMES`, the oldest dropped beyond), and the frame's audio is silence."""
         hooks, config = self._hooks, self.config
         hooks.begin_frame(self._frame_index)
         events: list[Event] = []
@@ -508,21 +503,11 @@ class Session:
         hooks.sync(projected, *([proposal.symbols] if proposal else []), *self.caches.perception.arrays())
         if proposal is not None:
             self._commit_transcript(encoded, proposal, events)
-        if len(self._deferred) >= MAX_DEFERRED_FRAMES:
-            self._deferred.popleft()
-            self._dropped_frames += 1
-            events.append(DeferredFramesDropped(self._frame_index, self._dropped_frames))
-        self._deferred.append(projected)
-        silence = np.asarray(self._speech.codec_silence_tokens, dtype=np.int32)
-        events.append(
-            AudioChunk(
-                frame_index=self._frame_index,
-                samples=np.zeros(config.output_frame_samples, dtype=np.float32),
-                codes=silence,
-                sample_rate=config.output_sample_rate,
-                codes_raw=silence.copy(),
-            )
-        )
+        dropped = self._held.hold(projected, self._frame_index)
+        if dropped is not None:
+            events.append(dropped)
+        silence = self._speech.codec_silence_tokens
+        events.append(silent_chunk(self._frame_index, config.output_frame_samples, silence, config.output_sample_rate))
         timing = hooks.end_frame()
         if timing is not None:
             events.append(timing)
@@ -531,15 +516,7 @@ class Session:
 
     @functools.cached_property
     def _silence_embedding(self) -> mx.array:
-        """The audio channel of an injected position: "encoded silence", the projection of the last of
-        :data:`SILENCE_EMBEDDING_FRAMES` frames of zeros perceived from a fresh state (speech-swift's choice)."""
-        perception = self._stt.perception
-        state = perception.make_state()
-        zeros = mx.zeros((self.frame_samples,), dtype=mx.float32)
-        for _ in range(SILENCE_EMBEDDING_FRAMES):
-            projected, _ = perception.step(state, zeros, NO_HOOKS)
-            mx.eval(projected, *state.arrays())
-        return projected
+        return encoded_silence(self._stt.perception, self.frame_samples)
 
     def _inject_tool_response(self, token_ids: Sequence[int]) -> None:
         """Force a tool response into the function channel, the training layout's insertion: the clock stopped,
@@ -550,7 +527,7 @@ class Session:
           and the frame after the response carries ``<SPECIAL_22>``);
         * text channel: PAD is the output, so every input after the first carries ``E[PAD]`` (the first carries
           the last frame's text id, as any position does);
-        * audio channel: :attr:`_silence_embedding`;
+        * audio channel: encoded silence (:func:`engine.tool_turn.encoded_silence`);
         * the TTS steps with PAD, as in the prompt's prefill; no audio comes out and the codec stands still.
         """
         pad, silence = self.config.pad_token_id, self._silence_embedding
@@ -590,11 +567,11 @@ class Session:
         started = time.perf_counter()
         self._inject_tool_response(token_ids)
         seconds = time.perf_counter() - started
-        self._pending_calls, self._dropped_frames = (), 0
+        self._pending_calls, self._held.dropped = (), 0
         replayed: list[Event] = []
         count = 0
-        while self._deferred and not self._pending_calls:
-            projected = self._deferred.popleft()
+        while len(self._held) and not self._pending_calls:
+            projected = self._held.next()
             self._hooks.begin_frame(self._frame_index)
             replayed.extend(self._respond(projected, None, None))
             count += 1
@@ -661,7 +638,8 @@ class Session:
         )
         events.append(Done(self._frame_index))
         self._closed = True
-        self._pending_calls, self._deferred = (), deque()
+        self._pending_calls = ()
+        self._held.clear()
         return events
 
     def cancel(self) -> list[Event]:
@@ -670,14 +648,16 @@ class Session:
             return []
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
-        self._pending_calls, self._deferred = (), deque()
+        self._pending_calls = ()
+        self._held.clear()
         return [Cancelled(self._frame_index)]
 
     def close(self) -> None:
         """Release the caches (the conversation cannot continue afterwards)."""
         self._closed = True
         self._pending = np.zeros(0, dtype=np.float32)
-        self._pending_calls, self._deferred = (), deque()
+        self._pending_calls = ()
+        self._held.clear()
 
     def age(self, positions: int, *, seed: int = 0) -> None:
         """Make the conversation ``positions`` frames older: every attention cache that grows (the LLM's and the

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("networks", frozenset({"engine.networks"})),
     ("numerics", frozenset({"engine.numerics"})),
     ("model", frozenset({"engine.model", "engine.random_model"})),
-    ("session", frozenset({"engine.session", "engine.tools"})),
+    ("session", frozenset({"engine.session", "engine.tools", "engine.tool_turn"})),
     ("instrumentation", frozenset({"engine.profiler", "engine.counters", "engine.pricing", "engine.profile_log"})),
     ("facade", frozenset({"engine"})),
 ]
