@@ -65,6 +65,7 @@ from app.messages import (
     SpeedCheck,
     StateChanged,
     TimerDone,
+    ToolsListed,
     TurnLatency,
 )
 from app.paths import resource_path
@@ -228,6 +229,7 @@ class MainWindow(QMainWindow):
         pump.tool_activity.connect(page.transcript.add_tool_activity)
         pump.tool_response.connect(page.transcript.add_tool_response)
         pump.timer_done.connect(self.handle_timer_done)
+        pump.tools_listed.connect(self.handle_tools_listed)
 
     def start(self) -> None:
         """Start polling and ask the controller to load the configured model."""
@@ -401,6 +403,11 @@ class MainWindow(QMainWindow):
         if self.pages.currentWidget() is not self.conversation:
             self.show_conversation()
         self.conversation.consent.ask(request)
+
+    def handle_tools_listed(self, listed: ToolsListed) -> None:
+        if self._settings_dialog is not None:
+            self._settings_dialog.tools_page.show_listed(listed)
+        self.statusBar().showMessage(f"{listed.server} offers {len(listed.tools)} tools.", 8000)
 
     def handle_timer_done(self, timer: TimerDone) -> None:
         self.conversation.transcript.add_timer_done(timer)

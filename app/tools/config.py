@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -123,7 +124,7 @@ class ServerConfig:
     @property
     def where(self) -> str:
         """The command line or the URL, for people."""
-        return self.url if self.url is not None else " ".join(self.command)
+        return self.url if self.url is not None else shlex.join(self.command)
 
     def tool(self, name: str) -> ToolEntry | None:
         return next((tool for tool in self.tools if tool.name == name), None)

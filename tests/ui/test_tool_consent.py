@@ -124,3 +124,54 @@ def test_a_new_conversation_drops_waiting_requests(make_window, fake: FakeContro
     assert window.conversation.consent.isVisible()
     window.handle_conversation_cleared(None)  # type: ignore[arg-type]
     assert not window.conversation.consent.isVisible() and fake.calls_to("answer_consent") == []
+
+
+def test_settings_tools_tab_adds_a_server_lists_its_tools_and_saves_the_choices(
+    fake: FakeController, qtbot: QtBot
+) -> None:
+    from app.messages import ToolsListed
+    from app.tools.config import ToolEntry
+    from ui.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(fake)
+    qtbot.addWidget(dialog)
+    dialog.resize(720, 860)
+    dialog.show()
+    page = dialog.tools_page
+    dialog.tabs.setCurrentWidget(page)
+    assert not page.offer_check.isChecked() and not page.table.isEnabled(), "tools are off until chosen"
+    page.offer_check.setChecked(True)
+    assert page.tool_rows() == [
+        ("current_time", "built-in", True, "Default (always allow)"),
+        ("set_timer", "built-in", True, "Default (ask every time)"),
+    ]
+
+    page.server_name.setText("notes")
+    page.server_where.setText("uvx 'mcp server notes' --root ~/notes")
+    qtbot.mouseClick(page.add_button, Qt.MouseButton.LeftButton)
+    [server] = page.config.servers
+    assert server.command == ("uvx", "mcp server notes", "--root", "~/notes") and server.url is None
+    page.server_name.setText("bad name")
+    page.server_where.setText("x")
+    qtbot.mouseClick(page.add_button, Qt.MouseButton.LeftButton)
+    assert "could not be added" in dialog.error.text() and "no spaces" in dialog.error.text()
+    assert page.server_name.text() == "bad name", "what was typed stays"
+
+    page.list_tools("notes")
+    assert fake.calls_to("list_server_tools") == [("notes",)]
+    listed = (ToolEntry("read_note", "Read a note.", read_only=True), ToolEntry("delete_note", "Delete a note."))
+    page.show_listed(ToolsListed("notes", listed))
+    rows = page.tool_rows()
+    assert rows[2:] == [
+        ("read_note", "notes", True, "Default (always allow)"),
+        ("delete_note", "notes", True, "Default (ask every time)"),
+    ]
+    # Never for delete_note, the timer off.
+    consent = page.table.cellWidget(3, 3)
+    consent.setCurrentIndex(consent.findData("never"))
+    page.table.cellWidget(1, 2).setChecked(False)
+    shoot(dialog, "settings-tools-tab")
+    dialog.accept()
+    saved = fake.calls_to("apply_tools_config")[-1][0]
+    assert saved.offer_tools and saved.server("notes").tool("delete_note").consent == "never"
+    assert saved.builtin["set_timer"].enabled is False
