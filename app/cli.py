@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench import COMPARISONS
+from app.tools.config import default_tools_path
 from engine import RANDOM_SIZES
 
 NUMERICS = ("exact", "fast")  # engine.numerics.NUMERICS, without importing MLX to build the parser
@@ -67,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-audio", type=Path, help="write the 22.05 kHz answer as WAV")
     run.add_argument("--dump", type=Path, help="write frame-aligned ids, codes, waveform and events to a folder")
     run.add_argument("--numerics", choices=NUMERICS, default="exact", help=NUMERICS_HELP)
+    run.add_argument(
+        "--tools",
+        type=Path,
+        nargs="?",
+        const=default_tools_path(),
+        metavar="TOOLS_JSON",
+        help="offer the tools of this tools.json (without a path: the app's, in its config folder) and answer the "
+        "model's calls through them; 'ask' consent is denied here (nobody to ask)",
+    )
 
     bench = commands.add_parser(
         "bench",

@@ -141,3 +141,31 @@ def test_a_scripted_call_runs_on_the_mcp_server_after_allow_and_the_model_hears_
     assert [(c["tool"], c["decision"], c["ok"], c["content"]) for c in calls] == [
         ("record", "allowed by you", True, "recorded hello")
     ]
+
+
+def test_parley_run_offers_the_tools_of_a_tools_json_and_cannot_ask(tiny_q4, tmp_path, speech_16k):
+    from app.run import _tool_runner, run_audio
+    from engine import load_voicechat
+    from engine.events import ToolCall
+
+    (tmp_path / "tools.json").write_text('{"format": "parley-tools/1", "offer_tools": true}')
+    lines: list[str] = []
+    runner = _tool_runner(tmp_path / "tools.json", lines.append)
+    assert runner is not None
+    try:
+        result = run_audio(load_voicechat(tiny_q4), speech_16k[: 16_000 * 2], system_prompt="Help.", tools=runner)
+        prompt = result.settings["system_prompt"]
+        assert prompt.startswith("Help.\n\n") and '"name": "current_time"' in prompt and '"name": "set_timer"' in prompt
+        # Every call was answered (random weights call now and then, or not at all).
+        print(f"{len(result.tool_calls)} calls, {len(result.tool_activities)} answers")
+        assert len(result.tool_activities) == len(result.tool_calls)
+        # An "ask" tool cannot be asked here: it is denied, and the output says so.
+        offered, _ = runner.offered()
+        [answer] = runner.run([ToolCall(0, "", "set_timer", {"seconds": 5})], offered).result(30)
+        assert not answer.ok and answer.content == "the user denied this call"
+        assert any("cannot ask" in line for line in lines)
+    finally:
+        runner.close()
+    off = tmp_path / "off.json"
+    off.write_text('{"format": "parley-tools/1", "offer_tools": false}')
+    assert _tool_runner(off, lines.append) is None and "does not offer tools" in lines[-1]
