@@ -31,7 +31,7 @@ from .audio.output import TruePeakLimiter
 from .audio_files import write_wav
 from .files import PRIVATE_DIR_MODE, make_private, write_text_file
 from .history import conversation_folder
-from .messages import FrameStats, TimerDone, ToolActivity, ToolResponseTiming
+from .messages import FrameStats, TimerDone, ToolActivity, ToolResponseTiming, ToolTurnHeard
 
 
 class ExportError(OSError):
@@ -123,6 +123,9 @@ class Transcript:
                 f"the tool turn took {event.turn_s:.2f} s; {event.replayed_frames} frames of the user replayed"
             )
             self.entries.append(TranscriptEntry("tool response", event.frame_index, text))
+        elif isinstance(event, ToolTurnHeard):
+            text = f"the assistant's first sound came {event.seconds:.2f} s after the call"
+            self.entries.append(TranscriptEntry("tool response", event.frame_index, text))
         elif isinstance(event, TimerDone):
             self.entries.append(TranscriptEntry("timer", event.frame_index or 0, describe_timer(event)))
 
@@ -179,6 +182,7 @@ class ConversationProfile:
     clock_s: float = field(default_factory=time.monotonic)  # its start on the session clock
     tool_calls: list[ToolActivity] = field(default_factory=list)  # every call answered, in order
     tool_responses: list[ToolResponseTiming] = field(default_factory=list)  # every response injected
+    tool_turns_heard: list[ToolTurnHeard] = field(default_factory=list)  # each turn, call to first sound after it
 
     @property
     def numerics(self) -> str:
@@ -312,6 +316,7 @@ def tool_log(conversations: list[ConversationProfile]) -> dict[str, Any] | None:
                     }
                     for r in c.tool_responses
                 ],
+                "first_sound_after_call_s": [round(h.seconds, 4) for h in c.tool_turns_heard],
             }
             for c in conversations
             if c.tool_calls or c.tool_responses

@@ -347,6 +347,15 @@ class ToolResponseTiming:
 
 
 @dataclass(frozen=True)
+class ToolTurnHeard:
+    """The first audible sound after a tool turn: the whole turn, from the call's completion to the assistant
+    speaking again (consent, the tool, the injection and the replay included)."""
+
+    frame_index: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ToolsListed:
     """An MCP server listed its tools (on first need): the controller keeps them in ``tools.json``."""
 

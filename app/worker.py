@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.events import AudioChunk, Event, FrameTiming, ToolCall, ToolResponseInjected
+from engine.events import AudioChunk, DeferredFramesDropped, Event, FrameTiming, ToolCall, ToolResponseInjected
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_port import AudioCounters, AudioPort
@@ -93,6 +93,7 @@ from .messages import (
     SpeedCheck,
     ToolActivity,
     ToolResponseTiming,
+    ToolTurnHeard,
 )
 from .tools.runner import OfferedTool, ToolRunner, model_specs, refusal, tool_results
 from .variants import Q4, Variant, variant_for_checkpoint
@@ -194,6 +195,7 @@ class ToolBatch:
     started: float  # time.monotonic() when the calls completed
     calls: int
     late: list[ToolActivity] = field(default_factory=list)
+    dropped_told: bool = False  # the user was told that the oldest held frames are dropped
 
 
 @dataclass
@@ -291,6 +293,7 @@ class EngineWorker(threading.Thread):
         self._offered: list[OfferedTool] = []  # what the open session's prompt offers
         self._tool_warnings: tuple[str, ...] = ()  # the last ones told, so that each is said once
         self._tool_batch: ToolBatch | None = None
+        self._tool_turn_started: float | None = None  # a tool turn's start, until the assistant is heard again
 
     # ------------------------------------------------------------------ any thread
 
@@ -551,6 +554,7 @@ class EngineWorker(threading.Thread):
         return prompt
 
     def _close_session(self) -> None:
+        self._tool_turn_started = None
         if self._tool_batch is not None:
             self._tool_batch = None  # its answers would reach no one: the consent prompts close
             if self._tools is not None:
@@ -618,8 +622,22 @@ class EngineWorker(threading.Thread):
                     event = dataclasses.replace(event, samples=event.samples * np.float32(gain))
                 self._audio.play(event.samples)
                 self._emit(event)  # for Save Conversation: what was played
+                started = self._tool_turn_started
+                if started is not None and np.any(event.samples):
+                    self._tool_turn_started = None
+                    self._emit(ToolTurnHeard(event.frame_index, time.monotonic() - started))
             elif isinstance(event, FrameTiming):
                 self._record(event)
+            elif isinstance(event, DeferredFramesDropped):
+                batch = self._tool_batch
+                if batch is not None and not batch.dropped_told:
+                    batch.dropped_told = True
+                    warning = (
+                        "The tool call is taking long: what you say now is still transcribed, but the model will "
+                        "hear only the last 20 s of it."
+                    )
+                    log.warning(warning)
+                    self._emit(Notice(warning))
             else:
                 self._emit(event)
 
@@ -665,6 +683,7 @@ class EngineWorker(threading.Thread):
             self._close_session()
             self._fail(f"The engine failed to take the tool results: {exc}. Start a new conversation.", exc)
             return
+        self._tool_turn_started = batch.started
         for event in events:
             if isinstance(event, ToolResponseInjected):
                 turn_s = time.monotonic() - batch.started

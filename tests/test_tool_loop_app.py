@@ -14,7 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from app.engine_port import FakeEngine
-from app.messages import ConsentClosed, ConsentRequest, FrameStats, TimerDone, ToolActivity, ToolResponseTiming
+from app.messages import (
+    ConsentClosed,
+    ConsentRequest,
+    FrameStats,
+    TimerDone,
+    ToolActivity,
+    ToolResponseTiming,
+    ToolTurnHeard,
+)
 from app.settings import Settings
 from app.tools.config import ServerConfig, ToolEntry, ToolsConfig, load_tools_config, save_tools_config
 from app.worker import EngineWorker
@@ -90,8 +98,10 @@ def test_a_call_waits_for_allow_while_frames_run_then_the_model_hears_the_result
     assert not conversation.awaiting_tool_results
     # The conversation goes on: audible frames again.
     heard = len(played)
-    wait_for(controller, lambda seen: len(played) > heard + 5)
+    more = wait_for(controller, lambda seen: of(ToolTurnHeard, seen) and len(played) > heard + 5)
     assert np.any(np.concatenate(played[heard:]))
+    [turn] = of(ToolTurnHeard, messages + more)
+    assert turn.seconds >= timing.turn_s and turn.frame_index >= timing.frame_index
 
     roles = [entry.role for entry in controller.transcript.entries]
     assert roles.count("tool call") == 2 and roles.count("tool result") == 2 and "tool response" in roles
@@ -111,6 +121,7 @@ def test_a_call_waits_for_allow_while_frames_run_then_the_model_hears_the_result
     ]
     assert calls[0]["content"] == "echo: hi" and calls[0]["at"] and calls[0]["consent_s"] > 0
     assert log["conversations"][0]["responses"][0]["calls"] == 2
+    assert log["conversations"][0]["first_sound_after_call_s"] == [round(turn.seconds, 4)]
 
 
 def test_deny_and_a_timer_that_chimes(build_controller, tiny_q4, tmp_path):

@@ -228,6 +228,7 @@ class MainWindow(QMainWindow):
         pump.consent_closed.connect(page.consent.close_request)
         pump.tool_activity.connect(page.transcript.add_tool_activity)
         pump.tool_response.connect(page.transcript.add_tool_response)
+        pump.tool_turn_heard.connect(page.transcript.add_tool_turn_heard)
         pump.timer_done.connect(self.handle_timer_done)
         pump.tools_listed.connect(self.handle_tools_listed)
 

@@ -42,6 +42,7 @@ from app.messages import (
     ToolActivity,
     ToolResponseTiming,
     ToolsListed,
+    ToolTurnHeard,
     TurnLatency,
 )
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
@@ -85,6 +86,7 @@ class EventPump(QObject):
     tool_response = Signal(ToolResponseTiming)
     timer_done = Signal(TimerDone)
     tools_listed = Signal(ToolsListed)
+    tool_turn_heard = Signal(ToolTurnHeard)
 
     def __init__(
         self,
@@ -130,6 +132,7 @@ class EventPump(QObject):
             ToolResponseTiming: self.tool_response,
             TimerDone: self.timer_done,
             ToolsListed: self.tools_listed,
+            ToolTurnHeard: self.tool_turn_heard,
         }
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)

@@ -23,7 +23,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
-from app.messages import TimerDone, ToolActivity, ToolResponseTiming
+from app.messages import TimerDone, ToolActivity, ToolResponseTiming, ToolTurnHeard
 from engine.events import SPECIAL_MARKER, AssistantTextDelta, ToolCall, UserTranscriptDelta
 
 _BUBBLE_WIDTH: Final = 0.78  # of the visible width
@@ -129,6 +129,7 @@ class TranscriptView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._entries: list[TranscriptEntry] = []
+        self._heard_back: TranscriptEntry | None = None  # the last tool turn's entry, until the assistant speaks
         self._open_turn = False  # whether the last entry may still grow
         self._user_turn_done = False  # the talk key went down since the user's last words
         self._follow = True
@@ -202,19 +203,27 @@ class TranscriptView(QWidget):
             f"({timing.inject_s:.2f} s); "
             f"the tool turn took {timing.turn_s:.1f} s"
         )
-        self._add_tool_entry("The assistant heard back", body, failed=False)
+        self._heard_back = self._add_tool_entry("The assistant heard back", body, failed=False)
+
+    def add_tool_turn_heard(self, heard: ToolTurnHeard) -> None:
+        """The assistant spoke again: the whole tool turn's time joins its "heard back" entry."""
+        entry = self._heard_back
+        if entry is not None and entry in self._entries:
+            entry.set_text(f"{entry.text()}; its first sound came {heard.seconds:.1f} s after the call")
+        self._heard_back = None
 
     def add_timer_done(self, timer: TimerDone) -> None:
         from app.tools.builtin import describe_duration
 
         self._add_tool_entry("Timer done", f"{timer.label} ({describe_duration(timer.seconds)})", failed=False)
 
-    def _add_tool_entry(self, header: str, body: str, *, failed: bool) -> None:
+    def _add_tool_entry(self, header: str, body: str, *, failed: bool) -> TranscriptEntry:
         entry = TranscriptEntry(Role.TOOL, visible_text(header), monospace=True)
         entry.setProperty("failed", failed)
         entry.set_text(visible_text(body))
         self._add_entry(entry)
         self._open_turn = False
+        return entry
 
     def start_new_turn(self) -> None:
         """The user's next words start a new entry even right after their last ones. The assistant's entry stays

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Final
 
 from engine.timeline import OUTPUT_SAMPLE_RATE
 
-from ..messages import Failure, TimerDone, ToolActivity, ToolResponseTiming, ToolsListed
+from ..messages import Failure, TimerDone, ToolActivity, ToolResponseTiming, ToolsListed, ToolTurnHeard
 from .builtin import TimerFired, chime
 from .config import TOOLS_FILENAME, ToolsConfig, default_tools_path, load_tools_config, save_tools_config
 from .mcp_servers import ToolFailure
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TOOL_REPORTS: Final = (ToolActivity, ToolResponseTiming, TimerDone, ToolsListed)
+TOOL_REPORTS: Final = (ToolActivity, ToolResponseTiming, ToolTurnHeard, TimerDone, ToolsListed)
 """What the controller hands to :meth:`ToolControl.observe`."""
 
 
@@ -137,6 +137,8 @@ class ToolControl:
             current.tool_calls.append(message)
         elif isinstance(message, ToolResponseTiming) and current is not None:
             current.tool_responses.append(message)
+        elif isinstance(message, ToolTurnHeard) and current is not None:
+            current.tool_turns_heard.append(message)
         elif isinstance(message, TimerDone) and streams is not None:
             streams.play(chime(OUTPUT_SAMPLE_RATE))
 

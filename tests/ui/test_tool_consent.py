@@ -10,7 +10,7 @@ from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.messages import ConsentClosed, ConsentRequest, TimerDone, ToolActivity, ToolResponseTiming
+from app.messages import ConsentClosed, ConsentRequest, TimerDone, ToolActivity, ToolResponseTiming, ToolTurnHeard
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
 from tests.fakes import FakeController
 from ui.transcript_view import Role
@@ -77,6 +77,7 @@ def test_allow_and_deny_answer_the_controller_and_the_transcript_shows_every_ste
         ConsentClosed(1, "allowed"),
         activity("read_note", "allowed by you", True, "eggs, milk, coffee", consent_s=2.4),
         ToolResponseTiming(14, 1, 23, 0.31, 2.9, 30),
+        ToolTurnHeard(15, 3.4),
         AssistantTextDelta(15, 7, " You need eggs, milk and coffee.", ""),
         activity("set_timer", "denied by you", False, "the user denied this call", consent_s=1.2),
         TimerDone("tea", 300, 40),
@@ -93,6 +94,7 @@ def test_allow_and_deny_answer_the_controller_and_the_transcript_shows_every_ste
         "Timer done",
     ]
     assert "eggs, milk, coffee" in tools[1] and "the tool turn took 2.9 s" in tools[2]
+    assert tools[2].endswith("its first sound came 3.4 s after the call")
     assert tools[3] == "the user denied this call" and tools[4] == "tea (5 min)"
     failed = [w.property("failed") for w in page.transcript.entry_widgets() if w.role is Role.TOOL]
     assert failed == [False, False, False, True, False]
