@@ -98,7 +98,7 @@ def test_a_call_waits_for_allow_while_frames_run_then_the_model_hears_the_result
     assert not conversation.awaiting_tool_results
     # The conversation goes on: audible frames again.
     heard = len(played)
-    more = wait_for(controller, lambda seen: of(ToolTurnHeard, seen) and len(played) > heard + 5)
+    more = wait_for(controller, lambda seen: of(ToolTurnHeard, messages + seen) and len(played) > heard + 5)
     assert np.any(np.concatenate(played[heard:]))
     [turn] = of(ToolTurnHeard, messages + more)
     assert turn.seconds >= timing.turn_s and turn.frame_index >= timing.frame_index
@@ -122,6 +122,14 @@ def test_a_call_waits_for_allow_while_frames_run_then_the_model_hears_the_result
     assert calls[0]["content"] == "echo: hi" and calls[0]["at"] and calls[0]["consent_s"] > 0
     assert log["conversations"][0]["responses"][0]["calls"] == 2
     assert log["conversations"][0]["first_sound_after_call_s"] == [round(turn.seconds, 4)]
+
+    # The history keeps the same lines.
+    controller.new_conversation()
+    wait_for(controller, lambda seen: controller.history_entries().entries)
+    kept = controller.load_history(controller.history_entries().entries[-1].id)
+    lines = [(line.role, line.text) for line in kept.transcript]
+    assert [role for role, _ in lines].count("tool result") == 2
+    assert any(role == "tool result" and "allowed by you" in text and "echo: hi" in text for role, text in lines)
 
 
 def test_deny_and_a_timer_that_chimes(build_controller, tiny_q4, tmp_path):
