@@ -550,7 +550,8 @@ class Session:
         events. A replayed frame that completes a new call stops the clock again; the frames after it stay held.
 
         Raises:
-            ToolLoopError: no call is pending, or not one result per pending call (nothing is injected).
+            ToolLoopError: no call is pending, not one result per pending call, or a result that is not a
+                :class:`ToolResult` of text (nothing is injected; the calls stay pending).
             SessionClosedError: the session was flushed, cancelled or closed.
         """
         if self._closed:
@@ -563,6 +564,8 @@ class Session:
         for result in results:
             if not isinstance(result, ToolResult):
                 raise ToolLoopError(f"a tool result must be a ToolResult, received {type(result).__name__}")
+            if not (isinstance(result.tool, str) and isinstance(result.ok, bool) and isinstance(result.content, str)):
+                raise ToolLoopError(f"a tool result needs a str tool, a bool ok and a str content: {result!r}")
         token_ids = tool_response_ids(results, self.voicechat.tokenizer)
         started = time.perf_counter()
         self._inject_tool_response(token_ids)

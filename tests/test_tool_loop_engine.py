@@ -213,6 +213,8 @@ def test_a_call_list_needs_one_result_per_call_and_a_wrong_count_loses_nothing(v
             session.answer_tool_calls(results)
     with pytest.raises(ToolLoopError, match="must be a ToolResult, received dict"):
         session.answer_tool_calls([ToolResult("now", True, "noon"), {"ok": True}])  # type: ignore[list-item]
+    with pytest.raises(ToolLoopError, match="needs a str tool, a bool ok and a str content"):
+        session.answer_tool_calls([ToolResult("now", True, "noon"), ToolResult("w", True, 21)])  # type: ignore[arg-type]
     assert session.awaiting_tool_results and len(session.text_ids) == positions
     injected = session.answer_tool_calls([ToolResult("now", True, "noon"), ToolResult("get_weather", False, "offline")])
     assert isinstance(injected[0], ToolResponseInjected) and injected[0].replayed_frames == 2
@@ -299,3 +301,27 @@ def test_ending_a_session_while_it_waits(voicechat, frames, end):
     assert not session.awaiting_tool_results and session.pending_tool_calls == ()
     with pytest.raises(SessionClosedError, match="start a new one"):
         session.answer_tool_calls([ToolResult("now", True, "noon")])
+
+
+def test_an_interrupted_call_is_reported_and_not_waited_for(voicechat):
+    interrupted = [20, *voicechat.tokenizer.encode('{"na')]
+    script = [*interrupted, *call_ids(voicechat)]
+    session = tool_session(voicechat, script)
+    events = push(session, quiet(len(interrupted) + 1))
+    (abandoned,) = of_kind(events, ToolCall)
+    assert abandoned.error == "tool call was interrupted by a new call" and not session.awaiting_tool_results
+    events = push(session, quiet(len(script) - len(interrupted) - 1))
+    assert [call.name for call in of_kind(events, ToolCall)] == ["now"] and session.awaiting_tool_results
+
+
+def test_the_tool_loop_in_fast_numerics(tiny_q4, frames):
+    fast = load_voicechat(tiny_q4, numerics="fast")
+    script = call_ids(fast)
+    session = tool_session(fast, script)
+    push(session, frames[: len(script) + 3])
+    answered = session.answer_tool_calls([ToolResult("now", True, "noon")])
+    injected = answered[0]
+    assert isinstance(injected, ToolResponseInjected) and injected.replayed_frames == 3
+    assert session.function_ids[len(script) : len(script) + injected.positions] == list(injected.token_ids)
+    assert len(of_kind(answered, AudioChunk)) == 3
+    assert len(of_kind(push(session, frames[len(script) + 3 : len(script) + 5]), AudioChunk)) == 2
