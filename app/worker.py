@@ -645,6 +645,10 @@ class EngineWorker(threading.Thread):
         """Hand the calls to the runner; the session waits (its frames play silence) until they are answered."""
         if not session.awaiting_tool_results:
             return  # a session that does not wait for results: the calls are shown, nothing answers them
+        pending = session.pending_tool_calls
+        calls = [call for call in calls if call in pending]  # an interrupted call is reported, not waited for
+        if not calls:
+            return
         batch = self._tool_batch
         if batch is not None:
             reason = "another tool call is still running; wait for its result before calling again"
