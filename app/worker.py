@@ -535,7 +535,11 @@ class EngineWorker(threading.Thread):
         if runner is None:
             return self._system_prompt
         prompt = self._system_prompt
-        offered, warnings = runner.offered()
+        try:
+            offered, warnings = runner.offered()
+        except Exception as exc:  # tools must never stop a conversation from starting
+            log.exception("The tools could not be prepared")
+            offered, warnings = [], [f"No tools are offered in this conversation: {exc}."]
         if offered:
             from engine import render_tool_prompt
 

@@ -401,6 +401,8 @@ class MainWindow(QMainWindow):
 
     def handle_consent_request(self, request: ConsentRequest) -> None:
         """A tool call waits for the user: the prompt shows on the conversation page (brought forward)."""
+        if not self.isVisible():
+            self.show_window()  # kept in the tray: the question must be seen to be answered
         if self.pages.currentWidget() is not self.conversation:
             self.show_conversation()
         self.conversation.consent.ask(request)

@@ -214,6 +214,10 @@ class ToolRunner:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise ToolFailure(f"the tool server {server.name!r} did not answer within {server.timeout_s:g} s") from None
+        except ToolFailure:
+            raise
+        except Exception as exc:  # an MCP error, a server that broke its promise: a reason, never a crash
+            raise ToolFailure(f"the tool server {server.name!r} could not list its tools: {exc}") from exc
         merged = server.with_listed(listed).tools
         self._post(ToolsListed(server.name, merged))
         return merged
