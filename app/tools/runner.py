@@ -169,8 +169,8 @@ class ToolRunner:
             for s in old.servers
             if (new := config.server(s.name)) is None or (new.command, new.url, new.env) != (s.command, s.url, s.env)
         ]
-        if changed:
-            self._submit(self._stop_servers(changed)).result(CLOSE_TIMEOUT_S)
+        if changed:  # on the loop, before any later call (which starts a fresh one); the caller does not wait
+            self._submit(self._stop_servers(changed))
 
     def offered(self) -> tuple[list[OfferedTool], list[str]]:
         """The tools to tell the model about (at most 5, in the configuration's order) and a warning for each one
