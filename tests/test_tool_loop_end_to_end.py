@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.engine_port import Conversation, LoadedModel, MLXEngine
-from app.messages import ConsentRequest, FrameStats, ModelLoaded, ToolActivity, ToolResponseTiming
+from app.messages import ConsentRequest, FrameStats, ModelLoaded, Notice, ToolActivity, ToolResponseTiming
 from app.settings import Settings
 from app.tools.config import ServerConfig, ToolEntry, ToolsConfig, save_tools_config
 from app.worker import EngineWorker
@@ -114,6 +114,9 @@ def test_a_scripted_call_runs_on_the_mcp_server_after_allow_and_the_model_hears_
     assert session.awaiting_tool_results and len(session.text_ids) == positions, "the clock stands still"
     assert not record.exists(), "nothing runs before the user allows it"
     assert len(of(FrameStats, held)) >= 5, "the worker keeps pushing frames while the call waits"
+    # A long wait: beyond 20 s of held audio the oldest is dropped, and the window says so once.
+    told = wait_for(controller, lambda seen: of(Notice, seen))
+    assert len(of(Notice, told)) == 1 and "last 20 s" in of(Notice, told)[0].message
 
     controller.answer_consent(request.request_id, True)
     messages = wait_for(controller, lambda seen: of(ToolResponseTiming, seen))
@@ -121,6 +124,7 @@ def test_a_scripted_call_runs_on_the_mcp_server_after_allow_and_the_model_hears_
     assert activity.ok and activity.content == "recorded hello" and activity.decision == "allowed by you"
     assert record.read_text() == "hello\n"
     [timing] = of(ToolResponseTiming, messages)
+    assert timing.replayed_frames == 250, "MAX_DEFERRED_FRAMES: the newest 20 s replay"
     print(
         f"tool turn {timing.turn_s:.2f} s (consent included); injection {timing.positions} positions in "
         f"{timing.inject_s:.2f} s; {timing.replayed_frames} frames replayed"
