@@ -13,6 +13,7 @@ from pathlib import Path
 
 from app.bench import COMPARISONS
 from app.realtime_events import DEFAULT_HOST, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT, PATH, TOKEN_ENV
+from app.tools.config import default_tools_path
 from engine import RANDOM_SIZES
 from engine.timeline import CONVERSATION_FRAMES, FRAME_SECONDS
 
@@ -69,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-audio", type=Path, help="write the 22.05 kHz answer as WAV")
     run.add_argument("--dump", type=Path, help="write frame-aligned ids, codes, waveform and events to a folder")
     run.add_argument("--numerics", choices=NUMERICS, default="exact", help=NUMERICS_HELP)
+    run.add_argument(
+        "--tools",
+        type=Path,
+        nargs="?",
+        const=default_tools_path(),
+        metavar="TOOLS_JSON",
+        help="offer the tools of this tools.json (without a path: the app's, in its config folder) and answer the "
+        "model's calls through them; 'ask' consent is denied here (nobody to ask)",
+    )
 
     bench = commands.add_parser(
         "bench",

@@ -26,6 +26,8 @@ What else it owns:
     - **The global talk key** (``app.global_key_control``): its events arrive on the
       listener's thread and are queued as ``GlobalTalk`` messages, so the window's talk
       control handles them on its own thread like the in-window key.
+    - **Tools** (``app.tools.control``): ``tools.json`` beside the settings and the ``ToolRunner`` the worker
+      shares; consent requests go to the window and come back through :meth:`answer_consent`.
     - **Conversation history** (``app.history_keeping``): when the worker reports
       ``ConversationEnded`` (in queue order, after everything that conversation said), the
       conversation is handed to a saver thread that writes it with
@@ -54,7 +56,6 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import AssistantTextDelta, AudioChunk, ToolCall, UserTranscriptDelta
-from engine.timeline import OUTPUT_SAMPLE_RATE
 
 from .about import mlx_device, package_version, parley_version
 from .audio_port import AudioPort, AudioStreams
@@ -73,9 +74,9 @@ from .export import (
 from .global_key_control import GlobalKeyControl
 from .hf_cache import CacheListing, list_cached_checkpoints
 from .history import ConversationHistory, HistoryListing, LoadedConversation, default_history_dir
-from .history_keeping import ConversationKeeper, now, replay_mix
+from .history_keeping import ConversationKeeper, HistoryReplay, now
 from .hotkey import GlobalKeySupport, HotkeyBackend, global_key_support
-from .logs import CrashHandlers, configure_logging, install_crash_handlers
+from .logs import CrashHandlers, configure_logging, install_crash_handlers, log_conversation_figures
 from .messages import (
     ConversationCleared,
     ConversationEnded,
@@ -92,7 +93,6 @@ from .messages import (
     ModelLoaded,
     Notice,
     NumericsChanged,
-    ReplayProgress,
     StateChanged,
     TurnLatency,
 )
@@ -100,6 +100,8 @@ from .model_switch import AdoptCheckpoint, ModelSwitcher, check_changed_folders
 from .paths import config_dir, data_dir, log_dir
 from .settings import Settings, save_settings
 from .status import StatusBoard
+from .tools.config import ToolsConfig
+from .tools.control import TOOL_REPORTS, ToolControl
 from .worker import EngineWorker, NewConversation, SetIdlePause, SetKeepUp, SetNumerics, Sleep, StartConversation
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,6 @@ log = logging.getLogger(__name__)
 HEALTH_INTERVAL_S = 0.5
 SPEAKING_HOLD_S = 0.6  # the assistant counts as speaking this long after its last audible block
 SETTINGS_SAVE_DELAY_S = 0.5  # a dragged volume slider is saved once it rests, not at every step
-REPLAY_REPORT_S = 0.25  # a replay's position is reported this often
 SHUTDOWN_SAVE_TIMEOUT_S = 60.0  # quitting waits this long for the last conversation to reach the disk
 
 AudioFactory = Callable[..., AudioStreams]
@@ -131,6 +132,7 @@ class AppController:
         history_folder: Path | None = None,
         hotkey_backend: HotkeyBackendFactory | None = None,
         echo_factory: EchoFactory = EchoCanceller,
+        tools_path: Path | None = None,
     ) -> None:
         self.settings = settings
         self._settings_path = settings_path
@@ -160,11 +162,11 @@ class AppController:
         self._models = ModelSwitcher(
             self.worker, self.board, self._post, lambda: self.settings, self._keep_settings, auto_demo=auto_demo
         )
-        self._replaying: str | None = None
-        self._next_replay_report = 0.0
+        self._replay = HistoryReplay(self.history, lambda: self.port.streams, self._post)
         self._numerics: str | None = None  # what the loaded model runs with (None: nothing loaded yet)
         self._stopped = False  # Stop was pressed and the worker has not reported its sleep yet: drop its frames
         self._audible_at_release = False  # the assistant was still heard as the talk key went up
+        self._tools = ToolControl(tools_path, settings_path, self.worker, self._post, self._log_folder, self.board)
 
     @property
     def audio(self) -> AudioStreams | None:
@@ -188,6 +190,7 @@ class AppController:
             self.worker.submit(SetKeepUp(True))
         self._open_audio()
         self._global_key.configure(self.settings)
+        self._tools.configure()
         self._models.load_configured()
 
     def _set_idle_pause(self) -> None:
@@ -198,6 +201,7 @@ class AppController:
         self.cancel_download()
         self._global_key.stop()
         self.worker.stop()
+        self._tools.close()  # its servers stop, its timers are cancelled
         self._keep_what_is_left()
         self._flush_settings()
         streams = self.port.streams
@@ -291,9 +295,8 @@ class AppController:
         self._snapshot_into(out)
         if streams is not None:
             out.append(Levels(streams.input_peak, streams.output_peak))
-        if self._replaying is not None and now >= self._next_replay_report:
-            self._next_replay_report = now + REPLAY_REPORT_S
-            out.append(self._replay_progress())
+        if (progress := self._replay.progress_due(now)) is not None:
+            out.append(progress)
         if self._save_due is not None and now >= self._save_due:
             self._flush_settings()
         return out
@@ -349,8 +352,11 @@ class AppController:
             if current is not None:
                 current.timings.append(message.timing)
                 current.last_stats = message
+            self._tools.last_frame = message.timing.frame_index
         elif isinstance(message, UserTranscriptDelta | AssistantTextDelta | ToolCall):
             self.transcript.add(message)
+        elif isinstance(message, TOOL_REPORTS):
+            self._tools.observe(message, self.transcript, self.profile.current, self.port.streams)
         return True
 
     def _drop_conversation(self) -> None:
@@ -506,6 +512,24 @@ class AppController:
 
     def start_demo(self) -> None:
         self._models.start_demo()
+
+    # ------------------------------------------------------------------ tools
+
+    @property
+    def tools_config(self) -> ToolsConfig:
+        return self._tools.config
+
+    def apply_tools_config(self, config: ToolsConfig) -> None:
+        """Save and use ``config``; a prepared conversation starts over with the new tool prompt."""
+        if self._tools.apply(config) and self.board.model is not None:
+            self.new_conversation()
+
+    def list_server_tools(self, name: str) -> None:
+        """Ask server ``name`` for its tools off the UI thread (``ToolsListed`` or a ``Failure`` follows)."""
+        self._tools.list_server_tools(name)
+
+    def answer_consent(self, request_id: int, allow: bool) -> None:
+        self._tools.answer_consent(request_id, allow)  # Allow / Deny in the window
 
     # ------------------------------------------------------------------ downloads
 
@@ -679,30 +703,8 @@ class AppController:
     def _conversation_ended(self, ended: ConversationEnded) -> None:
         log.info("Conversation %d ended", ended.number)
         current = self.profile.current
-        stats = current.last_stats if current is not None else None
-        if stats is not None and (stats.output_underruns or stats.input_lost_s):
-            log.info(
-                "The speaker ran out of the assistant's audio %d times (%.2f s of silence skipped to catch up); "
-                "%.2f s of microphone audio lost",
-                stats.output_underruns,
-                stats.output_skipped_s,
-                stats.input_lost_s,
-            )
-        echo = self._echo
-        if echo is not None and self.settings.hands_free:
-            figures = echo.stats
-            log.info(
-                "Echo cancellation: %d blocks, reference present for %d, missing for %d; %d samples of drift "
-                "corrected, %d resyncs, %d playback samples dropped, reference lead %.0f ms, %.0f µs per block",
-                figures.blocks,
-                figures.reference_blocks,
-                figures.reference_missing_blocks,
-                figures.drift_corrections,
-                figures.resyncs,
-                figures.playback_dropped,
-                figures.reference_lead_s * 1000.0,
-                figures.cost_per_block_s * 1e6,
-            )
+        echo = self._echo if self.settings.hands_free else None
+        log_conversation_figures(current.last_stats if current is not None else None, echo)
         self._keep_in_history()
 
     def _keep_in_history(self) -> None:
@@ -738,7 +740,7 @@ class AppController:
         return paths
 
     def delete_history(self, entry_id: str) -> None:
-        if self._replaying == entry_id:
+        if self._replay.entry_id == entry_id:
             self.stop_replay()
         self.history.delete(entry_id)
         log.info("Deleted history entry %s", entry_id)
@@ -750,31 +752,10 @@ class AppController:
             HistoryError: the entry is damaged or gone.
             RuntimeError: there is no speaker to play on.
         """
-        streams = self.port.streams
-        if streams is None or streams.paused:
-            raise RuntimeError("There is no speaker to play on. Connect one, or check the sound settings.")
-        loaded = self.history.load(entry_id)
-        duration = streams.start_replay(replay_mix(loaded, OUTPUT_SAMPLE_RATE), OUTPUT_SAMPLE_RATE)
-        self._replaying = entry_id
-        self._next_replay_report = 0.0
-        log.info("Replaying history entry %s (%.1f s)", entry_id, duration)
-        return duration
+        return self._replay.start(entry_id)
 
     def stop_replay(self) -> None:
-        streams = self.port.streams
-        if streams is not None:
-            streams.stop_replay()
-        if self._replaying is not None:
-            self._replaying = None
-            self._post(ReplayProgress(None))
-
-    def _replay_progress(self) -> ReplayProgress:
-        streams = self.port.streams
-        position = streams.replay_position if streams is not None else None
-        if position is None:
-            self._replaying = None
-            return ReplayProgress(None)
-        return ReplayProgress(self._replaying, *position)
+        self._replay.stop()
 
     # ------------------------------------------------------------------ the Hugging Face cache
 
@@ -782,7 +763,7 @@ class AppController:
         """The VoiceChat checkpoints in the Hugging Face cache; a ready one is used with ``use_checkpoint(path)``."""
         listing = list_cached_checkpoints()
         log.info(
-            "Hugging Face cache %s: %d VoiceChat snapshot(s), %d ready",
+            "HF cache %s: %d VoiceChat snapshots, %d ready",
             listing.cache_dir,
             len(listing.checkpoints),
             len(listing.ready),

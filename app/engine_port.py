@@ -5,24 +5,25 @@ devices only through an ``AudioPort``): prepare the device, load a checkpoint, t
 numerics, and start conversations that turn microphone frames into events. :class:`MLXEngine` is the real one,
 over the :mod:`engine` facade; :class:`FakeEngine` answers without a model or MLX, so that the worker's own
 behaviour (loading, the speed check, one frame in N timed by stage, a failing frame, the length limit) is tested
-in milliseconds. This module imports no MLX itself.
+in milliseconds; it can also script tool calls (``FakeEngine.script_tool_calls``) and waits for their results as
+the session does. This module imports no MLX itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from engine.errors import AudioInputError, CheckpointError, ContextLimitError, SessionClosedError
-from engine.events import AssistantTextDelta, AudioChunk, Event, FrameTiming
+from engine.errors import AudioInputError, CheckpointError, ContextLimitError, SessionClosedError, ToolLoopError
+from engine.events import AssistantTextDelta, AudioChunk, Event, FrameTiming, ToolCall, ToolResponseInjected
 from engine.timeline import FRAME_MS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES, STAGES
 
 if TYPE_CHECKING:
-    from engine import Numerics, VoiceChat
+    from engine import Numerics, ToolResult, VoiceChat
 
 
 class LoadedModel(Protocol):
@@ -59,6 +60,20 @@ class Conversation(Protocol):
         the full step); exact numerics refuses any level but 0 with ``ValueError``."""
         ...
 
+    @property
+    def awaiting_tool_results(self) -> bool:
+        """True from the frame whose events held completed ``ToolCall``s until they are answered: the model's
+        clock stands still meanwhile (frames still run perception and return silence)."""
+        ...
+
+    @property
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]: ...
+
+    def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
+        """One result per pending call, in order: injected into the function channel, then the deferred frames
+        replay (their events are returned). ``ToolLoopError`` when nothing is pending or the count differs."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -92,10 +107,12 @@ class EnginePort(Protocol):
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> Conversation:
         """A new conversation (its system prompt prefilled; None: the checkpoint's default). Every frame emits
         its timing; frames whose index is a multiple of ``stage_timing_every`` (0: none) are timed stage by
-        stage on the device."""
+        stage on the device. With ``await_tool_results`` (the prompt offers tools) a completed tool call stops
+        the model's clock until ``answer_tool_calls``."""
         ...
 
 
@@ -145,11 +162,19 @@ class MLXEngine:
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> Conversation:
         from engine import FrameProfiler, Session
 
         hooks = FrameProfiler(stage_timing_every=stage_timing_every)
-        return Session(_voicechat(model), system_prompt=system_prompt, seed=seed, max_seconds=max_seconds, hooks=hooks)
+        return Session(
+            _voicechat(model),
+            system_prompt=system_prompt,
+            seed=seed,
+            max_seconds=max_seconds,
+            hooks=hooks,
+            await_tool_results=await_tool_results,
+        )
 
 
 def _voicechat(model: LoadedModel) -> VoiceChat:
@@ -200,10 +225,12 @@ class FakeConversation:
         max_seconds: float | None,
         stage_timing_every: int,
         numerics: str = "exact",
+        await_tool_results: bool = False,
     ) -> None:
         self._engine = engine
         self.numerics = numerics
         self.economy_levels: list[tuple[int, int]] = []  # (frame index, level) of each set_economy
+        self.await_tool_results = await_tool_results
         self.system_prompt = system_prompt
         self._max_frames = None if max_seconds is None else int(max_seconds * 1000.0 / FRAME_MS)
         self.stage_timing_every = stage_timing_every
@@ -211,10 +238,32 @@ class FakeConversation:
         self._frame_index = 0
         self._text = ""
         self.closed = False
+        self._pending_calls: tuple[ToolCall, ...] = ()
+        self._deferred = 0  # frames run while waiting for results (replayed, as the session does)
+        self.answers: list[list[ToolResult]] = []  # every answer_tool_calls, for tests
 
     @property
     def frame_index(self) -> int:
         return self._frame_index
+
+    @property
+    def awaiting_tool_results(self) -> bool:
+        return bool(self._pending_calls)
+
+    @property
+    def pending_tool_calls(self) -> tuple[ToolCall, ...]:
+        return self._pending_calls
+
+    def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
+        if not self._pending_calls:
+            raise ToolLoopError("no tool call is waiting for a result")
+        if len(results) != len(self._pending_calls):
+            raise ToolLoopError(f"{len(self._pending_calls)} calls are pending; {len(results)} results were given")
+        self.answers.append(list(results))
+        self._pending_calls = ()
+        replayed, self._deferred = self._deferred, 0
+        positions = 1 + sum(len(result.content) // 4 + 8 for result in results)  # about a token per 4 characters
+        return [ToolResponseInjected(self._frame_index, positions, tuple(range(positions)), 0.0, replayed)]
 
     def push(self, samples: np.ndarray, sample_rate: int) -> list[Event]:
         if self.closed:
@@ -237,6 +286,18 @@ class FakeConversation:
         if self._max_frames is not None and index >= self._max_frames:
             raise ContextLimitError("the conversation reached its limit; start a new conversation")
         events: list[Event] = []
+        scripted = tuple(replace(call, frame_index=index) for call in self._engine.script_tool_calls.get(index, ()))
+        waiting = bool(self._pending_calls)
+        if self.await_tool_results:
+            self._pending_calls += scripted  # a call scripted while others wait joins them (the app refuses it)
+        events += scripted
+        if waiting:
+            # The clock stands still: perception would run, the model says nothing, the frame plays silence.
+            self._deferred += 1
+            events.append(AudioChunk(index, np.zeros(OUTPUT_FRAME_SAMPLES, np.float32), np.zeros(31, np.int32)))
+            events.append(self._timing(index))
+            self._frame_index += 1
+            return events
         word_every = self._engine.word_every
         if index % word_every == word_every - 1:
             delta = f" word{index}"
@@ -244,21 +305,22 @@ class FakeConversation:
             events.append(AssistantTextDelta(index, 1000 + index, delta, self._text))
         tone = (0.01 * np.sin(np.arange(OUTPUT_FRAME_SAMPLES) * 0.1)).astype(np.float32)
         events.append(AudioChunk(index, tone, np.zeros(31, dtype=np.int32)))
+        events.append(self._timing(index))
+        self._frame_index += 1
+        return events
+
+    def _timing(self, index: int) -> FrameTiming:
         every = self.stage_timing_every
         on_device = every > 0 and index % every == 0
         total = self._engine.frame_ms
-        events.append(
-            FrameTiming(
-                frame_index=index,
-                start_ms=index * FRAME_MS,
-                stages_ms={stage: total / len(STAGES) for stage in STAGES},
-                total_ms=total,
-                host_syncs=5 if on_device else 2,
-                timing_mode="device" if on_device else "host",
-            )
+        return FrameTiming(
+            frame_index=index,
+            start_ms=index * FRAME_MS,
+            stages_ms={stage: total / len(STAGES) for stage in STAGES},
+            total_ms=total,
+            host_syncs=5 if on_device else 2,
+            timing_mode="device" if on_device else "host",
         )
-        self._frame_index += 1
-        return events
 
     def set_economy(self, level: int) -> None:
         if level not in (0, 1, 2):
@@ -276,12 +338,15 @@ class FakeEngine:
 
     It keeps what the worker asked of it (``loads``, ``warm_ups``, ``numerics_switches``, ``conversations``);
     ``fail_next_push`` (an exception) makes the next push into any conversation raise it.
+    ``script_tool_calls`` maps a frame index to the ``ToolCall``s that frame completes (in every conversation):
+    the conversation then waits for their results, playing silence, as the session does.
     """
 
     def __init__(self, *, frame_ms: float = 20.0, word_every: int = 4) -> None:
         self.frame_ms = frame_ms
         self.word_every = word_every
         self.fail_next_push: Exception | None = None
+        self.script_tool_calls: dict[int, list[ToolCall]] = {}
         self.loads: list[Path] = []
         self.warm_ups = 0
         self.numerics_switches: list[str] = []
@@ -324,8 +389,11 @@ class FakeEngine:
         max_seconds: float | None,
         seed: int = 0,
         stage_timing_every: int = 0,
+        await_tool_results: bool = False,
     ) -> FakeConversation:
         numerics = model.numerics if isinstance(model, FakeModel) else "exact"
-        conversation = FakeConversation(self, system_prompt, max_seconds, stage_timing_every, numerics)
+        conversation = FakeConversation(
+            self, system_prompt, max_seconds, stage_timing_every, numerics, await_tool_results
+        )
         self.conversations.append(conversation)
         return conversation

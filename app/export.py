@@ -31,7 +31,7 @@ from .audio.output import TruePeakLimiter
 from .audio_files import write_wav
 from .files import PRIVATE_DIR_MODE, make_private, write_text_file
 from .history import conversation_folder
-from .messages import FrameStats
+from .messages import FrameStats, TimerDone, ToolActivity, ToolResponseTiming, ToolTurnHeard
 
 
 class ExportError(OSError):
@@ -87,7 +87,7 @@ class ConversationRecording:
 
 @dataclass
 class TranscriptEntry:
-    role: str  # "user" | "assistant" | "tool call"
+    role: str  # "user" | "assistant" | "tool call" | "tool result" | "tool response" | "timer"
     frame_index: int
     text: str
 
@@ -114,6 +114,20 @@ class Transcript:
         elif isinstance(event, ToolCall):
             text = f"{event.name}({event.arguments})" if event.error is None else f"{event.raw!r} — {event.error}"
             self.entries.append(TranscriptEntry("tool call", event.frame_index, text))
+        elif isinstance(event, ToolActivity):
+            self.entries.append(TranscriptEntry("tool result", event.frame_index, describe_activity(event)))
+        elif isinstance(event, ToolResponseTiming):
+            text = (
+                f"{event.calls} result{'s' if event.calls != 1 else ''} given to the model: "
+                f"{event.positions} positions in {event.inject_s:.2f} s; "
+                f"the tool turn took {event.turn_s:.2f} s; {event.replayed_frames} frames of the user replayed"
+            )
+            self.entries.append(TranscriptEntry("tool response", event.frame_index, text))
+        elif isinstance(event, ToolTurnHeard):
+            text = f"the assistant's first sound came {event.seconds:.2f} s after the call"
+            self.entries.append(TranscriptEntry("tool response", event.frame_index, text))
+        elif isinstance(event, TimerDone):
+            self.entries.append(TranscriptEntry("timer", event.frame_index or 0, describe_timer(event)))
 
     def _append(self, role: str, frame_index: int, delta: str) -> None:
         if self.entries and self.entries[-1].role == role:
@@ -134,6 +148,24 @@ class Transcript:
         return "\n".join(lines)
 
 
+def describe_activity(activity: ToolActivity) -> str:
+    """One tool call in words: what, the decision (and how long the user took), the outcome, the time."""
+    import json
+
+    called = activity.tool or "(no tool named)"
+    arguments = json.dumps(activity.arguments, ensure_ascii=False) if activity.arguments is not None else activity.raw
+    waited = f" after {activity.consent_s:.1f} s" if activity.consent_s >= 0.05 else ""
+    outcome = "ok" if activity.ok else "failed"
+    ran = f" in {activity.run_s:.2f} s" if activity.run_s else ""
+    return f"{called} {arguments} — {activity.decision}{waited}; {outcome}{ran} at {activity.at}: {activity.content}"
+
+
+def describe_timer(timer: TimerDone) -> str:
+    from .tools.builtin import describe_duration
+
+    return f"Timer done: {timer.label} ({describe_duration(timer.seconds)})"
+
+
 @dataclass
 class ConversationProfile:
     """One conversation's frame timings and turn delays, as the session profile keeps them."""
@@ -148,6 +180,9 @@ class ConversationProfile:
     model: str = ""  # how the window names the model ("tiny4 · 4-bit", "Demo")
     settings: dict[str, Any] = field(default_factory=dict)  # the settings in force when it started
     clock_s: float = field(default_factory=time.monotonic)  # its start on the session clock
+    tool_calls: list[ToolActivity] = field(default_factory=list)  # every call answered, in order
+    tool_responses: list[ToolResponseTiming] = field(default_factory=list)  # every response injected
+    tool_turns_heard: list[ToolTurnHeard] = field(default_factory=list)  # each turn, call to first sound after it
 
     @property
     def numerics(self) -> str:
@@ -259,8 +294,39 @@ def save_conversation(
     return [target / name for name in writers]
 
 
+def tool_log(conversations: list[ConversationProfile]) -> dict[str, Any] | None:
+    """Every tool call and injected response of ``conversations`` (None: there were none)."""
+    if not any(c.tool_calls or c.tool_responses for c in conversations):
+        return None
+    return {
+        "format": "parley-tool-log/1",
+        "conversations": [
+            {
+                "conversation": c.number,
+                "started": c.started.isoformat(),
+                "calls": [activity.to_dict() for activity in c.tool_calls],
+                "responses": [
+                    {
+                        "frame_index": r.frame_index,
+                        "calls": r.calls,
+                        "positions": r.positions,
+                        "inject_s": round(r.inject_s, 4),
+                        "turn_s": round(r.turn_s, 4),
+                        "replayed_frames": r.replayed_frames,
+                    }
+                    for r in c.tool_responses
+                ],
+                "first_sound_after_call_s": [round(h.seconds, 4) for h in c.tool_turns_heard],
+            }
+            for c in conversations
+            if c.tool_calls or c.tool_responses
+        ],
+    }
+
+
 def export_profile(path: Path, profile: SessionProfile) -> list[Path]:
-    """Write every conversation's frame log as ``<stem>.json``, ``<stem>.csv`` and ``<stem>.trace.json``.
+    """Write every conversation's frame log as ``<stem>.json``, ``<stem>.csv`` and ``<stem>.trace.json``, and
+    when the model called tools, every call, decision, result and time as ``<stem>.tools.json``.
 
     Raises:
         NothingToExport: no frame has run since launch.
@@ -281,7 +347,15 @@ def export_profile(path: Path, profile: SessionProfile) -> list[Path]:
         "csv": path.with_name(f"{stem}.csv"),
         "trace": path.with_name(f"{stem}.trace.json"),
     }
-    return [
+    paths = [
         _guarded(target, lambda target=target, fmt=fmt: write_profile_log(log, target, fmt))  # type: ignore[misc]
         for fmt, target in targets.items()
     ]
+    tools = tool_log(conversations)
+    if tools is not None:
+        import json
+
+        target = path.with_name(f"{stem}.tools.json")
+        text = json.dumps(tools, indent=2, ensure_ascii=False) + "\n"
+        paths.append(_guarded(target, lambda: write_text_file(target, text)))
+    return paths

@@ -3,7 +3,8 @@
 Qt-free. ``ConversationKeeper`` is the controller's collaborator for the history side: it hands a finished
 conversation to ``HistorySaver`` (its own thread; a long conversation is tens of MB), folds the saver's reports
 back in (``NotKept`` / ``HistorySaved``, in the controller's queue order) and says whether ending the current
-conversation now would lose it. ``replay_mix`` makes a saved conversation one track for the speaker.
+conversation now would lose it. ``HistoryReplay`` plays a saved conversation, mixed into one track by ``replay_mix``,
+through the speaker and says where it is.
 """
 
 from __future__ import annotations
@@ -18,11 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from engine.timeline import OUTPUT_SAMPLE_RATE
+
+from .audio_port import AudioStreams
 from .export import ConversationProfile, ConversationRecording, Transcript, conversation_log
 from .history import ConversationHistory, ConversationRecord, HistoryError, LoadedConversation, TranscriptLine
-from .messages import Failure, HistorySaved
+from .messages import Failure, HistorySaved, ReplayProgress
 
 log = logging.getLogger(__name__)
+
+REPLAY_REPORT_S = 0.25  # a replay's position is reported this often
 
 
 @dataclass(frozen=True)
@@ -191,3 +197,47 @@ def replay_mix(loaded: LoadedConversation, rate: int) -> np.ndarray:
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+class HistoryReplay:
+    """One past conversation at a time played through the speaker (``streams()``: the open audio streams, or None),
+    its position reported every :data:`REPLAY_REPORT_S` while it plays."""
+
+    def __init__(
+        self, history: ConversationHistory, streams: Callable[[], AudioStreams | None], post: Callable[[object], None]
+    ) -> None:
+        self._history, self._streams, self._post = history, streams, post
+        self.entry_id: str | None = None  # what plays now
+        self._next_report = 0.0
+
+    def start(self, entry_id: str) -> float:
+        """Play ``entry_id``; returns its length in s (HistoryError: damaged or gone; RuntimeError: no speaker)."""
+        streams = self._streams()
+        if streams is None or streams.paused:
+            raise RuntimeError("There is no speaker to play on. Connect one, or check the sound settings.")
+        loaded = self._history.load(entry_id)
+        duration = streams.start_replay(replay_mix(loaded, OUTPUT_SAMPLE_RATE), OUTPUT_SAMPLE_RATE)
+        self.entry_id, self._next_report = entry_id, 0.0
+        log.info("Replaying history entry %s (%.1f s)", entry_id, duration)
+        return duration
+
+    def stop(self) -> None:
+        streams = self._streams()
+        if streams is not None:
+            streams.stop_replay()
+        if self.entry_id is not None:
+            self.entry_id = None
+            self._post(ReplayProgress(None))
+
+    def progress_due(self, now: float) -> ReplayProgress | None:
+        """Where the replay is, when a report is due at ``now`` (monotonic s); None otherwise. A replay that ended
+        reports ``ReplayProgress(None)`` once."""
+        if self.entry_id is None or now < self._next_report:
+            return None
+        self._next_report = now + REPLAY_REPORT_S
+        streams = self._streams()
+        position = streams.replay_position if streams is not None else None
+        if position is None:
+            self.entry_id = None
+            return ReplayProgress(None)
+        return ReplayProgress(self.entry_id, *position)

@@ -25,10 +25,14 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .files import make_private, make_private_folder
 from .paths import log_dir
+
+if TYPE_CHECKING:
+    from .echo import EchoCanceller
+    from .messages import FrameStats
 
 LOG_FILE = "parley.log"
 CRASH_FILE = "crash.log"
@@ -134,3 +138,30 @@ class CrashHandlers:
 def install_crash_handlers(report: CrashReport, folder: Path | None = None) -> CrashHandlers:
     """Capture fatal errors to ``crash.log`` and uncaught exceptions to the log and ``report``."""
     return CrashHandlers(log_dir() if folder is None else folder, report).install()
+
+
+def log_conversation_figures(stats: FrameStats | None, echo: EchoCanceller | None) -> None:
+    """At a conversation's end: what the audio lost, and (in hands-free) what echo cancellation did."""
+    log = logging.getLogger("app.controller")
+    if stats is not None and (stats.output_underruns or stats.input_lost_s):
+        log.info(
+            "The speaker ran out of the assistant's audio %d times (%.2f s of silence skipped to catch up); "
+            "%.2f s of microphone audio lost",
+            stats.output_underruns,
+            stats.output_skipped_s,
+            stats.input_lost_s,
+        )
+    if echo is not None:
+        figures = echo.stats
+        log.info(
+            "Echo cancellation: %d blocks, reference present for %d, missing for %d; %d samples of drift "
+            "corrected, %d resyncs, %d playback samples dropped, reference lead %.0f ms, %.0f µs per block",
+            figures.blocks,
+            figures.reference_blocks,
+            figures.reference_missing_blocks,
+            figures.drift_corrections,
+            figures.resyncs,
+            figures.playback_dropped,
+            figures.reference_lead_s * 1000.0,
+            figures.cost_per_block_s * 1e6,
+        )

@@ -274,3 +274,100 @@ class ReplayProgress:
     entry_id: str | None
     position_s: float = 0.0
     duration_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- the tool loop (app.tools)
+
+
+@dataclass(frozen=True)
+class ConsentRequest:
+    """The assistant called a tool whose consent is "ask": the window shows the call with Allow / Deny.
+
+    Unanswered for ``timeout_s``, the call is denied ("the user did not answer") and ``ConsentClosed`` follows.
+    """
+
+    request_id: int
+    tool: str
+    source: str  # "built-in" or the MCP server's name
+    arguments: dict[str, Any]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ConsentClosed:
+    """A consent request is over (answered, timed out, or its conversation ended): the prompt goes away."""
+
+    request_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ToolActivity:
+    """One tool call, finished: what was called, what was decided, what the model is told, and when.
+
+    Every call the model completes gets one, well formed or not (``raw`` keeps what it wrote). It goes into the
+    transcript, the history and the exported profile.
+    """
+
+    frame_index: int  # the frame whose events held the completed call
+    tool: str  # the tool's name, or "" when the call named none
+    arguments: dict[str, Any] | None
+    raw: str
+    decision: str  # "allowed (always)", "allowed by you", "denied by you", "not answered", "never allowed", "refused"
+    ok: bool
+    content: str  # the result text, or the reason it failed: exactly what the model is told
+    at: str  # ISO 8601 local time the call completed on the function channel
+    consent_s: float = 0.0  # waiting for the user
+    run_s: float = 0.0  # the tool itself (its server's start included)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "frame_index": self.frame_index,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "raw": self.raw,
+            "decision": self.decision,
+            "ok": self.ok,
+            "content": self.content,
+            "at": self.at,
+            "consent_s": round(self.consent_s, 3),
+            "run_s": round(self.run_s, 3),
+        }
+
+
+@dataclass(frozen=True)
+class ToolResponseTiming:
+    """The model was given the results of its calls: how long the whole tool turn took (engine + tools)."""
+
+    frame_index: int
+    calls: int
+    positions: int  # timeline positions the injected response took
+    inject_s: float  # the injection itself (unpaced)
+    turn_s: float  # from the call's completion to the response injected (consent and tools included)
+    replayed_frames: int
+
+
+@dataclass(frozen=True)
+class ToolTurnHeard:
+    """The first audible sound after a tool turn: the whole turn, from the call's completion to the assistant
+    speaking again (consent, the tool, the injection and the replay included)."""
+
+    frame_index: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ToolsListed:
+    """An MCP server listed its tools (on first need): the controller keeps them in ``tools.json``."""
+
+    server: str
+    tools: tuple[Any, ...]  # app.tools.config.ToolEntry
+
+
+@dataclass(frozen=True)
+class TimerDone:
+    """A timer the assistant set has ended: the app chimed and the window shows the line."""
+
+    label: str
+    seconds: int
+    frame_index: int | None  # the conversation's frame when it fired (None: no conversation open)

@@ -24,6 +24,8 @@ from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_files import read_audio, write_wav
 from .files import apply_file_mode
+from .messages import ConsentRequest, ToolActivity
+from .tools.runner import OfferedTool, ToolRunner, model_specs, tool_results
 
 
 @dataclass
@@ -43,6 +45,7 @@ class RunResult:
     tool_calls: list[ToolCall]
     timings: list[FrameTiming]
     summary: dict[str, Any]
+    tool_activities: list[ToolActivity] = field(default_factory=list)  # the answers the model heard (--tools)
     notes: list[str] = field(default_factory=list)
     load_seconds: float = 0.0
     checkpoint: dict[str, Any] = field(default_factory=dict)
@@ -59,18 +62,46 @@ def run_audio(
     sub_stages: bool = False,
     drop_first: int = 5,
     on_event: Callable[[Event], None] | None = None,
+    tools: ToolRunner | None = None,
+    on_tool: Callable[[ToolActivity], None] | None = None,
 ) -> RunResult:
-    """Push 16 kHz mono ``samples`` through a new session in ``chunk_samples`` pieces, then flush."""
-    from engine import FrameProfiler, Session, summarize
+    """Push 16 kHz mono ``samples`` through a new session in ``chunk_samples`` pieces, then flush.
 
+    With ``tools`` (a runner whose configuration offers tools), the system prompt offers them and each call is
+    answered through the runner before the next piece is pushed (a file has no clock to keep: the model hears
+    back at the same frame on every run); ``on_tool`` hears each answer.
+    """
+    from engine import FrameProfiler, Session, render_tool_prompt, summarize
+
+    offered: list[OfferedTool] = []
+    if tools is not None:
+        offered, _ = tools.offered()
+        if offered:
+            system_prompt = render_tool_prompt(system_prompt or "", model_specs(offered))
     profiler = FrameProfiler(sub_stages=sub_stages)
-    session = Session(voicechat, system_prompt=system_prompt, seed=seed, hooks=profiler)
+    session = Session(
+        voicechat, system_prompt=system_prompt, seed=seed, hooks=profiler, await_tool_results=bool(offered)
+    )
     events: list[Event] = []
-    for start in range(0, samples.shape[0], chunk_samples):
-        for event in session.push(samples[start : start + chunk_samples], sample_rate=INPUT_SAMPLE_RATE):
+    activities: list[ToolActivity] = []
+
+    def take(new: list[Event]) -> None:
+        for event in new:
             events.append(event)
             if on_event is not None:
                 on_event(event)
+        calls = [event for event in new if isinstance(event, ToolCall)]
+        if tools is not None and calls and session.awaiting_tool_results:
+            answers = tools.run(calls, offered).result()  # bounded by the runner's timeouts
+            answers = answers[: len(session.pending_tool_calls)]
+            for answer in answers:
+                activities.append(answer)
+                if on_tool is not None:
+                    on_tool(answer)
+            take(session.answer_tool_calls(tool_results(answers)))
+
+    for start in range(0, samples.shape[0], chunk_samples):
+        take(session.push(samples[start : start + chunk_samples], sample_rate=INPUT_SAMPLE_RATE))
     for event in session.flush():
         events.append(event)
         if on_event is not None:
@@ -96,6 +127,7 @@ def run_audio(
         assistant_text=text[-1].text if text else "",
         function_text=function[-1].text if function else "",
         tool_calls=[e for e in events if isinstance(e, ToolCall)],
+        tool_activities=activities,
         timings=timings,
         summary=summarize(timings, drop_first=drop_first),
         settings={
@@ -154,6 +186,33 @@ def write_dump(result: RunResult, folder: Path) -> list[Path]:
     return written
 
 
+def _tool_runner(path: Path | None, out: Callable[[str], None]) -> ToolRunner | None:
+    """The runner of ``--tools PATH`` (a ``tools.json``), or None. ``parley run`` cannot ask: a tool whose consent
+    is "ask" is denied, and says so."""
+    if path is None:
+        return None
+    from .tools.config import load_tools_config
+
+    loaded = load_tools_config(path)
+    for warning in loaded.warnings:
+        out(f"tools: {warning}")
+    if not loaded.config.offer_tools:
+        out(f"tools: {path} does not offer tools (offer_tools is false)")
+        return None
+    holder: list[ToolRunner] = []
+
+    def post(message: object) -> None:
+        if isinstance(message, ConsentRequest) and holder:
+            out(
+                f"tools: {message.tool} asks for consent; parley run cannot ask, so it is denied "
+                "(consent 'always' runs it)"
+            )
+            holder[0].answer_consent(message.request_id, False)
+
+    holder.append(ToolRunner(loaded.config, post=post))
+    return holder[0]
+
+
 def run_command(args: Any, out: Callable[[str], None] = print) -> int:
     """The body of ``parley run``; returns the exit code."""
     from engine import build_profile_log, load_voicechat, write_profile_log
@@ -172,13 +231,22 @@ def run_command(args: Any, out: Callable[[str], None] = print) -> int:
     frames = -(-samples.shape[0] // INPUT_FRAME_SAMPLES)
     out(f"input: {audio.seconds:.2f} s + {args.extra_seconds:g} s of silence = {frames} frames")
 
-    result = run_audio(
-        voicechat,
-        samples,
-        system_prompt=args.system_prompt,
-        seed=args.seed,
-        sub_stages=args.profile_stages,
-    )
+    runner = _tool_runner(getattr(args, "tools", None), out)
+    try:
+        result = run_audio(
+            voicechat,
+            samples,
+            system_prompt=args.system_prompt,
+            seed=args.seed,
+            sub_stages=args.profile_stages,
+            tools=runner,
+            on_tool=lambda a: out(
+                f"[tool] {a.tool or '(unreadable call)'}: {a.decision}; {'ok' if a.ok else 'failed'}: {a.content}"
+            ),
+        )
+    finally:
+        if runner is not None:
+            runner.close()
     result.notes, result.load_seconds, result.checkpoint = audio.notes, load_seconds, voicechat.describe()
 
     out(f"[user] {result.user_transcript}")

@@ -34,6 +34,14 @@ overlay can show exact per-stage times without paying three extra host syncs on 
 frame. The other frames are timed where the host waited ("host"), which is exact for the
 two phases (listening: perception + RN-T + language; speaking: TTS + codec).
 
+Tools: with a ``ToolRunner`` set (``SetTools``), each new session's system prompt offers its enabled tools
+(``engine.render_tool_prompt``). A frame that completes tool calls leaves the session waiting for their results:
+the calls go to the runner (consent and the tool run on its thread), the worker keeps pushing microphone frames
+(the session returns silence and keeps the user's audio for after), and between two frames, once every result is
+in, answers them with ``answer_tool_calls`` and plays on. Calls that arrive while others are still running, or
+when no tool is offered, are answered at once with the reason. Each answer is reported as ``ToolActivity``, and
+the injected response as ``ToolResponseTiming``.
+
 Concurrency contract
     - ``submit()`` may be called from any thread; commands run in order on the worker.
     - ``emit`` is called on the worker thread and must not block (the controller's
@@ -45,13 +53,13 @@ Concurrency contract
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import queue
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +67,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.events import AudioChunk, FrameTiming
+from engine.events import AudioChunk, DeferredFramesDropped, Event, FrameTiming, ToolCall, ToolResponseInjected
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 
 from .audio_port import AudioCounters, AudioPort
@@ -79,18 +87,23 @@ from .messages import (
     LoadProgress,
     ModelFallback,
     ModelLoaded,
+    Notice,
     NumericsAdvice,
     NumericsChanged,
     SpeedCheck,
+    ToolActivity,
+    ToolResponseTiming,
+    ToolTurnHeard,
 )
-from .variants import Q4, Variant, variant_for_checkpoint
+from .speed_check import FrameWindow, numerics_advice, speed_verdict
+from .tools.runner import OfferedTool, ToolRunner, model_specs, refusal, tool_results
+from .variants import variant_for_checkpoint
 
 if TYPE_CHECKING:
     from engine import Numerics
 
 log = logging.getLogger(__name__)
 
-STATS_WINDOW = 100  # frames behind the overlay's live p50 / p95 / realtime factor
 FALLING_BEHIND_FRAMES = 4  # queued input frames that count as "falling behind" (320 ms)
 SPEED_CHECK_FRAMES = 30  # frames of silence in the post-load speed check (5 of them warm-up)
 DEFAULT_MAX_CONVERSATION_S = 600.0
@@ -164,64 +177,41 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class SetTools:
+    """Offer the tools of ``runner`` (None: none) from the next conversation on."""
+
+    runner: ToolRunner | None
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
 Command = (
-    Load | LoadDemo | StartConversation | NewConversation | SetIdlePause | SetNumerics | SetKeepUp | Sleep | Shutdown
+    Load
+    | LoadDemo
+    | StartConversation
+    | NewConversation
+    | SetIdlePause
+    | SetNumerics
+    | SetKeepUp
+    | Sleep
+    | SetTools
+    | Shutdown
 )
 
 
 @dataclass
-class FrameWindow:
-    """The last frames' timings, for live statistics."""
+class ToolBatch:
+    """Calls of one frame with the runner, and answers already decided (calls that came while it ran)."""
 
-    totals: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
-
-    def add(self, timing: FrameTiming) -> tuple[float, float, float]:
-        from engine import percentile
-
-        self.totals.append(timing.total_ms)
-        totals = list(self.totals)
-        return percentile(totals, 0.5), percentile(totals, 0.95), sum(totals) / len(totals) / FRAME_MS
-
-
-def speed_verdict(realtime_factor: float, variant: Variant, *, random_weights: bool = False) -> str:
-    """The speed check in plain words, with advice that fits the variant that was measured."""
-    share = f"{realtime_factor:.0%} of its {FRAME_MS:.0f} ms"
-    if variant.demo:
-        return (
-            f"The tiny demo model takes {share} per frame here. The real model is far larger, "
-            "so this says little about how it will run: load it to find out."
-        )
-    if random_weights:
-        return (
-            f"This checkpoint has random weights, so it makes noise, not speech; a frame of a model of its shapes "
-            f"takes {share} here."
-        )
-    if realtime_factor < 0.6:
-        return f"This machine keeps up easily: a frame takes {share}."
-    if realtime_factor < 0.9:
-        return f"This machine keeps up: a frame takes {share} (little headroom)."
-    if realtime_factor < 1.0:
-        return f"This machine only just keeps up ({realtime_factor:.0%} of real time); expect occasional lag."
-    advice = "try the 4-bit model or a faster machine" if variant != Q4 else "try a faster machine"
-    return (
-        f"This machine is too slow for live conversation: each {FRAME_MS:.0f} ms frame takes "
-        f"{realtime_factor * FRAME_MS:.0f} ms. The assistant will fall behind; {advice}."
-    )
-
-
-def numerics_advice(exact_rtf: float, fast_rtf: float) -> str | None:
-    """Advice to switch to fast numerics, when exact does not keep up here and fast would; else None."""
-    if exact_rtf <= 1.0 or fast_rtf >= 1.0 or fast_rtf >= exact_rtf:
-        return None
-    return (
-        f"Exact numerics do not keep up on this machine: each {FRAME_MS:.0f} ms frame takes "
-        f"{exact_rtf * FRAME_MS:.0f} ms. Fast numerics would ({fast_rtf * FRAME_MS:.0f} ms): they use fused GPU "
-        "kernels, and their outputs differ from the reference in the last digits."
-    )
+    future: concurrent.futures.Future[list[ToolActivity]]
+    frame_index: int
+    started: float  # time.monotonic() when the calls completed
+    calls: int
+    late: list[ToolActivity] = field(default_factory=list)
+    dropped_told: bool = False  # the user was told that the oldest held frames are dropped
 
 
 class EngineWorker(threading.Thread):
@@ -265,6 +255,11 @@ class EngineWorker(threading.Thread):
         self._last_good: Load | None = None  # the last load that worked: reloaded if a later one fails
         self._numerics: Numerics = "exact"  # what the loaded model runs with
         self._keep_up: KeepUpPolicy | None = None  # the economy policy, when the user opted in (SetKeepUp)
+        self._tools: ToolRunner | None = None
+        self._offered: list[OfferedTool] = []  # what the open session's prompt offers
+        self._tool_warnings: tuple[str, ...] = ()  # the last ones told, so that each is said once
+        self._tool_batch: ToolBatch | None = None
+        self._tool_turn_started: float | None = None  # a tool turn's start, until the assistant is heard again
 
     # ------------------------------------------------------------------ any thread
 
@@ -328,6 +323,8 @@ class EngineWorker(threading.Thread):
                 self._set_numerics(command.numerics)
             elif isinstance(command, SetKeepUp):
                 self._set_keep_up(command.enabled)
+            elif isinstance(command, SetTools):
+                self._tools = command.runner
         except Exception as exc:  # noqa: BLE001 - the worker must survive anything a command does
             self._fail(f"{command.__class__.__name__} failed: {exc}", exc)
 
@@ -495,12 +492,14 @@ class EngineWorker(threading.Thread):
             return
         if self._keep_up is not None:
             self._keep_up.reset()  # a new session runs the full step
+        prompt = self._conversation_prompt()  # offers the enabled tools, if any
         # One frame in N pays for exact per-stage times (the profiler's policy); the others keep the fast path.
         self._session = self._engine.start_conversation(
             self._voicechat,
-            system_prompt=self._system_prompt,
+            system_prompt=prompt,
             max_seconds=self.max_conversation_s,
             stage_timing_every=self.exact_every,
+            await_tool_results=bool(self._offered),
         )
 
     def _start_session(self) -> None:
@@ -526,7 +525,41 @@ class EngineWorker(threading.Thread):
         self._set_state(AppState.READY)
         self._emit(ConversationTime(0.0, self.max_conversation_s))
 
+    def _conversation_prompt(self) -> str:
+        """The system prompt, offering the enabled tools when there are any (and the prompt can take them)."""
+        self._offered = []
+        runner = self._tools
+        if runner is None:
+            return self._system_prompt
+        prompt = self._system_prompt
+        try:
+            offered, warnings = runner.offered()
+        except Exception as exc:  # tools must never stop a conversation from starting
+            log.exception("The tools could not be prepared")
+            offered, warnings = [], [f"No tools are offered in this conversation: {exc}."]
+        if offered:
+            from engine import render_tool_prompt
+
+            try:
+                prompt = render_tool_prompt(prompt, model_specs(offered))
+            except ValueError as exc:  # ToolPromptError: a non-ASCII prompt, a bad description
+                warnings = [*warnings, f"No tools are offered in this conversation: {exc}."]
+            else:
+                self._offered = offered
+                log.info("Tools offered: %s", ", ".join(f"{t.name} ({t.source_label})" for t in offered))
+        if tuple(warnings) != self._tool_warnings:
+            self._tool_warnings = tuple(warnings)
+            for warning in warnings:
+                log.warning(warning)
+                self._emit(Notice(warning))
+        return prompt
+
     def _close_session(self) -> None:
+        self._tool_turn_started = None
+        if self._tool_batch is not None:
+            self._tool_batch = None  # its answers would reach no one: the consent prompts close
+            if self._tools is not None:
+                self._tools.cancel_consents()
         if self._session is not None:
             self._session.close()
             self._session = None
@@ -553,6 +586,7 @@ class EngineWorker(threading.Thread):
         self._set_state(AppState.READY)
 
     def _pump_frame(self) -> None:
+        self._answer_tool_calls()  # between two frames, when their results are in
         session = self._session
         frame = self._audio.read_frame(0.02)
         if frame is None or session is None:
@@ -573,6 +607,15 @@ class EngineWorker(threading.Thread):
             self._close_session()
             self._fail(f"The engine failed on a frame: {exc}. Start a new conversation to continue.", exc)
             return
+        self._deliver(events)
+        calls = [event for event in events if isinstance(event, ToolCall)]
+        if calls:
+            self._tool_calls_completed(session, calls)
+        self._note_user(index, frame, key_held)
+        self._maybe_idle_pause(session)
+
+    def _deliver(self, events: list[Event]) -> None:
+        """Play the audio, record the timings, report the rest."""
         gain = DEMO_OUTPUT_GAIN if self._model is not None and self._model.noise else 1.0
         for event in events:
             if isinstance(event, AudioChunk):
@@ -580,12 +623,100 @@ class EngineWorker(threading.Thread):
                     event = dataclasses.replace(event, samples=event.samples * np.float32(gain))
                 self._audio.play(event.samples)
                 self._emit(event)  # for Save Conversation: what was played
+                started = self._tool_turn_started
+                if started is not None and np.any(event.samples):
+                    self._tool_turn_started = None
+                    self._emit(ToolTurnHeard(event.frame_index, time.monotonic() - started))
             elif isinstance(event, FrameTiming):
                 self._record(event)
+            elif isinstance(event, DeferredFramesDropped):
+                batch = self._tool_batch
+                if batch is not None and not batch.dropped_told:
+                    batch.dropped_told = True
+                    warning = (
+                        "The tool call is taking long: what you say now is still transcribed, but the model will "
+                        "hear only the last 20 s of it."
+                    )
+                    log.warning(warning)
+                    self._emit(Notice(warning))
             else:
                 self._emit(event)
-        self._note_user(index, frame, key_held)
-        self._maybe_idle_pause(session)
+
+    def _tool_calls_completed(self, session: Conversation, calls: list[ToolCall]) -> None:
+        """Hand the calls to the runner; the session waits (its frames play silence) until they are answered."""
+        if not session.awaiting_tool_results:
+            return  # a session that does not wait for results: the calls are shown, nothing answers them
+        pending = session.pending_tool_calls
+        calls = [call for call in calls if call in pending]  # an interrupted call is reported, not waited for
+        if not calls:
+            return
+        batch = self._tool_batch
+        if batch is not None:
+            reason = "another tool call is still running; wait for its result before calling again"
+            batch.late += [refusal(call, reason) for call in calls]
+            return
+        future: concurrent.futures.Future[list[ToolActivity]]
+        if self._tools is None or not self._offered:
+            future = concurrent.futures.Future()
+            future.set_result([refusal(call, "no tools are offered in this conversation") for call in calls])
+        else:
+            future = self._tools.run(calls, self._offered)
+        self._tool_batch = ToolBatch(future, calls[0].frame_index, time.monotonic(), len(calls))
+
+    def _answer_tool_calls(self) -> None:
+        batch, session = self._tool_batch, self._session
+        if batch is None or not batch.future.done():
+            return
+        self._tool_batch = None
+        try:
+            activities = batch.future.result() + batch.late
+        except Exception as exc:
+            log.exception("The tool runner failed")
+            activities = [refusal(call, f"the app failed to run the tool: {exc}") for call in self._pending(session)]
+        for activity in activities:
+            self._emit(activity)
+        if session is None or not session.awaiting_tool_results:
+            return
+        pending = self._pending(session)
+        # One answer per pending call, in order (the session counts them): any it holds beyond ours are refused.
+        activities = activities[: len(pending)] + [
+            refusal(call, "the app lost track of this call") for call in pending[len(activities) :]
+        ]
+        try:
+            events = session.answer_tool_calls(tool_results(activities))
+        except Exception as exc:  # noqa: BLE001 - a failing answer must not take the app down
+            self._close_session()
+            self._fail(f"The engine failed to take the tool results: {exc}. Start a new conversation.", exc)
+            return
+        self._tool_turn_started = batch.started
+        for event in events:
+            if isinstance(event, ToolResponseInjected):
+                turn_s = time.monotonic() - batch.started
+                self._emit(
+                    ToolResponseTiming(
+                        event.frame_index,
+                        len(activities),
+                        event.positions,
+                        event.seconds,
+                        turn_s,
+                        event.replayed_frames,
+                    )
+                )
+                log.info(
+                    "Tool results injected: %d positions in %.2f s; the tool turn took %.2f s; %d frames replayed",
+                    event.positions,
+                    event.seconds,
+                    turn_s,
+                    event.replayed_frames,
+                )
+        self._deliver([event for event in events if not isinstance(event, ToolResponseInjected)])
+        calls = [event for event in events if isinstance(event, ToolCall)]
+        if calls:
+            self._tool_calls_completed(session, calls)  # the replayed frames may hold the next call
+
+    @staticmethod
+    def _pending(session: Conversation | None) -> tuple[ToolCall, ...]:
+        return session.pending_tool_calls if session is not None else ()
 
     def _record(self, timing: FrameTiming) -> None:
         p50, p95, rtf = self._frames.add(timing)

@@ -42,6 +42,7 @@ from app.messages import (
 )
 from app.settings import Settings
 from app.status import StatusBoard
+from app.tools.config import ToolsConfig
 from app.variants import DEMO, Variant, variant
 from engine.events import AssistantTextDelta, FrameTiming, UserTranscriptDelta
 from engine.timeline import FRAME_MS, FRAME_SECONDS, INPUT_FRAME_SAMPLES, STAGES
@@ -112,6 +113,7 @@ class FakeController:
         self.echo_unavailable: str | None = None  # what hands_free_unavailable() answers
         self.key_support = GlobalKeySupport(True, "x11", "The talk key works while other apps are in front.")
         self.cached = CacheListing(Path("/tmp/parley-fake-hf-cache"), (), offline=False)  # cached_checkpoints()
+        self.tools_config = ToolsConfig()  # what apply_tools_config() last saved
 
     # -- test controls -------------------------------------------------------------------------------------------
 
@@ -325,6 +327,16 @@ class FakeController:
         return self.cached
 
     # -- scripted behaviour -------------------------------------------------------------------------------------------
+
+    def apply_tools_config(self, config: ToolsConfig) -> None:
+        self._record("apply_tools_config", config)
+        self.tools_config = config
+
+    def list_server_tools(self, name: str) -> None:
+        self._record("list_server_tools", name)
+
+    def answer_consent(self, request_id: int, allow: bool) -> None:
+        self._record("answer_consent", request_id, allow)
 
     def _load(self, name: str, path: Path, loaded: Variant) -> None:
         """The real worker's report sequence for a load: it ends ready, with no conversation yet."""

@@ -35,8 +35,9 @@ from app.messages import (
     StateChanged,
 )
 from app.settings import Settings
+from app.speed_check import numerics_advice
 from app.status import HANDS_FREE
-from app.worker import EngineWorker, numerics_advice
+from app.worker import EngineWorker
 from tests.fakes import ScriptedAudio
 from tests.test_controller import frame_count, q4, wait_for
 from tests.test_hotkey import FakeBackend

@@ -46,6 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.messages import (
     AppState,
+    ConsentRequest,
     ConversationCleared,
     ConversationStarted,
     ConversationTime,
@@ -63,6 +64,8 @@ from app.messages import (
     ReplayProgress,
     SpeedCheck,
     StateChanged,
+    TimerDone,
+    ToolsListed,
     TurnLatency,
 )
 from app.paths import resource_path
@@ -221,6 +224,13 @@ class MainWindow(QMainWindow):
         pump.numerics_changed.connect(self.handle_numerics_changed)
         pump.numerics_advice.connect(self.handle_numerics_advice)
         pump.replay_progress.connect(self.handle_replay_progress)
+        pump.consent_request.connect(self.handle_consent_request)
+        pump.consent_closed.connect(page.consent.close_request)
+        pump.tool_activity.connect(page.transcript.add_tool_activity)
+        pump.tool_response.connect(page.transcript.add_tool_response)
+        pump.tool_turn_heard.connect(page.transcript.add_tool_turn_heard)
+        pump.timer_done.connect(self.handle_timer_done)
+        pump.tools_listed.connect(self.handle_tools_listed)
 
     def start(self) -> None:
         """Start polling and ask the controller to load the configured model."""
@@ -309,6 +319,7 @@ class MainWindow(QMainWindow):
 
     def _drop_conversation(self) -> None:
         self.conversation.transcript.clear()
+        self.conversation.consent.clear()  # its calls were answered "the conversation ended"
         self.conversation.overlay.clear()
         self.header.hide_time_left()
         self._time_up_offered = False
@@ -387,6 +398,23 @@ class MainWindow(QMainWindow):
             kind="warning",
             action=("Use fast numerics", lambda: self._update_settings(numerics="fast")),
         )
+
+    def handle_consent_request(self, request: ConsentRequest) -> None:
+        """A tool call waits for the user: the prompt shows on the conversation page (brought forward)."""
+        if not self.isVisible():
+            self.show_window()  # kept in the tray: the question must be seen to be answered
+        if self.pages.currentWidget() is not self.conversation:
+            self.show_conversation()
+        self.conversation.consent.ask(request)
+
+    def handle_tools_listed(self, listed: ToolsListed) -> None:
+        if self._settings_dialog is not None:
+            self._settings_dialog.tools_page.show_listed(listed)
+        self.statusBar().showMessage(f"{listed.server} offers {len(listed.tools)} tools.", 8000)
+
+    def handle_timer_done(self, timer: TimerDone) -> None:
+        self.conversation.transcript.add_timer_done(timer)
+        self.statusBar().showMessage(f"Timer done: {timer.label}", 15_000)
 
     def handle_replay_progress(self, progress: ReplayProgress) -> None:
         if self.history_window is not None:

@@ -16,6 +16,7 @@ from app.hf_cache import CacheListing
 from app.history import HistoryListing, LoadedConversation
 from app.hotkey import GlobalKeySupport
 from app.settings import Settings
+from app.tools.config import ToolsConfig
 
 
 class Controller(Protocol):
@@ -57,6 +58,12 @@ class Controller(Protocol):
     def history_folder(self) -> Path: ...
     # VoiceChat checkpoints in the Hugging Face cache (used in place with use_checkpoint).
     def cached_checkpoints(self) -> CacheListing: ...
+    # Tools: tools.json as loaded, saving a changed one, listing a server's tools, the user's consent answers.
+    @property
+    def tools_config(self) -> ToolsConfig: ...
+    def apply_tools_config(self, config: ToolsConfig) -> None: ...
+    def list_server_tools(self, name: str) -> None: ...
+    def answer_consent(self, request_id: int, allow: bool) -> None: ...
 
 
 ControllerFactory = Callable[[Settings], Controller]

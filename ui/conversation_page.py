@@ -1,4 +1,5 @@
-"""The conversation page: transcript card, the talk control between the two level meters, the overlay.
+"""The conversation page: transcript card, a tool call's consent prompt when one waits, the talk control between
+the two level meters, the overlay.
 
 Under the Assistant meter: its volume, mute and Stop (``ui.volume_control``).
 """
@@ -12,6 +13,7 @@ from .contracts import Controller
 from .level_meter import LevelMeter
 from .overlay import FrameOverlay
 from .talk_button import TalkControl
+from .tool_consent import ConsentPrompt
 from .transcript_view import TranscriptView
 from .volume_control import VolumeControl
 
@@ -27,6 +29,8 @@ class ConversationPage(QWidget):
         card_layout = QVBoxLayout(transcript_card)
         card_layout.setContentsMargins(1, 1, 1, 1)
         card_layout.addWidget(self.transcript)
+
+        self.consent = ConsentPrompt(controller.answer_consent, self)
 
         self.mic_meter = LevelMeter("Microphone", self)
         self.speaker_meter = LevelMeter("Assistant", self)
@@ -54,6 +58,7 @@ class ConversationPage(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(14)
         layout.addWidget(transcript_card, 1)
+        layout.addWidget(self.consent)
         layout.addLayout(controls)
         layout.addWidget(self.overlay_card)
 

@@ -18,6 +18,8 @@ from typing import Final
 from PySide6.QtCore import QObject, QTimer, Signal, SignalInstance
 
 from app.messages import (
+    ConsentClosed,
+    ConsentRequest,
     ConversationCleared,
     ConversationStarted,
     ConversationTime,
@@ -36,6 +38,11 @@ from app.messages import (
     ReplayProgress,
     SpeedCheck,
     StateChanged,
+    TimerDone,
+    ToolActivity,
+    ToolResponseTiming,
+    ToolsListed,
+    ToolTurnHeard,
     TurnLatency,
 )
 from engine.events import AssistantTextDelta, ToolCall, UserTranscriptDelta
@@ -73,6 +80,13 @@ class EventPump(QObject):
     numerics_changed = Signal(NumericsChanged)
     numerics_advice = Signal(NumericsAdvice)
     replay_progress = Signal(ReplayProgress)
+    consent_request = Signal(ConsentRequest)
+    consent_closed = Signal(ConsentClosed)
+    tool_activity = Signal(ToolActivity)
+    tool_response = Signal(ToolResponseTiming)
+    timer_done = Signal(TimerDone)
+    tools_listed = Signal(ToolsListed)
+    tool_turn_heard = Signal(ToolTurnHeard)
 
     def __init__(
         self,
@@ -112,6 +126,13 @@ class EventPump(QObject):
             NumericsChanged: self.numerics_changed,
             NumericsAdvice: self.numerics_advice,
             ReplayProgress: self.replay_progress,
+            ConsentRequest: self.consent_request,
+            ConsentClosed: self.consent_closed,
+            ToolActivity: self.tool_activity,
+            ToolResponseTiming: self.tool_response,
+            TimerDone: self.timer_done,
+            ToolsListed: self.tools_listed,
+            ToolTurnHeard: self.tool_turn_heard,
         }
         self._timer = QTimer(self)
         self._timer.setInterval(interval_ms)

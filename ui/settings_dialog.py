@@ -1,4 +1,5 @@
-"""The settings dialog: model (``ui.model_settings``), audio, conversation, history, appearance.
+"""The settings dialog: model (``ui.model_settings``), audio, conversation, tools (``ui.tools_settings``), history,
+appearance.
 
 The form edits a copy of the settings; *Save* validates it, hands it to
 ``controller.apply_settings`` and closes, *Cancel* discards all of it, the model switch
@@ -59,6 +60,7 @@ from .contracts import Controller
 from .model_settings import ModelSettingsPage
 from .talk_button import parse_talk_key
 from .theme import muted_label, repolish
+from .tools_settings import ToolsSettingsPage
 from .tray import TRAY_NAME, tray_available
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,8 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self.model_page, "Model")
         self.tabs.addTab(self._build_audio_tab(), "Audio")
         self.tabs.addTab(self._build_conversation_tab(), "Conversation")
+        self.tools_page = ToolsSettingsPage(controller, self.show_error, self)
+        self.tabs.addTab(self.tools_page, "Tools")
         self.tabs.addTab(self._build_history_tab(), "History")
         self.tabs.addTab(self._build_appearance_tab(), "Appearance")
         self.tabs.currentChanged.connect(self._tab_changed)
@@ -409,6 +413,8 @@ class SettingsDialog(QDialog):
             return
         try:
             self._controller.apply_settings(settings)
+            if self.tools_page.config != self._controller.tools_config:
+                self._controller.apply_tools_config(self.tools_page.config)
             picked = self.model_page.picked
             if picked is not None and picked == self._base.active_variant:
                 # Picked what the settings already name, while another model runs (a fallback at launch): load it.

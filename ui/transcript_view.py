@@ -1,4 +1,5 @@
-"""The conversation as it streams: one bubble per turn, deltas appended, tool calls as their own entries.
+"""The conversation as it streams: one bubble per turn, deltas appended, tool calls as their own entries (the
+call, then what the model was told about it, then when it heard back; a timer's end).
 
 A new entry starts when the speaker changes (user ↔ assistant), after a tool call, and for
 the user's words after :meth:`TranscriptView.start_new_turn` (the window calls it when the
@@ -22,6 +23,7 @@ from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
+from app.messages import TimerDone, ToolActivity, ToolResponseTiming, ToolTurnHeard
 from engine.events import SPECIAL_MARKER, AssistantTextDelta, ToolCall, UserTranscriptDelta
 
 _BUBBLE_WIDTH: Final = 0.78  # of the visible width
@@ -127,6 +129,7 @@ class TranscriptView(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._entries: list[TranscriptEntry] = []
+        self._heard_back: TranscriptEntry | None = None  # the last tool turn's entry, until the assistant speaks
         self._open_turn = False  # whether the last entry may still grow
         self._user_turn_done = False  # the talk key went down since the user's last words
         self._follow = True
@@ -180,11 +183,47 @@ class TranscriptView(QWidget):
 
     def add_tool_call(self, call: ToolCall) -> None:
         header, body, failed = describe_tool_call(call)
+        self._add_tool_entry(header, body, failed=failed)
+
+    def add_tool_activity(self, activity: ToolActivity) -> None:
+        """What the model is told about one call: the decision, the outcome, the result or the reason."""
+        waited = f" after {activity.consent_s:.0f} s" if activity.consent_s >= 1.0 else ""
+        ran = f" · {activity.run_s:.2f} s" if activity.run_s else ""
+        if activity.ok:
+            outcome = "result"
+        else:
+            outcome = "failed" if activity.decision.startswith("allowed") else "not run"
+        header = f"Tool {outcome} · {activity.tool or 'no tool'} · {activity.decision}{waited}{ran}"
+        self._add_tool_entry(header, activity.content, failed=not activity.ok)
+
+    def add_tool_response(self, timing: ToolResponseTiming) -> None:
+        """The model was given the results: how long the whole tool turn took."""
+        body = (
+            f"{timing.calls} result{'s' if timing.calls != 1 else ''} in {timing.positions} positions "
+            f"({timing.inject_s:.2f} s); "
+            f"the tool turn took {timing.turn_s:.1f} s"
+        )
+        self._heard_back = self._add_tool_entry("The assistant heard back", body, failed=False)
+
+    def add_tool_turn_heard(self, heard: ToolTurnHeard) -> None:
+        """The assistant spoke again: the whole tool turn's time joins its "heard back" entry."""
+        entry = self._heard_back
+        if entry is not None and entry in self._entries:
+            entry.set_text(f"{entry.text()}; its first sound came {heard.seconds:.1f} s after the call")
+        self._heard_back = None
+
+    def add_timer_done(self, timer: TimerDone) -> None:
+        from app.tools.builtin import describe_duration
+
+        self._add_tool_entry("Timer done", f"{timer.label} ({describe_duration(timer.seconds)})", failed=False)
+
+    def _add_tool_entry(self, header: str, body: str, *, failed: bool) -> TranscriptEntry:
         entry = TranscriptEntry(Role.TOOL, visible_text(header), monospace=True)
         entry.setProperty("failed", failed)
         entry.set_text(visible_text(body))
         self._add_entry(entry)
         self._open_turn = False
+        return entry
 
     def start_new_turn(self) -> None:
         """The user's next words start a new entry even right after their last ones. The assistant's entry stays
