@@ -94,6 +94,6 @@ def warm_up(
         # Fast numerics run a system prompt (and a tool response) in chunks: their programs are traced here too,
         # over whole chunks and a part of one, so that the first prompted conversation does not stall on them
         # (23 s for an H100's first 900-position prompt against 1.9 s the second time: docs/performance.md).
-        Session(voicechat, seed=0, system_prompt=warming_prompt(voicechat, 2 * chunk + chunk // 2)).close()
+        Session(voicechat, seed=0, system_prompt=warming_prompt(voicechat, chunk + chunk // 2)).close()
     report(1.0)
     return time.perf_counter() - started

@@ -123,7 +123,7 @@ def test_fast_mode_prefills_900_positions_in_chunks(fast: Any, audio: np.ndarray
     stepwise = Session(fast, seed=0, system_prompt=prompt, prefill_chunk=1)
     stepwise_evaluations = counted.evaluations - before
     stepwise.push(audio, 16_000)
-    assert chunked.prefill_chunk == PREFILL_CHUNK == 64
+    assert chunked.prefill_chunk == PREFILL_CHUNK == 256
     chunks = math.ceil(900 / PREFILL_CHUNK)
     counts = chunked.prefill_counts
     assert (counts.positions, counts.llm_forwards, counts.tts_passes, counts.tts_samples) == (900, chunks, chunks, 1)
