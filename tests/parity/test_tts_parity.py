@@ -244,7 +244,11 @@ def test_warmup_and_steps_match_reference(pair: Pair, monkeypatch: pytest.Monkey
     """Compiled (what the session runs) and op by op (where every draw can be recorded): both match."""
     if not compiled:
         # Exact mode draws one by one: no key comes in and none goes out.
-        monkeypatch.setattr(EarTTS, "_refine", lambda self, hidden, draw_key=None: (*self._refine_ops(hidden), None))
+        monkeypatch.setattr(
+            EarTTS,
+            "_refine",
+            lambda self, hidden, draw_key=None, economy=0: (*self._refine_ops(hidden, economy=economy), None),
+        )
     config = pair.config
     seed = 1234 + pair.seed  # the session's seed, the same on both sides
     tokens = _text_tokens(pair)
