@@ -94,3 +94,16 @@ def wait_for_frames(
         speed.update(batch)
         time.sleep(0.01)
     return seen
+
+
+def wait_for(controller: AppController, predicate: Callable[[list[object]], bool], timeout: float = 60.0) -> list:
+    """Poll ``controller`` until ``predicate`` holds for every message seen so far (returned), for at most
+    ``timeout`` s: a bound on waits that are not counted in frames (a load, a tool's consent, an export)."""
+    seen: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen += controller.poll()
+        if predicate(seen):
+            return seen
+        time.sleep(0.01)
+    raise AssertionError(f"timed out; last messages: {seen[-5:]}")

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.controller import AppController
 from app.engine_port import FakeEngine
 from app.messages import (
     AppState,
@@ -35,19 +34,7 @@ from app.worker import EngineWorker
 from engine.events import AssistantTextDelta
 from engine.profile_log import validate_profile_log
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE, OUTPUT_FRAME_SAMPLES
-from tests.realtime import frame_count
-
-
-def wait_for(controller: AppController, predicate, timeout: float = 60.0) -> list:
-    seen: list = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        batch = controller.poll()
-        seen += batch
-        if predicate(seen):
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"timed out; last messages: {seen[-5:]}")
+from tests.realtime import frame_count, wait_for
 
 
 @pytest.fixture

@@ -12,32 +12,22 @@ import csv
 import functools
 import itertools
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from app.controller import AppController
 from app.messages import ConversationStarted, FrameStats, ModelLoaded
 from app.settings import Settings
 from app.worker import EngineWorker
 from engine import profile_log
 from engine.profiler import percentile
 from engine.timeline import LISTEN_STAGES, SPEAK_STAGES, STAGES
+from tests.realtime import wait_for
+
+LOAD_WAIT_S = 120.0  # s: how long a step of these tests may take on a busy 2-core machine
 
 COLD = 5  # engine.profiler.DEFAULT_COLD_FRAMES: each conversation's first frames are left out of summaries
 EVERY = 4  # one frame in this many is timed stage by stage (the app's default is 25: too few for a short test)
-
-
-def wait_for(controller: AppController, predicate, timeout: float = 120.0) -> list:
-    seen: list = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += controller.poll()
-        if predicate(seen):
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"timed out; last messages: {seen[-5:]}")
 
 
 def frames_of(seen: list, variant: str) -> int:
@@ -55,18 +45,22 @@ def exported(build_controller, tiny_q4: Path, tiny_q8: Path, tmp_path: Path) -> 
         settings, history=False, worker_factory=functools.partial(EngineWorker, exact_every=EVERY)
     )
     controller.start()
-    wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen))
+    wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) for m in seen), timeout=LOAD_WAIT_S)
     controller.set_talking(True)
     controller.start_conversation()
-    seen = wait_for(controller, lambda seen: frames_of(seen, "4bit") >= 18)
+    seen = wait_for(controller, lambda seen: frames_of(seen, "4bit") >= 18, timeout=LOAD_WAIT_S)
     controller.set_talking(False)
 
     # Another model, the other numerics and another setting: all three must show in the second record.
     controller.apply_settings(controller.settings.with_changes(active_variant="8bit", numerics="fast", ducking=False))
-    seen = wait_for(controller, lambda seen: any(isinstance(m, ModelLoaded) and m.variant.key == "8bit" for m in seen))
+    seen = wait_for(
+        controller,
+        lambda seen: any(isinstance(m, ModelLoaded) and m.variant.key == "8bit" for m in seen),
+        timeout=LOAD_WAIT_S,
+    )
     controller.set_talking(True)
     controller.start_conversation()  # whether or not the press reached a model the window already knew of
-    seen += wait_for(controller, lambda more: frames_of(seen + more, "8bit") >= 14)
+    seen += wait_for(controller, lambda more: frames_of(seen + more, "8bit") >= 14, timeout=LOAD_WAIT_S)
     controller.set_talking(False)
 
     paths = controller.export_profile(tmp_path / "session.json")

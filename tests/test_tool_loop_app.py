@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,22 +27,12 @@ from app.tools.config import ServerConfig, ToolEntry, ToolsConfig, load_tools_co
 from app.worker import EngineWorker
 from engine.events import ToolCall
 from engine.timeline import OUTPUT_SAMPLE_RATE
+from tests.realtime import wait_for
 
 SERVER = Path(__file__).with_name("mcp_echo_server.py")
 ECHO = ToolEntry(
     "echo", "Say the text back.", {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 )
-
-
-def wait_for(controller, predicate, timeout: float = 60.0) -> list:
-    seen: list = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += controller.poll()
-        if predicate(seen):
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"timed out; last messages: {seen[-5:]}")
 
 
 def of(kind: type, messages: list) -> list:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,9 @@ from app.messages import ConsentRequest, FrameStats, ModelLoaded, Notice, ToolAc
 from app.settings import Settings
 from app.tools.config import ServerConfig, ToolEntry, ToolsConfig, save_tools_config
 from app.worker import EngineWorker
+from tests.realtime import wait_for
+
+TURN_WAIT_S = 300.0  # s: how long a step of these tests may take on a busy 2-core machine
 
 SERVER = Path(__file__).with_name("mcp_echo_server.py")
 CALL = '{"name":"record","arguments":{"text":"hello"}}'
@@ -60,17 +62,6 @@ class ScriptedEngine(MLXEngine):
         return session  # type: ignore[return-value]
 
 
-def wait_for(controller, predicate, timeout: float = 300.0) -> list:
-    seen: list = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen += controller.poll()
-        if predicate(seen):
-            return seen
-        time.sleep(0.01)
-    raise AssertionError(f"timed out; last messages: {seen[-5:]}")
-
-
 def of(kind: type, messages: list) -> list:
     return [m for m in messages if isinstance(m, kind)]
 
@@ -101,25 +92,25 @@ def test_a_scripted_call_runs_on_the_mcp_server_after_allow_and_the_model_hears_
     worker = functools.partial(EngineWorker, engine=engine, speed_check=False)
     controller = build_controller(settings, worker_factory=worker)
     controller.start()
-    wait_for(controller, lambda seen: of(ModelLoaded, seen))
+    wait_for(controller, lambda seen: of(ModelLoaded, seen), timeout=TURN_WAIT_S)
     controller.start_conversation()
 
-    messages = wait_for(controller, lambda seen: of(ConsentRequest, seen))
+    messages = wait_for(controller, lambda seen: of(ConsentRequest, seen), timeout=TURN_WAIT_S)
     [request] = of(ConsentRequest, messages)
     assert (request.tool, request.arguments) == ("record", {"text": "hello"})
     session = engine.sessions[-1]
     assert "<AVAILABLE_TOOLS>" in session.system_prompt and '"name": "record"' in session.system_prompt
     positions = len(session.text_ids)
-    held = wait_for(controller, lambda seen: len(of(FrameStats, seen)) >= 5)
+    held = wait_for(controller, lambda seen: len(of(FrameStats, seen)) >= 5, timeout=TURN_WAIT_S)
     assert session.awaiting_tool_results and len(session.text_ids) == positions, "the clock stands still"
     assert not record.exists(), "nothing runs before the user allows it"
     assert len(of(FrameStats, held)) >= 5, "the worker keeps pushing frames while the call waits"
     # A long wait: beyond 20 s of held audio the oldest is dropped, and the window says so once.
-    told = wait_for(controller, lambda seen: of(Notice, seen))
+    told = wait_for(controller, lambda seen: of(Notice, seen), timeout=TURN_WAIT_S)
     assert len(of(Notice, told)) == 1 and "last 20 s" in of(Notice, told)[0].message
 
     controller.answer_consent(request.request_id, True)
-    messages = wait_for(controller, lambda seen: of(ToolResponseTiming, seen))
+    messages = wait_for(controller, lambda seen: of(ToolResponseTiming, seen), timeout=TURN_WAIT_S)
     [activity] = of(ToolActivity, messages)
     assert activity.ok and activity.content == "recorded hello" and activity.decision == "allowed by you"
     assert record.read_text() == "hello\n"
@@ -139,7 +130,7 @@ def test_a_scripted_call_runs_on_the_mcp_server_after_allow_and_the_model_hears_
 
     # The conversation goes on: the clock runs again.
     after = len(session.text_ids)
-    wait_for(controller, lambda seen: len(session.text_ids) >= after + 3)
+    wait_for(controller, lambda seen: len(session.text_ids) >= after + 3, timeout=TURN_WAIT_S)
     tools_log = controller.export_profile(tmp_path / "profile.json")[-1]
     calls = json.loads(tools_log.read_text())["conversations"][0]["calls"]
     assert [(c["tool"], c["decision"], c["ok"], c["content"]) for c in calls] == [
