@@ -92,9 +92,15 @@ class EnginePort(Protocol):
     def load(self, path: Path, *, conversation_seconds: float, numerics: Numerics) -> LoadedModel: ...
 
     def warm_up(
-        self, model: LoadedModel, *, speech: np.ndarray | None, progress: Callable[[float], None] | None
+        self,
+        model: LoadedModel,
+        *,
+        speech: np.ndarray | None,
+        progress: Callable[[float], None] | None,
+        system_prompt: str | None = None,
     ) -> None:
-        """Trace (and on a GPU compile) the per-frame programs of the numerics in use."""
+        """Trace (and on a GPU compile) the per-frame programs of the numerics in use, and in fast numerics the
+        chunked prefill of ``system_prompt`` (the one conversations will open with; None: a stand-in)."""
         ...
 
     def set_numerics(self, model: LoadedModel, numerics: Numerics) -> None: ...
@@ -143,11 +149,16 @@ class MLXEngine:
         return load_voicechat(path, conversation_seconds=conversation_seconds, numerics=numerics)
 
     def warm_up(
-        self, model: LoadedModel, *, speech: np.ndarray | None, progress: Callable[[float], None] | None
+        self,
+        model: LoadedModel,
+        *,
+        speech: np.ndarray | None,
+        progress: Callable[[float], None] | None,
+        system_prompt: str | None = None,
     ) -> None:
         from engine import warm_up
 
-        warm_up(_voicechat(model), speech=speech, progress=progress)
+        warm_up(_voicechat(model), speech=speech, progress=progress, system_prompt=system_prompt)
 
     def set_numerics(self, model: LoadedModel, numerics: Numerics) -> None:
         from engine import set_numerics
@@ -349,6 +360,7 @@ class FakeEngine:
         self.script_tool_calls: dict[int, list[ToolCall]] = {}
         self.loads: list[Path] = []
         self.warm_ups = 0
+        self.warmed_prompts: list[str | None] = []  # the system prompt each warm-up traced
         self.numerics_switches: list[str] = []
         self.conversations: list[FakeConversation] = []
 
@@ -369,9 +381,15 @@ class FakeEngine:
         return FakeModel(Path(path), numerics=numerics)
 
     def warm_up(
-        self, model: LoadedModel, *, speech: np.ndarray | None, progress: Callable[[float], None] | None
+        self,
+        model: LoadedModel,
+        *,
+        speech: np.ndarray | None,
+        progress: Callable[[float], None] | None,
+        system_prompt: str | None = None,
     ) -> None:
         self.warm_ups += 1
+        self.warmed_prompts.append(system_prompt)
         if progress is not None:
             progress(1.0)
 

@@ -424,7 +424,8 @@ class EngineWorker(threading.Thread):
         the spoken question so that speech's paths are traced too; ``progress`` gets the fraction done."""
         from .bench import question_audio
 
-        self._engine.warm_up(voicechat, speech=question_audio(), progress=progress)
+        # The conversations' own prompt, so that fast numerics' first conversation finds its prefill traced.
+        self._engine.warm_up(voicechat, speech=question_audio(), progress=progress, system_prompt=self._system_prompt)
 
     def _measure_speed(self, voicechat: LoadedModel) -> float:
         """The realtime factor of ``SPEED_CHECK_FRAMES`` frames of silence (the first 5 are warm-up)."""

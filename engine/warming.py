@@ -29,6 +29,7 @@ def warm_up(
     *,
     speech: np.ndarray | None = None,
     progress: Callable[[float], None] | None = None,
+    system_prompt: str | None = None,
 ) -> float:
     """Trace and compile every per-frame program once, so no conversation frame pays for it.
 
@@ -38,7 +39,8 @@ def warm_up(
     to full (frame 71 on) and the RN-T loop after its first emission. On CUDA the session
     runs past frame 71 as well: MLX replays each new sequence of kernels as a CUDA graph it
     must first build, which would otherwise stall the first frame that takes a new path.
-    In fast numerics, a throwaway session with a short system prompt traces the chunked prefill's programs.
+    In fast numerics, a throwaway session traces the chunked prefill's programs on ``system_prompt`` (the one
+    conversations will open with: its own shapes), or where it is None or blank on a stand-in a chunk and a half long.
     ``progress`` receives the fraction done (0 … 1) as it goes; compiling kernels, not
     tracing, is what takes long on a fresh machine. Returns the seconds spent. Outputs of
     later sessions are unaffected.
@@ -94,6 +96,7 @@ def warm_up(
         # Fast numerics run a system prompt (and a tool response) in chunks: their programs are traced here too,
         # over whole chunks and a part of one, so that the first prompted conversation does not stall on them
         # (23 s for an H100's first 900-position prompt against 1.9 s the second time: docs/performance.md).
-        Session(voicechat, seed=0, system_prompt=warming_prompt(voicechat, chunk + chunk // 2)).close()
+        prompt = system_prompt if system_prompt and system_prompt.strip() else warming_prompt(voicechat, chunk * 3 // 2)
+        Session(voicechat, seed=0, system_prompt=prompt).close()
     report(1.0)
     return time.perf_counter() - started

@@ -68,6 +68,7 @@ def test_the_worker_loads_checks_speed_and_times_one_frame_in_n_through_its_port
     run.worker.submit(Load(tmp_path, system_prompt="Be brief."))
     loaded = run.until(ModelLoaded)
     assert engine.loads == [tmp_path] and engine.warm_ups == 1
+    assert engine.warmed_prompts == ["Be brief."]  # the conversations' prompt, so its prefill is traced at load
     assert any(isinstance(m, EngineInfo) and m.device == "cpu: fake engine" for m in run.seen)
     speed = next(m for m in loaded if isinstance(m, SpeedCheck))
     assert speed.realtime_factor == pytest.approx(20.0 / 80.0) and "keeps up easily" in speed.verdict

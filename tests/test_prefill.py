@@ -14,6 +14,7 @@ import pytest
 from app.bench import bench_input
 from engine import relative_l2
 from engine.events import AudioChunk
+from engine.model import load_voicechat
 from engine.networks.llm import NemotronH
 from engine.ops.cache import KVCache
 from engine.prefill import PREFILL_CHUNK, forced_feedback, prefill_positions
@@ -230,3 +231,26 @@ def test_forced_feedback_shifts_the_forced_ids_by_one_position() -> None:
     assert forced_feedback(12, 21, [22], pad_id=12) == ([12], [21])
     with pytest.raises(ValueError, match="at least one forced id"):
         forced_feedback(12, 12, [], pad_id=12)
+
+
+def test_warm_up_in_fast_numerics_prefills_the_prompt_it_is_given(tiny_q4, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast numerics' warm-up traces the chunked prefill on the conversations' own prompt (its shapes), or on a
+    stand-in a chunk and a half long; exact numerics (one position a step, the per-frame programs) need none."""
+    from engine.warming import warm_up, warming_prompt
+
+    fast = load_voicechat(tiny_q4, numerics="fast")
+    prompt = "Answer in one short sentence."
+    opened: list[Session] = []
+    original = Session.__init__
+
+    def recording(self: Session, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        opened.append(self)
+
+    monkeypatch.setattr(Session, "__init__", recording)
+    warm_up(fast, system_prompt=prompt)
+    warm_up(fast)
+    warm_up(load_voicechat(tiny_q4, numerics="exact"), system_prompt=prompt)
+    prompted = [session for session in opened if session.prompt_steps]
+    assert [session.system_prompt for session in prompted] == [prompt, warming_prompt(fast, PREFILL_CHUNK * 3 // 2)]
+    assert prompted[1].prompt_steps >= PREFILL_CHUNK * 3 // 2 + 2 and prompted[1].prefill_counts.llm_forwards == 2
