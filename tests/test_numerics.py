@@ -14,7 +14,7 @@ import functools
 import io
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -27,7 +27,7 @@ from engine.kernels.fused_step import block_rows, fused_step_ops, fused_step_sam
 from engine.kernels.norm_rope import norm_rope_ops
 from engine.kernels.quantized_product import QuantizedRowShape, RowRole, quantized_row_ops, quantized_row_samples
 from engine.kernels.residual_vq import NearestCodeProduct, nearest_code_ops, nearest_code_sample, product_shares
-from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops
+from engine.kernels.step_draws import Draw, KeySkip, StepDraws, skip_key_ops, step_draws_ops
 from engine.networks.linear import QuantizedLinear
 from engine.networks.llm import Mamba2Mixer, MambaCache, NemotronH
 from engine.networks.llm.fast import AttentionFast, fused_projections
@@ -141,6 +141,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
         "residual_vq": False,
         "residual_vq_rounds": False,
         "step_draws": False,
+        "key_skip": False,
         "rnnt_attempts": False,
         "rnnt_loop": False,
         "codec_conv_norm": False,
@@ -172,6 +173,7 @@ def test_fast_mode_is_recorded_and_exact_mode_changes_nothing() -> None:
     assert head.rows.sample is not None and head.sample_weights is not None, "the draw's operations"
     tts = fast.model.tts_model.tts_model
     assert isinstance(tts.step_draws, functools.partial) and tts.step_draws.func is step_draws_ops
+    assert tts.fast is not None and tts.fast.skip_key is skip_key_ops, "the prefill's skipped draws split by split"
     predictors = [m for _, m in fast.model.named_modules() if isinstance(m, RNNTPredictor)]
     assert predictors and all(m.attempt_parts is not None for m in predictors), "the attempts' operations"
     apply_numerics(fast.model, "exact")
@@ -1959,3 +1961,49 @@ def test_the_llm_and_the_tts_step_through_the_streaming_contract() -> None:
     result = tts.step(tts_state, TTSInput(previous, token, voicechat.characters, text_id=3), NO_HOOKS)
     assert result.codes.shape == (1, 1, tts.config.num_quantizers)
     assert tts_state.nbytes() == sum(array.nbytes for array in tts_state.arrays()) > 0
+
+
+def _threefry_split_chain(key: tuple[int, int], splits: int) -> tuple[int, int]:
+    """The key-skip kernel's loop in Python, step for step as its source writes it (threefry-2x32, 20 rounds, the
+    split's counters (0, 2) and (1, 3), words 0 of each hash kept)."""
+    mask = 0xFFFFFFFF
+
+    def threefry(k0: int, k1: int, c0: int, c1: int) -> tuple[int, int]:
+        schedule = (k0, k1, k0 ^ k1 ^ 0x1BD11BDA)
+        rotations = ((13, 15, 26, 6), (17, 29, 16, 24))
+        x, y = (c0 + schedule[0]) & mask, (c1 + schedule[1]) & mask
+        for i in range(5):
+            for rotation in rotations[i % 2]:
+                x = (x + y) & mask
+                y = ((y << rotation) | (y >> (32 - rotation))) & mask
+                y ^= x
+            x = (x + schedule[(i + 1) % 3]) & mask
+            y = (y + schedule[(i + 2) % 3] + i + 1) & mask
+        return x, y
+
+    k0, k1 = key
+    for _ in range(splits):
+        (a0, _), (b0, _) = threefry(k0, k1, 0, 2), threefry(k0, k1, 1, 3)
+        k0, k1 = a0, b0
+    return k0, k1
+
+
+@pytest.mark.parametrize("splits", [0, 1, 9])
+def test_the_key_skip_is_the_generator_s_splits(splits: int) -> None:
+    """engine.kernels.step_draws' key skip: its fallback is the library's splits one by one, and the kernel's loop
+    (CUDA only; here its arithmetic, step for step) lands on the same key, for the seeds' keys and high bits."""
+    from engine.kernels import step_draws
+
+    for key in (mx.random.key(0), mx.random.key(1234), mx.array([0xFFFFFFFF, 0x89ABCDEF], dtype=mx.uint32)):
+        want = key
+        for _ in range(splits):
+            want = mx.random.split(want)[0]
+        got = skip_key_ops(key, mx.array([splits], dtype=mx.uint32))
+        assert got.dtype == mx.uint32 and mx.array_equal(got, want).item()
+        words = cast(list[int], key.tolist())
+        assert list(_threefry_split_chain((words[0], words[1]), splits)) == want.tolist()
+    with pytest.raises(ValueError, match="library's on 'metal'"):
+        KeySkip("metal")
+    source = step_draws._SKIP_SOURCE
+    assert source.count("{") == source.count("}") and "threefry(k0, k1, 0u, 2u, a0, a1)" in source
+    assert "k0 = a0;" in source and "k1 = b0;" in source and "key_out[1] = k1;" in source

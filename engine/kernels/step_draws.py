@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import mlx.core as mx
 
@@ -169,6 +169,60 @@ class StepDraws:
                 output_dtypes=[mx.uint32, *(mx.float32 for _ in self.plan)],
             )
         )
+
+
+def skip_key_ops(key: mx.array, splits: mx.array) -> mx.array:
+    """The key ``splits`` (a uint32 scalar array, read on the host) splits of ``key`` leave, each taking the first half
+    as MLX's global generator does (the fallback of :class:`KeySkip`)."""
+    for _ in range(int(cast(int, splits.item()))):  # a uint32 scalar: item() gives an int
+        key = mx.random.split(key)[0]
+    return key
+
+
+_SKIP_SOURCE = f"""
+    {_THREEFRY_CUDA}
+    // split(key), ``splits`` times, keeping words 0-1 (the next key): one thread, as the chain is sequential.
+    uint32_t k0 = key[0], k1 = key[1];
+    const uint32_t count = splits[0];
+    for (uint32_t s = 0; s < count; ++s) {{
+        uint32_t a0, a1, b0, b1;
+        threefry(k0, k1, 0u, 2u, a0, a1);
+        threefry(k0, k1, 1u, 3u, b0, b1);
+        k0 = a0;
+        k1 = b0;
+    }}
+    key_out[0] = k0;
+    key_out[1] = k1;
+"""
+
+
+class KeySkip:
+    """:func:`skip_key_ops` as one kernel of one thread (CUDA): a fast prefill's skipped draws move the generator
+    on by thousands of splits (about 9,000 for a 900-position prompt), each an operation's launch or more, where
+    this is one launch (``engine.networks.tts.EarTTS.skip_draws``)."""
+
+    def __init__(self, backend: str) -> None:
+        if backend != "cuda":
+            raise ValueError(f"the key's splits stay the library's on {backend!r}")
+        self._kernel = custom_kernel(
+            backend, "parley_key_skip", ["key", "splits"], ["key_out"], cuda=_SKIP_SOURCE, metal=""
+        )
+
+    def __call__(self, key: mx.array, splits: mx.array) -> mx.array:
+        (key_out,) = self._kernel(
+            inputs=[key, splits],
+            grid=(1, 1, 1),
+            threadgroup=(1, 1, 1),
+            output_shapes=[(2,)],
+            output_dtypes=[mx.uint32],
+        )
+        return key_out
+
+
+def key_skip_samples() -> list[tuple[mx.array, mx.array]]:
+    """Keys and split counts for admitting :class:`KeySkip` against :func:`skip_key_ops`."""
+    counts = (0, 1, 37)
+    return [(key, mx.array([count], dtype=mx.uint32)) for (key,) in step_draws_samples() for count in counts]
 
 
 def step_draws_samples() -> list[tuple[mx.array]]:

@@ -45,7 +45,15 @@ from engine.kernels.quantized_product import (
 )
 from engine.kernels.residual_vq import NearestCode, NearestCodeProduct, nearest_code_ops, nearest_code_sample
 from engine.kernels.row_product import RowProduct, RowProductShape, row_product_ops, row_product_samples
-from engine.kernels.step_draws import Draw, StepDraws, step_draws_ops, step_draws_samples
+from engine.kernels.step_draws import (
+    Draw,
+    KeySkip,
+    StepDraws,
+    key_skip_samples,
+    skip_key_ops,
+    step_draws_ops,
+    step_draws_samples,
+)
 from engine.random_model import random_voicechat
 
 
@@ -82,6 +90,7 @@ def main() -> None:
         return
     if sys.argv[1:] == ["draws"]:
         step_draws(backend)
+        key_skip(backend)
         return
     if sys.argv[1:] == ["heads"]:
         attention_heads(backend)
@@ -192,6 +201,7 @@ def main() -> None:
             )
     quantized_rows(backend)
     step_draws(backend)
+    key_skip(backend)
     attention_heads(backend)
 
 
@@ -217,6 +227,19 @@ def step_draws(backend: str) -> None:
         f"step draws (ten, full size): admitted (bit for bit) {admitted}; {equal}/{keys.shape[0]} random keys "
         f"give the library's draws and next key bit for bit; kernel {per_call_us(kernel, inputs):.1f} us, "
         f"operations {per_call_us(fallback, inputs):.1f} us per call"
+    )
+
+
+def key_skip(backend: str) -> None:
+    """A 900-position prompt's skipped draws (9,000 splits) in one launch against the library's splits one by one:
+    admitted or not, the same key, and the time of each."""
+    kernel = KeySkip(backend)
+    admitted = all(admit_kernel("key skip", kernel, skip_key_ops, inputs, 0.0) for inputs in key_skip_samples())
+    inputs = (mx.random.key(7), mx.array([9_000], dtype=mx.uint32))
+    same = mx.array_equal(kernel(*inputs), skip_key_ops(*inputs)).item()
+    print(
+        f"key skip: admitted (bit for bit) {admitted}; 9,000 splits give the library's key: {same}; kernel "
+        f"{per_call_us(kernel, inputs):.1f} us, operations {per_call_us(skip_key_ops, inputs, calls=3):.1f} us per call"
     )
 
 

@@ -465,13 +465,12 @@ class EarTTS(nn.Module):
     def skip_draws(self, state: TTSCache, steps: int) -> None:
         """Move the random generator on past ``steps`` steps' draws without drawing them: the key splits only
         (:meth:`draw_plan`'s draws each split it once), on ``state.draw_key`` where a step's draws are made at once
-        (:attr:`step_draws`), else on MLX's global generator."""
+        (:attr:`step_draws`; on CUDA all the splits in one launch, ``engine.kernels.step_draws.KeySkip``), else on
+        MLX's global generator."""
         splits = steps * len(self.draw_plan())
-        if self.step_draws is not None:
+        if self.step_draws is not None and self.fast is not None:
             key = state.draw_key if state.draw_key is not None else cast(list[mx.array], mx.random.state)[0]
-            for _ in range(splits):
-                key = mx.random.split(key)[0]
-            state.draw_key = key
+            state.draw_key = self.fast.skip_key(key, mx.array([splits], dtype=mx.uint32))
             return
         for _ in range(splits):
             mx.random.uniform(shape=(1,))  # each keyless draw splits the global key once; never read

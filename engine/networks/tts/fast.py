@@ -48,7 +48,14 @@ from ...kernels.residual_vq import (
 from ...kernels.row_chain import ChainBook
 from ...kernels.row_parts import kernel_weight_dtype, row_chains, row_product_part, row_product_parts
 from ...kernels.row_product import RowProductShape
-from ...kernels.step_draws import StepDraws, step_draws_ops, step_draws_samples
+from ...kernels.step_draws import (
+    KeySkip,
+    StepDraws,
+    key_skip_samples,
+    skip_key_ops,
+    step_draws_ops,
+    step_draws_samples,
+)
 from .backbone import GUIDED_ROWS, AttentionParts, LayerRowParts
 from .mixture import MixtureRowParts
 from .subword import CharacterTable
@@ -66,12 +73,14 @@ class TTSFast:
     step after its product (fast numerics' kernel, or the operations), on CUDA a round's quantizers in one launch by
     the round's count (rounds of one quantizer and counts not admitted take ``nearest`` quantizer by quantizer), a
     step's draws made at once from the generator's key (engine.kernels.step_draws; None: one by one, as each round
-    needs them), and which of fast mode's changes run as kernels."""
+    needs them), the key moved on past a prefill's skipped draws (on CUDA one launch, else split by split), and
+    which of fast mode's changes run as kernels."""
 
     cache_dtype: mx.Dtype | None
     nearest: Callable[..., tuple[mx.array, mx.array, mx.array]] = nearest_code_ops
     rounds: dict[int, Callable[..., tuple[mx.array, mx.array, mx.array]]] = dataclasses.field(default_factory=dict)
     draws: Callable[[mx.array], tuple[mx.array, ...]] | None = None
+    skip_key: Callable[[mx.array, mx.array], mx.array] = skip_key_ops
     changes: tuple[tuple[str, bool], ...] = ()
 
 
@@ -261,13 +270,20 @@ def bind(
         )
         if on_gpu and not changes["step_draws"]:
             draws = None  # drawn one by one, as in exact mode
+    skip_key: Callable[..., Any] = skip_key_ops
+    if draws is not None:
+        skip_key, changes["key_skip"] = fast_part(
+            ("key_skip",), "prefill's skipped draws", skip_key_ops, KeySkip, key_skip_samples, tolerance=0.0
+        )
+    elif plan is not None:
+        changes["key_skip"] = False
     if plan is not None and plan.characters is not None and vocabulary_size is not None:
         changes["condition_table"] = plan.backend == "cuda" and use_condition_table(
             tts, plan.characters, vocabulary_size
         )
     if plan is None:
         return None, changes
-    return TTSFast(cache_dtype, nearest, rounds, draws, tuple(changes.items())), changes
+    return TTSFast(cache_dtype, nearest, rounds, draws, skip_key, tuple(changes.items())), changes
 
 
 def bf16_weight_names(tts: EarTTS, backend: str | None) -> set[str]:
