@@ -11,6 +11,7 @@ libsndfile's WAVs follow the umask, so every writer sets the mode it means expli
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
 
 from engine import write_atomic
@@ -26,6 +27,15 @@ def _read_umask() -> int:
 UMASK = _read_umask()
 FILE_MODE = 0o666 & ~UMASK
 """The mode of every file Parley writes (0644 under the usual umask 022)."""
+
+
+def aside_path(path: Path) -> Path:
+    """Where a damaged file is kept aside: ``<name>.corrupt``, or ``<name>.corrupt-<time>`` when that is taken, so
+    that a file kept aside is never replaced."""
+    aside = path.with_name(path.name + ".corrupt")
+    if aside.exists():
+        aside = path.with_name(f"{path.name}.corrupt-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+    return aside
 
 
 def apply_file_mode(path: Path) -> Path:

@@ -25,12 +25,11 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from .download_layout import DOWNLOAD_LAYOUTS
-from .files import write_private_text_file
+from .files import aside_path, write_private_text_file
 from .paths import config_dir
 from .variants import MODEL_VARIANTS, variant
 
@@ -305,17 +304,9 @@ def _text(value: str) -> str:
     return value
 
 
-def _aside_path(path: Path) -> Path:
-    """``<name>.corrupt``, or ``<name>.corrupt-<time>`` when that is taken: a file kept aside is never replaced."""
-    aside = path.with_name(path.name + ".corrupt")
-    if aside.exists():
-        aside = path.with_name(f"{path.name}.corrupt-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
-    return aside
-
-
 def _set_aside(path: Path, problem: str) -> str:
-    """Move a bad settings file aside (:func:`_aside_path`); returns the warning for the user."""
-    aside = _aside_path(path)
+    """Move a bad settings file aside (:func:`app.files.aside_path`); returns the warning for the user."""
+    aside = aside_path(path)
     try:
         os.rename(path, aside)
         kept = f"it was kept as {aside}"
@@ -328,7 +319,7 @@ def _set_aside(path: Path, problem: str) -> str:
 
 def _keep_copy(path: Path) -> str:
     """Copy a settings file with invalid values aside before the next save replaces it; says where, for the user."""
-    aside = _aside_path(path)
+    aside = aside_path(path)
     try:
         shutil.copyfile(path, aside)
     except OSError as exc:

@@ -58,6 +58,10 @@ def test_no_file_is_tools_off_and_a_broken_one_is_set_aside(tmp_path: Path) -> N
     loaded = load_tools_config(broken)
     assert loaded.config == ToolsConfig() and "tools are off" in loaded.warnings[0]
     assert (tmp_path / "tools.json.corrupt").read_text() == "{not json" and not broken.exists()
+    broken.write_text("[]")  # broken again: the file kept aside before is not replaced
+    assert "tools are off" in load_tools_config(broken).warnings[0]
+    (again,) = tmp_path.glob("tools.json.corrupt-*")
+    assert again.read_text() == "[]" and (tmp_path / "tools.json.corrupt").read_text() == "{not json"
 
 
 def test_a_bad_entry_is_left_out_with_a_warning_and_the_rest_kept(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from ..files import write_private_text_file
+from ..files import aside_path, write_private_text_file
 from ..paths import config_dir
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ def load_tools_config(path: Path | None = None) -> ToolsLoad:
             raise ToolsConfigError(f"it holds a JSON {type(data).__name__}, not an object")
         config, problems = ToolsConfig.from_dict(data)
     except (ValueError, RecursionError) as exc:
-        aside = path.with_name(path.name + ".corrupt")
+        aside = aside_path(path)
         try:
             os.replace(path, aside)
             kept = f"it was kept as {aside}"
