@@ -21,7 +21,6 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -29,7 +28,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from app.bench import bench_input, question_audio
-from engine.events import FrameTiming
 from engine.profiler import FrameProfiler
 from engine.random_model import random_voicechat
 from engine.session import Session
@@ -43,56 +41,36 @@ PLACED_GAP_US = 100.0
 MARK = "parley."
 
 
-class MarkedHooks:
+class MarkedHooks(FrameProfiler):
     """A :class:`engine.profiler.FrameProfiler` whose launches, syncs and stage ends are recorded as profiler
     ranges ``parley.<call>:<stage>`` (the stage being built, or the one a ``stage`` call closes): the hooks the
     session is given, so the marks come through the engine's one way in, not by patching it."""
 
     def __init__(self) -> None:
-        self._inner = FrameProfiler()
+        super().__init__()
         self._building = STAGES[0]
 
-    @property
-    def sub_stages(self) -> bool:
-        return self._inner.sub_stages
-
-    @property
-    def observing(self) -> bool:
-        return self._inner.observing
-
-    def _marked(self, call: str, stage: str, method: Callable[..., Any], *args: Any) -> Any:
-        with record_function(f"{MARK}{call}:{stage}"):
-            return method(*args)
-
     def stage(self, name: str, *arrays: Any) -> None:
-        self._marked("stage", name, self._inner.stage, name, *arrays)
+        with record_function(f"{MARK}stage:{name}"):
+            super().stage(name, *arrays)
         following = STAGES.index(name) + 1 if name in STAGES else 0
         self._building = STAGES[following % len(STAGES)]
 
-    def sub_stage(self, name: str, *arrays: Any) -> None:
-        self._inner.sub_stage(name, *arrays)
-
     def launch(self, *arrays: Any) -> None:
-        self._marked("launch", self._building, self._inner.launch, *arrays)
+        with record_function(f"{MARK}launch:{self._building}"):
+            super().launch(*arrays)
 
     def launch_part(self, *arrays: Any) -> None:
-        self._marked("launch_part", self._building, self._inner.launch_part, *arrays)
+        with record_function(f"{MARK}launch_part:{self._building}"):
+            super().launch_part(*arrays)
 
     def sync(self, *arrays: Any) -> None:
-        self._marked("sync", self._building, self._inner.sync, *arrays)
-
-    def read_back(self, array: Any) -> Any:
-        return self._inner.read_back(array)
-
-    def observe(self, name: str, value: Any) -> None:
-        self._inner.observe(name, value)
+        with record_function(f"{MARK}sync:{self._building}"):
+            super().sync(*arrays)
 
     def begin_frame(self, frame_index: int) -> None:
         self._building = STAGES[0]
-        self._inner.begin_frame(frame_index)
-
-    def end_frame(self) -> FrameTiming | None:
-        return self._inner.end_frame()
+        super().begin_frame(frame_index)
 
 
 def place_gaps(gaps: list[tuple[float, float]], marks: list[tuple[str, float, float]], frames: int) -> dict[str, float]:
