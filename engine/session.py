@@ -134,7 +134,7 @@ class Session:
     :meth:`answer_tool_calls` injects the results, replays those frames and lets the clock run again.
         prefill_chunk: the system prompt's positions per forward (:mod:`engine.prefill`): 1 steps it as the
             reference does; more runs the LLM in chunks and the TTS teacher-forced to silence (docs/numerics.md,
-            "Prefill in chunks"). None: the numerics' default (1 in exact mode, 64 in fast).
+            "Prefill in chunks"). None: the numerics' default (1 in exact mode, 256 in fast).
     """
 
     def __init__(
@@ -267,17 +267,23 @@ class Session:
         if self.prefill_chunk > 1:
             self._prefill_chunked(embeddings)
             return
-        pad = self.config.pad_token_id
         for index in range(len(ids)):
             # The prompt token takes the audio channel's place; both output channels stay PAD.
-            self._language_step(embeddings[:, index : index + 1], generate=False)
-            self._text_ids.append(pad)
-            self._function_ids.append(pad)
-            self._tts_step(pad)
-            self._timeline_index += 1
-            mx.eval(self.caches.arrays())
+            self._forced_position(embeddings[:, index : index + 1], self.config.pad_token_id)
         steps = self._prompt_steps = len(ids)
         self.prefill_counts = PrefillCounts(steps, steps, steps - 1, steps - 1, steps)
+
+    def _forced_position(self, audio_embedding: mx.array, function_id: int) -> None:
+        """One timeline position whose outputs are forced, stepped as the reference steps a prompt token: the LLM on
+        ``audio_embedding`` in the audio channel's place (its heads unread), the text channel PAD, the function
+        channel ``function_id``, the TTS a step on PAD; evaluated before the next."""
+        pad = self.config.pad_token_id
+        self._language_step(audio_embedding, generate=False)
+        self._text_ids.append(pad)
+        self._function_ids.append(function_id)
+        self._tts_step(pad)
+        self._timeline_index += 1
+        mx.eval(self.caches.arrays())
 
     def _prefill_chunked(self, embeddings: mx.array) -> None:
         """:meth:`_prefill` in chunks of :attr:`prefill_chunk` positions (:meth:`_prefill_positions`), both
@@ -612,12 +618,7 @@ class Session:
             counts = self._prefill_positions(audio, text, function, [pad] * len(token_ids), list(token_ids))
             return counts.llm_forwards
         for token_id in token_ids:
-            self._language_step(silence, generate=False)
-            self._text_ids.append(pad)
-            self._function_ids.append(token_id)
-            self._tts_step(pad)
-            self._timeline_index += 1
-            mx.eval(self.caches.arrays())
+            self._forced_position(silence, token_id)
         return len(token_ids)
 
     def answer_tool_calls(self, results: Sequence[ToolResult]) -> list[Event]:
