@@ -3,8 +3,8 @@
 ``python -m tests.prefill_bench [--size tiny|structure] [--quantize 4] [--numerics fast|exact] [--frames 40]``
 
 Sessions on the same random weights and seed, one prefilled one position per step (``prefill_chunk=1``, the
-reference's), one in chunks (``--chunk``, 64; run twice, the first paying for what it meets first), then the same
-audio (app.bench's question, then silence). Printed: each prefill's seconds and counts
+reference's), one in chunks (``--chunk``, fast mode's: run twice, the first paying for what it meets first), then
+the same audio (app.bench's question, then silence). Printed: each prefill's seconds and counts
 (:class:`engine.prefill.PrefillCounts`); the LLM's last hidden state after the prompt, both ways (max abs and
 relative L2), and whether the ids that follow it are equal; the TTS backbone's cached keys after the prompt
 (relative L2); how many of the step-by-step prompt's TTS steps sampled the codec's silence (all 31 codes; and the
@@ -27,7 +27,7 @@ from engine import relative_l2
 from engine.events import AudioChunk
 from engine.hooks import NO_HOOKS, NoHooks
 from engine.ops.cache import KVCache
-from engine.prefill import prefill_positions
+from engine.prefill import PREFILL_CHUNK, prefill_positions
 from engine.random_model import random_voicechat
 from engine.session import Session
 
@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--quantize", type=int, default=4, help="bits, or 0 for bf16")
     parser.add_argument("--numerics", default="fast", choices=["fast", "exact"])
     parser.add_argument("--positions", type=int, default=900)
-    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK)
     parser.add_argument("--frames", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
