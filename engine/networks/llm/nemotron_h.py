@@ -331,9 +331,9 @@ class NemotronH(nn.Module):
 
     @property
     def _fast_parts(self) -> tuple[Any, ...]:
-        """What a step's programs are traced with: the fast form's parts (:meth:`.fast.LLMFast.key`), or exact
+        """What a step's programs are traced with: the fast form's parts (:attr:`.fast.LLMFast.key`), or exact
         mode's none."""
-        return EXACT_PARTS if self.fast is None else self.fast.key(self)
+        return EXACT_PARTS if self.fast is None else self.fast.key
 
     @property
     def _chained(self) -> bool:
