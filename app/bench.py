@@ -15,6 +15,7 @@ attention window (71+), and late (700–750, when the run is long enough).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import wave
@@ -34,6 +35,7 @@ FRAME = INPUT_FRAME_SAMPLES
 WINDOWS = {"cold": (0, 5), "early": (6, 70), "steady": (71, None), "late": (700, 750)}
 # Counters are reported before and after the encoder's attention cache fills (frame 70).
 COUNTER_WINDOWS = {"early": (6, 70), "steady": (71, None)}
+HOST_CALL_FRAMES = (6, 15)  # the frames whose Python calls are counted (each frame's are the same after warm-up)
 COUNTER_BITS = (4, 8)
 # --compare: the reference port on the same weights, or (with --numerics fast) this engine in exact mode.
 COMPARISONS = ("mlx-vlm", "exact")
@@ -248,6 +250,32 @@ def count_frames(voicechat: Any, samples: np.ndarray, *, seed: int) -> tuple[lis
     return censuses, syncs
 
 
+def host_calls(voicechat: Any, samples: np.ndarray, *, seed: int) -> dict[str, Any]:
+    """The Python calls a frame makes on the host (:func:`engine.counters.python_calls`), a mean over frames
+    :data:`HOST_CALL_FRAMES` of a session hooked as the app's (a profiler without the census, which would count its
+    own walks), with the functions called most."""
+    from collections import Counter
+
+    from engine import FrameProfiler, Session
+    from engine.counters import python_calls
+
+    first, last = HOST_CALL_FRAMES
+    session = Session(voicechat, seed=seed, hooks=FrameProfiler())
+    total: Counter[str] = Counter()
+    for index, start in enumerate(range(0, FRAME * (last + 1), FRAME)):
+        chunk = samples[start : start + FRAME]
+        if index < first:
+            session.push(chunk, INPUT_SAMPLE_RATE)
+        else:
+            total += python_calls(functools.partial(session.push, chunk, INPUT_SAMPLE_RATE))
+    session.close()
+    frames = last - first + 1
+    return {
+        "python_calls_per_frame": round(sum(total.values()) / frames, 1),
+        "python_calls_by_function": {name: round(count / frames, 1) for name, count in total.most_common(15)},
+    }
+
+
 def _window_mean(values: list[float], window: tuple[int, int | None]) -> float | None:
     start, end = window
     part = values[start : None if end is None else end + 1]
@@ -319,6 +347,11 @@ def format_counters(counters: dict[str, Any]) -> str:
         lines.append(f"  {stage:10} primitives {pair(values['primitives'])}, kernels {pair(values['kernels'])}")
     top = ", ".join(f"{name} {count:g}" for name, count in list(counters["steady_by_primitive"].items())[:12])
     lines.append(f"  most frequent (steady, per frame): {top}")
+    if "python_calls_per_frame" in counters:
+        first, last = HOST_CALL_FRAMES
+        calls = ", ".join(f"{name} {count:g}" for name, count in list(counters["python_calls_by_function"].items())[:8])
+        count = counters["python_calls_per_frame"]
+        lines.append(f"  host: {count:,.0f} Python calls a frame (frames {first}-{last}); most: {calls}")
     return "\n".join(lines)
 
 
@@ -518,6 +551,7 @@ def bench(
     if counters:
         censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
         report_counters = counters_report(voicechat, censuses, syncs)
+        report_counters.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=seed))
         report_counters["device"] = device_description()["type"]
         counted = {
             "device": device_description(),

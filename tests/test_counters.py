@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from app.bench import bench_input, count_frames, counters_report
-from engine.counters import GraphCensus, WeightUse, named_weights
+from app.bench import HOST_CALL_FRAMES, bench_input, count_frames, counters_report, host_calls
+from engine.counters import GraphCensus, WeightUse, named_weights, python_calls
 from engine.jit import check_report
 from engine.model import load_voicechat
 from engine.pricing import full_size_prices, weight_bytes
@@ -49,7 +49,9 @@ def structure_counts() -> dict:
     mx.eval(voicechat.model.parameters())
     warm_up(voicechat)
     censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
-    return counters_report(voicechat, censuses, syncs)
+    report = counters_report(voicechat, censuses, syncs)
+    report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
+    return report
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +60,56 @@ def fast_structure_counts() -> dict:
     mx.eval(voicechat.model.parameters())
     warm_up(voicechat)
     censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
-    return counters_report(voicechat, censuses, syncs)
+    report = counters_report(voicechat, censuses, syncs)
+    report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
+    return report
 
 
 def test_fast_primitives_per_frame_stay_within_the_published_figures(fast_structure_counts: dict) -> None:
     """Fast numerics on the CPU (every part its operations fallback) against docs/performance.md's fast row: guards the
     fast wiring, as the GPU's counts cannot be taken here."""
     assert_within_published(fast_structure_counts, published_counters("fast numerics, this build"))
+
+
+def published_python_calls() -> dict[str, float]:
+    """docs/performance.md's row **Python calls a frame, this build**: exact's and fast's counts."""
+    label = "| **Python calls a frame, this build**"
+    rows = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith(label)]
+    assert len(rows) == 1, f"docs/performance.md must have exactly one row starting {label}"
+    exact, fast = (float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:3])
+    return {"exact": exact, "fast": fast}
+
+
+def test_python_calls_per_frame_stay_within_the_published_figures(
+    structure_counts: dict, fast_structure_counts: dict
+) -> None:
+    """The host's work a frame as a count: a frame is bound by the host building its graph, so a change that makes
+    Python do more each frame (a walk over the model's modules did: 58,000 calls a fast frame against 7,100) fails
+    here however fast this machine happens to be."""
+    published = published_python_calls()
+    for mode, counts in (("exact", structure_counts), ("fast", fast_structure_counts)):
+        calls = counts["python_calls_per_frame"]
+        print(f"{mode}: {calls:,.0f} Python calls a frame; most: {counts['python_calls_by_function']}")
+        assert calls <= published[mode] * (1 + TOLERANCE), (
+            f"a {mode} frame makes {calls:,.0f} Python calls, docs/performance.md says {published[mode]:,.0f}: find "
+            "what added host work (python_calls_by_function names it), or measure again and update that row"
+        )
+        # Nothing walks the model's module tree once the session runs (each walk is about 0.6 ms here).
+        assert not any("apply_to_modules" in name for name in counts["python_calls_by_function"])
+
+
+def test_python_calls_counts_functions_and_builtins_by_name() -> None:
+    def inner(values: list[int]) -> int:
+        return len(values)
+
+    def outer() -> None:
+        for _ in range(3):
+            inner(sorted([2, 1]))
+
+    calls = python_calls(outer)
+    assert calls[f"{Path(__file__).stem}.test_python_calls_counts_functions_and_builtins_by_name.<locals>.inner"] == 3
+    assert calls["sorted"] == 3 and calls["len"] == 3
+    assert "setprofile" not in calls  # the counter's own call is not the step's
 
 
 def assert_within_published(measured: dict, published: dict[str, float]) -> None:
