@@ -16,8 +16,10 @@ kernels either side.
 
 from __future__ import annotations
 
+import cProfile
 import itertools
 import os
+import pstats
 import sys
 import time
 from collections import defaultdict
@@ -215,6 +217,28 @@ def host_report(events: list, kernels: list, frames: int) -> None:
         print(f"    {value:9.1f} µs  {name}")
 
 
+def host_functions(voicechat: object, frames: int) -> None:
+    """The host's Python over ``frames`` steady frames (cProfile, a fresh session settled first), by own time: what
+    the device waits on while the host builds a frame (cProfile's cost inflates every call alike)."""
+    session = Session(voicechat, seed=0, hooks=FrameProfiler())
+    samples = bench_input(SETTLE_FRAMES + frames)
+    chunks = [samples[start : start + INPUT_FRAME_SAMPLES] for start in range(0, samples.shape[0], INPUT_FRAME_SAMPLES)]
+    for chunk in chunks[:SETTLE_FRAMES]:
+        session.push(chunk, INPUT_SAMPLE_RATE)
+    mx.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for chunk in chunks[SETTLE_FRAMES:]:
+        session.push(chunk, INPUT_SAMPLE_RATE)
+    mx.synchronize()
+    profiler.disable()
+    session.close()
+    print(f"=== the host's Python over {frames} steady frames (cProfile), by own time, then by cumulative time")
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
+
+
 def main() -> None:
     frames = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     histories = [int(value) for value in sys.argv[2:]] or [0]
@@ -237,6 +261,7 @@ def main() -> None:
         print(f"  GPU idle in gaps over {IDLE_GAP_US} µs: {sum(idle.values()) / 1000.0:.2f} ms a frame; between:")
         for name, value in sorted(idle.items(), key=lambda item: -item[1])[:16]:
             print(f"    {value:9.1f} µs  {name}")
+    host_functions(voicechat, frames)
     if len(histories) == 2:
         fresh, aged = (results[history] for history in histories)
         print(f"=== grew from history {histories[0]} to {histories[1]} (µs a frame)")
