@@ -256,8 +256,7 @@ def host_calls(voicechat: Any, samples: np.ndarray, *, seed: int) -> dict[str, A
     own walks), with the functions called most."""
     from collections import Counter
 
-    from engine import FrameProfiler, Session
-    from engine.counters import python_calls
+    from engine import FrameProfiler, Session, python_calls
 
     first, last = HOST_CALL_FRAMES
     session = Session(voicechat, seed=seed, hooks=FrameProfiler())
@@ -496,15 +495,24 @@ def bench(
     history: int = 0,
     counters: bool = False,
     numerics: str = "exact",
+    stand_in_kernels: bool = False,
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report."""
+    """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report.
+    ``stand_in_kernels``: count CUDA's fast path on the CPU (:func:`engine.stand_in_kernels`; with ``counters``
+    and fast numerics only)."""
     import mlx.core as mx
 
     from engine import check_numerics, check_report, compile_checking, compile_enabled, device_description, set_numerics
 
     if compare == "exact" and numerics != "fast":
         raise ValueError("--compare exact times --numerics fast against exact; add --numerics fast")
+    if stand_in_kernels:
+        if not counters or numerics != "fast":
+            raise ValueError("--stand-in-kernels counts CUDA's fast path: use it with --counters --numerics fast")
+        from engine import stand_in_kernels as stand_in
+
+        stand_in()
     # Compared with exact, the model loads as exact mode loads it (float32 copies made) and switches in place,
     # so that each mode runs as fast as it can: loaded for fast, the row products' weights stay bf16, which
     # exact mode's operations would widen on every call.
@@ -552,7 +560,9 @@ def bench(
         censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
         report_counters = counters_report(voicechat, censuses, syncs)
         report_counters.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=seed))
-        report_counters["device"] = device_description()["type"]
+        report_counters["device"] = (
+            "cpu, CUDA's kernels standing in" if stand_in_kernels else device_description()["type"]
+        )
         counted = {
             "device": device_description(),
             "mlx_version": mlx_version(),

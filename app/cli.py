@@ -123,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         "instead of timing it; without --model or --random, on --random structure",
     )
     bench.add_argument("--numerics", choices=NUMERICS, default="exact", help=NUMERICS_HELP)
+    bench.add_argument(
+        "--stand-in-kernels",
+        action="store_true",
+        help="with --counters --numerics fast on a CPU: count what a CUDA GPU's frame launches, each custom kernel "
+        "standing in as one primitive (values meaningless)",
+    )
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
 
     drift = commands.add_parser(
@@ -233,6 +239,7 @@ def _bench(args: argparse.Namespace) -> int:
         history=args.history,
         counters=args.counters,
         numerics=args.numerics,
+        stand_in_kernels=args.stand_in_kernels,
     )
     if args.json:
         write_report(report, args.json)

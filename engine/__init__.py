@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .counters import FrameCensus as FrameCensus
     from .counters import GraphCensus as GraphCensus
     from .counters import named_weights as named_weights
+    from .counters import python_calls as python_calls
     from .files import write_atomic as write_atomic
     from .hooks import NO_HOOKS as NO_HOOKS
     from .hooks import FrameHooks as FrameHooks
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .kernel_cache import seed_kernel_cache as seed_kernel_cache
     from .kernel_cache import use_kernel_cache as use_kernel_cache
     from .kernels.admission import relative_l2 as relative_l2
+    from .kernels.admission import stand_in_kernels as stand_in_kernels
     from .loading.checkpoint import load_into as load_into
     from .loading.checkpoint import open_checkpoint as open_checkpoint
     from .loading.checkpoint import read_config as read_config
@@ -130,6 +132,7 @@ _EXPORTS: dict[str, str] = {
     "check_numerics": ".numerics",
     "set_numerics": ".numerics",
     "relative_l2": ".kernels.admission",
+    "stand_in_kernels": ".kernels.admission",
     # watching frames: hooks, timing, the census and its prices, the profile log
     "FrameHooks": ".hooks",
     "NoHooks": ".hooks",
@@ -140,6 +143,7 @@ _EXPORTS: dict[str, str] = {
     "GraphCensus": ".counters",
     "FrameCensus": ".counters",
     "named_weights": ".counters",
+    "python_calls": ".counters",
     "full_size_prices": ".pricing",
     "weight_bytes": ".pricing",
     "weight_bytes_by_network": ".pricing",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from app.bench import HOST_CALL_FRAMES, bench_input, count_frames, counters_report, host_calls
+from engine import stand_in_kernels
 from engine.counters import GraphCensus, WeightUse, named_weights, python_calls
 from engine.jit import check_report
 from engine.model import load_voicechat
@@ -63,6 +65,68 @@ def fast_structure_counts() -> dict:
     report = counters_report(voicechat, censuses, syncs)
     report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
     return report
+
+
+@pytest.fixture(scope="module")
+def cuda_path_counts() -> Iterator[dict]:
+    """Fast numerics as a CUDA GPU runs it, counted on this CPU: every kernel standing in as one primitive."""
+    stand_in_kernels()
+    try:
+        voicechat = random_voicechat("structure", quantize=4, numerics="fast")
+        mx.eval(voicechat.model.parameters())
+        warm_up(voicechat)
+        censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
+        report = counters_report(voicechat, censuses, syncs)
+        report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
+        yield report
+    finally:
+        stand_in_kernels(False)
+
+
+def test_the_cuda_path_stays_within_the_published_figures(cuda_path_counts: dict) -> None:
+    """The frame a GPU runs in fast numerics, guarded here: its primitives and kernels (each custom kernel one), the
+    weight bytes it reads at full size, its Python calls and its one host sync against docs/performance.md's row
+    "CUDA's fast path, this build". These are the counts the GPU's frame time follows."""
+    counts = cuda_path_counts
+    published = published_counters("CUDA's fast path, this build")
+    assert_within_published(counts, published)
+    row = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith("| **CUDA's fast path, this")]
+    cells = [cell.strip() for cell in row[0].strip("|").split("|")]
+    four_bit_gb = float(cells[4].split("/")[0].replace("GB", "").strip())
+    calls = float(cells[5].replace(",", ""))
+    measured_gb = counts["weight_bytes_per_frame"]["4"] / 1e9
+    print(f"reads {measured_gb:.2f} GB a full-size 4-bit frame; {counts['python_calls_per_frame']:,.0f} Python calls")
+    assert measured_gb <= four_bit_gb + 0.005, f"a 4-bit frame reads {measured_gb:.3f} GB, the row says {four_bit_gb}"
+    assert counts["python_calls_per_frame"] <= calls * (1 + TOLERANCE)
+    assert counts["host_syncs_per_frame"] == pytest.approx(1.0)
+    # Each network's kernels are there: the stand-ins are what the frame launches.
+    assert counts["steady_by_primitive"]["CustomKernel"] >= 250
+    for stage in ("perception", "rnnt", "language", "tts"):
+        assert counts["per_stage"][stage]["steady_by_primitive"].get("CustomKernel", 0) >= 1, stage
+
+
+def test_stand_in_kernels_only_stand_in_on_the_cpu_and_leave_no_part_behind() -> None:
+    """Standing in is for counting on a CPU: the parts admitted while it was on are not served after it."""
+    from engine.kernels.admission import StandInKernel, custom_kernel, fast_part, standing_in
+
+    stand_in_kernels()
+    try:
+        kernel = custom_kernel(
+            "cuda", "probe", ["x"], ["y", "n"], cuda="y[0] = x[0];", metal="", stand_in_fill={"n": 7}
+        )
+        assert isinstance(kernel, StandInKernel)
+        x = mx.arange(4, dtype=mx.float32)
+        y, n = kernel(
+            inputs=[x * 2], output_shapes=[(2, 3), (1,)], output_dtypes=[mx.bfloat16, mx.int32], grid=(1, 1, 1)
+        )
+        assert y.shape == (2, 3) and y.dtype == mx.bfloat16 and n.item() == 7
+        part, used = fast_part(("probe",), "probe", lambda v: v, lambda backend: kernel, lambda: (x,))
+        assert part is kernel and used
+    finally:
+        stand_in_kernels(False)
+    assert not standing_in()
+    part, used = fast_part(("probe",), "probe", lambda v: v, lambda backend: kernel, lambda: (x,))
+    assert part is not kernel and not used  # this CPU runs the fallback again
 
 
 def test_fast_primitives_per_frame_stay_within_the_published_figures(fast_structure_counts: dict) -> None:

@@ -6,6 +6,11 @@ memory that MLX's CUDA allocator keeps small arrays in; :func:`admit_kernel` run
 fallback on the same inputs and says whether they agree (relative L2 ≤ :data:`KERNEL_TOLERANCE`); :func:`fast_part`
 makes and admits a kernel once per process and key, and gives the fallback where no kernel can run here or the kernel
 did not match. Which parts fast mode asks for, and why each is safe, is docs/numerics.md.
+
+:func:`stand_in_kernels` lets the CPU build CUDA's fast path for counting: every kernel is admitted without being run
+and stands in as one ``Depends`` primitive on its inputs with outputs of the right shapes (their values meaningless),
+so that a census (:mod:`engine.counters`) counts the primitives, kernels, weight reads and Python calls of a GPU's
+frame on a machine without one.
 """
 
 from __future__ import annotations
@@ -23,8 +28,31 @@ KERNEL_TOLERANCE = 1e-5
 log = logging.getLogger(__name__)
 
 
+# Whether kernels stand in for CUDA's on the CPU (stand_in_kernels).
+_standing_in = False
+
+
+def stand_in_kernels(on: bool = True) -> None:
+    """Build CUDA's fast path on the CPU for counting, not computing (before the model is loaded; the CPU only): the
+    backend reads as ``"cuda"``, every kernel is a :class:`StandInKernel` and every admission passes unrun. Frames
+    then launch what a GPU's would, with meaningless values: for ``parley bench --counters --stand-in-kernels``."""
+    global _standing_in
+    if on and mx.default_device().type == mx.gpu:
+        raise ValueError("kernels stand in for CUDA's on the CPU only; this device runs the kernels themselves")
+    _standing_in = on
+    _PARTS.clear()
+
+
+def standing_in() -> bool:
+    """Whether kernels stand in for CUDA's (:func:`stand_in_kernels`)."""
+    return _standing_in
+
+
 def gpu_kernel_backend() -> str | None:
-    """``"cuda"`` or ``"metal"`` when custom kernels can run on the default device, else None."""
+    """``"cuda"`` or ``"metal"`` when custom kernels can run on the default device (or stand in for CUDA's:
+    :func:`stand_in_kernels`), else None."""
+    if _standing_in:
+        return "cuda"
     if mx.default_device().type != mx.gpu:
         return None
     if mx.cuda.is_available():
@@ -64,6 +92,36 @@ def kernel_constants(*values: float) -> mx.array:
 Kernel = Callable[..., list[mx.array]]
 
 
+class StandInKernel:
+    """A kernel's place in the graph without its arithmetic (:func:`stand_in_kernels`): called as MLX's kernels are,
+    it returns arrays of the asked shapes and dtypes through one ``Depends`` primitive on every input, so that what
+    the kernel reads counts and what reads its outputs follows it. Outputs are zeros, or ``fill``'s value by output
+    name where a zero would send the frame down a path a GPU's seldom takes."""
+
+    def __init__(self, name: str, outputs: list[str], fill: dict[str, float] | None = None) -> None:
+        self.name = name
+        self._outputs = outputs
+        self._fill = fill or {}
+        self._constants: dict[tuple[str, tuple[int, ...], mx.Dtype], mx.array] = {}
+
+    def __call__(
+        self, *, inputs: list[mx.array], output_shapes: list[Any], output_dtypes: list[mx.Dtype], **_: Any
+    ) -> list[mx.array]:
+        placeholders = [
+            self._constant(name, tuple(shape), dtype)
+            for name, shape, dtype in zip(self._outputs, output_shapes, output_dtypes, strict=True)
+        ]
+        return list(mx.depends(placeholders, list(inputs)))
+
+    def _constant(self, name: str, shape: tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+        """An evaluated constant per output (made once, so that it adds no primitive of its own)."""
+        key = (name, shape, dtype)
+        if key not in self._constants:
+            self._constants[key] = mx.full(shape, self._fill.get(name, 0), dtype=dtype)
+            mx.eval(self._constants[key])
+        return self._constants[key]
+
+
 def custom_kernel(
     backend: str,
     name: str,
@@ -73,9 +131,11 @@ def custom_kernel(
     cuda: str,
     metal: str,
     cuda_header: str = "",
+    stand_in_fill: dict[str, float] | None = None,
 ) -> Kernel:
     """MLX's custom kernel ``name`` for ``backend`` (``"cuda"`` or ``"metal"``), from that backend's source
-    (on CUDA after ``cuda_header``: functions the body calls).
+    (on CUDA after ``cuda_header``: functions the body calls); a :class:`StandInKernel` while kernels stand in
+    (``stand_in_fill``: its outputs' values by name, where not zero).
 
     The name MLX sees ends in a hash of the source: MLX caches compiled kernels by name (on CUDA in a
     folder that outlives the process), so a kernel whose source changed with an update of Parley must
@@ -85,6 +145,8 @@ def custom_kernel(
         raise ValueError(f"no {name} kernel for {backend!r}")
     header = cuda_header if backend == "cuda" else ""
     versioned = f"{name}_{hashlib.sha256((header + source).encode()).hexdigest()[:12]}"
+    if _standing_in:
+        return StandInKernel(versioned, outputs, stand_in_fill)
     if backend == "cuda":
         kernel = mx.fast.cuda_kernel(
             name=versioned, input_names=inputs, output_names=outputs, source=source, header=header
@@ -113,7 +175,10 @@ def admit_kernel(
     """Run ``kernel`` and ``fallback`` on ``inputs``; True when every output agrees within ``tolerance``
     (relative L2; with 0, bit for bit). A kernel that fails to build or run, or disagrees, is not used
     (and the log says why). Either may return one array or a tuple of them. ``reference_device`` runs
-    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision)."""
+    the fallback there (the CPU, for products that MLX's CUDA backend takes in reduced precision). While kernels
+    stand in (:func:`stand_in_kernels`) every kernel passes, unrun."""
+    if _standing_in:
+        return True
     try:
         got = _outputs(kernel(*inputs))
         if reference_device is None:

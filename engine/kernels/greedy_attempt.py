@@ -549,6 +549,8 @@ class GreedyLoop:
             ["states_h", "states_c", "activated", "all_values", "all_indices"],
             cuda=_loop_source(shape),
             metal="",
+            # Standing in, every attempt picks the blank (the joint's last class): a frame of silence, as most are.
+            stand_in_fill={"all_indices": shape.classes - 1},
         )
         # The barrier's arrivals and generation, on a ticket line: as an array of 8 bytes it would live on the host.
         self._tickets = kernel_tickets()
