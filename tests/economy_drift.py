@@ -1,6 +1,6 @@
 """Measure what fast mode's TTS economy levels (``Session.set_economy``) change and save (docs/numerics.md).
 
-    PYTHONPATH=. .venv/bin/python tests/economy_drift.py [--frames 60] [--size tiny] [--quantize 4]
+    PYTHONPATH=. .venv/bin/python tests/economy_drift.py [--frames 60] [--size tiny] [--quantize 4] [--cuda-path]
 
 One fast session per level on the random checkpoint (seed 0, the spoken test question then silence), the level set
 before the first frame; against level 0 (full fast mode), and for scale full fast mode drawing with seed 1: the
@@ -8,7 +8,8 @@ share of frames whose 31 codes are all equal, the share of codes equal, the firs
 waveform's difference (RMS of the difference over RMS of level 0's waveform). Then one session at level 0 that runs
 frames [20, 40) at level 1 and returns: how its frames after 40 compare with level 0's. And per frame, from the
 graph census (engine.counters, full-size prices at 4 bits): the TTS stage's primitives, kernels and weight bytes at
-each level, on this device (the CPU here: every fast part its operations fallback). Counts, not times.
+each level, on this device (the CPU here: every fast part its operations fallback), or with ``--cuda-path`` as a
+CUDA GPU's frame has them (engine.stand_in_kernels: each kernel one primitive; the counts only). Counts, not times.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from app.bench import bench_input
-from engine import FrameProfiler, GraphCensus, Session, named_weights
+from engine import FrameProfiler, GraphCensus, Session, named_weights, stand_in_kernels
 from engine.events import AudioChunk
 from engine.pricing import full_size_prices, weight_bytes
 from engine.random_model import random_voicechat
@@ -91,7 +92,12 @@ def main() -> None:
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--quantize", type=int, default=4)
     parser.add_argument("--census-size", default="structure", help="the model the counts are taken on")
+    parser.add_argument("--cuda-path", action="store_true", help="count a CUDA GPU's frame (kernels standing in) only")
     args = parser.parse_args()
+    if args.cuda_path:
+        stand_in_kernels()
+        census(args.census_size, args.quantize)
+        return
     samples = bench_input(args.frames)
     voicechat = random_voicechat(args.size, quantize=args.quantize, numerics="fast")
     mx.eval(voicechat.model.parameters())
@@ -104,15 +110,18 @@ def main() -> None:
     back = run(voicechat, samples, {20: 1, 40: 0})
     print("level 1 on frames 20-39, then 0; frames 0-19:", compare(runs[0], back, slice(0, 20)))
     print("  frames 40 on:", compare(runs[0], back, slice(40, None)))
-    counted = random_voicechat(args.census_size, quantize=args.quantize, numerics="fast")
+    census(args.census_size, args.quantize)
+
+
+def census(size: str, quantize: int) -> None:
+    counted = random_voicechat(size, quantize=quantize, numerics="fast")
     mx.eval(counted.model.parameters())
     warm_up(counted)
     census_frames = 12
     census_samples = bench_input(census_frames)
     for level in LEVELS:
         print(
-            f"TTS stage per frame at level {level} ({args.census_size}):",
-            tts_census(counted, census_samples, level, census_frames),
+            f"TTS stage per frame at level {level} ({size}):", tts_census(counted, census_samples, level, census_frames)
         )
 
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from app.bench import bench_input
-from engine import FrameProfiler, GraphCensus, Session, named_weights
+from engine import FrameProfiler, GraphCensus, Session, named_weights, stand_in_kernels
 from engine.counters import StageCensus, WeightUse
 from engine.networks.tts import ECONOMY_LEVELS, TTSInput
+from engine.pricing import full_size_prices, weight_bytes
 from engine.random_model import random_voicechat
 from engine.timeline import INPUT_FRAME_SAMPLES, INPUT_SAMPLE_RATE
 from engine.warming import warm_up
@@ -128,3 +129,23 @@ def test_the_census_counts_what_each_level_saves(fast_tiny: object) -> None:
     # The counts docs/numerics.md gives ("Keeping up"), on this device's graph.
     assert (full.primitives - fewer.primitives, full.kernels - fewer.kernels) == (237, 204)
     assert (full.primitives - unguided.primitives, full.kernels - unguided.kernels) == (257, 216)
+
+
+def test_on_a_gpus_graph_level_one_launches_fewer_kernels_and_reads_fewer_bytes() -> None:
+    """The same levels as a CUDA GPU's frame has them (kernels standing in, engine.stand_in_kernels): level 1 drops
+    three MaskGIT rounds' MoG samples, so fewer launches and fewer bytes; level 2 leaves the draw's kernel (built for
+    the guided pair of rows) for its operations, so more launches: why the policy stops at level 1."""
+    stand_in_kernels()
+    try:
+        voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
+        mx.eval(voicechat.model.parameters())
+        warm_up(voicechat)
+        prices = full_size_prices(voicechat.model, 4)  # type: ignore[attr-defined]
+        full, fewer, unguided = (tts_census(voicechat, level) for level in (0, 1, 2))
+    finally:
+        stand_in_kernels(False)
+    read = [weight_bytes(census.weight_uses, prices) for census in (full, fewer, unguided)]
+    print("TTS stage per frame (CUDA's graph, tiny): kernels", [c.kernels for c in (full, fewer, unguided)], read)
+    assert full.by_primitive["CustomKernel"] > fewer.by_primitive["CustomKernel"] > 0
+    assert fewer.kernels < full.kernels < unguided.kernels
+    assert read[1] < 0.9 * read[0]  # level 1 reads at least a tenth less of the TTS stage's weights
