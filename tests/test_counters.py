@@ -45,26 +45,25 @@ def published_counters(label: str = "this build") -> dict[str, float]:
     return {"early": early, "steady": steady, "kernels_early": kernels_early, "kernels_steady": kernels_steady}
 
 
-@pytest.fixture(scope="module")
-def structure_counts() -> dict:
-    voicechat = random_voicechat("structure", quantize=4)
+def structure_model_counts(numerics: str) -> dict:
+    """``parley bench --counters``'s report for the structure model at 4 bits, with the Python calls a frame."""
+    voicechat = random_voicechat("structure", quantize=4, numerics=numerics)
     mx.eval(voicechat.model.parameters())
     warm_up(voicechat)
     censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
     report = counters_report(voicechat, censuses, syncs)
     report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
     return report
+
+
+@pytest.fixture(scope="module")
+def structure_counts() -> dict:
+    return structure_model_counts("exact")
 
 
 @pytest.fixture(scope="module")
 def fast_structure_counts() -> dict:
-    voicechat = random_voicechat("structure", quantize=4, numerics="fast")
-    mx.eval(voicechat.model.parameters())
-    warm_up(voicechat)
-    censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
-    report = counters_report(voicechat, censuses, syncs)
-    report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
-    return report
+    return structure_model_counts("fast")
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +71,7 @@ def cuda_path_counts() -> Iterator[dict]:
     """Fast numerics as a CUDA GPU runs it, counted on this CPU: every kernel standing in as one primitive."""
     stand_in_kernels()
     try:
-        voicechat = random_voicechat("structure", quantize=4, numerics="fast")
-        mx.eval(voicechat.model.parameters())
-        warm_up(voicechat)
-        censuses, syncs = count_frames(voicechat, bench_input(COUNT_FRAMES), seed=0)
-        report = counters_report(voicechat, censuses, syncs)
-        report.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=0))
-        yield report
+        yield structure_model_counts("fast")
     finally:
         stand_in_kernels(False)
 
