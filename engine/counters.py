@@ -280,8 +280,8 @@ def python_calls(step: Callable[[], object]) -> Counter[str]:
     """Every Python function and builtin that ``step()`` calls on this thread, by name, with how often.
 
     A fast frame is bound by the host building its graph while the device waits, so the host's work matters as much
-    as the device's; as a count it does not move with the machine's load. (A walk over the model's 344 modules,
-    left in the LLM's step by a refactor, made 51,000 of a steady frame's 68,000 calls on this CPU.)
+    as the device's; as a count it does not move with the machine's load. (A walk over the LLM's 344 modules, left
+    in its step by a refactor, made about 51,000 of the 52,700 calls of a GPU's fast frame: docs/performance.md.)
     """
     calls: Counter[str] = Counter()
 
