@@ -27,7 +27,8 @@
 #                    REV app engine ui tests assets pyproject.toml | tar -x -C .baseline`), alternating processes on one
 #                    checkpoint written once (A B, ROUNDS times, default 2), 100 frames each; the p50/mean of each from its report
 # gputime       420  every kernel of 20 steady fast frames through CUPTI (PyTorch's profiler), full size, 4-bit: GPU
-#                    time by kernel family against idle gaps, placed by what the host was doing (NUMERICS=exact too)
+#                    time by kernel family against idle gaps, placed by what the host was doing (NUMERICS=exact too);
+#                    then the host's Python over the same frames by own and cumulative time (cProfile)
 # toolturn      540  issue 52 at full size, 4-bit: the 900-position tool prompt's prefill (fast in chunks of 64 and 256,
 #                    fast and exact one position a step) and one tool turn's timings, fast then exact
 # serve         300  `parley serve`'s added latency a frame against the engine alone (structure model, 4-bit, fast;
