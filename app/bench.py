@@ -499,8 +499,8 @@ def bench(
     out: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report.
-    ``stand_in_kernels``: count CUDA's fast path on the CPU (:func:`engine.stand_in_kernels`; with ``counters``
-    and fast numerics only)."""
+    ``stand_in_kernels``: run CUDA's fast path on the CPU, every kernel standing in (:func:`engine.stand_in_kernels`;
+    fast numerics, no comparison): its counts, or timed, the host's time a GPU's frame costs on this machine."""
     import mlx.core as mx
 
     from engine import check_numerics, check_report, compile_checking, compile_enabled, device_description, set_numerics
@@ -508,8 +508,11 @@ def bench(
     if compare == "exact" and numerics != "fast":
         raise ValueError("--compare exact times --numerics fast against exact; add --numerics fast")
     if stand_in_kernels:
-        if not counters or numerics != "fast":
-            raise ValueError("--stand-in-kernels counts CUDA's fast path: use it with --counters --numerics fast")
+        if numerics != "fast" or compare is not None:
+            raise ValueError(
+                "--stand-in-kernels runs CUDA's fast path with meaningless values: use --numerics fast, "
+                "and no --compare"
+            )
         from engine import stand_in_kernels as stand_in
 
         stand_in()
@@ -585,6 +588,7 @@ def bench(
         f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s (of which compiling "
         f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
         + (f", aged by {history} frames of history after the first" if history else "")
+        + (", CUDA's kernels standing in: the host's time of a GPU's frame on this machine" if stand_in_kernels else "")
     )
 
     samples = bench_input(frames, speech_every=speech_every)
@@ -623,6 +627,7 @@ def bench(
         "rounds": rounds,
         "seed": seed,
         "history_frames": history,
+        "kernels_standing_in": stand_in_kernels,
         "warm_up_s": warm_s,
         # Kernels compiled on this machine (JIT cache files): at start, after warm-up, after the rounds.
         # More after the rounds than after warm-up means a frame compiled a kernel: a stall.

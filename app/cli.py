@@ -126,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--stand-in-kernels",
         action="store_true",
-        help="with --counters --numerics fast on a CPU: count what a CUDA GPU's frame launches, each custom kernel "
-        "standing in as one primitive (values meaningless)",
+        help="with --numerics fast on a CPU: run a CUDA GPU's frame, each custom kernel standing in as one primitive "
+        "(values meaningless): with --counters what it launches and reads, else the host's time for it here",
     )
     bench.add_argument("--json", type=Path, help="write the full report as JSON")
 
