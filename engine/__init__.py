@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the names as mypy sees them; at run time __getattr__ import
     from .kernel_cache import cached_kernels as cached_kernels
     from .kernel_cache import seed_kernel_cache as seed_kernel_cache
     from .kernel_cache import use_kernel_cache as use_kernel_cache
+    from .kernels.admission import kernels_standing_in as kernels_standing_in
     from .kernels.admission import relative_l2 as relative_l2
     from .kernels.admission import stand_in_kernels as stand_in_kernels
     from .loading.checkpoint import load_into as load_into
@@ -133,6 +134,7 @@ _EXPORTS: dict[str, str] = {
     "set_numerics": ".numerics",
     "relative_l2": ".kernels.admission",
     "stand_in_kernels": ".kernels.admission",
+    "kernels_standing_in": ".kernels.admission",
     # watching frames: hooks, timing, the census and its prices, the profile log
     "FrameHooks": ".hooks",
     "NoHooks": ".hooks",

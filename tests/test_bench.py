@@ -96,6 +96,30 @@ def test_fast_against_exact_alternates_in_one_process_and_puts_fast_back(monkeyp
     assert "fast vs exact (same process, alternating)" in format_report(report)
 
 
+def test_kernels_stand_in_for_a_timed_run_and_stop_standing_in_after() -> None:
+    """``--stand-in-kernels`` times the host's work for a GPU's frame on this CPU: every frame runs, one sync each,
+    and the process's kernels are its own again afterwards."""
+    from engine.kernels.admission import standing_in
+
+    lines: list[str] = []
+    report = bench(
+        model=None,
+        random_size="tiny",
+        quantize=4,
+        seed=0,
+        frames=10,
+        rounds=1,
+        compare=None,
+        sub_stages=False,
+        numerics="fast",
+        stand_in_kernels=True,
+        out=lines.append,
+    )
+    assert report["kernels_standing_in"] and not standing_in()
+    assert report["parley"]["frames"] == 10 and report["parley"]["host_syncs_per_frame"] == pytest.approx(1.0)
+    assert any("CUDA's kernels standing in" in line for line in lines)
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -105,6 +129,8 @@ def test_fast_against_exact_alternates_in_one_process_and_puts_fast_back(monkeyp
         (["--history", "-1"], "--history must not be negative"),
         (["--history", "500", "--compare", "mlx-vlm"], "cannot be used with --compare"),
         (["--compare", "exact"], "--compare exact times --numerics fast against exact; add --numerics fast"),
+        (["--stand-in-kernels"], "use --numerics fast, and no --compare"),
+        (["--stand-in-kernels", "--numerics", "fast", "--compare", "exact"], "use --numerics fast, and no --compare"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason(

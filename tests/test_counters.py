@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from app.bench import HOST_CALL_FRAMES, bench_input, count_frames, counters_report, host_calls
-from engine import stand_in_kernels
+from app.bench import bench_input
+from app.bench_counters import HOST_CALL_FRAMES, count_frames, counters_report, host_calls
+from engine import kernels_standing_in, stand_in_kernels
 from engine.counters import GraphCensus, WeightUse, named_weights, python_calls
 from engine.jit import check_report
 from engine.model import load_voicechat
@@ -69,11 +70,8 @@ def fast_structure_counts() -> dict:
 @pytest.fixture(scope="module")
 def cuda_path_counts() -> Iterator[dict]:
     """Fast numerics as a CUDA GPU runs it, counted on this CPU: every kernel standing in as one primitive."""
-    stand_in_kernels()
-    try:
+    with kernels_standing_in():
         yield structure_model_counts("fast")
-    finally:
-        stand_in_kernels(False)
 
 
 def test_the_cuda_path_stays_within_the_published_figures(cuda_path_counts: dict) -> None:

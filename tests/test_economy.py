@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.bench import bench_input
-from engine import FrameProfiler, GraphCensus, Session, named_weights, stand_in_kernels
+from engine import FrameProfiler, GraphCensus, Session, kernels_standing_in, named_weights
 from engine.counters import StageCensus, WeightUse
 from engine.networks.tts import ECONOMY_LEVELS, TTSInput
 from engine.pricing import full_size_prices, weight_bytes
@@ -135,15 +135,12 @@ def test_on_a_gpus_graph_level_one_launches_fewer_kernels_and_reads_fewer_bytes(
     """The same levels as a CUDA GPU's frame has them (kernels standing in, engine.stand_in_kernels): level 1 drops
     three MaskGIT rounds' MoG samples, so fewer launches and fewer bytes; level 2 leaves the draw's kernel (built for
     the guided pair of rows) for its operations, so more launches: why the policy stops at level 1."""
-    stand_in_kernels()
-    try:
+    with kernels_standing_in():
         voicechat = random_voicechat("tiny", quantize=4, numerics="fast")
         mx.eval(voicechat.model.parameters())
         warm_up(voicechat)
         prices = full_size_prices(voicechat.model, 4)  # type: ignore[attr-defined]
         full, fewer, unguided = (tts_census(voicechat, level) for level in (0, 1, 2))
-    finally:
-        stand_in_kernels(False)
     read = [weight_bytes(census.weight_uses, prices) for census in (full, fewer, unguided)]
     print("TTS stage per frame (CUDA's graph, tiny): kernels", [c.kernels for c in (full, fewer, unguided)], read)
     assert full.by_primitive["CustomKernel"] > fewer.by_primitive["CustomKernel"] > 0

@@ -453,7 +453,8 @@ def test_encoder_rows_read_bf16_copies_that_the_census_prices_as_bf16(monkeypatc
     once each — the keys' and values' too, where exact mode projects the whole window."""
     from collections import Counter
 
-    from app.bench import bench_input, count_frames
+    from app.bench import bench_input
+    from app.bench_counters import count_frames
     from engine.counters import WeightUse
     from engine.networks.perception import fast as perception_fast
     from engine.pricing import full_size_prices

@@ -15,9 +15,10 @@ frame on a machine without one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import mlx.core as mx
@@ -41,6 +42,19 @@ def stand_in_kernels(on: bool = True) -> None:
         raise ValueError("kernels stand in for CUDA's on the CPU only; this device runs the kernels themselves")
     _standing_in = on
     _PARTS.clear()
+
+
+@contextlib.contextmanager
+def kernels_standing_in(on: bool = True) -> Iterator[None]:
+    """:func:`stand_in_kernels` for the block (nothing where ``on`` is false), switched off again after it."""
+    if not on:
+        yield
+        return
+    stand_in_kernels()
+    try:
+        yield
+    finally:
+        stand_in_kernels(False)
 
 
 def standing_in() -> bool:
