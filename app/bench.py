@@ -375,7 +375,17 @@ def bench(
     """Run the benchmark (or, with ``counters``, one counting pass instead); returns the JSON-ready report.
     ``stand_in_kernels``: run CUDA's fast path on the CPU, every kernel standing in (:func:`engine.stand_in_kernels`;
     fast numerics, no comparison): its counts, or timed, the host's time a GPU's frame costs on this machine."""
-    from engine import kernels_standing_in
+    import mlx.core as mx
+
+    from engine import (
+        check_numerics,
+        check_report,
+        compile_checking,
+        compile_enabled,
+        device_description,
+        kernels_standing_in,
+        set_numerics,
+    )
 
     if compare == "exact" and numerics != "fast":
         raise ValueError("--compare exact times --numerics fast against exact; add --numerics fast")
@@ -384,200 +394,164 @@ def bench(
             "--stand-in-kernels runs CUDA's fast path with meaningless values: use --numerics fast, and no --compare"
         )
     with kernels_standing_in(stand_in_kernels):
-        return _measure(
-            model=model,
-            random_size=random_size,
-            quantize=quantize,
-            seed=seed,
-            frames=frames,
-            rounds=rounds,
-            compare=compare,
-            sub_stages=sub_stages,
-            curve_every=curve_every,
-            speech_every=speech_every,
-            history=history,
-            counters=counters,
-            numerics=numerics,
-            stand_in_kernels=stand_in_kernels,
-            out=out,
+        # Compared with exact, the model loads as exact mode loads it (float32 copies made) and switches in place,
+        # so that each mode runs as fast as it can: loaded for fast, the row products' weights stay bf16, which
+        # exact mode's operations would widen on every call.
+        load_numerics = check_numerics("exact" if compare == "exact" else numerics)
+        started = time.perf_counter()
+        kernels_before = compiled_kernels()
+        if model is not None:
+            from engine import TextTokenizer, assemble_voicechat, read_runtime_weights
+
+            files, weights, quantized = read_runtime_weights(model)
+            raw = files.raw_config
+            tokenizer = TextTokenizer.from_file(files.tokenizer_file)
+            voicechat = assemble_voicechat(
+                files.config,
+                weights,
+                quantized,
+                tokenizer,
+                name=files.root.name,
+                source=files.root,
+                nbytes=files.nbytes,
+                numerics=load_numerics,
+            )
+        else:
+            from engine import TextTokenizer, assemble_voicechat, random_weights
+
+            size = random_size or "tiny"
+            if size not in RANDOM_SIZES:
+                raise ValueError(f"--random must be one of {', '.join(RANDOM_SIZES)}; got {size!r}")
+            raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)
+            tokenizer = TextTokenizer(raw_tokenizer, "random")
+            label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
+            voicechat = assemble_voicechat(
+                config, weights, quantized, tokenizer, name=label, nbytes=nbytes, numerics=load_numerics
+            )
+        mx.eval(voicechat.model.parameters())
+        from engine import warm_up
+
+        warm_s = warm_up(voicechat, speech=question_audio())
+        if compare == "exact":
+            # Fast mode's programs differ where its kernels sit: trace and compile them before the rounds too.
+            set_numerics(voicechat, "fast")
+            warm_s += warm_up(voicechat, speech=question_audio())
+        kernels_warm = compiled_kernels()
+        if counters:
+            censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
+            report_counters = counters_report(voicechat, censuses, syncs)
+            report_counters.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=seed))
+            report_counters["device"] = (
+                "cpu, CUDA's kernels standing in" if stand_in_kernels else device_description()["type"]
+            )
+            counted = {
+                "device": device_description(),
+                "mlx_version": mlx_version(),
+                "model": voicechat.describe(),
+                "frames": frames,
+                "seed": seed,
+                "compiled": compile_enabled(),
+                "counters": report_counters,
+            }
+            out(f"model {voicechat.name}, {frames} frames counted")
+            out(format_counters(report_counters))
+            return counted
+        if compare not in (None, *COMPARISONS):
+            raise ValueError(f"--compare supports {' and '.join(COMPARISONS)}, got {compare!r}")
+        reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
+        if history and compare:
+            raise ValueError(
+                "--history makes the outputs differ from the reference's; it cannot be used with --compare"
+            )
+        setup_s = time.perf_counter() - started
+        out(
+            f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s (of which compiling "
+            f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
+            + (f", aged by {history} frames of history after the first" if history else "")
+            + (
+                ", CUDA's kernels standing in: the host's time of a GPU's frame on this machine"
+                if stand_in_kernels
+                else ""
+            )
         )
 
+        samples = bench_input(frames, speech_every=speech_every)
+        ours_runs: list[RunRecord] = []
+        ref_runs: list[RunRecord] = []
+        exact_runs: list[RunRecord] = []
+        for round_index in range(rounds):
+            ours_runs.append(
+                run_ours(
+                    voicechat,
+                    samples,
+                    seed=seed,
+                    sub_stages=sub_stages,
+                    progress_every=curve_every,
+                    history=history,
+                    out=out,
+                )
+            )
+            out(f"round {round_index + 1}: parley p50 {_stats(ours_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
+            if reference is not None:
+                ref_runs.append(reference.run(samples, seed=seed))
+                out(f"round {round_index + 1}: mlx-vlm p50 {_stats(ref_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
+            if compare == "exact":
+                # The same model switched in place (the weights are shared), then back for the next round.
+                set_numerics(voicechat, "exact", release=False)  # fast mode's copies and programs kept for its rounds
+                exact_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, out=out))
+                set_numerics(voicechat, "fast")
+                out(f"round {round_index + 1}: exact p50 {_stats(exact_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
 
-def _measure(
-    *,
-    model: Path | None,
-    random_size: str | None,
-    quantize: int | None,
-    seed: int,
-    frames: int,
-    rounds: int,
-    compare: str | None,
-    sub_stages: bool,
-    curve_every: int | None,
-    speech_every: int | None,
-    history: int,
-    counters: bool,
-    numerics: str,
-    stand_in_kernels: bool,
-    out: Callable[[str], None],
-) -> dict[str, Any]:
-    """:func:`bench`'s run, its options checked (and kernels standing in, where asked)."""
-    import mlx.core as mx
-
-    from engine import check_numerics, check_report, compile_checking, compile_enabled, device_description, set_numerics
-
-    # Compared with exact, the model loads as exact mode loads it (float32 copies made) and switches in place,
-    # so that each mode runs as fast as it can: loaded for fast, the row products' weights stay bf16, which
-    # exact mode's operations would widen on every call.
-    load_numerics = check_numerics("exact" if compare == "exact" else numerics)
-    started = time.perf_counter()
-    kernels_before = compiled_kernels()
-    if model is not None:
-        from engine import TextTokenizer, assemble_voicechat, read_runtime_weights
-
-        files, weights, quantized = read_runtime_weights(model)
-        raw = files.raw_config
-        tokenizer = TextTokenizer.from_file(files.tokenizer_file)
-        voicechat = assemble_voicechat(
-            files.config,
-            weights,
-            quantized,
-            tokenizer,
-            name=files.root.name,
-            source=files.root,
-            nbytes=files.nbytes,
-            numerics=load_numerics,
-        )
-    else:
-        from engine import TextTokenizer, assemble_voicechat, random_weights
-
-        size = random_size or "tiny"
-        if size not in RANDOM_SIZES:
-            raise ValueError(f"--random must be one of {', '.join(RANDOM_SIZES)}; got {size!r}")
-        raw, config, weights, quantized, raw_tokenizer, nbytes = random_weights(size, quantize=quantize, seed=seed)
-        tokenizer = TextTokenizer(raw_tokenizer, "random")
-        label = f"random-{random_size}-{'bf16' if quantize is None else f'q{quantize}'}-seed{seed}"
-        voicechat = assemble_voicechat(
-            config, weights, quantized, tokenizer, name=label, nbytes=nbytes, numerics=load_numerics
-        )
-    mx.eval(voicechat.model.parameters())
-    from engine import warm_up
-
-    warm_s = warm_up(voicechat, speech=question_audio())
-    if compare == "exact":
-        # Fast mode's programs differ where its kernels sit: trace and compile them before the rounds too.
-        set_numerics(voicechat, "fast")
-        warm_s += warm_up(voicechat, speech=question_audio())
-    kernels_warm = compiled_kernels()
-    if counters:
-        censuses, syncs = count_frames(voicechat, bench_input(frames, speech_every=speech_every), seed=seed)
-        report_counters = counters_report(voicechat, censuses, syncs)
-        report_counters.update(host_calls(voicechat, bench_input(HOST_CALL_FRAMES[1] + 1), seed=seed))
-        report_counters["device"] = (
-            "cpu, CUDA's kernels standing in" if stand_in_kernels else device_description()["type"]
-        )
-        counted = {
+        best = min(ours_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+        report: dict[str, Any] = {
             "device": device_description(),
             "mlx_version": mlx_version(),
             "model": voicechat.describe(),
             "frames": frames,
+            "rounds": rounds,
             "seed": seed,
-            "compiled": compile_enabled(),
-            "counters": report_counters,
+            "history_frames": history,
+            "kernels_standing_in": stand_in_kernels,
+            "warm_up_s": warm_s,
+            # Kernels compiled on this machine (JIT cache files): at start, after warm-up, after the rounds.
+            # More after the rounds than after warm-up means a frame compiled a kernel: a stall.
+            "compiled_kernels": {
+                "at_start": kernels_before,
+                "after_warm_up": kernels_warm,
+                "after_runs": compiled_kernels(),
+            },
+            "weights_gb": weights_gb(voicechat.model),
+            "parley": summarize_run(best, curve_every),
+            "parley_rounds": [summarize_run(r) for r in ours_runs],
         }
-        out(f"model {voicechat.name}, {frames} frames counted")
-        out(format_counters(report_counters))
-        return counted
-    if compare not in (None, *COMPARISONS):
-        raise ValueError(f"--compare supports {' and '.join(COMPARISONS)}, got {compare!r}")
-    reference = Reference(raw, weights, quantized, tokenizer) if compare == "mlx-vlm" else None
-    if history and compare:
-        raise ValueError("--history makes the outputs differ from the reference's; it cannot be used with --compare")
-    setup_s = time.perf_counter() - started
-    out(
-        f"model {voicechat.name} ({voicechat.nbytes / 1e9:.2f} GB) ready in {setup_s:.1f} s (of which compiling "
-        f"{warm_s:.1f} s) on {device_description()['name']}; {frames} frames × {rounds} round(s)"
-        + (f", aged by {history} frames of history after the first" if history else "")
-        + (", CUDA's kernels standing in: the host's time of a GPU's frame on this machine" if stand_in_kernels else "")
-    )
-
-    samples = bench_input(frames, speech_every=speech_every)
-    ours_runs: list[RunRecord] = []
-    ref_runs: list[RunRecord] = []
-    exact_runs: list[RunRecord] = []
-    for round_index in range(rounds):
-        ours_runs.append(
-            run_ours(
-                voicechat,
-                samples,
-                seed=seed,
-                sub_stages=sub_stages,
-                progress_every=curve_every,
-                history=history,
-                out=out,
-            )
-        )
-        out(f"round {round_index + 1}: parley p50 {_stats(ours_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
-        if reference is not None:
-            ref_runs.append(reference.run(samples, seed=seed))
-            out(f"round {round_index + 1}: mlx-vlm p50 {_stats(ref_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
-        if compare == "exact":
-            # The same model switched in place (the weights are shared), then back for the next round.
-            set_numerics(voicechat, "exact", release=False)  # fast mode's copies and programs kept for its rounds
-            exact_runs.append(run_ours(voicechat, samples, seed=seed, sub_stages=sub_stages, out=out))
-            set_numerics(voicechat, "fast")
-            out(f"round {round_index + 1}: exact p50 {_stats(exact_runs[-1].totals_ms[6:])['p50_ms']:.2f} ms")
-
-    best = min(ours_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
-    report: dict[str, Any] = {
-        "device": device_description(),
-        "mlx_version": mlx_version(),
-        "model": voicechat.describe(),
-        "frames": frames,
-        "rounds": rounds,
-        "seed": seed,
-        "history_frames": history,
-        "kernels_standing_in": stand_in_kernels,
-        "warm_up_s": warm_s,
-        # Kernels compiled on this machine (JIT cache files): at start, after warm-up, after the rounds.
-        # More after the rounds than after warm-up means a frame compiled a kernel: a stall.
-        "compiled_kernels": {
-            "at_start": kernels_before,
-            "after_warm_up": kernels_warm,
-            "after_runs": compiled_kernels(),
-        },
-        "weights_gb": weights_gb(voicechat.model),
-        "parley": summarize_run(best, curve_every),
-        "parley_rounds": [summarize_run(r) for r in ours_runs],
-    }
-    if ref_runs:
-        ref_best = min(ref_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
-        report["mlx_vlm"] = summarize_run(ref_best)
-        report["mlx_vlm_weights_gb"] = weights_gb(reference.model) if reference is not None else None
-        report["mlx_vlm_rounds"] = [summarize_run(r) for r in ref_runs]
-        if reference is not None:
-            # Each run's peak also counts what only the other model holds (loaded, untouched by the run; the
-            # weights both were given are held once): less that, what each would peak at in a process of its own.
-            report["peak_alone_gb"] = {
-                "parley": max(r.peak_memory_bytes for r in ours_runs) / 1e9
-                - exclusive_weights_gb(reference.model, voicechat.model),
-                "mlx_vlm": max(r.peak_memory_bytes for r in ref_runs) / 1e9
-                - exclusive_weights_gb(voicechat.model, reference.model),
-            }
-        report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
-        report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
-        report["agreement"] = agreement(best, ref_best)
-    if exact_runs:
-        exact_best = min(exact_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
-        report["exact"] = summarize_run(exact_best)
-        report["exact_rounds"] = [summarize_run(r) for r in exact_runs]
-        report["speedup_vs_exact_p50"] = report["exact"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
-        report["speedup_vs_exact_mean"] = report["exact"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
-        report["agreement_with_exact"] = agreement(best, exact_best)
-    if compile_checking():
-        report["compile_check"] = [asdict(check) for check in check_report()]
-    out(format_report(report))
-    return report
+        if ref_runs:
+            ref_best = min(ref_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+            report["mlx_vlm"] = summarize_run(ref_best)
+            report["mlx_vlm_weights_gb"] = weights_gb(reference.model) if reference is not None else None
+            report["mlx_vlm_rounds"] = [summarize_run(r) for r in ref_runs]
+            if reference is not None:
+                # Each run's peak also counts what only the other model holds (loaded, untouched by the run; the
+                # weights both were given are held once): less that, what each would peak at in a process of its own.
+                report["peak_alone_gb"] = {
+                    "parley": max(r.peak_memory_bytes for r in ours_runs) / 1e9
+                    - exclusive_weights_gb(reference.model, voicechat.model),
+                    "mlx_vlm": max(r.peak_memory_bytes for r in ref_runs) / 1e9
+                    - exclusive_weights_gb(voicechat.model, reference.model),
+                }
+            report["speedup_p50"] = report["mlx_vlm"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
+            report["speedup_mean"] = report["mlx_vlm"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
+            report["agreement"] = agreement(best, ref_best)
+        if exact_runs:
+            exact_best = min(exact_runs, key=lambda r: _stats(r.totals_ms[6:])["p50_ms"])
+            report["exact"] = summarize_run(exact_best)
+            report["exact_rounds"] = [summarize_run(r) for r in exact_runs]
+            report["speedup_vs_exact_p50"] = report["exact"]["total"]["p50_ms"] / report["parley"]["total"]["p50_ms"]
+            report["speedup_vs_exact_mean"] = report["exact"]["total"]["mean_ms"] / report["parley"]["total"]["mean_ms"]
+            report["agreement_with_exact"] = agreement(best, exact_best)
+        if compile_checking():
+            report["compile_check"] = [asdict(check) for check in check_report()]
+        out(format_report(report))
+        return report
 
 
 def format_report(report: dict[str, Any]) -> str:
