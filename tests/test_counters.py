@@ -96,8 +96,9 @@ def test_the_cuda_path_stays_within_the_published_figures(cuda_path_counts: dict
         assert counts["per_stage"][stage]["steady_by_primitive"].get("CustomKernel", 0) >= 1, stage
 
 
-def test_stand_in_kernels_only_stand_in_on_the_cpu_and_leave_no_part_behind() -> None:
-    """Standing in is for counting on a CPU: the parts admitted while it was on are not served after it."""
+def test_a_stand_in_kernel_gives_its_outputs_shapes_passes_unrun_and_leaves_no_part_behind() -> None:
+    """A stand-in returns outputs of the asked shapes and dtypes (zeros, or its fill), is admitted without running,
+    and the parts admitted while kernels stood in are not served after."""
     from engine.kernels.admission import StandInKernel, custom_kernel, fast_part, standing_in
 
     stand_in_kernels()
