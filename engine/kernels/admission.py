@@ -34,9 +34,9 @@ _standing_in = False
 
 
 def stand_in_kernels(on: bool = True) -> None:
-    """Build CUDA's fast path on the CPU for counting, not computing (before the model is loaded; the CPU only): the
-    backend reads as ``"cuda"``, every kernel is a :class:`StandInKernel` and every admission passes unrun. Frames
-    then launch what a GPU's would, with meaningless values: for ``parley bench --counters --stand-in-kernels``."""
+    """Build CUDA's fast path on the CPU for counting and timing the host, not computing (before the model is loaded;
+    the CPU only): the backend reads as ``"cuda"``, every kernel is a :class:`StandInKernel` and every admission passes
+    unrun. Frames then launch what a GPU's would, with meaningless values: ``parley bench --stand-in-kernels``."""
     global _standing_in
     if on and mx.default_device().type == mx.gpu:
         raise ValueError("kernels stand in for CUDA's on the CPU only; this device runs the kernels themselves")
