@@ -38,6 +38,17 @@ def aside_path(path: Path) -> Path:
     return aside
 
 
+def move_aside(path: Path) -> tuple[Path | None, str]:
+    """Move a damaged file to :func:`aside_path`, so that nothing the user had is lost; returns where it went (None
+    where it could not be moved) and what to tell the user: "it was kept as …" or "it could not be moved aside (…)"."""
+    aside = aside_path(path)
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        return None, f"it could not be moved aside ({exc})"
+    return aside, f"it was kept as {aside}"
+
+
 def apply_file_mode(path: Path) -> Path:
     """Give ``path`` :data:`FILE_MODE`; returns it."""
     os.chmod(path, FILE_MODE)

@@ -22,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
 from .download_layout import DOWNLOAD_LAYOUTS
-from .files import aside_path, write_private_text_file
+from .files import aside_path, move_aside, write_private_text_file
 from .paths import config_dir
 from .variants import MODEL_VARIANTS, variant
 
@@ -305,13 +304,10 @@ def _text(value: str) -> str:
 
 
 def _set_aside(path: Path, problem: str) -> str:
-    """Move a bad settings file aside (:func:`app.files.aside_path`); returns the warning for the user."""
-    aside = aside_path(path)
-    try:
-        os.rename(path, aside)
-        kept = f"it was kept as {aside}"
-    except OSError as exc:
-        kept = f"it could not be moved aside ({exc}) and will be overwritten on the next save"
+    """Move a bad settings file aside (:func:`app.files.move_aside`); returns the warning for the user."""
+    moved, kept = move_aside(path)
+    if moved is None:
+        kept += " and will be overwritten on the next save"
     warning = f"The settings file {path} {problem}; the defaults are in use and {kept}."
     log.warning(warning)
     return warning

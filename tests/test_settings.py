@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
 
-from app import settings as settings_module
 from app.settings import (
     DEFAULT_SYSTEM_PROMPT,
     Settings,
@@ -152,7 +152,7 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path: Path, monkeypatc
     def fail_replace(src: str, dst: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(settings_module.os, "replace", fail_replace)
+    monkeypatch.setattr(os, "replace", fail_replace)  # the atomic save's rename (engine.files.write_atomic)
     with pytest.raises(OSError, match="No space left"):
         save_settings(Settings(theme="dark"), path)
     assert path.read_bytes() == original, "a failed save must leave the previous file intact"
@@ -278,3 +278,20 @@ def test_hostile_values_fall_back_one_by_one_and_a_copy_is_kept(
     kept = tmp_path / "settings.json.corrupt"
     assert kept.read_text(encoding="utf-8") == text and str(kept) in warning
     assert path.read_text(encoding="utf-8") == text, "the file itself stays until the next save"
+
+
+def test_a_damaged_file_that_cannot_be_moved_aside_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings and tools.json share app.files.move_aside: where the move fails, the warning says the file was not
+    kept (and, for the settings, that the next save replaces it) instead of claiming it was."""
+    path = tmp_path / "settings.json"
+    path.write_bytes(b"{not json")
+
+    def refuse(src: str, dst: str) -> None:
+        raise OSError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    loaded, warning = load_settings(path)
+    assert loaded == Settings()
+    assert warning is not None
+    assert "could not be moved aside ([Errno 13] Permission denied) and will be overwritten on the next save" in warning
+    assert path.read_bytes() == b"{not json" and not list(tmp_path.glob("*.corrupt*"))

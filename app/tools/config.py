@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from ..files import aside_path, write_private_text_file
+from ..files import move_aside, write_private_text_file
 from ..paths import config_dir
 
 log = logging.getLogger(__name__)
@@ -321,12 +320,7 @@ def load_tools_config(path: Path | None = None) -> ToolsLoad:
             raise ToolsConfigError(f"it holds a JSON {type(data).__name__}, not an object")
         config, problems = ToolsConfig.from_dict(data)
     except (ValueError, RecursionError) as exc:
-        aside = aside_path(path)
-        try:
-            os.replace(path, aside)
-            kept = f"it was kept as {aside}"
-        except OSError as error:
-            kept = f"it could not be moved aside ({error})"
+        _, kept = move_aside(path)
         warning = f"The tools file {path} is not usable ({exc}); tools are off and {kept}."
         log.warning(warning)
         return ToolsLoad(ToolsConfig(), (warning,))
