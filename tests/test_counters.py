@@ -35,12 +35,17 @@ TOLERANCE = 0.02
 COUNT_FRAMES = 80  # frames 6-70 are the early window, 71-79 steady
 
 
+def published_cells(label: str) -> list[str]:
+    """The cells of docs/performance.md's one table row labelled ``**label**`` (the label's cell first)."""
+    rows = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith(f"| **{label}**")]
+    assert len(rows) == 1, f"docs/performance.md must have exactly one row labelled **{label}**"
+    return [cell.strip() for cell in rows[0].strip("|").split("|")]
+
+
 def published_counters(label: str = "this build") -> dict[str, float]:
     """The counters row of docs/performance.md labelled ``label`` (exact mode's "this build", or "fast numerics,
     this build"), as numbers."""
-    rows = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith(f"| **{label}**")]
-    assert len(rows) == 1, f"docs/performance.md must have exactly one counters row labelled **{label}**"
-    cells = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    cells = published_cells(label)
     numbers = [float(value.replace(",", "")) for cell in cells[1:5] for value in re.findall(r"[\d,.]+", cell)]
     early, steady, kernels_early, kernels_steady = numbers[:4]
     return {"early": early, "steady": steady, "kernels_early": kernels_early, "kernels_steady": kernels_steady}
@@ -81,8 +86,7 @@ def test_the_cuda_path_stays_within_the_published_figures(cuda_path_counts: dict
     counts = cuda_path_counts
     published = published_counters("CUDA's fast path, this build")
     assert_within_published(counts, published)
-    row = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith("| **CUDA's fast path, this")]
-    cells = [cell.strip() for cell in row[0].strip("|").split("|")]
+    cells = published_cells("CUDA's fast path, this build")
     four_bit_gb = float(cells[4].split("/")[0].replace("GB", "").strip())
     calls = float(cells[5].replace(",", ""))
     measured_gb = counts["weight_bytes_per_frame"]["4"] / 1e9
@@ -129,10 +133,7 @@ def test_fast_primitives_per_frame_stay_within_the_published_figures(fast_struct
 
 def published_python_calls() -> dict[str, float]:
     """docs/performance.md's row **Python calls a frame, this build**: exact's and fast's counts."""
-    label = "| **Python calls a frame, this build**"
-    rows = [line for line in PERFORMANCE_DOC.read_text().splitlines() if line.startswith(label)]
-    assert len(rows) == 1, f"docs/performance.md must have exactly one row starting {label}"
-    exact, fast = (float(cell.strip().replace(",", "")) for cell in rows[0].strip("|").split("|")[1:3])
+    exact, fast = (float(cell.replace(",", "")) for cell in published_cells("Python calls a frame, this build")[1:3])
     return {"exact": exact, "fast": fast}
 
 
